@@ -1,0 +1,1 @@
+"""loopir: tensor expressions, the affine loop IR, and its analysis."""

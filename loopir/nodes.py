@@ -1,0 +1,531 @@
+"""The loop IR: small immutable nodes. Read it as a grammar.
+
+    Expr  ::= Const(value, dtype) | Var(name) | Load(buffer, indices)
+            | Binary(op, a, b) | Unary(op, a) | Call(fn, args) | Compare(op, a, b)
+            | Logical(op, a, b) | Select(cond, a, b) | Cast(dtype, a)
+    Stmt  ::= Store(name, buffer, indices, value, iters, coords)
+            | For(var, lo, hi, body, kind, thread) | Seq(body) | If(cond, then, orelse)
+            | Allocate(buffer, body) | Barrier()
+    Program(name, args, temps, params, body)
+
+A `Store` is a *statement*: its `indices` and `value` are written in its original
+iteration variables `iters`; `coords[k]` gives `iters[k]` as an affine function of the
+loops now around it (after `split`, `i = io*256 + ii`). Primitives rewrite loops and
+coords, never a statement's body, so the dependences of the original program can be
+checked against any later nest.
+
+`Var` and `Buffer` are identified by the object, not by the name; every other node
+compares structurally. Arithmetic operators on expressions build nodes (with constant
+folding of trivial cases); comparisons `< <= > >=` build `Compare` nodes, `==` stays
+structural equality (use `.eq()` / `.ne()` to build those comparisons).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Union
+
+from .dtypes import INDEX, check_dtype, is_float, is_int, promote, weak_scalar_dtype
+
+Scalar = Union[int, float, bool]
+
+BINARY_OPS = ("add", "sub", "mul", "div", "floordiv", "mod", "max", "min")
+UNARY_OPS = ("neg",)
+CALL_FNS = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "abs")
+COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
+LOGICAL_OPS = ("and", "or", "not")
+LoopKind = Literal["serial", "parallel", "unroll", "vectorize", "thread"]
+LOOP_KINDS = ("serial", "parallel", "unroll", "vectorize", "thread")
+GPU_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
+SCOPES = ("global", "shared", "local")
+
+
+class Node:
+    __slots__ = ()
+
+
+# ----------------------------------------------------------------------------- expressions
+
+
+class Expr(Node):
+    """Base of expressions. Every expression has a `dtype`."""
+
+    __slots__ = ()
+    dtype: str
+
+    def __add__(self, o: ExprLike) -> Expr:
+        return binary("add", self, o)
+
+    def __radd__(self, o: ExprLike) -> Expr:
+        return binary("add", o, self)
+
+    def __sub__(self, o: ExprLike) -> Expr:
+        return binary("sub", self, o)
+
+    def __rsub__(self, o: ExprLike) -> Expr:
+        return binary("sub", o, self)
+
+    def __mul__(self, o: ExprLike) -> Expr:
+        return binary("mul", self, o)
+
+    def __rmul__(self, o: ExprLike) -> Expr:
+        return binary("mul", o, self)
+
+    def __truediv__(self, o: ExprLike) -> Expr:
+        return binary("div", self, o)
+
+    def __rtruediv__(self, o: ExprLike) -> Expr:
+        return binary("div", o, self)
+
+    def __floordiv__(self, o: ExprLike) -> Expr:
+        return binary("floordiv", self, o)
+
+    def __rfloordiv__(self, o: ExprLike) -> Expr:
+        return binary("floordiv", o, self)
+
+    def __mod__(self, o: ExprLike) -> Expr:
+        return binary("mod", self, o)
+
+    def __rmod__(self, o: ExprLike) -> Expr:
+        return binary("mod", o, self)
+
+    def __pow__(self, o: object) -> Expr:
+        return power(self, o)
+
+    def __neg__(self) -> Expr:
+        if isinstance(self, Const):
+            return Const(-self.value, self.dtype)
+        return Unary("neg", self, self.dtype)
+
+    def __pos__(self) -> Expr:
+        return self
+
+    def __lt__(self, o: ExprLike) -> Expr:
+        return compare("lt", self, o)
+
+    def __le__(self, o: ExprLike) -> Expr:
+        return compare("le", self, o)
+
+    def __gt__(self, o: ExprLike) -> Expr:
+        return compare("gt", self, o)
+
+    def __ge__(self, o: ExprLike) -> Expr:
+        return compare("ge", self, o)
+
+    def eq(self, o: ExprLike) -> Expr:
+        return compare("eq", self, o)
+
+    def ne(self, o: ExprLike) -> Expr:
+        return compare("ne", self, o)
+
+    def __and__(self, o: ExprLike) -> Expr:
+        return logical("and", self, o)
+
+    def __rand__(self, o: ExprLike) -> Expr:
+        return logical("and", o, self)
+
+    def __or__(self, o: ExprLike) -> Expr:
+        return logical("or", self, o)
+
+    def __ror__(self, o: ExprLike) -> Expr:
+        return logical("or", o, self)
+
+    def __invert__(self) -> Expr:
+        return Logical("not", self, None)
+
+    def __bool__(self) -> bool:
+        raise TypeError(
+            "a loopir expression has no truth value at trace time; "
+            "use te.where(cond, a, b) for a choice and & / | to combine conditions"
+        )
+
+    def __index__(self) -> int:
+        raise TypeError(f"loopir expression {self} cannot be used as a Python int")
+
+    def __str__(self) -> str:
+        from .printer import expr_str
+
+        return expr_str(self)
+
+
+ExprLike = Union[Expr, int, float, bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Const(Expr):
+    value: int | float | bool
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Var(Expr):
+    """An integer variable: a loop variable or a symbolic size. Identity is the object."""
+
+    name: str
+    dtype: str = INDEX
+
+    def __repr__(self) -> str:
+        return f"Var({self.name!r})"
+
+    def __hash__(self) -> int:  # eq=False keeps object identity; slots need it spelled out
+        return id(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Load(Expr):
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.buffer.dtype
+
+
+@dataclass(frozen=True, slots=True)
+class Binary(Expr):
+    op: str
+    a: Expr
+    b: Expr
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unary(Expr):
+    op: str
+    a: Expr
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Expr):
+    fn: str
+    args: tuple[Expr, ...]
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Compare(Expr):
+    op: str
+    a: Expr
+    b: Expr
+    dtype: str = "bool"
+
+
+@dataclass(frozen=True, slots=True)
+class Logical(Expr):
+    """`and` / `or` of two conditions, or `not` of `a` (then `b` is None)."""
+
+    op: str
+    a: Expr
+    b: Expr | None
+    dtype: str = "bool"
+
+
+@dataclass(frozen=True, slots=True)
+class Select(Expr):
+    cond: Expr
+    a: Expr
+    b: Expr
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cast(Expr):
+    dtype: str
+    a: Expr
+
+
+# ----------------------------------------------------------------------------- buffers
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Buffer(Node):
+    """A dense row-major array. Identity is the object. `scope` is where it lives."""
+
+    name: str
+    shape: tuple[Expr, ...]
+    dtype: str
+    scope: str = "global"
+
+    def __getitem__(self, idx: ExprLike | tuple[ExprLike, ...]) -> Load:
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        if len(idx) != len(self.shape):
+            raise IndexError(
+                f"buffer {self.name!r} has {len(self.shape)} dimension(s) but was indexed with {len(idx)}"
+            )
+        return Load(self, tuple(as_index(i, f"index of buffer {self.name!r}") for i in idx))
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.name!r})"
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+# ----------------------------------------------------------------------------- statements
+
+
+class Stmt(Node):
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        from .printer import stmt_str
+
+        return stmt_str(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Store(Stmt):
+    """buffer[indices] = value, for each instance `iters` of the statement `name`.
+
+    `indices` and `value` use `iters`; `coords[k]` is `iters[k]` in terms of the loops
+    around the statement now.
+    """
+
+    name: str
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+    value: Expr
+    iters: tuple[Var, ...]
+    coords: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class For(Stmt):
+    """for var in range(lo, hi): body. `thread` names the GPU axis when kind == "thread"."""
+
+    var: Var
+    lo: Expr
+    hi: Expr
+    body: Stmt
+    kind: str = "serial"
+    thread: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Seq(Stmt):
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class If(Stmt):
+    cond: Expr
+    then: Stmt
+    orelse: Stmt | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Allocate(Stmt):
+    """A scratch buffer (`buffer.scope` is "shared" or "local") live inside `body`."""
+
+    buffer: Buffer
+    body: Stmt
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier(Stmt):
+    """__syncthreads(): every thread of a block reaches it before any passes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Program(Node):
+    """A whole program: `args` in call order, `temps` are global intermediates,
+    `params` the symbolic sizes."""
+
+    name: str
+    args: tuple[Buffer, ...]
+    body: Stmt
+    temps: tuple[Buffer, ...] = ()
+    params: tuple[Var, ...] = ()
+
+    def __str__(self) -> str:
+        from .printer import program_str
+
+        return program_str(self)
+
+
+# ----------------------------------------------------------------------------- smart constructors
+
+
+def const(value: Scalar, dtype: str | None = None) -> Const:
+    if dtype is None:
+        dtype = "bool" if isinstance(value, bool) else INDEX if isinstance(value, int) else "float32"
+    dtype = check_dtype(dtype)
+    if is_float(dtype):
+        value = float(value)
+    elif is_int(dtype):
+        value = int(value)
+    else:
+        value = bool(value)
+    return Const(value, dtype)
+
+
+def as_expr(x: ExprLike, like: Expr | None = None) -> Expr:
+    """An expression from an expression or a Python scalar (weak dtype, see dtypes.py)."""
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, (bool, int, float)):
+        if like is None:
+            return const(x)
+        return const(x, weak_scalar_dtype(x, like.dtype))
+    raise TypeError(f"cannot use {type(x).__name__} {x!r} in a loopir expression")
+
+
+def as_index(x: ExprLike, what: str = "index") -> Expr:
+    """An integer index expression; floats and non-numbers are refused, naming `what`."""
+    if isinstance(x, bool) or (isinstance(x, float)):
+        raise TypeError(f"{what} must be an integer, got {type(x).__name__} {x!r}")
+    if isinstance(x, int):
+        return Const(x, INDEX)
+    if isinstance(x, Expr):
+        if not is_int(x.dtype):
+            raise TypeError(f"{what} must be an integer expression, got {x} of dtype {x.dtype}")
+        return x
+    raise TypeError(f"{what} must be an integer, got {type(x).__name__} {x!r}")
+
+
+def _coerce(a: ExprLike, b: ExprLike) -> tuple[Expr, Expr]:
+    if isinstance(a, Expr):
+        return a, as_expr(b, a)
+    if isinstance(b, Expr):
+        return as_expr(a, b), b
+    return as_expr(a), as_expr(b)
+
+
+def _fold(op: str, x: int | float, y: int | float, dtype: str) -> Const | None:
+    if op == "add":
+        return const(x + y, dtype)
+    if op == "sub":
+        return const(x - y, dtype)
+    if op == "mul":
+        return const(x * y, dtype)
+    if op == "max":
+        return const(max(x, y), dtype)
+    if op == "min":
+        return const(min(x, y), dtype)
+    if is_int(dtype) and y != 0 and op == "floordiv":
+        return const(x // y, dtype)
+    if is_int(dtype) and y != 0 and op == "mod":
+        return const(x % y, dtype)
+    return None
+
+
+def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    """a <op> b with the promotion rule and folding of constants, x+0, x*1, x*0 (ints)."""
+    a, b = _coerce(a, b)
+    if a.dtype == "bool" and b.dtype == "bool":
+        raise TypeError(f"arithmetic '{op}' on two conditions; use & and | to combine conditions")
+    dtype = promote(a.dtype, b.dtype)
+    if op == "div" and not is_float(dtype):
+        dtype = "float64"  # true division of integers, as numpy
+    if dtype != a.dtype:
+        a = cast(dtype, a)
+    if dtype != b.dtype:
+        b = cast(dtype, b)
+    if isinstance(a, Const) and isinstance(b, Const):
+        folded = _fold(op, a.value, b.value, dtype)
+        if folded is not None:
+            return folded
+    if is_int(dtype):  # float identities are left alone (x*0 is not 0 for inf/nan)
+        if op == "add" and _is(b, 0):
+            return a
+        if op == "add" and _is(a, 0):
+            return b
+        if op == "sub" and _is(b, 0):
+            return a
+        if op == "mul" and (_is(a, 0) or _is(b, 0)):
+            return Const(0, dtype)
+        if op == "mul" and _is(b, 1):
+            return a
+        if op == "mul" and _is(a, 1):
+            return b
+        if op in ("floordiv",) and _is(b, 1):
+            return a
+        if op == "mod" and _is(b, 1):
+            return Const(0, dtype)
+    return Binary(op, a, b, dtype)
+
+
+def _is(e: Expr, v: int) -> bool:
+    return isinstance(e, Const) and e.value == v
+
+
+def power(base: Expr, exponent: object) -> Expr:
+    """base ** n for a Python integer n, as repeated multiplication."""
+    if isinstance(exponent, bool) or not isinstance(exponent, int):
+        raise TypeError(
+            f"'**' takes an integer exponent, got {type(exponent).__name__} {exponent!r}; "
+            "use te.exp(y * te.log(x)) for a general power"
+        )
+    if exponent == 0:
+        return const(1, base.dtype)
+    result: Expr | None = None
+    sq: Expr = base
+    n = abs(exponent)
+    while n:
+        if n & 1:
+            result = sq if result is None else binary("mul", result, sq)
+        n >>= 1
+        if n:
+            sq = binary("mul", sq, sq)
+    assert result is not None
+    if exponent < 0:
+        return binary("div", const(1, result.dtype if is_float(result.dtype) else "float64"), result)
+    return result
+
+
+def compare(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    a, b = _coerce(a, b)
+    dtype = promote(a.dtype, b.dtype)
+    if dtype != a.dtype:
+        a = cast(dtype, a)
+    if dtype != b.dtype:
+        b = cast(dtype, b)
+    return Compare(op, a, b)
+
+
+def logical(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    a, b = as_expr(a), as_expr(b)
+    for x in (a, b):
+        if x.dtype != "bool":
+            raise TypeError(f"'&' / '|' combine conditions; {x} has dtype {x.dtype}, not bool")
+    return Logical(op, a, b)
+
+
+def cast(dtype: str, a: ExprLike) -> Expr:
+    dtype = check_dtype(dtype)
+    a = as_expr(a)
+    if a.dtype == dtype:
+        return a
+    if isinstance(a, Const):
+        return const(a.value, dtype)
+    return Cast(dtype, a)
+
+
+def call(fn: str, *args: ExprLike) -> Expr:
+    """A math function of the language; integers are computed in float64 (as numpy)."""
+    if fn not in CALL_FNS:
+        raise ValueError(f"unknown math function {fn!r}; known: {', '.join(CALL_FNS)}")
+    xs = [as_expr(a) for a in args]
+    dtype = xs[0].dtype
+    if fn == "abs":
+        if dtype == "bool":
+            raise TypeError("abs of a condition")
+        return Call(fn, tuple(xs), dtype)
+    if not is_float(dtype):
+        dtype = "float64"
+        xs = [cast(dtype, x) for x in xs]
+    return Call(fn, tuple(xs), dtype)
+
+
+def select(cond: ExprLike, a: ExprLike, b: ExprLike) -> Expr:
+    c = as_expr(cond)
+    if c.dtype != "bool":
+        raise TypeError(f"the condition of where() must be a comparison, got {c} of dtype {c.dtype}")
+    a, b = _coerce(a, b)
+    dtype = promote(a.dtype, b.dtype)
+    return Select(c, cast(dtype, a), cast(dtype, b), dtype)

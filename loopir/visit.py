@@ -1,0 +1,212 @@
+"""One visitor and one transformer for every node, plus the walks everyone needs.
+
+A `Transformer` method returns a node; returning the very same object means
+"unchanged", and a parent whose children all come back unchanged is itself returned
+unchanged (no copy). Override `visit_<ClassName>` for the nodes you care about and call
+`self.generic(node)` to recurse into the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from .nodes import Allocate, Buffer, Expr, For, If, Load, Node, Program, Seq, Stmt, Store, Var
+
+
+@cache
+def _child_fields(cls: type) -> tuple[str, ...]:
+    # Buffers are leaves: their shapes are walked only where asked (free_vars does).
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("buffer",))
+
+
+class Visitor:
+    """Read-only walk; `visit_<Class>` hooks, `generic` recurses."""
+
+    def visit(self, node: Any) -> None:
+        fn = getattr(self, "visit_" + type(node).__name__, None)
+        if fn is not None:
+            fn(node)
+        else:
+            self.generic(node)
+
+    def generic(self, node: Any) -> None:
+        if not isinstance(node, Node) or isinstance(node, (Var, Buffer)):
+            return
+        for name in _child_fields(type(node)):
+            v = getattr(node, name)
+            if isinstance(v, tuple):
+                for x in v:
+                    if isinstance(x, Node):
+                        self.visit(x)
+            elif isinstance(v, Node):
+                self.visit(v)
+
+
+class Transformer:
+    """Rebuilding walk; returning the same node means unchanged."""
+
+    def visit(self, node: Any) -> Any:
+        fn = getattr(self, "visit_" + type(node).__name__, None)
+        return fn(node) if fn is not None else self.generic(node)
+
+    def generic(self, node: Any) -> Any:
+        if not isinstance(node, Node) or isinstance(node, (Var, Buffer)):
+            return node
+        changes: dict[str, Any] = {}
+        for name in _child_fields(type(node)):
+            v = getattr(node, name)
+            if isinstance(v, tuple):
+                nv = tuple(self.visit(x) if isinstance(x, Node) else x for x in v)
+                if any(a is not b for a, b in zip(nv, v)):
+                    changes[name] = nv
+            elif isinstance(v, Node):
+                nv = self.visit(v)
+                if nv is not v:
+                    changes[name] = nv
+        return dataclasses.replace(node, **changes) if changes else node
+
+
+def walk(node: Node) -> Iterator[Node]:
+    """Every node below `node` (pre-order), Buffers excluded."""
+    out: list[Node] = []
+
+    class _W(Visitor):
+        def visit(self, n: Any) -> None:
+            out.append(n)
+            super().visit(n)
+
+    _W().visit(node)
+    return iter(out)
+
+
+def substitute(node: Any, mapping: dict[Var, Expr]) -> Any:
+    """Replace variables (by identity) in an expression or statement."""
+    if not mapping:
+        return node
+
+    class _S(Transformer):
+        def visit_Var(self, v: Var) -> Expr:
+            return mapping.get(v, v)
+
+    return _S().visit(node)
+
+
+def free_vars(node: Any) -> set[Var]:
+    """The variables `node` uses (loop variables and sizes), buffer shapes included."""
+    found: set[Var] = set()
+
+    class _F(Visitor):
+        def visit_Var(self, v: Var) -> None:
+            found.add(v)
+
+        def visit_Load(self, ld: Load) -> None:
+            for e in ld.buffer.shape:
+                self.visit(e)
+            self.generic(ld)
+
+        def visit_Store(self, st: Store) -> None:
+            for e in st.buffer.shape:
+                self.visit(e)
+            self.generic(st)
+
+    _F().visit(node)
+    return found
+
+
+def buffers_of(node: Any) -> tuple[list[Buffer], list[Buffer]]:
+    """(read buffers, written buffers) of a statement or expression, in first-use order."""
+    reads: dict[Buffer, None] = {}
+    writes: dict[Buffer, None] = {}
+    for n in walk(node):
+        if isinstance(n, Load):
+            reads.setdefault(n.buffer, None)
+        elif isinstance(n, Store):
+            writes.setdefault(n.buffer, None)
+    return list(reads), list(writes)
+
+
+@dataclass(frozen=True, slots=True)
+class StmtContext:
+    """A statement with what surrounds it, outermost first.
+
+    `path` holds the For, If and Allocate nodes around it; `position` the index of each
+    enclosing Seq child taken on the way down (the textual order)."""
+
+    store: Store
+    loops: tuple[For, ...]
+    guards: tuple[Expr, ...]
+    path: tuple[Stmt, ...]
+    position: tuple[int, ...]
+
+
+def statements(node: Program | Stmt) -> list[StmtContext]:
+    """Every Store in textual order, with its loops, guards and textual position.
+
+    The `orelse` branch of an If contributes the negated condition as its guard."""
+    body = node.body if isinstance(node, Program) else node
+    out: list[StmtContext] = []
+
+    def go(s: Stmt, loops: tuple[For, ...], guards: tuple[Expr, ...], path: tuple[Stmt, ...], pos: tuple[int, ...]) -> None:
+        if isinstance(s, Store):
+            out.append(StmtContext(s, loops, guards, path, pos))
+        elif isinstance(s, Seq):
+            for k, c in enumerate(s.body):
+                go(c, loops, guards, path, pos + (k,))
+        elif isinstance(s, For):
+            go(s.body, loops + (s,), guards, path + (s,), pos)
+        elif isinstance(s, If):
+            go(s.then, loops, guards + (s.cond,), path + (s,), pos + (0,))
+            if s.orelse is not None:
+                go(s.orelse, loops, guards + (~s.cond,), path + (s,), pos + (1,))
+        elif isinstance(s, Allocate):
+            go(s.body, loops, guards, path + (s,), pos)
+
+    go(body, (), (), (), ())
+    return out
+
+
+def map_stmts(node: Stmt, fn: Callable[[Stmt], Stmt | None]) -> Stmt:
+    """Rebuild `node`, replacing each statement `s` for which `fn(s)` is not None (pre-order)."""
+
+    class _M(Transformer):
+        def visit(self, n: Any) -> Any:
+            if isinstance(n, Stmt):
+                r = fn(n)
+                if r is not None:
+                    return r
+            if isinstance(n, Expr):
+                return n
+            return super().visit(n)
+
+    return _M().visit(node)
+
+
+def seq(*stmts: Stmt | None) -> Stmt:
+    """A Seq of the given statements, flattened; a single statement is returned as is."""
+    flat: list[Stmt] = []
+    for s in stmts:
+        if s is None:
+            continue
+        if isinstance(s, Seq):
+            flat.extend(s.body)
+        else:
+            flat.append(s)
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+__all__ = [
+    "Visitor",
+    "Transformer",
+    "walk",
+    "substitute",
+    "free_vars",
+    "buffers_of",
+    "StmtContext",
+    "statements",
+    "map_stmts",
+    "seq",
+]
