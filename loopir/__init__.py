@@ -1,1 +1,36 @@
-"""loopir: tensor expressions, the affine loop IR, and its analysis."""
+"""loopir: tensor expressions, the affine loop IR, and its analysis.
+
+Submodules load on first use (`loopir.te`, `loopir.ir`, `loopir.interp`, ...), so importing
+the package is cheap and a module's absence only matters to whoever asks for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_SUBMODULES = (
+    "args",
+    "dtypes",
+    "interp",
+    "ir",
+    "lower",
+    "nodes",
+    "poly",
+    "printer",
+    "te",
+    "visit",
+    "workloads",
+)
+
+__all__ = list(_SUBMODULES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SUBMODULES))

@@ -1,0 +1,138 @@
+"""The CPU runtime: JIT-compile generated LLVM IR with llvmlite and call it through ctypes.
+
+A `CpuKernel` is the compiled form of one program (shared by every Module built from a
+structurally equal program): it keeps the execution engine alive (the function pointers die
+with it) and runs the segments in order; a parallel segment's `[lo, hi)` is cut into one
+contiguous chunk per thread, run on a thread pool (ctypes drops the GIL during the call) with
+the calling thread taking the first chunk.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from .llvm import Generated, host_features, libmvec
+
+_lock = threading.Lock()
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def default_threads() -> int:
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    with _lock:
+        if n not in _pools:
+            _pools[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="loopir-cpu")
+        return _pools[n]
+
+
+@cache
+def _llvm() -> Any:
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    host_features()
+    libmvec()  # load before any module that names a libmvec symbol is finalised
+    return llvm
+
+
+def target_machine() -> Any:
+    """A fresh target machine for this host's CPU and features (an engine takes ownership of it)."""
+    llvm = _llvm()
+    target = llvm.Target.from_triple(llvm.get_process_triple())
+    return target.create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3, jit=True
+    )
+
+
+def jit(source: str) -> tuple[Any, Any]:
+    """(engine, target machine) for LLVM IR text, optimised at O3 with the new pass manager."""
+    llvm = _llvm()
+    tm = target_machine()
+    mod = llvm.parse_assembly(source)
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    mod.verify()
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pto.loop_unrolling = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    engine = llvm.create_mcjit_compiler(mod, tm)
+    engine.finalize_object()
+    return engine, mod
+
+
+@dataclass
+class _Seg:
+    name: str
+    fn: Any
+    bounds: Any
+
+
+class CpuKernel:
+    """Compiled native code of one program; `run(pointers, sizes, threads)`."""
+
+    def __init__(self, gen: Generated) -> None:
+        self.gen = gen
+        self.engine, self._llmod = jit(gen.source)
+        nb, ns = len(gen.buffers), len(gen.sizes)
+        proto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * nb), *([ctypes.c_int64] * (ns + 2)))
+        bproto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_int64] * ns), ctypes.c_void_p)
+        self.segments: list[_Seg] = []
+        for s in gen.segments:
+            fn = proto(self.engine.get_function_address(s.fn))
+            b = bproto(self.engine.get_function_address(s.bounds_fn)) if s.bounds_fn else None
+            self.segments.append(_Seg(s.fn, fn, b))
+        self._out = (ctypes.c_int64 * 2)()
+        self.has_parallel = any(s.bounds is not None for s in self.segments)
+
+    @property
+    def kernels(self) -> list[str]:
+        return [s.name for s in self.segments]
+
+    def optimized_ir(self) -> str:
+        return str(self._llmod)
+
+    def run(self, ptrs: list[int], sizes: list[int], threads: int) -> None:
+        for seg in self.segments:
+            if seg.bounds is None or threads <= 1:
+                if seg.bounds is not None:
+                    seg.bounds(*sizes, self._out)
+                    lo, hi = self._out[0], self._out[1]
+                else:
+                    lo = hi = 0
+                self._check(seg, seg.fn(*ptrs, *sizes, lo, hi))
+                continue
+            out = (ctypes.c_int64 * 2)()
+            seg.bounds(*sizes, out)
+            lo, hi = out[0], out[1]
+            n = hi - lo
+            if n <= 0:
+                continue
+            k = min(threads, n)
+            cuts = [lo + (n * j) // k for j in range(k + 1)]
+            pool = _pool(threads)
+            futs = [pool.submit(seg.fn, *ptrs, *sizes, cuts[j], cuts[j + 1]) for j in range(1, k)]
+            rc = seg.fn(*ptrs, *sizes, cuts[0], cuts[1])
+            rcs = [rc] + [f.result() for f in futs]
+            for r in rcs:
+                self._check(seg, r)
+
+    @staticmethod
+    def _check(seg: _Seg, rc: int) -> None:
+        if rc != 0:
+            raise MemoryError(f"native function {seg.name!r} could not allocate its scratch memory")

@@ -1,0 +1,39 @@
+"""`build_cuda(program, arch=None, **opts)`: CUDA C generation and NVRTC compilation, eagerly.
+
+NVRTC needs no GPU, so the cubin exists as soon as `build` returns (CI compiles every scheduled
+program); the driver is touched only at the first call, which loads the module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loopir.nodes import Program
+
+from .cuda import generate_cuda
+from .cuda_runtime import CudaModule
+from .nvrtc import compile_cubin, normalize_arch
+
+_OPTS = ("arch", "options", "cache")
+
+
+def build_cuda(program: Program, arch: str | int | None = None, **opts: Any) -> CudaModule:
+    """Compile `program` for the GPU.
+
+    arch: "sm_90" etc. (default: the device's own when a GPU is present, else sm_90);
+    options: extra NVRTC options (tuple of str); cache: False to bypass the disk cache."""
+    for o in opts:
+        if o not in _OPTS:
+            raise TypeError(f"build: unknown option {o!r} for target 'cuda' (known: {', '.join(_OPTS)})")
+    options = tuple(opts.get("options", ()))
+    if arch is None:
+        from .cuda_runtime import default_arch
+
+        arch = default_arch()
+    arch = normalize_arch(arch)
+    gen = generate_cuda(program)
+    cubin = compile_cubin(gen.source, arch, options, name=f"{program.name}.cu", use_cache=opts.get("cache", True))
+    return CudaModule(gen, cubin, arch, options)
+
+
+__all__ = ["build_cuda"]

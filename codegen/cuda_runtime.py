@@ -1,0 +1,375 @@
+"""Loading and launching generated kernels through `cuda.bindings.driver`.
+
+* Every driver call's returned error is checked and raised as `CudaError` naming the call.
+* The primary context of the device is used (the one PyTorch and CuPy use), so device pointers
+  are shared with them.
+* Arguments: numpy arrays are copied to the device and the written ones copied back; device
+  arrays (PyTorch tensors, CuPy arrays, anything with `__cuda_array_interface__` or a CUDA DLPack
+  capsule) are used in place (zero copy) and the kernels run on the caller's current stream
+  (PyTorch's / CuPy's current stream, the CAI producer stream, else the legacy default stream).
+* No GPU (no libcuda, no device): a `NoGpuError` (a RuntimeError) at the first call, never a crash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from loopir.args import bind_shapes, size_of
+from loopir.nodes import Buffer, Var
+
+from .cuda import CudaSource
+from .module import Module
+from .nvrtc import compile_cubin
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed; the message names the call."""
+
+
+class NoGpuError(RuntimeError):
+    """No usable CUDA GPU (driver library missing or no device)."""
+
+
+@cache
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except Exception as e:  # noqa: BLE001 - any import failure means: no usable CUDA
+        raise NoGpuError(f"no CUDA GPU available: cannot import cuda.bindings.driver ({e})") from e
+    return driver
+
+
+def check(ret: Any, call: str) -> Any:
+    """Unpack `(err, *values)` of a cuda.bindings call; raise CudaError naming `call` on failure."""
+    cu = _driver()
+    err, *vals = ret if isinstance(ret, tuple) else (ret,)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        _, name = cu.cuGetErrorName(err)
+        _, msg = cu.cuGetErrorString(err)
+        name = name.decode() if isinstance(name, bytes) else str(err)
+        msg = msg.decode() if isinstance(msg, bytes) else ""
+        raise CudaError(f"{call} failed: {name} ({int(err)}): {msg}")
+    return vals[0] if len(vals) == 1 else (tuple(vals) or None)
+
+
+_INIT: dict[str, Any] = {}
+
+
+def _init() -> None:
+    if _INIT.get("ok"):
+        return
+    cu = _driver()
+    try:
+        ret = cu.cuInit(0)
+    except Exception as e:  # noqa: BLE001 - libcuda missing raises from the loader
+        raise NoGpuError(f"no CUDA GPU available: the CUDA driver library cannot be loaded ({type(e).__name__}: {e})") from e
+    if ret[0] != cu.CUresult.CUDA_SUCCESS:
+        raise NoGpuError(f"no CUDA GPU available: cuInit failed with {ret[0]!r}")
+    n = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+    if n == 0:
+        raise NoGpuError("no CUDA GPU available: cuDeviceGetCount reports 0 devices")
+    _INIT.update(ok=True, count=n)
+
+
+def gpu_available() -> bool:
+    try:
+        _init()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@dataclass
+class Device:
+    ordinal: int
+    handle: Any
+    ctx: Any
+    arch: str
+
+
+_DEVICES: dict[int, Device] = {}
+
+
+def device(ordinal: int = 0) -> Device:
+    """The device with its primary context made current."""
+    _init()
+    cu = _driver()
+    if ordinal not in _DEVICES:
+        if not 0 <= ordinal < _INIT["count"]:
+            raise ValueError(f"CUDA device {ordinal} does not exist ({_INIT['count']} device(s))")
+        dev = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+        attr = cu.CUdevice_attribute
+        major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute")
+        minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute")
+        ctx = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        _DEVICES[ordinal] = Device(ordinal, dev, ctx, f"sm_{major}{minor}")
+    d = _DEVICES[ordinal]
+    check(cu.cuCtxSetCurrent(d.ctx), "cuCtxSetCurrent")
+    return d
+
+
+def default_arch() -> str:
+    """sm_XX of device 0 when a GPU is present, else sm_90."""
+    import os
+
+    if not (os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidia0") or os.path.exists("/dev/dxg")):
+        return "sm_90"  # no NVIDIA driver here: skip importing the driver bindings (~60 ms)
+    try:
+        return device(0).arch
+    except Exception:  # noqa: BLE001 - no GPU: compile for the H100/H200 generation
+        return "sm_90"
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+@dataclass
+class _Arg:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    host: np.ndarray | None = None  # numpy: copied in and out
+    ptr: int = 0
+    device: int | None = None
+    stream: int | None = None
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    out, acc = [], itemsize
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(out))
+
+
+def _contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int) -> bool:
+    if strides is None:
+        return True
+    return all(d <= 1 or s == c for d, s, c in zip(shape, strides, _c_strides(shape, itemsize)))
+
+
+def _pointer_device(ptr: int) -> int | None:
+    cu = _driver()
+    if ptr == 0:
+        return None
+    try:
+        return int(check(cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr),
+                         "cuPointerGetAttribute"))
+    except CudaError:
+        return None
+
+
+def classify(obj: Any, name: str) -> _Arg:
+    """Describe one argument: a numpy array (host) or a device array (zero copy)."""
+    if isinstance(obj, np.ndarray):
+        return _Arg(name, tuple(obj.shape), obj.dtype, host=obj)
+    mod = type(obj).__module__ or ""
+    if mod.startswith("torch") and hasattr(obj, "is_cuda"):
+        if not obj.is_cuda:
+            return classify(obj.detach().numpy(), name)
+        if not obj.is_contiguous():
+            raise ValueError(f"argument {name!r} is a non-contiguous device array (strides {tuple(obj.stride())}); "
+                             "pass a contiguous tensor (.contiguous())")
+        import torch
+
+        dt = np.dtype(str(obj.dtype).removeprefix("torch."))
+        stream = torch.cuda.current_stream(obj.device).cuda_stream
+        return _Arg(name, tuple(obj.shape), dt, ptr=obj.data_ptr(), device=obj.device.index, stream=stream)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        shape = tuple(int(d) for d in cai["shape"])
+        dt = np.dtype(cai["typestr"])
+        if not _contiguous(shape, cai.get("strides"), dt.itemsize):
+            raise ValueError(f"argument {name!r} is a non-contiguous device array (strides {cai.get('strides')}); "
+                             "pass a C-contiguous array")
+        ptr = int(cai["data"][0] or 0)
+        stream = None
+        if mod.startswith("cupy"):
+            import cupy
+
+            stream = int(cupy.cuda.get_current_stream().ptr)
+        elif isinstance(cai.get("stream"), int):
+            stream = 0 if cai["stream"] == 1 else int(cai["stream"])
+        return _Arg(name, shape, dt, ptr=ptr, device=_pointer_device(ptr), stream=stream)
+    if hasattr(obj, "__dlpack_device__"):
+        dev_type, dev_id = obj.__dlpack_device__()
+        if int(dev_type) == 1:  # kDLCPU
+            return classify(np.from_dlpack(obj), name)
+        if int(dev_type) != 2:  # kDLCUDA
+            raise TypeError(f"argument {name!r} lives on DLPack device type {int(dev_type)}, not a CUDA GPU")
+        from cuda.core.utils import StridedMemoryView
+
+        view = StridedMemoryView.from_any_interface(obj, stream_ptr=-1)
+        shape = tuple(view.shape)
+        dt = np.dtype(view.dtype)
+        strides = None if view.strides is None else tuple(s * dt.itemsize for s in view.strides)
+        if not _contiguous(shape, strides, dt.itemsize):
+            raise ValueError(f"argument {name!r} is a non-contiguous device array (strides {view.strides}); "
+                             "pass a C-contiguous array")
+        return _Arg(name, shape, dt, ptr=int(view.ptr), device=int(dev_id))
+    raise TypeError(f"argument {name!r} must be a numpy array or a CUDA device array "
+                    f"(__cuda_array_interface__ / DLPack), got {type(obj).__name__}")
+
+
+# ----------------------------------------------------------------------------- the module
+
+
+@dataclass
+class _Prepared:
+    args: list[_Arg]
+    sizes: dict[Var, int]
+    dev: Device
+    stream: Any
+    ptrs: dict[Buffer, int] = field(default_factory=dict)
+
+
+class CudaModule(Module):
+    """Kernels compiled for one program. `mod(*arrays)` runs them; `mod.benchmark(*arrays)` times them."""
+
+    target = "cuda"
+
+    def __init__(self, gen: CudaSource, cubin: bytes, arch: str, options: tuple[str, ...] = ()) -> None:
+        super().__init__(gen.program, gen.source, [k.name for k in gen.kernels])
+        self.gen = gen
+        self.cubin = cubin
+        self.arch = arch
+        self.options = options
+        self._loaded: dict[int, tuple[Any, dict[str, Any]]] = {}
+        self._host_bufs: dict[tuple[int, int, int], Any] = {}
+        self._temps: dict[tuple[int, tuple], list[Any]] = {}
+
+    # -- loading
+    def _functions(self, dev: Device) -> dict[str, Any]:
+        if dev.ordinal not in self._loaded:
+            cu = _driver()
+            cubin = self.cubin if dev.arch == self.arch else compile_cubin(self.source, dev.arch, self.options)
+            mod = check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
+            fns = {k.name: check(cu.cuModuleGetFunction(mod, k.name.encode()), f"cuModuleGetFunction({k.name})")
+                   for k in self.gen.kernels}
+            self._loaded[dev.ordinal] = (mod, fns)
+        return self._loaded[dev.ordinal][1]
+
+    def _alloc(self, nbytes: int) -> Any:
+        cu = _driver()
+        return check(cu.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc")
+
+    # -- one call
+    def prepare(self, arrays: tuple[Any, ...]) -> _Prepared:
+        prog = self.program
+        if len(arrays) != len(prog.args):
+            names = ", ".join(b.name for b in prog.args)
+            raise TypeError(f"program {prog.name!r} takes {len(prog.args)} argument(s) ({names}), got {len(arrays)}")
+        args = [classify(a, b.name) for a, b in zip(arrays, prog.args)]
+        sizes = bind_shapes(prog, [(a.shape, a.dtype) for a in args])
+        for a, b in zip(args, prog.args):
+            if a.host is not None:
+                if not a.host.flags.c_contiguous:
+                    raise ValueError(f"argument {a.name!r} is not C-contiguous; pass np.ascontiguousarray(...)")
+                if b in self.written and not a.host.flags.writeable:
+                    raise ValueError(f"argument {a.name!r} is written by program {prog.name!r} but is read-only")
+        on_dev = [a for a in args if a.host is None]
+        ordinal = next((a.device for a in on_dev if a.device is not None), 0)
+        for a in on_dev:
+            if a.device is not None and a.device != ordinal:
+                raise ValueError(f"argument {a.name!r} is on CUDA device {a.device}, but argument "
+                                 f"{on_dev[0].name!r} is on device {ordinal}; all device arrays must share one device")
+        dev = device(ordinal)
+        cu = _driver()
+        stream_handle = next((a.stream for a in on_dev if a.stream is not None), 0)
+        p = _Prepared(args, sizes, dev, cu.CUstream(stream_handle))
+        for k, (a, b) in enumerate(zip(args, prog.args)):
+            if a.host is None:
+                p.ptrs[b] = a.ptr
+                continue
+            key = (dev.ordinal, k, a.host.nbytes)
+            if key not in self._host_bufs:
+                self._host_bufs[key] = self._alloc(a.host.nbytes)
+            dptr = self._host_bufs[key]
+            if a.host.nbytes:
+                check(cu.cuMemcpyHtoDAsync(dptr, a.host.ctypes.data, a.host.nbytes, p.stream), "cuMemcpyHtoDAsync")
+            p.ptrs[b] = int(dptr)
+        tkey = (dev.ordinal, tuple(sorted((v.name, n) for v, n in sizes.items())))
+        if prog.temps and tkey not in self._temps:
+            self._temps[tkey] = [self._alloc(int(np.prod(size_of(t.shape, sizes), dtype=np.int64)) *
+                                             np.dtype(t.dtype).itemsize) for t in prog.temps]
+        for t, ptr in zip(prog.temps, self._temps.get(tkey, [])):
+            p.ptrs[t] = int(ptr)
+        return p
+
+    def launch(self, p: _Prepared) -> None:
+        cu = _driver()
+        fns = self._functions(p.dev)
+        for k in self.gen.kernels:
+            grid, block = k.launch.dims(p.sizes)
+            if min(grid) <= 0 or min(block) <= 0:
+                continue  # empty iteration space
+            if block[0] * block[1] * block[2] > 1024 or grid[1] > 65535 or grid[2] > 65535 or grid[0] >= 2**31:
+                raise ValueError(f"kernel {k.name!r} needs grid {grid} and block {block}, beyond CUDA's limits "
+                                 "(block <= 1024 threads, grid.y/z <= 65535); split the bound loops differently")
+            values, types = [], []
+            for a in k.args:
+                if a.buffer is not None:
+                    values.append(p.ptrs[a.buffer])
+                    types.append(ctypes.c_void_p)
+                else:
+                    values.append(int(p.sizes[a.var]))
+                    types.append(ctypes.c_longlong)
+            check(cu.cuLaunchKernel(fns[k.name], *grid, *block, 0, p.stream, (tuple(values), tuple(types)), 0),
+                  f"cuLaunchKernel({k.name})")
+
+    def finish(self, p: _Prepared) -> None:
+        cu = _driver()
+        host_out = [(a, b) for a, b in zip(p.args, self.program.args) if a.host is not None and b in self.written]
+        for a, b in host_out:
+            if a.host.nbytes:
+                check(cu.cuMemcpyDtoHAsync(a.host.ctypes.data, p.ptrs[b], a.host.nbytes, p.stream), "cuMemcpyDtoHAsync")
+        if any(a.host is not None for a in p.args):
+            check(cu.cuStreamSynchronize(p.stream), "cuStreamSynchronize")
+
+    def __call__(self, *arrays: Any) -> None:
+        p = self.prepare(arrays)
+        self.launch(p)
+        self.finish(p)
+
+    def benchmark(self, *arrays: Any, warmup: int = 3, repeat: int = 20) -> float:
+        """Median milliseconds of one call's kernels (CUDA events on the call's stream, after warm-up).
+
+        numpy arguments are uploaded once, before timing, and the results copied back after."""
+        cu = _driver()
+        p = self.prepare(arrays)
+        for _ in range(warmup):
+            self.launch(p)
+        start = check(cu.cuEventCreate(0), "cuEventCreate")
+        end = check(cu.cuEventCreate(0), "cuEventCreate")
+        times = []
+        try:
+            for _ in range(repeat):
+                check(cu.cuEventRecord(start, p.stream), "cuEventRecord")
+                self.launch(p)
+                check(cu.cuEventRecord(end, p.stream), "cuEventRecord")
+                check(cu.cuEventSynchronize(end), "cuEventSynchronize")
+                times.append(check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
+        finally:
+            cu.cuEventDestroy(start)
+            cu.cuEventDestroy(end)
+        self.finish(p)
+        return float(statistics.median(times))
+
+    def __del__(self) -> None:
+        try:
+            cu = _driver()
+            for ptr in list(self._host_bufs.values()) + [x for v in self._temps.values() for x in v]:
+                cu.cuMemFree(ptr)
+            for mod, _ in self._loaded.values():
+                cu.cuModuleUnload(mod)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+__all__ = ["CudaModule", "CudaError", "NoGpuError", "check", "device", "default_arch", "gpu_available", "classify"]

@@ -1,0 +1,128 @@
+"""Compiled modules: what `build` returns.
+
+`Module` is the target-independent base: `mod(*arrays)` checks the arguments with
+`loopir.args.bind_args` (count and dtype -> TypeError; rank, shape, size-variable conflicts,
+non-contiguous -> ValueError) before any native code runs, then calls `_run(arrays, sizes)`.
+`.source` is the generated code, `.kernels` the native functions one call runs, `.program`
+the compiled program (arguments in call order).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from loopir.args import bind_args, size_of
+from loopir.nodes import Buffer, Program, Var
+from loopir.visit import buffers_of
+
+
+class Module:
+    """A compiled program. Subclasses implement `_run(arrays, sizes)`."""
+
+    target = "none"
+
+    def __init__(self, program: Program, source: str, kernels: list[str]) -> None:
+        self.program = program
+        self.source = source
+        self.kernels = list(kernels)
+        _, writes = buffers_of(program.body)
+        self.written: frozenset[Buffer] = frozenset(writes)
+
+    def check(self, arrays: tuple[Any, ...]) -> dict[Var, int]:
+        """The size variables, after every check of the arguments."""
+        sizes = bind_args(self.program, arrays)
+        for buf, a in zip(self.program.args, arrays):
+            if buf in self.written and not a.flags.writeable:
+                raise ValueError(f"argument {buf.name!r} is written by program {self.program.name!r} but is read-only")
+        return sizes
+
+    def __call__(self, *arrays: Any) -> None:
+        sizes = self.check(arrays)
+        self._run(arrays, sizes)
+
+    def _run(self, arrays: tuple[Any, ...], sizes: dict[Var, int]) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{b.name}: {b.dtype}" for b in self.program.args)
+        return f"<{type(self).__name__} {self.program.name}({args}) target={self.target} kernels={self.kernels}>"
+
+
+INT64_MAX = 2**63 - 1
+
+
+class CpuModule(Module):
+    """A program JIT-compiled for this CPU. `threads` (default: the CPUs this process may use)
+    run the top-level parallel loops; `threads=1` runs everything on the calling thread."""
+
+    target = "cpu"
+
+    def __init__(self, program: Program, kernel: Any, threads: int | None = None) -> None:
+        from .cpu_runtime import default_threads
+
+        from .llvm import size_vars
+
+        super().__init__(program, kernel.gen.source, kernel.kernels)
+        self.kernel = kernel
+        self.size_vars = size_vars(program)  # positionally equal to kernel.gen.sizes (same structure)
+        self.threads = default_threads() if threads is None else max(int(threads), 1)
+        self._temps: tuple[tuple[int, ...], list[np.ndarray]] | None = None
+
+    def check(self, arrays: tuple[Any, ...]) -> dict[Var, int]:
+        sizes = super().check(arrays)
+        # The native code declares every buffer `noalias`: refuse overlapping arrays when one is written.
+        args = self.program.args
+        for i in range(len(args)):
+            for j in range(i + 1, len(args)):
+                if (args[i] in self.written or args[j] in self.written) and arrays[i].size and arrays[j].size:
+                    if np.may_share_memory(arrays[i], arrays[j]):
+                        raise ValueError(
+                            f"arguments {args[i].name!r} and {args[j].name!r} overlap in memory and one of them "
+                            "is written; pass separate arrays (copy one)"
+                        )
+        return sizes
+
+    def _size_values(self, sizes: dict[Var, int]) -> list[int]:
+        out = []
+        for v in self.size_vars:
+            if v not in sizes:
+                raise ValueError(f"size variable {v.name!r} of program {self.program.name!r} has no value")
+            x = int(sizes[v])
+            if not -INT64_MAX <= x <= INT64_MAX:
+                raise ValueError(f"size variable {v.name!r} = {x} does not fit in 64 bits")
+            out.append(x)
+        return out
+
+    def temps(self, sizes: dict[Var, int]) -> list[np.ndarray]:
+        shapes = []
+        for t in self.program.temps:
+            shape = tuple(max(d, 0) for d in size_of(t.shape, sizes))
+            nbytes = np.dtype(t.dtype).itemsize
+            for d in shape:
+                nbytes *= d
+            if nbytes > INT64_MAX // 2:
+                raise ValueError(f"temporary {t.name!r} of shape {shape} ({t.dtype}) is too large to allocate")
+            shapes.append(shape)
+        key = tuple(x for s in shapes for x in (len(s), *s))
+        if self._temps is not None and self._temps[0] == key:
+            return self._temps[1]
+        arrs = []
+        for t, shape in zip(self.program.temps, shapes):
+            try:
+                arrs.append(np.empty(shape, dtype=t.dtype))
+            except MemoryError:
+                raise MemoryError(f"cannot allocate temporary {t.name!r} of shape {shape} ({t.dtype})") from None
+        self._temps = (key, arrs)
+        return arrs
+
+    def _run(self, arrays: tuple[Any, ...], sizes: dict[Var, int]) -> None:
+        svals = self._size_values(sizes)
+        temps = self.temps(sizes)
+        ptrs = [a.ctypes.data for a in arrays] + [t.ctypes.data for t in temps]
+        self.kernel.run(ptrs, svals, self.threads)
+
+    @property
+    def optimized_ir(self) -> str:
+        return self.kernel.optimized_ir()

@@ -1,0 +1,197 @@
+"""CUDA C -> cubin with NVRTC, behind a persistent disk cache.
+
+* Always a cubin for a real `sm_XX` (never PTX: a newer NVRTC writes PTX that older drivers refuse).
+* A failed compilation raises `NvrtcError` carrying NVRTC's log and the numbered source lines
+  around each line the log names.
+* Cache: `$LOOPIR_CACHE_DIR` or `~/.cache/loopir`, one file per key, where the key hashes the
+  source, the arch, the options and the NVRTC library's identity. The NVRTC identity is taken
+  from the library file's path, size and mtime (loading libnvrtc just to ask its version costs
+  ~120 ms, which would make a cache hit slow); when the library cannot be located, the version
+  NVRTC reports is used. Each entry is `MAGIC | payload length | sha256(payload) | payload`: a
+  truncated or corrupt entry fails the check and is recompiled. Entries are written to a
+  temporary file in the same directory and moved into place with `os.replace` (atomic), so
+  concurrent processes never see a partial entry.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+import struct
+import tempfile
+from functools import cache
+
+MAGIC = b"LOOPIRCUBIN1"
+_HEADER = struct.Struct("<12sQ32s")
+DEFAULT_OPTIONS: tuple[str, ...] = ("--std=c++17", "-default-device")
+
+
+class NvrtcError(RuntimeError):
+    """NVRTC refused the source; `log` is NVRTC's log, `source` the CUDA C."""
+
+    def __init__(self, message: str, log: str = "", source: str = ""):
+        super().__init__(message)
+        self.log = log
+        self.source = source
+
+
+def cache_dir() -> str:
+    return os.environ.get("LOOPIR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "loopir")
+
+
+@cache
+def _nvrtc():
+    from cuda.bindings import nvrtc
+
+    return nvrtc
+
+
+def _check(ret, call: str):
+    nv = _nvrtc()
+    err, *vals = ret
+    if err != nv.nvrtcResult.NVRTC_SUCCESS:
+        raise NvrtcError(f"{call} failed: {err.name}: {nv.nvrtcGetErrorString(err)[1].decode()}")
+    return vals[0] if len(vals) == 1 else (tuple(vals) or None)
+
+
+@cache
+def nvrtc_identity() -> str:
+    """A string that changes whenever the NVRTC library changes (cheap: no library load)."""
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("nvidia")
+        for root in list(spec.submodule_search_locations or []) if spec else []:
+            libs = sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so*")))
+            libs += sorted(glob.glob(os.path.join(root, "cuda_nvrtc", "lib", "libnvrtc.so*")))
+            if libs:
+                st = [os.stat(p) for p in libs]
+                return "lib:" + ";".join(f"{p}:{s.st_size}:{s.st_mtime_ns}" for p, s in zip(libs, st))
+    except Exception:  # noqa: BLE001 - fall back to asking NVRTC itself
+        pass
+    return "version:%d.%d" % nvrtc_version()
+
+
+@cache
+def nvrtc_version() -> tuple[int, int]:
+    return _check(_nvrtc().nvrtcVersion(), "nvrtcVersion")
+
+
+def cache_key(source: str, arch: str, options: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    for part in (MAGIC.decode(), arch, nvrtc_identity(), "\0".join(options), source):
+        h.update(part.encode())
+        h.update(b"\0\1")
+    return h.hexdigest()
+
+
+def _read_entry(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if len(data) < _HEADER.size:
+        return None
+    magic, n, digest = _HEADER.unpack_from(data)
+    payload = data[_HEADER.size:]
+    if magic != MAGIC or n != len(payload) or hashlib.sha256(payload).digest() != digest:
+        return None
+    return payload
+
+
+def _write_entry(path: str, payload: bytes) -> None:
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".cubin")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()))
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def normalize_arch(arch: str | int | None) -> str:
+    if arch is None:
+        return "sm_90"
+    a = str(arch)
+    if a.startswith("compute_"):
+        raise ValueError(f"arch {a!r} is a virtual architecture (PTX only); give a real one such as 'sm_90'")
+    if not a.startswith("sm_"):
+        a = "sm_" + a.replace(".", "")
+    if not re.fullmatch(r"sm_\d+[a-z]?", a):
+        raise ValueError(f"arch {arch!r} is not of the form 'sm_90'")
+    return a
+
+
+def compile_cubin(source: str, arch: str | None = None, options: tuple[str, ...] = (),
+                  name: str = "loopir.cu", use_cache: bool = True) -> bytes:
+    """Compile CUDA C to a cubin for `arch` (default sm_90), through the disk cache."""
+    arch = normalize_arch(arch)
+    opts = DEFAULT_OPTIONS + tuple(options)
+    path = None
+    if use_cache:
+        path = os.path.join(cache_dir(), cache_key(source, arch, opts) + ".cubin")
+        hit = _read_entry(path)
+        if hit is not None:
+            return hit
+    cubin = _compile(source, arch, opts, name)
+    if path is not None:
+        try:
+            _write_entry(path, cubin)
+        except OSError:
+            pass  # a read-only or full cache must not break compilation
+    return cubin
+
+
+def _compile(source: str, arch: str, opts: tuple[str, ...], name: str) -> bytes:
+    nv = _nvrtc()
+    prog = _check(nv.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
+    try:
+        args = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in opts]
+        (err,) = nv.nvrtcCompileProgram(prog, len(args), args)
+        size = _check(nv.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        buf = bytearray(size)
+        _check(nv.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+        log = bytes(buf).rstrip(b"\x00").decode(errors="replace")
+        if err != nv.nvrtcResult.NVRTC_SUCCESS:
+            raise NvrtcError(format_compile_error(err.name, log, source, name, arch), log, source)
+        size = _check(nv.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        if size == 0:
+            raise NvrtcError(f"NVRTC produced no cubin for {arch}; give a real architecture such as sm_90")
+        out = bytearray(size)
+        _check(nv.nvrtcGetCUBIN(prog, out), "nvrtcGetCUBIN")
+        return bytes(out)
+    finally:
+        nv.nvrtcDestroyProgram(prog)
+
+
+def format_compile_error(code: str, log: str, source: str, name: str, arch: str, context: int = 2) -> str:
+    """NVRTC's log, then the numbered source lines around each line it names (marked '>')."""
+    lines = source.splitlines()
+    bad = sorted({int(m) for m in re.findall(re.escape(name) + r"\((\d+)\)", log)})
+    parts = [f"NVRTC failed to compile {name} for {arch} ({code}):", log.rstrip(), ""]
+    shown: set[int] = set()
+    for ln in bad:
+        lo, hi = max(1, ln - context), min(len(lines), ln + context)
+        chunk = []
+        for k in range(lo, hi + 1):
+            if k in shown:
+                continue
+            shown.add(k)
+            chunk.append(f"{'>' if k == ln else ' '} {k:5d} | {lines[k - 1]}")
+        if chunk:
+            parts.append("\n".join(chunk))
+            parts.append("   ...")
+    return "\n".join(parts)
+
+
+__all__ = ["compile_cubin", "NvrtcError", "cache_dir", "cache_key", "nvrtc_version", "normalize_arch"]

@@ -1,0 +1,232 @@
+"""Lowering: tensor expressions to the loop IR, one loop nest per stage.
+
+    C = te.compute((n, m), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+
+lowers to
+
+    for i in range(0, n):
+        for j in range(0, m):
+            C[i, j] = 0.0                          # C_init
+            for k in range(0, p):
+                C[i, j] = C[i, j] + A[i, k] * B[k, j]   # C
+
+The loop variables are the stage's own axis Vars (so every Store has `coords == iters`),
+stages come in topological order, intermediates become `Program.temps`, and
+`Program.params` are the size variables that the shapes and bounds use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from . import nodes
+from .nodes import Buffer, Const, Expr, For, Program, Stmt, Store, Var
+from .te import ComputeOp, PlaceholderOp, Reduce, Tensor, identity
+from .visit import free_vars, seq
+
+_COMBINE = {"sum": "add", "max": "max", "min": "min"}
+
+
+def _as_list(x: Tensor | Sequence[Tensor], what: str) -> list[Tensor]:
+    xs = [x] if isinstance(x, Tensor) else list(x)
+    for t in xs:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"lower: {what} must be te tensors, got {type(t).__name__} {t!r}")
+    return xs
+
+
+def _topo(roots: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+    """(compute stages in dependence order, placeholders in first-use order)."""
+    order: list[Tensor] = []
+    placeholders: list[Tensor] = []
+    state: dict[int, int] = {}  # id -> 1 visiting, 2 done
+
+    def visit(t: Tensor) -> None:
+        s = state.get(id(t))
+        if s == 2:
+            return
+        if s == 1:  # cannot be built with te (a tensor exists before its readers), but stay safe
+            raise ValueError(f"lower: tensor {t.name!r} depends on itself")
+        state[id(t)] = 1
+        if isinstance(t.op, ComputeOp):
+            for u in t.op.inputs:
+                visit(u)
+            order.append(t)
+        else:
+            placeholders.append(t)
+        state[id(t)] = 2
+
+    for r in roots:
+        visit(r)
+    return order, placeholders
+
+
+def _check_names(tensors: list[Tensor]) -> None:
+    seen: dict[str, Tensor] = {}
+    for t in tensors:
+        other = seen.setdefault(t.name, t)
+        if other is not t:
+            raise ValueError(
+                f"lower: two different tensors are named {t.name!r} in one program "
+                f"({other!r} and {t!r}); give each tensor its own name"
+            )
+    stmt_names = {t.name for t in tensors}
+    for t in tensors:
+        if isinstance(t.op, ComputeOp) and isinstance(t.op.body, Reduce) and f"{t.name}_init" in stmt_names:
+            raise ValueError(
+                f"lower: the init statement of reduction {t.name!r} would be named {t.name + '_init'!r}, "
+                "which is the name of another tensor"
+            )
+
+
+def _stage(t: Tensor) -> Stmt:
+    op = t.op
+    assert isinstance(op, ComputeOp)
+    axis = op.axis
+    buf = t.buffer
+    idx: tuple[Expr, ...] = axis
+    body = op.body
+    if isinstance(body, Reduce):
+        init = Store(f"{t.name}_init", buf, idx, identity(body.op, body.dtype), axis, axis)
+        iters = axis + op.reduce_axis
+        value = nodes.binary(_COMBINE[body.op], buf[idx], body.body)
+        inner: Stmt = Store(t.name, buf, idx, value, iters, iters)
+        for k, (lo, hi) in reversed(list(zip(op.reduce_axis, op.reduce_dom))):
+            inner = For(k, lo, hi, inner)
+        nest: Stmt = seq(init, inner)
+    else:
+        nest = Store(t.name, buf, idx, body, axis, axis)
+    for v, extent in reversed(list(zip(axis, t.shape))):
+        nest = For(v, Const(0, "int64"), extent, nest)
+    return nest
+
+
+def lower(
+    outputs: Tensor | Sequence[Tensor],
+    args: Sequence[Tensor] | None = None,
+    name: str | None = None,
+) -> Program:
+    """The loop-IR program computing `outputs`.
+
+    `args` (call order) default to the placeholders in first-use order, then the outputs.
+    Compute tensors listed in `args` are computed and kept as arguments; the other
+    intermediates become `temps`. A placeholder read but missing from `args` is refused."""
+    outs = _as_list(outputs, "outputs")
+    if not outs:
+        raise ValueError("lower: no outputs given")
+    for t in outs:
+        if isinstance(t.op, PlaceholderOp):
+            raise TypeError(f"lower: output {t.name!r} is a placeholder; there is nothing to compute")
+    arg_list = None if args is None else _as_list(args, "args")
+    roots = outs + [t for t in (arg_list or []) if isinstance(t.op, ComputeOp)]
+    stages, placeholders = _topo(roots)
+
+    if arg_list is None:
+        arg_list = placeholders + [t for t in outs if all(t is not u for u in placeholders)]
+        arg_list = list({id(t): t for t in arg_list}.values())
+    else:
+        seen: set[int] = set()
+        for t in arg_list:
+            if id(t) in seen:
+                raise ValueError(f"lower: tensor {t.name!r} appears twice in args")
+            seen.add(id(t))
+        for t in placeholders:
+            if id(t) not in seen:
+                raise ValueError(
+                    f"lower: placeholder {t.name!r} is read but is not among the args "
+                    f"({', '.join(a.name for a in arg_list)})"
+                )
+        for t in outs:
+            if id(t) not in seen:
+                raise ValueError(f"lower: output {t.name!r} is not among the args")
+
+    arg_ids = {id(t) for t in arg_list}
+    temps = [t for t in stages if id(t) not in arg_ids]
+    _check_names(arg_list + [t for t in stages + placeholders if id(t) not in arg_ids])
+
+    body = seq(*(_stage(t) for t in stages))
+    prog_args = tuple(t.buffer for t in arg_list)
+    prog_temps = tuple(t.buffer for t in temps)
+    params = _params(prog_args, prog_temps, stages)
+    _check_params(params, prog_args)
+    _check_var_names(params, stages, arg_list + temps)
+    return Program(name or outs[0].name, prog_args, body, prog_temps, params)
+
+
+def _params(args: tuple[Buffer, ...], temps: tuple[Buffer, ...], stages: list[Tensor]) -> tuple[Var, ...]:
+    """Size variables in first-use order: arg shapes, temp shapes, reduce bounds, bodies."""
+    loop_vars: set[Var] = set()
+    for t in stages:
+        op = t.op
+        assert isinstance(op, ComputeOp)
+        loop_vars.update(op.axis)
+        loop_vars.update(op.reduce_axis)
+    found: dict[Var, None] = {}
+
+    def add(e: object) -> None:
+        for v in sorted(free_vars(e), key=lambda v: _first_pos(e, v)):
+            if v not in loop_vars:
+                found.setdefault(v, None)
+
+    for b in args + temps:
+        for e in b.shape:
+            add(e)
+    for t in stages:
+        op = t.op
+        assert isinstance(op, ComputeOp)
+        for lo, hi in op.reduce_dom:
+            add(lo)
+            add(hi)
+        add(op.body.body if isinstance(op.body, Reduce) else op.body)
+    return tuple(found)
+
+
+def _first_pos(e: object, v: Var) -> int:
+    from .visit import walk
+
+    for k, n in enumerate(walk(e)):  # type: ignore[arg-type]
+        if n is v:
+            return k
+    return 1 << 30
+
+
+def _check_params(params: tuple[Var, ...], args: tuple[Buffer, ...]) -> None:
+    # every size variable must be recoverable from the argument shapes at call time
+    known: set[Var] = set()
+    for b in args:
+        for e in b.shape:
+            known |= free_vars(e)
+    for v in params:
+        if v not in known:
+            raise ValueError(
+                f"lower: size variable {v.name!r} appears in no argument's shape, so no call can determine it; "
+                "add a tensor shaped by it to the args"
+            )
+
+
+def _check_var_names(params: tuple[Var, ...], stages: list[Tensor], tensors: list[Tensor]) -> None:
+    # names are unique among tensors, size variables and the loop variables of one nest, so
+    # a printed program or generated C cannot shadow one variable with another
+    taken: dict[str, str] = {t.name: f"tensor {t.name!r}" for t in tensors}
+    for v in params:
+        if v.name in taken:
+            raise ValueError(
+                f"lower: two things are named {v.name!r}: the size variable {v.name!r} and the {taken[v.name]}; "
+                "give each size variable (te.var) its own name"
+            )
+        taken[v.name] = f"size variable {v.name!r}"
+    for t in stages:
+        op = t.op
+        assert isinstance(op, ComputeOp)
+        local: set[str] = set()
+        for v in op.axis + op.reduce_axis:
+            if v.name in local:
+                raise ValueError(f"lower: stage {t.name!r} has two loop variables named {v.name!r}; rename one")
+            if v.name in taken:
+                raise ValueError(
+                    f"lower: loop variable {v.name!r} of stage {t.name!r} has the name of the {taken[v.name]}"
+                )
+            local.add(v.name)
+
+
+__all__ = ["lower"]

@@ -1,0 +1,198 @@
+"""Printing the loop IR as a readable, Python-like loop nest.
+
+    def prefix_sum(A: float32[n]):  # sizes: n
+        for i in range(1, n):
+            A[i] = A[i - 1] + A[i]  # S
+
+Loops show their kind (`range` for serial, `parallel`, `unroll`, `vectorize`; a GPU-bound
+loop is `range` with its axis in a comment), each Store ends with `# name`, followed by its
+instance binding `(i = io * 256 + ii)` when its coordinates are not its own iteration
+variables. `marks` (a dict from loop Var to text) appends that text to the loop's line; schedule
+errors use it to point at loops. Expressions get the fewest parentheses Python's precedence
+needs, except that a right operand of equal precedence keeps them: `a - (b - c)`, and
+`a + (b + c)` too, since float addition is not associative.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .nodes import (
+    Allocate,
+    Barrier,
+    Binary,
+    Buffer,
+    Call,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    For,
+    If,
+    Load,
+    Logical,
+    Program,
+    Select,
+    Seq,
+    Stmt,
+    Store,
+    Unary,
+    Var,
+)
+
+INDENT = "    "
+
+_BINARY_SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%"}
+_COMPARE_SYM = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+# Python's precedence, low to high; atoms (names, calls, subscripts) are highest.
+_PREC = {
+    "or": 1,
+    "and": 2,
+    "not": 3,
+    "compare": 4,
+    "add": 6,
+    "sub": 6,
+    "mul": 7,
+    "div": 7,
+    "floordiv": 7,
+    "mod": 7,
+    "neg": 8,
+}
+_ATOM = 100
+
+
+def _const_str(c: Const) -> str:
+    v = c.value
+    if isinstance(v, bool) or c.dtype == "bool":
+        return "True" if v else "False"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    return str(v)
+
+
+def _expr(e: Expr) -> tuple[str, int]:
+    """(text, precedence of its outermost operator)."""
+    if isinstance(e, Const):
+        s = _const_str(e)
+        return s, (_PREC["neg"] if s.startswith("-") else _ATOM)
+    if isinstance(e, Var):
+        return e.name, _ATOM
+    if isinstance(e, Load):
+        return f"{e.buffer.name}[{_index_str(e.indices)}]", _ATOM
+    if isinstance(e, Binary):
+        if e.op in ("max", "min"):
+            return f"{e.op}({expr_str(e.a)}, {expr_str(e.b)})", _ATOM
+        p = _PREC[e.op]
+        return f"{_paren(e.a, p, False)} {_BINARY_SYM[e.op]} {_paren(e.b, p, True)}", p
+    if isinstance(e, Unary):
+        p = _PREC["neg"]
+        return f"-{_paren(e.a, p, True)}", p  # -(-x), not --x
+    if isinstance(e, Call):
+        return f"{e.fn}({', '.join(expr_str(a) for a in e.args)})", _ATOM
+    if isinstance(e, Compare):
+        p = _PREC["compare"]  # comparisons chain in Python, so both sides need parentheses at equal precedence
+        return f"{_paren(e.a, p, True)} {_COMPARE_SYM[e.op]} {_paren(e.b, p, True)}", p
+    if isinstance(e, Logical):
+        if e.op == "not":
+            p = _PREC["not"]
+            return f"not {_paren(e.a, p, False)}", p
+        p = _PREC[e.op]
+        assert e.b is not None
+        return f"{_paren(e.a, p, False)} {e.op} {_paren(e.b, p, True)}", p
+    if isinstance(e, Select):
+        return f"where({expr_str(e.cond)}, {expr_str(e.a)}, {expr_str(e.b)})", _ATOM
+    if isinstance(e, Cast):
+        return f"{e.dtype}({expr_str(e.a)})", _ATOM
+    raise TypeError(f"cannot print {type(e).__name__} {e!r} as an expression")
+
+
+def _paren(e: Expr, prec: int, right: bool) -> str:
+    s, p = _expr(e)
+    if p < prec or (right and p == prec):
+        return f"({s})"
+    return s
+
+
+def expr_str(e: Expr) -> str:
+    """An expression as Python-like text with minimal parentheses."""
+    return _expr(e)[0]
+
+
+def _index_str(indices: tuple[Expr, ...]) -> str:
+    return ", ".join(expr_str(i) for i in indices) if indices else "()"
+
+
+def _type_str(buf: Buffer) -> str:
+    return f"{buf.dtype}[{', '.join(expr_str(d) for d in buf.shape) if buf.shape else '()'}]"
+
+
+def _loop_head(f: For) -> tuple[str, str]:
+    """(the `for` line, a comment for it or '')."""
+    rng = f"{expr_str(f.lo)}, {expr_str(f.hi)}"
+    if f.kind == "thread":
+        return f"for {f.var.name} in range({rng}):", f"# {f.thread}"
+    if f.kind == "serial":
+        return f"for {f.var.name} in range({rng}):", ""
+    return f"for {f.var.name} in {f.kind}({rng}):", ""
+
+
+def _binding(s: Store) -> str:
+    parts = [f"{it.name} = {expr_str(c)}" for it, c in zip(s.iters, s.coords) if c is not it]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _lines(s: Stmt, depth: int, marks: dict[Var, str], out: list[str]) -> None:
+    pad = INDENT * depth
+    if isinstance(s, Store):
+        out.append(f"{pad}{s.buffer.name}[{_index_str(s.indices)}] = {expr_str(s.value)}  # {s.name}{_binding(s)}")
+    elif isinstance(s, For):
+        head, comment = _loop_head(s)
+        tail = [t for t in (comment, marks.get(s.var, "")) if t]
+        out.append(pad + head + ("  " + "  ".join(tail) if tail else ""))
+        _lines(s.body, depth + 1, marks, out)
+    elif isinstance(s, Seq):
+        if not s.body:
+            out.append(f"{pad}pass")
+        for c in s.body:
+            _lines(c, depth, marks, out)
+    elif isinstance(s, If):
+        out.append(f"{pad}if {expr_str(s.cond)}:")
+        _lines(s.then, depth + 1, marks, out)
+        if s.orelse is not None:
+            out.append(f"{pad}else:")
+            _lines(s.orelse, depth + 1, marks, out)
+    elif isinstance(s, Allocate):
+        b = s.buffer
+        out.append(f"{pad}with allocate({_type_str(b)}, {b.scope!r}) as {b.name}:")
+        _lines(s.body, depth + 1, marks, out)
+    elif isinstance(s, Barrier):
+        out.append(f"{pad}sync_threads()")
+    else:
+        raise TypeError(f"cannot print {type(s).__name__} {s!r} as a statement")
+
+
+def stmt_str(s: Stmt, marks: dict[Var, str] | None = None, depth: int = 0) -> str:
+    """A statement (and everything below it) as indented Python-like text."""
+    out: list[str] = []
+    _lines(s, depth, marks or {}, out)
+    return "\n".join(out)
+
+
+def program_str(p: Program, marks: dict[Var, str] | None = None) -> str:
+    """A whole program: a `def` line with the arguments and sizes, the temporaries, the body."""
+    args = ", ".join(f"{b.name}: {_type_str(b)}" for b in p.args)
+    head = f"def {p.name}({args}):"
+    if p.params:
+        head += f"  # sizes: {', '.join(v.name for v in p.params)}"
+    out = [head]
+    for t in p.temps:
+        out.append(f"{INDENT}{t.name}: {_type_str(t)}  # temporary")
+    _lines(p.body, 1, marks or {}, out)
+    return "\n".join(out)
+
+
+__all__ = ["program_str", "stmt_str", "expr_str"]

@@ -1,0 +1,516 @@
+"""Tensor expressions: the functional front end of loopir (in the line of TVM's `te`).
+
+    n = te.var("n")
+    x = te.placeholder((n,), dtype="float32", name="x")
+    k = te.reduce_axis(n, name="k")
+    s = te.compute((), lambda: te.sum(x[k], axis=k), name="s")
+    y = te.compute((n,), lambda i: te.exp(x[i] - s[()]), name="y")
+
+A stage (`te.compute`) names its loop variables after its lambda's parameters; those
+are plain `nodes.Var` objects and become the loop variables of the lowered nest
+(`loopir.lower`). A reduction (`te.sum / te.max / te.min`) must be the whole body of a
+stage (TVM's rule); to scale a sum, do it in the stage that reads it.
+
+dtypes: float16, float32, float64, int32, int64, bool.
+Promotion (see `loopir.dtypes`): two typed operands combine as `numpy.promote_types`;
+a Python scalar is *weak* and takes the other operand's dtype (numpy's NEP 50), except
+that a Python float next to an integer or bool expression gives float64. Integer true
+division `/` gives float64, as numpy. Index arithmetic on loop and size variables is int64.
+Math functions of integers are computed in float64. Beware: a size variable is int64,
+so `x[i] / n` with a float32 `x` is float64; write `x[i] / te.cast("float32", n)`.
+
+Mistakes are refused when they are made, naming the thing: wrong index counts, a lambda
+whose arity differs from the shape, unknown dtypes, float indices, a reduce axis used
+outside its reduction, a reduction without an axis, and variables of one stage leaking
+into another. `lower` refuses two tensors with one name in one program.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import nodes
+from .dtypes import DTYPES, INDEX, check_dtype, is_float, is_int
+from .nodes import Buffer, Const, Expr, ExprLike, Load, Var
+
+float16, float32, float64, int32, int64, bool_ = "float16", "float32", "float64", "int32", "int64", "bool"
+
+SizeLike = int | Expr
+REDUCE_OPS = ("sum", "max", "min")
+
+# Bookkeeping keyed by Var identity (Vars are slotted, hence not weak-referenceable; the
+# entries are tiny). They let a stage tell its own variables from another stage's.
+_AXIS_OWNER: dict[Var, str] = {}  # loop variable -> the stage whose lambda made it
+_REDUCE_DOM: dict[Var, tuple[Expr, Expr]] = {}  # reduce axis -> (lo, hi)
+_REDUCE_OWNER: dict[Var, str] = {}  # reduce axis -> the stage whose reduction uses it
+_TENSOR_OF: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()  # id(buffer) -> tensor
+_counter = itertools.count()
+
+
+# ----------------------------------------------------------------------------- the te-only reduction node
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce(Expr):
+    """`op` (sum / max / min) of `body` over the reduce axes `axis`. Exists only in te:
+    `lower` turns it into an init statement and an update statement."""
+
+    op: str
+    body: Expr
+    axis: tuple[Var, ...]
+    dtype: str
+
+    def __repr__(self) -> str:
+        return f"Reduce({self.op}, axis={[a.name for a in self.axis]})"
+
+
+# ----------------------------------------------------------------------------- tensors and operations
+
+
+class PlaceholderOp:
+    """An input of the program."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.inputs: tuple[Tensor, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"PlaceholderOp({self.name!r})"
+
+
+class ComputeOp:
+    """A stage: `out[axis] = body`. For a reduction `body` is a `Reduce` over `reduce_axis`,
+    whose half-open bounds are `reduce_dom` (aligned with `reduce_axis`). `inputs` are the
+    tensors the body reads, in first-use order."""
+
+    def __init__(
+        self,
+        name: str,
+        axis: tuple[Var, ...],
+        body: Expr,
+        reduce_axis: tuple[Var, ...],
+        reduce_dom: tuple[tuple[Expr, Expr], ...],
+        inputs: tuple[Tensor, ...],
+    ) -> None:
+        self.name = name
+        self.axis = axis
+        self.body = body
+        self.reduce_axis = reduce_axis
+        self.reduce_dom = reduce_dom
+        self.inputs = inputs
+
+    def __repr__(self) -> str:
+        return f"ComputeOp({self.name!r}, axis={[a.name for a in self.axis]})"
+
+
+class Tensor:
+    """A named, typed, shaped array produced by a placeholder or a compute stage.
+
+    `t[i, j]` is a `nodes.Load` of `t.buffer`, the buffer the tensor lowers to."""
+
+    __slots__ = ("__weakref__", "buffer", "dtype", "name", "op", "shape")
+
+    def __init__(self, name: str, shape: tuple[Expr, ...], dtype: str, op: PlaceholderOp | ComputeOp) -> None:
+        self.name = name
+        self.shape = shape
+        self.dtype = dtype
+        self.op = op
+        self.buffer = Buffer(name, shape, dtype)
+        _TENSOR_OF[id(self.buffer)] = self
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, idx: Any) -> Load:
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        if len(idx) != len(self.shape):
+            raise IndexError(
+                f"tensor {self.name!r} has {len(self.shape)} dimension(s) but was indexed with {len(idx)} index(es)"
+            )
+        out = []
+        for k, i in enumerate(idx):
+            if isinstance(i, Tensor):
+                raise TypeError(f"index {k} of tensor {self.name!r} is the tensor {i.name!r}; index it first")
+            if isinstance(i, slice):
+                raise TypeError(f"index {k} of tensor {self.name!r} is a slice; te indexes one element at a time")
+            out.append(nodes.as_index(_py(i), f"index {k} of tensor {self.name!r}"))
+        return Load(self.buffer, tuple(out))
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __iter__(self) -> Any:
+        raise TypeError(f"tensor {self.name!r} is not iterable; index it as {self.name}[i, ...]")
+
+    def __repr__(self) -> str:
+        dims = ", ".join(_show(s) for s in self.shape) + ("," if len(self.shape) == 1 else "")
+        return f"Tensor({self.name!r}, ({dims}), {self.dtype})"
+
+
+def _show(e: Expr) -> str:
+    if isinstance(e, Const):
+        return str(e.value)
+    if isinstance(e, Var):
+        return e.name
+    try:
+        return str(e)
+    except (ImportError, TypeError, AttributeError, NotImplementedError):  # printer may be absent or partial
+        return repr(e)
+
+
+def _py(x: Any) -> Any:
+    """numpy integers (e.g. from an array's shape arithmetic) count as Python ints."""
+    return int(x) if isinstance(x, np.integer) else x
+
+
+def tensor_of(buffer: Buffer) -> Tensor | None:
+    """The tensor whose buffer this is (None for buffers not made by te)."""
+    return _TENSOR_OF.get(id(buffer))
+
+
+# ----------------------------------------------------------------------------- sizes, inputs, stages
+
+
+def var(name: str = "n", dtype: str = INDEX) -> Var:
+    """A symbolic integer size. Arithmetic on it (`n - 1`, `2 * n`, `n // 2`) builds expressions."""
+    _check_name(name, "size variable")
+    if check_dtype(dtype, f"dtype of size variable {name!r}") not in ("int32", "int64"):
+        raise TypeError(f"size variable {name!r} must be an integer, not {dtype}")
+    return Var(name, INDEX)
+
+
+def _check_name(name: object, what: str) -> str:
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"the name of a {what} must be an identifier, got {name!r}")
+    return name
+
+
+def _default_name(base: str) -> str:
+    return f"{base}{next(_counter)}"
+
+
+def _shape(shape: SizeLike | Sequence[SizeLike], who: str) -> tuple[Expr, ...]:
+    if isinstance(shape, (int, np.integer, Expr)) and not isinstance(shape, bool):
+        shape = (shape,)
+    if not isinstance(shape, (tuple, list)):
+        raise TypeError(f"the shape of {who} must be a tuple of sizes, got {type(shape).__name__} {shape!r}")
+    out = []
+    for k, s in enumerate(map(_py, shape)):
+        what = f"shape entry {k} of {who}"
+        if isinstance(s, (bool, float)):
+            raise TypeError(f"{what} must be an integer or a size variable, got {type(s).__name__} {s!r}")
+        e = nodes.as_index(s, what)
+        if isinstance(e, Const) and e.value < 0:
+            raise ValueError(f"{what} is negative: {e.value}")
+        for n in _walk(e):
+            if isinstance(n, Load):
+                raise TypeError(f"{what} reads tensor {n.buffer.name!r}; shapes use only sizes")
+            if isinstance(n, Var) and (n in _AXIS_OWNER or n in _REDUCE_DOM):
+                raise ValueError(
+                    f"{what} uses the loop variable {n.name!r}; shapes use only size variables (te.var)"
+                )
+        out.append(e)
+    return tuple(out)
+
+
+def placeholder(shape: SizeLike | Sequence[SizeLike], dtype: str = "float32", name: str | None = None) -> Tensor:
+    """An input tensor of the given shape (ints and size expressions) and dtype."""
+    name = _default_name("placeholder") if name is None else _check_name(name, "tensor")
+    dt = check_dtype(dtype, f"dtype of placeholder {name!r}")
+    return Tensor(name, _shape(shape, f"placeholder {name!r}"), dt, PlaceholderOp(name))
+
+
+def reduce_axis(dom: SizeLike | tuple[SizeLike, SizeLike], name: str = "k") -> Var:
+    """A reduction variable over `range(dom)` or `range(lo, hi)` (half-open).
+
+    Use it in exactly one reduction (`te.sum(..., axis=k)`); each stage needs its own."""
+    _check_name(name, "reduce axis")
+    if isinstance(dom, (tuple, list)):
+        if len(dom) != 2:
+            raise TypeError(f"reduce axis {name!r}: give an extent or a (lo, hi) pair, got {dom!r}")
+        lo_, hi_ = dom
+    else:
+        lo_, hi_ = 0, dom
+    lo = nodes.as_index(_py(lo_), f"lower bound of reduce axis {name!r}")
+    hi = nodes.as_index(_py(hi_), f"upper bound of reduce axis {name!r}")
+    if isinstance(lo, Const) and isinstance(hi, Const) and hi.value < lo.value:
+        raise ValueError(f"reduce axis {name!r} has an empty negative range [{lo.value}, {hi.value})")
+    v = Var(name, INDEX)
+    _REDUCE_DOM[v] = (lo, hi)
+    return v
+
+
+def _lambda_arity(fcompute: Callable[..., Any], ndim: int, name: str) -> list[str]:
+    if not callable(fcompute):
+        raise TypeError(f"compute {name!r}: the body must be a function of the indices, got {fcompute!r}")
+    try:
+        sig = inspect.signature(fcompute)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"compute {name!r}: cannot read the parameters of {fcompute!r}") from e
+    names: list[str] = []
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            if p.default is not p.empty:
+                break
+            names.append(p.name)
+        elif p.kind == p.VAR_POSITIONAL and len(names) <= ndim:  # lambda *idx: one variable per dimension
+            return names + [f"{p.name}{k}" for k in range(ndim - len(names))]
+    if len(names) != ndim:
+        raise TypeError(
+            f"compute {name!r}: the lambda takes {len(names)} index argument(s) "
+            f"({', '.join(names) or 'none'}) but the shape has {ndim} dimension(s)"
+        )
+    return names
+
+
+def compute(shape: SizeLike | Sequence[SizeLike], fcompute: Callable[..., ExprLike], name: str | None = None) -> Tensor:
+    """A stage: `out[i, j, ...] = fcompute(i, j, ...)` over `shape`.
+
+    The loop variables are named after the lambda's parameters. The body is either free
+    of reductions or is exactly one reduction (`te.sum/max/min`)."""
+    name = _default_name("compute") if name is None else _check_name(name, "tensor")
+    shp = _shape(shape, f"compute {name!r}")
+    names = _lambda_arity(fcompute, len(shp), name)
+    axis = tuple(Var(n, INDEX) for n in names)
+    for v in axis:
+        _AXIS_OWNER[v] = name
+    result = fcompute(*axis)
+    if isinstance(result, Tensor):
+        raise TypeError(f"compute {name!r}: the lambda returned the tensor {result.name!r}; index it")
+    try:
+        body = nodes.as_expr(result)
+    except TypeError as e:
+        raise TypeError(f"compute {name!r}: the lambda must return an expression, got {result!r}") from e
+    if isinstance(body, Reduce):
+        red_axes = body.axis
+        if any(isinstance(n, Reduce) for n in _walk(body.body)):
+            raise ValueError(f"compute {name!r}: a reduction inside a reduction; give the inner one its own stage")
+    else:
+        red_axes = ()
+        if any(isinstance(n, Reduce) for n in _walk(body)):
+            raise ValueError(
+                f"compute {name!r}: a reduction must be the whole body of its stage (te.sum(...) alone); "
+                "compute it in its own stage and combine it in the stage that reads it"
+            )
+    for k in red_axes:
+        owner = _REDUCE_OWNER.get(k)
+        if owner is not None and owner != name:
+            raise ValueError(
+                f"compute {name!r}: reduce axis {k.name!r} belongs to the reduction of stage {owner!r}; "
+                "create a new te.reduce_axis for each reduction"
+            )
+    _check_vars(name, axis, body, red_axes)
+    dom = tuple(_REDUCE_DOM[k] for k in red_axes)
+    for k, (lo, hi) in zip(red_axes, dom):
+        allowed = set(axis) | set(red_axes[: red_axes.index(k)])
+        for e in (lo, hi):
+            _check_free(name, e, allowed, f"the bounds of reduce axis {k.name!r}")
+    inputs = _inputs(name, body)
+    for k in red_axes:
+        _REDUCE_OWNER[k] = name
+    return Tensor(name, shp, body.dtype, ComputeOp(name, axis, body, red_axes, dom, inputs))
+
+
+def _walk(e: Expr) -> list[Any]:
+    from .visit import walk
+
+    return list(walk(e))
+
+
+def _check_free(stage: str, e: Expr, allowed: set[Var], where: str) -> None:
+    for n in _walk(e):
+        if isinstance(n, Var) and n not in allowed:
+            _refuse_var(stage, n, where)
+
+
+def _refuse_var(stage: str, v: Var, where: str) -> None:
+    if v in _REDUCE_DOM:
+        owner = _REDUCE_OWNER.get(v)
+        if owner is not None and owner != stage:
+            raise ValueError(
+                f"compute {stage!r}: reduce axis {v.name!r} in {where} belongs to the reduction of stage {owner!r}"
+            )
+        raise ValueError(
+            f"compute {stage!r}: reduce axis {v.name!r} is used in {where}, outside a reduction over it; "
+            f"wrap it in te.sum/max/min(..., axis={v.name})"
+        )
+    if v in _AXIS_OWNER:
+        owner = _AXIS_OWNER[v]
+        raise ValueError(
+            f"compute {stage!r}: variable {v.name!r} is a loop variable of stage {owner!r}, "
+            f"used in {where} of another stage"
+        )
+    # any other Var is a size variable: allowed everywhere
+
+
+def _check_vars(stage: str, axis: tuple[Var, ...], body: Expr, red_axes: tuple[Var, ...]) -> None:
+    # free(body) ⊆ axis ∪ sizes, and free(reduce body) ⊆ axis ∪ its reduce axes ∪ sizes
+    if isinstance(body, Reduce):
+        _check_free(stage, body.body, set(axis) | set(red_axes), "the body")
+    else:
+        _check_free(stage, body, set(axis), "the body")
+
+
+def _inputs(stage: str, body: Expr) -> tuple[Tensor, ...]:
+    seen: dict[int, Tensor] = {}
+    for n in _walk(body):
+        if isinstance(n, Load) and id(n.buffer) not in seen:
+            t = tensor_of(n.buffer)
+            if t is None:
+                raise TypeError(
+                    f"compute {stage!r} reads buffer {n.buffer.name!r}, which is not a te tensor; "
+                    "use te.placeholder for inputs"
+                )
+            seen[id(n.buffer)] = t
+    return tuple(seen.values())
+
+
+# ----------------------------------------------------------------------------- reductions
+
+
+def _reduce(op: str, expr: ExprLike, axis: Any) -> Reduce:
+    if axis is None:
+        raise TypeError(f"te.{op} needs its reduction axis: te.{op}(expr, axis=k) with k = te.reduce_axis(...)")
+    axes = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
+    if not axes:
+        raise TypeError(f"te.{op} needs at least one reduction axis, got an empty list")
+    for a in axes:
+        if not isinstance(a, Var) or a not in _REDUCE_DOM:
+            what = repr(a.name) if isinstance(a, Var) else f"{type(a).__name__} {a!r}"
+            raise TypeError(f"te.{op}: axis {what} was not made by te.reduce_axis")
+    for a, b in itertools.combinations(axes, 2):
+        if a is b:
+            raise ValueError(f"te.{op}: reduce axis {a.name!r} is listed twice")
+    if isinstance(expr, Tensor):
+        raise TypeError(f"te.{op}: got the tensor {expr.name!r}; reduce an element such as {expr.name}[i, k]")
+    body = nodes.as_expr(expr)
+    if body.dtype == "bool":
+        raise TypeError(f"te.{op} of a condition; cast it first: te.cast('int32', cond)")
+    if any(isinstance(n, Reduce) for n in _walk(body)):
+        raise ValueError(f"te.{op}: a reduction inside a reduction; give the inner one its own stage")
+    return Reduce(op, body, axes, body.dtype)
+
+
+def sum(expr: ExprLike, axis: Var | Sequence[Var] | None = None) -> Reduce:
+    """The sum of `expr` over the reduce axis (or axes) `axis`."""
+    return _reduce("sum", expr, axis)
+
+
+def max(expr: ExprLike, axis: Var | Sequence[Var] | None = None) -> Reduce:
+    """The maximum of `expr` over `axis` (identity -inf, or the dtype's minimum for integers)."""
+    return _reduce("max", expr, axis)
+
+
+def min(expr: ExprLike, axis: Var | Sequence[Var] | None = None) -> Reduce:
+    """The minimum of `expr` over `axis` (identity +inf, or the dtype's maximum for integers)."""
+    return _reduce("min", expr, axis)
+
+
+def identity(op: str, dtype: str) -> Const:
+    """The identity element of a reduction in `dtype`."""
+    if op == "sum":
+        return nodes.const(0, dtype)
+    if is_float(dtype):
+        return nodes.const(float("-inf") if op == "max" else float("inf"), dtype)
+    if is_int(dtype):
+        info = np.iinfo(dtype)
+        return nodes.const(int(info.min) if op == "max" else int(info.max), dtype)
+    raise TypeError(f"no identity of {op} in dtype {dtype}")
+
+
+# ----------------------------------------------------------------------------- elementwise math
+
+
+def _math(fn: str) -> Callable[[ExprLike], Expr]:
+    def f(x: ExprLike) -> Expr:
+        if isinstance(x, Tensor):
+            raise TypeError(f"te.{fn}: got the tensor {x.name!r}; apply it to an element such as {x.name}[i]")
+        return nodes.call(fn, x)
+
+    f.__name__ = fn
+    f.__doc__ = f"Elementwise {fn}; integers are computed in float64."
+    return f
+
+
+exp = _math("exp")
+log = _math("log")
+sqrt = _math("sqrt")
+rsqrt = _math("rsqrt")
+sin = _math("sin")
+cos = _math("cos")
+tanh = _math("tanh")
+sigmoid = _math("sigmoid")
+erf = _math("erf")
+abs = _math("abs")
+
+
+def maximum(a: ExprLike, b: ExprLike) -> Expr:
+    """Elementwise maximum of two expressions."""
+    return nodes.binary("max", a, b)
+
+
+def minimum(a: ExprLike, b: ExprLike) -> Expr:
+    """Elementwise minimum of two expressions."""
+    return nodes.binary("min", a, b)
+
+
+def where(cond: ExprLike, a: ExprLike, b: ExprLike) -> Expr:
+    """`a` where `cond` holds, else `b` (both evaluated)."""
+    return nodes.select(cond, a, b)
+
+
+def cast(dtype: str, x: ExprLike) -> Expr:
+    """`x` converted to `dtype`."""
+    return nodes.cast(check_dtype(dtype), x)
+
+
+def const(value: float | bool, dtype: str | None = None) -> Const:
+    """A constant of `dtype` (default: int64 for ints, float32 for floats, bool for bools)."""
+    return nodes.const(value, None if dtype is None else check_dtype(dtype))
+
+
+__all__ = [
+    "DTYPES",
+    "ComputeOp",
+    "PlaceholderOp",
+    "Reduce",
+    "Tensor",
+    "abs",
+    "bool_",
+    "cast",
+    "compute",
+    "const",
+    "cos",
+    "erf",
+    "exp",
+    "float16",
+    "float32",
+    "float64",
+    "identity",
+    "int32",
+    "int64",
+    "log",
+    "max",
+    "maximum",
+    "min",
+    "minimum",
+    "placeholder",
+    "reduce_axis",
+    "rsqrt",
+    "sigmoid",
+    "sin",
+    "sqrt",
+    "sum",
+    "tanh",
+    "tensor_of",
+    "var",
+    "where",
+]

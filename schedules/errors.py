@@ -1,0 +1,119 @@
+"""ScheduleError: an illegal schedule step, with the witness that proves it illegal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loopir.nodes import Program, Var
+
+__all__ = ["ScheduleError", "describe_witness", "nest_str"]
+
+
+class ScheduleError(Exception):
+    """A schedule step refused because it would change the program's result.
+
+    Attributes: `primitive` (its name), `kind` ("flow", "anti" or "output"), `buffer` (name),
+    `source` and `sink` (each `(statement_name, {iteration_variable_name: int})`; the source
+    runs first in the original program), `params` (`{size_name: int}`, the sizes at which the
+    conflict happens), `element` (the index of `buffer` both touch, or None) and `hint`."""
+
+    def __init__(self, primitive: str, kind: str, buffer: str, source: tuple[str, dict[str, int]],
+                 sink: tuple[str, dict[str, int]], params: dict[str, int], message: str | None = None,
+                 element: tuple[int, ...] | None = None, hint: str | None = None) -> None:
+        self.primitive = primitive
+        self.kind = kind
+        self.buffer = buffer
+        self.source = source
+        self.sink = sink
+        self.params = params
+        self.element = element
+        self.hint = hint
+        if message is None:
+            message = f"{primitive} is illegal: " + describe_witness(kind, buffer, source, sink, params, element)
+        super().__init__(message)
+
+    @classmethod
+    def from_witness(cls, primitive: str, w: Any, program: Program | None = None,
+                     marks: dict[Var, str] | None = None, hint: str | None = None,
+                     what: str | None = None) -> ScheduleError:
+        """Build the error (and its message) from a `loopir.poly.Witness`.
+
+        `program` is printed with `marks` at the loops involved; `what` describes the step
+        (e.g. "reorder(j, i)")."""
+        step = what or primitive
+        lines = [
+            f"{step} is illegal: the new schedule would run {_inst(w.sink)} before (or together with) "
+            f"{_inst(w.source)}, but",
+            "  " + describe_witness(w.kind, w.buffer, w.source, w.sink, w.params, w.element),
+        ]
+        if program is not None:
+            lines.append("the nest before this step" + (" (the loops involved are marked):" if marks else ":"))
+            lines += ["    " + ln for ln in nest_str(program, marks).splitlines()]
+        if hint:
+            lines.append(f"hint: {hint}")
+        return cls(primitive, w.kind, w.buffer, w.source, w.sink, w.params, "\n".join(lines), w.element, hint)
+
+
+def _inst(inst: tuple[str, dict[str, int]]) -> str:
+    name, it = inst
+    return f"{name}[{', '.join(f'{k}={v}' for k, v in it.items())}]"
+
+
+def describe_witness(kind: str, buffer: str, source: tuple[str, dict[str, int]], sink: tuple[str, dict[str, int]],
+                     params: dict[str, int], element: tuple[int, ...] | None = None) -> str:
+    """The dependence in words: "flow dependence on A: S[i=1, j=1] writes A[1, 1], S[i=2, j=0] reads it (at n=3)"."""
+    el = f"{buffer}[{', '.join(map(str, element))}]" if element is not None else f"an element of {buffer}"
+    first, then = {
+        "flow": ("writes", "reads it"),
+        "anti": ("reads", "overwrites it afterwards"),
+        "output": ("writes", "overwrites it afterwards"),
+    }.get(kind, ("touches", "touches it afterwards"))
+    at = f" (at {', '.join(f'{k}={v}' for k, v in params.items())})" if params else ""
+    return f"{kind} dependence on {buffer}: {_inst(source)} {first} {el}, {_inst(sink)} {then}{at}"
+
+
+def nest_str(program: Program, marks: dict[Var, str] | None = None) -> str:
+    """The printed nest; falls back to a minimal printer while loopir.printer is unavailable."""
+    try:
+        from loopir.printer import program_str
+
+        return program_str(program, marks=marks)
+    except ImportError:
+        return _fallback_str(program, marks or {})
+
+
+def _fallback_str(program: Program, marks: dict[Var, str]) -> str:
+    from loopir.nodes import Allocate, For, If, Seq, Store
+
+    out: list[str] = []
+
+    def go(s: Any, ind: str) -> None:
+        if isinstance(s, Seq):
+            for c in s.body:
+                go(c, ind)
+        elif isinstance(s, For):
+            mark = f"  {marks[s.var]}" if s.var in marks else ""
+            kind = "" if s.kind == "serial" else f"  # {s.thread or s.kind}"
+            out.append(f"{ind}for {s.var.name} in range({_e(s.lo)}, {_e(s.hi)}):{kind}{mark}")
+            go(s.body, ind + "    ")
+        elif isinstance(s, If):
+            out.append(f"{ind}if {_e(s.cond)}:")
+            go(s.then, ind + "    ")
+            if s.orelse is not None:
+                out.append(f"{ind}else:")
+                go(s.orelse, ind + "    ")
+        elif isinstance(s, Allocate):
+            out.append(f"{ind}allocate {s.buffer.name}")
+            go(s.body, ind + "    ")
+        elif isinstance(s, Store):
+            out.append(f"{ind}{s.name}: {s.buffer.name}[{', '.join(_e(i) for i in s.indices)}] = ...")
+
+    go(program.body, "")
+    return "\n".join(out)
+
+
+def _e(e: Any) -> str:
+    try:
+        return str(e)
+    except Exception:  # noqa: BLE001 - the printer may be missing; this is only for messages
+        return repr(e)

@@ -1,0 +1,697 @@
+"""The fusion planner: which stages of a tensor-expression graph share one kernel, and why.
+
+    plan = plan_fusion([y], target="cuda")
+    print(plan.explain())          # each kernel, what was fused and refused, bytes before/after
+
+Three kinds of fusion, decided on the te stage graph (`Tensor.op.inputs`) and priced by the
+roofline model of `schedules.cost`:
+
+* **inline** — an elementwise (reduction-free) stage that is not an output is substituted into
+  its readers (`compute_inline`): its values are recomputed where read instead of written and
+  read back. Refused when the recomputation costs more time than the bytes it saves (a stage read
+  at many points per element, e.g. the probabilities of attention read once per output column).
+* **vertical** — a materialized stage and a stage reading it share a kernel when the reader reads
+  it only at the *same* values of their common outer loops (`P[i]` read inside the reader's loop
+  `i`): fusing those loops (`fuse`) keeps every producer instance before its readers. This puts a
+  reduction with its epilogue in one kernel (row softmax: max, sum of exp, normalize, all inside
+  one loop over rows). A reader that needs the producer at other points (`s[j]` inside loop `i`)
+  would need all of it first — fusing would recompute the reduction per iteration — and is refused.
+* **horizontal** — independent kernels over the same iteration space (no path between them)
+  merge into one loop, which reads a shared input once and saves launches.
+
+A reduction is never inlined: recomputing it at each point where it is read multiplies its work
+by its extent; the log says so. On `cuda`, a row kept for several phases of a row kernel is
+considered for shared memory and refused when it does not fit (or its length is symbolic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from loopir.nodes import Expr, Load, Var
+from loopir.te import ComputeOp, Reduce, Tensor, tensor_of
+from loopir.visit import substitute, walk
+
+from . import cost as C
+
+THREADS = 256  # threads per block of the default CUDA mappings
+
+
+# ----------------------------------------------------------------------------- stage graph
+
+
+@dataclass
+class Stage:
+    """One compute stage of the graph, with what the planner derives about it."""
+
+    tensor: Tensor
+    index: int  # topological position
+    is_output: bool
+    consumers: list[Tensor] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.tensor.name
+
+    @property
+    def op(self) -> ComputeOp:
+        assert isinstance(self.tensor.op, ComputeOp)
+        return self.tensor.op
+
+    @property
+    def is_reduction(self) -> bool:
+        return isinstance(self.op.body, Reduce)
+
+    @property
+    def kind(self) -> str:
+        return "reduction" if self.is_reduction else "elementwise"
+
+
+def _topo(outputs: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+    order: list[Tensor] = []
+    inputs: list[Tensor] = []
+    seen: set[int] = set()
+
+    def visit(t: Tensor) -> None:
+        if id(t) in seen:
+            return
+        seen.add(id(t))
+        if isinstance(t.op, ComputeOp):
+            for u in t.op.inputs:
+                visit(u)
+            order.append(t)
+        else:
+            inputs.append(t)
+
+    for o in outputs:
+        visit(o)
+    return order, inputs
+
+
+def _raw_loads(t: Tensor) -> list[tuple[Tensor, tuple[Expr, ...]]]:
+    """(tensor read, index) for every load in the body of `t`, in t's own variables."""
+    out = []
+    for n in walk(t.op.body):
+        if isinstance(n, Load):
+            src = tensor_of(n.buffer)
+            if src is not None:
+                out.append((src, n.indices))
+    return out
+
+
+def _effective_loads(t: Tensor, inlined: set[int]) -> list[tuple[Tensor, tuple[Expr, ...]]]:
+    """The loads of `t` once the stages in `inlined` are substituted in: indices composed."""
+    out = []
+    for src, idx in _raw_loads(t):
+        if id(src) in inlined:
+            sub = dict(zip(src.op.axis, idx))
+            for s2, idx2 in _effective_loads(src, inlined):
+                out.append((s2, tuple(substitute(e, sub) for e in idx2)))
+        else:
+            out.append((src, idx))
+    return out
+
+
+def _domain(t: Tensor) -> tuple[Expr, ...]:
+    """Extents of every loop of the stage: its axes, then its reduce axes."""
+    op = t.op
+    return tuple(t.shape) + tuple(hi - lo for lo, hi in getattr(op, "reduce_dom", ()))
+
+
+def _flops_per_point(t: Tensor, inlined: set[int]) -> int:
+    """Operations in one evaluation of t's body with inlined producers expanded."""
+    body = t.op.body.body if isinstance(t.op.body, Reduce) else t.op.body
+    total = C.expr_flops(body) + (1 if isinstance(t.op.body, Reduce) else 0)
+    for n in walk(body):
+        if isinstance(n, Load):
+            src = tensor_of(n.buffer)
+            if src is not None and id(src) in inlined:
+                total += _flops_per_point(src, inlined)
+    return total
+
+
+def _same(a: Expr, b: Expr) -> bool:
+    return a is b or a == b
+
+
+def _shared_prefix(producer: Tensor, consumer: Tensor, accesses: list[tuple[Expr, ...]]) -> int:
+    """How many outer loops the consumer can share with the producer: the largest d such that
+    every access reads the producer at the consumer's own first d loop variables, in place."""
+    d = min(len(producer.shape), len(consumer.shape))
+    for idx in accesses:
+        k = 0
+        while k < d and idx[k] is consumer.op.axis[k] and _same(producer.shape[k], consumer.shape[k]):
+            k += 1
+        d = min(d, k)
+    return d
+
+
+def _fmt_idx(t: Tensor, idx: tuple[Expr, ...]) -> str:
+    return f"{t.name}[{', '.join(str(e) for e in idx)}]"
+
+
+# ----------------------------------------------------------------------------- plan objects
+
+
+@dataclass
+class Decision:
+    """One line of the log: `accepted` fusions start with '+', refusals with '-', notes with '·'."""
+
+    action: str  # "inline" | "vertical" | "horizontal" | "materialize" | "cache" | "note"
+    stages: tuple[str, ...]
+    accepted: bool | None
+    reason: str
+
+    def __str__(self) -> str:
+        mark = {True: "+", False: "-", None: "·"}[self.accepted]
+        verb = {
+            True: {"inline": "inline", "vertical": "fuse", "horizontal": "fuse horizontally", "cache": "cache"},
+            False: {"inline": "do not inline", "vertical": "do not fuse", "horizontal": "do not fuse horizontally",
+                    "cache": "do not cache", "materialize": "do not inline"},
+        }
+        head = verb.get(self.accepted, {}).get(self.action, self.action) if self.accepted is not None else ""
+        names = ", ".join(self.stages)
+        return f"{mark} {head} {names}: {self.reason}".replace("  ", " ") if head else f"{mark} {names}: {self.reason}"
+
+
+@dataclass
+class RowCache:
+    """A planned copy of one input's row into fast memory at the group's row loop."""
+
+    tensor: Tensor
+    scope: str
+    nbytes: int
+
+
+@dataclass
+class FusionGroup:
+    """One kernel: the materialized stages it computes (topological order), the stages inlined
+    into them, how many outer loops they share, and the default mapping it gets."""
+
+    name: str
+    stages: list[Tensor]
+    inlined: list[Tensor] = field(default_factory=list)
+    depth: int = 0
+    mapping: str = "flat"  # cuda: "flat" | "row" | "thread"; cpu: "cpu"
+    log: list[Decision] = field(default_factory=list)
+    caches: list[RowCache] = field(default_factory=list)
+    cost: C.KernelCost = field(default_factory=C.KernelCost)
+
+    @property
+    def kind(self) -> str:
+        red = any(isinstance(t.op.body, Reduce) for t in self.stages)
+        return "reduction" if red else "elementwise"
+
+    @property
+    def stage_names(self) -> list[str]:
+        return [t.name for t in self.stages]
+
+
+@dataclass
+class FusionPlan:
+    outputs: list[Tensor]
+    target: str
+    fuse: bool
+    device: C.Device
+    sizes: dict[str, int]
+    groups: list[FusionGroup]
+    inlined: list[Tensor]
+    log: list[Decision]  # decisions not tied to one group (horizontal refusals, the summary)
+    unfused: list[C.KernelCost]  # one kernel per stage
+    stage_order: list[Tensor] = field(default_factory=list)
+    inputs: list[Tensor] = field(default_factory=list)
+
+    # ---- predictions
+    @property
+    def bytes_before(self) -> int:
+        return sum(c.bytes for c in self.unfused)
+
+    @property
+    def bytes_after(self) -> int:
+        return sum(g.cost.bytes for g in self.groups)
+
+    @property
+    def time_before(self) -> float:
+        return sum(c.time(self.device) for c in self.unfused)
+
+    @property
+    def time_after(self) -> float:
+        return sum(g.cost.time(self.device) for g in self.groups)
+
+    @property
+    def kernels(self) -> int:
+        return len(self.groups)
+
+    def group_of(self, tensor_or_name: Tensor | str) -> FusionGroup | None:
+        name = tensor_or_name if isinstance(tensor_or_name, str) else tensor_or_name.name
+        for g in self.groups:
+            if name in g.stage_names or name in [t.name for t in g.inlined]:
+                return g
+        return None
+
+    def explain(self) -> str:
+        """A readable log: each kernel, what it fused and why, what it refused and why, and the
+        predicted bytes moved before (one kernel per stage) and after."""
+        dev = self.device
+        sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items()) or "none"
+        lines = [
+            f"fusion plan for {', '.join(t.name for t in self.outputs)} on {self.target}"
+            f"{'' if self.fuse else ' (fuse=False: one kernel per stage)'}",
+            f"  device: {dev.describe()}",
+            f"  sizes: {sizes} (symbolic sizes not given are costed at {C.DEFAULT_SIZE})",
+            "  stages: " + ", ".join(
+                [f"{t.name} (input)" for t in self.inputs]
+                + [f"{t.name} ({'reduction' if isinstance(t.op.body, Reduce) else 'elementwise'})"
+                   for t in self.stage_order]
+            ),
+        ]
+        for g in self.groups:
+            shared = f"{g.depth} shared outer loop{'s' if g.depth != 1 else ''}"
+            lines.append(f"kernel {g.name}: {', '.join(g.stage_names)} — {g.kind}, {shared}, mapping {_MAPPINGS[g.mapping]}")
+            if g.inlined:
+                lines.append(f"  inlined: {', '.join(t.name for t in g.inlined)}")
+            for d in g.log:
+                lines.append(f"  {d}")
+            c = g.cost
+            reads = ", ".join(f"{k} {C.fmt_bytes(v)}" for k, v in c.reads.items()) or "nothing"
+            writes = ", ".join(f"{k} {C.fmt_bytes(v)}" for k, v in c.writes.items()) or "nothing"
+            lines.append(
+                f"  predicted: reads {reads}; writes {writes}; {C.fmt_bytes(c.bytes)} moved, {c.flops:,} flops, "
+                f"{C.fmt_time(c.time(dev))} ({c.bound(dev)}-bound)"
+            )
+        for d in self.log:
+            lines.append(f"{d}")
+        nb = len(self.unfused)
+        lines.append(
+            f"bytes moved: before {C.fmt_bytes(self.bytes_before)} ({self.bytes_before:,} B, {nb} kernel"
+            f"{'s' if nb != 1 else ''}, one per stage) -> after {C.fmt_bytes(self.bytes_after)} "
+            f"({self.bytes_after:,} B, {self.kernels} kernel{'s' if self.kernels != 1 else ''})"
+        )
+        lines.append(
+            f"predicted time: before {C.fmt_time(self.time_before)} -> after {C.fmt_time(self.time_after)}"
+            + (f" ({self.time_before / self.time_after:.2f}x)" if self.time_after > 0 else "")
+        )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.explain()
+
+
+_MAPPINGS = {
+    "flat": "flat grid (all loops collapsed, 256 threads per block)",
+    "row": "one block per row, threads across each phase's inner loop",
+    "thread": "one thread per output point",
+    "cpu": "parallel outer loop, vectorized inner loop",
+    "serial": "serial",
+}
+
+
+# ----------------------------------------------------------------------------- the planner
+
+
+def _as_list(outputs: Tensor | list[Tensor] | tuple[Tensor, ...]) -> list[Tensor]:
+    outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    if not outs:
+        raise ValueError("plan_fusion: no outputs given")
+    for o in outs:
+        if not isinstance(o, Tensor):
+            raise TypeError(f"plan_fusion: outputs must be te tensors, got {type(o).__name__} {o!r}")
+        if not isinstance(o.op, ComputeOp):
+            raise ValueError(f"plan_fusion: output {o.name!r} is a placeholder; there is nothing to compute")
+    return outs
+
+
+def plan_fusion(
+    outputs: Tensor | list[Tensor],
+    target: str = "cuda",
+    fuse: bool = True,
+    sizes: dict[Any, int] | None = None,
+    device: C.Device | None = None,
+) -> FusionPlan:
+    """Plan the kernels computing `outputs` on `target` ("cuda" or "cpu").
+
+    `sizes` ({size Var or name: int}) are the sizes the cost model evaluates at (others:
+    `cost.DEFAULT_SIZE`); `fuse=False` plans one kernel per stage, for comparison."""
+    outs = _as_list(outputs)
+    if target not in ("cuda", "cpu"):
+        raise ValueError(f"plan_fusion: unknown target {target!r}; expected 'cuda' or 'cpu'")
+    dev = device or C.device_info(target)
+    order, inputs = _topo(outs)
+    out_ids = {id(t) for t in outs}
+    stages = {id(t): Stage(t, k, id(t) in out_ids) for k, t in enumerate(order)}
+    for t in order:
+        for u in t.op.inputs:
+            if id(u) in stages and all(c is not t for c in stages[id(u)].consumers):
+                stages[id(u)].consumers.append(t)
+    size_map: dict[Any, int] = dict(sizes or {})
+    params = _size_vars(order + inputs)
+    shown = {v.name: C.size_value(v, size_map) for v in params}
+    ev = {v: shown[v.name] for v in params}
+
+    unfused = [_unfused_cost(t, ev) for t in order]
+    pl = _Planner(outs, order, stages, dev, ev, target)
+    if fuse:
+        pl.decide_inlining()
+    pl.make_groups()
+    if fuse:
+        pl.fuse_vertical()
+        pl.fuse_horizontal()
+    pl.finish()
+    return FusionPlan(
+        outputs=outs, target=target, fuse=fuse, device=dev, sizes=shown, groups=pl.groups,
+        inlined=[t for t in order if id(t) in pl.inlined], log=pl.log, unfused=unfused,
+        stage_order=order, inputs=inputs,
+    )
+
+
+def _size_vars(tensors: list[Tensor]) -> list[Var]:
+    found: dict[Var, None] = {}
+    for t in tensors:
+        exprs = list(t.shape)
+        if isinstance(t.op, ComputeOp):
+            for lo, hi in t.op.reduce_dom:
+                exprs += [lo, hi]
+        for e in exprs:
+            for n in walk(e):
+                if isinstance(n, Var):
+                    found.setdefault(n, None)
+    return list(found)
+
+
+def _tensor_bytes(t: Tensor, ev: dict) -> int:
+    return C.buffer_bytes(t.shape, t.dtype, ev)
+
+
+def _unfused_cost(t: Tensor, ev: dict) -> C.KernelCost:
+    c = C.KernelCost()
+    for u in t.op.inputs:
+        c.add_read(u.name, _tensor_bytes(u, ev))
+    c.add_write(t.name, _tensor_bytes(t, ev))
+    c.flops = _flops_per_point(t, set()) * C.elements(_domain(t), ev)
+    return c
+
+
+class _Planner:
+    def __init__(self, outs, order, stages, dev, ev, target) -> None:
+        self.outs = outs
+        self.order: list[Tensor] = order
+        self.stages: dict[int, Stage] = stages
+        self.dev: C.Device = dev
+        self.ev = ev
+        self.target = target
+        self.inlined: set[int] = set()
+        self.inline_log: dict[int, list[Decision]] = {}  # materialized stage id -> decisions about its producers
+        self.groups: list[FusionGroup] = []
+        self.group_of: dict[int, FusionGroup] = {}
+        self.log: list[Decision] = []
+
+    # ---- inlining
+    def decide_inlining(self) -> None:
+        # Consumers first: whether a stage is inlined decides what its producers are read by.
+        for t in reversed(self.order):
+            st = self.stages[id(t)]
+            if st.is_output:
+                continue
+            if st.is_reduction:
+                for c in st.consumers:
+                    pts = C.elements(_domain(c), self.ev)
+                    ext = C.elements(_domain(t)[len(t.shape):], self.ev)
+                    self._note(c, Decision(
+                        "materialize", (t.name,), False,
+                        f"a reduction; inlining it into {c.name} would recompute its {ext:,}-term "
+                        f"{t.op.body.op} at each of the {pts:,} points where {c.name} reads it — kept in a buffer",
+                    ))
+                continue
+            ok, reason = self._inline_profit(t)
+            hosts = self._hosts(t)
+            d = Decision("inline", (t.name,), ok, reason + f" (into {', '.join(h.name for h in hosts)})")
+            for h in hosts:
+                self._note(h, d)
+            if ok:
+                self.inlined.add(id(t))
+
+    def _hosts(self, t: Tensor) -> list[Tensor]:
+        """The materialized stages that end up evaluating t's body if t is inlined."""
+        out: list[Tensor] = []
+        for c in self.stages[id(t)].consumers:
+            for h in ([c] if id(c) not in self.inlined else self._hosts(c)):
+                if all(h is not x for x in out):
+                    out.append(h)
+        return out
+
+    def _inline_profit(self, t: Tensor) -> tuple[bool, str]:
+        # inline iff recomputation time <= time of writing t and reading it back (roofline)
+        elems = C.elements(t.shape, self.ev)
+        reads = 0  # evaluations of t's body once inlined
+        for c in self._hosts(t):
+            points = {tuple(idx) for src, idx in _effective_loads(c, self.inlined | {id(t)}) if src is t}
+            pts_direct = {tuple(idx) for src, idx in _effective_loads(c, self.inlined) if src is t}
+            n = max(len(points), len(pts_direct), 1)
+            reads += n * C.elements(_domain(c), self.ev)
+        flops = _flops_per_point(t, self.inlined)
+        extra = max(0, reads - elems) * flops
+        saved = 2 * _tensor_bytes(t, self.ev)
+        t_extra, t_saved = extra / self.dev.peak_flops, saved / self.dev.bandwidth
+        if extra == 0:
+            return True, (f"elementwise, each element read once: saves writing and re-reading "
+                          f"{C.fmt_bytes(saved)}")
+        factor = reads / max(1, elems)
+        if t_extra <= t_saved:
+            return True, (f"elementwise; recomputed {factor:.3g}x ({extra:,} extra flops, {C.fmt_time(t_extra)}) "
+                          f"costs less than writing and re-reading {C.fmt_bytes(saved)} ({C.fmt_time(t_saved)})")
+        return False, (f"each element would be recomputed {factor:.3g}x ({extra:,} extra flops, "
+                       f"{C.fmt_time(t_extra)}), more than writing and re-reading it ({C.fmt_bytes(saved)}, "
+                       f"{C.fmt_time(t_saved)}) — kept in a buffer")
+
+    def _note(self, host: Tensor, d: Decision) -> None:
+        self.inline_log.setdefault(id(host), []).append(d)
+
+    # ---- groups
+    def make_groups(self) -> None:
+        for t in self.order:
+            if id(t) in self.inlined:
+                continue
+            g = FusionGroup(name="", stages=[t], depth=len(t.shape))
+            g.log.extend(self.inline_log.get(id(t), []))
+            self.groups.append(g)
+            self.group_of[id(t)] = g
+
+    def _edges(self, src: FusionGroup, dst: FusionGroup) -> list[tuple[Tensor, Tensor, tuple[Expr, ...]]]:
+        ids = {id(t) for t in src.stages}
+        return [(p, c, idx) for c in dst.stages for p, idx in _effective_loads(c, self.inlined) if id(p) in ids]
+
+    def _succ(self, g: FusionGroup) -> list[FusionGroup]:
+        return [h for h in self.groups if h is not g and self._edges(g, h)]
+
+    def _reaches(self, a: FusionGroup, b: FusionGroup, skip_direct: bool) -> bool:
+        """Is there a path a -> ... -> b (of length >= 2 when skip_direct)?"""
+        stack = [h for h in self._succ(a) if not (skip_direct and h is b)]
+        seen: set[int] = set()
+        while stack:
+            h = stack.pop()
+            if h is b:
+                return True
+            if id(h) in seen:
+                continue
+            seen.add(id(h))
+            stack.extend(self._succ(h))
+        return False
+
+    def _merge(self, a: FusionGroup, b: FusionGroup, depth: int, d: Decision) -> FusionGroup:
+        first, second = (a, b) if self.groups.index(a) < self.groups.index(b) else (b, a)
+        pos = {id(t): k for k, t in enumerate(self.order)}
+        first.stages = sorted(first.stages + second.stages, key=lambda t: pos[id(t)])
+        first.depth = depth
+        first.log.extend(second.log)
+        first.log.append(d)
+        self.groups.remove(second)
+        for t in first.stages:
+            self.group_of[id(t)] = first
+        return first
+
+    def fuse_vertical(self) -> None:
+        changed = True
+        while changed:
+            changed = False
+            for t in self.order:
+                if id(t) in self.inlined:
+                    continue
+                gc = self.group_of[id(t)]
+                for p, idxs in self._producers(t).items():
+                    gp = self.group_of[id(p)]
+                    if gp is gc:
+                        continue
+                    accesses = [idx for pp, cc, idx in self._edges(gp, gc)]
+                    d_edge = min(_shared_prefix(pp, cc, [idx]) for pp, cc, idx in self._edges(gp, gc))
+                    depth = min(gp.depth, gc.depth, d_edge)
+                    shown = ", ".join(sorted({_fmt_idx(p, i) for i in idxs}))
+                    if depth >= 1 and not self._reaches(gp, gc, skip_direct=True):
+                        loops = ", ".join(v.name for v in t.op.axis[:depth])
+                        why = (f"{t.name} reads {shown} at its own outer loop value{'s' if depth > 1 else ''} "
+                               f"({loops}): the loop{'s' if depth > 1 else ''} can be shared and every "
+                               f"{p.name} value is produced before it is read"
+                               + (f"; saves re-reading {C.fmt_bytes(_tensor_bytes(p, self.ev))} of {p.name}"
+                                  if not self.stages[id(p)].is_output else ""))
+                        self._merge(gp, gc, depth, Decision("vertical", (p.name, t.name), True, why))
+                        changed = True
+                        break
+                    if depth < 1:
+                        red = self.stages[id(p)].is_reduction
+                        why = (f"{t.name} reads {shown}, not at its own outer loop values: each iteration "
+                               f"needs all of {p.name} first"
+                               + (", so sharing a loop would recompute the reduction per iteration" if red else "")
+                               + " — separate kernels")
+                    else:
+                        why = "another kernel lies on a path between them (fusing would form a cycle)"
+                    d = Decision("vertical", (p.name, t.name), False, why)
+                    if all(str(d) != str(x) for x in gc.log):
+                        gc.log.append(d)
+                    _ = accesses
+                if changed:
+                    break
+
+    def _producers(self, t: Tensor) -> dict[Tensor, list[tuple[Expr, ...]]]:
+        out: dict[int, tuple[Tensor, list]] = {}
+        for p, idx in _effective_loads(t, self.inlined):
+            if isinstance(p.op, ComputeOp):
+                out.setdefault(id(p), (p, []))[1].append(idx)
+        return {p: idxs for p, idxs in out.values()}
+
+    def _inputs_of(self, g: FusionGroup) -> set[int]:
+        ids = {id(t) for t in g.stages}
+        return {id(p) for t in g.stages for p, _ in _effective_loads(t, self.inlined) if id(p) not in ids}
+
+    def fuse_horizontal(self) -> None:
+        changed = True
+        while changed:
+            changed = False
+            for i, a in enumerate(self.groups):
+                for b in self.groups[i + 1:]:
+                    ok, depth, why = self._horizontal_ok(a, b)
+                    if ok:
+                        self._merge(a, b, depth, Decision("horizontal", tuple(a.stage_names + b.stage_names),
+                                                          True, why))
+                        changed = True
+                        break
+                    if why:
+                        self.log.append(Decision("horizontal", (a.stage_names[-1], b.stage_names[0]), False, why))
+                if changed:
+                    break
+        # keep only the refusals between kernels that stayed apart
+        alive = {n for g in self.groups for n in g.stage_names}
+        self.log = [d for d in self.log if not (d.action == "horizontal" and
+                    any(self.group_of[id(t)] is self.group_of[id(u)] for t in self.order for u in self.order
+                        if t.name == d.stages[0] and u.name == d.stages[-1]))
+                    and all(n in alive for n in d.stages)]
+        uniq: dict[str, Decision] = {}
+        for d in self.log:
+            uniq.setdefault(str(d), d)
+        self.log = list(uniq.values())
+
+    def _horizontal_ok(self, a: FusionGroup, b: FusionGroup) -> tuple[bool, int, str]:
+        if self._edges(a, b) or self._edges(b, a):
+            return False, 0, ""  # dependent: vertical fusion's business
+        if self._reaches(a, b, False) or self._reaches(b, a, False):
+            return False, 0, "a third kernel lies between them (fusing would form a cycle)"
+        ta, tb = a.stages[0], b.stages[0]
+        depth = min(a.depth, b.depth)
+        while depth > 0 and not all(_same(x, y) for x, y in zip(ta.shape[:depth], tb.shape[:depth])):
+            depth -= 1
+        flat_a = all(len(t.shape) == a.depth and not isinstance(t.op.body, Reduce) for t in a.stages)
+        flat_b = all(len(t.shape) == b.depth and not isinstance(t.op.body, Reduce) for t in b.stages)
+        space_a = "×".join(str(s) for s in ta.shape) or "scalar"
+        space_b = "×".join(str(s) for s in tb.shape) or "scalar"
+        if depth < 1 or flat_a != flat_b or (flat_a and not (depth == a.depth == b.depth)):
+            return False, 0, (f"iteration spaces differ ({space_a} for {ta.name}, {space_b} for {tb.name}) "
+                              "— one loop cannot cover both")
+        shared = self._inputs_of(a) & self._inputs_of(b)
+        names = [t.name for t in self.order_all() if id(t) in shared]
+        saved = sum(_tensor_bytes(t, self.ev) for t in self.order_all() if id(t) in shared)
+        why = (f"independent stages over the same iteration space ({space_a})"
+               + (f", sharing {', '.join(names)}: read once (saves {C.fmt_bytes(saved)})" if names else "")
+               + f"; one launch instead of two (saves {C.fmt_time(self.dev.launch_overhead)})")
+        return True, depth, why
+
+    def order_all(self) -> list[Tensor]:
+        seen: dict[int, Tensor] = {}
+        for t in self.order:
+            for u in t.op.inputs:
+                seen.setdefault(id(u), u)
+            seen.setdefault(id(t), t)
+        return list(seen.values())
+
+    # ---- mapping, caches and costs
+    def finish(self) -> None:
+        for k, g in enumerate(self.groups):
+            g.name = str(k)
+            pos = {id(t): j for j, t in enumerate(self.order)}
+            g.inlined = [t for t in self.order if id(t) in self.inlined
+                         and any(h is s for h in self._hosts(t) for s in g.stages)]
+            g.inlined.sort(key=lambda t: pos[id(t)])
+            g.mapping = self._mapping(g)
+            if self.target == "cuda" and g.mapping == "row":
+                self._plan_row_cache(g)
+            g.cost = self._group_cost(g)
+
+    def _mapping(self, g: FusionGroup) -> str:
+        if self.target == "cpu":
+            return "cpu"
+        flat = all(len(t.shape) == g.depth and not isinstance(t.op.body, Reduce) for t in g.stages)
+        if flat:
+            return "flat"
+        beyond = any(len(t.shape) > g.depth for t in g.stages)
+        red_ext = max((C.elements(_domain(t)[len(t.shape):], self.ev) for t in g.stages
+                       if isinstance(t.op.body, Reduce)), default=0)
+        rows = C.elements(g.stages[0].shape[:g.depth], self.ev)
+        if g.depth >= 1 and (beyond or red_ext >= 4 * THREADS or rows < self.dev.sm_count * 4):
+            return "row"
+        return "thread"
+
+    def _plan_row_cache(self, g: FusionGroup) -> None:
+        # A row is worth keeping on chip when several phases of the kernel read the same input row.
+        readers: dict[int, tuple[Tensor, set[str]]] = {}
+        ids = {id(t) for t in g.stages}
+        for t in g.stages:
+            for p, idx in _effective_loads(t, self.inlined):
+                if id(p) in ids or len(p.shape) <= g.depth:
+                    continue
+                if all(idx[k] is t.op.axis[k] for k in range(g.depth)):
+                    readers.setdefault(id(p), (p, set()))[1].add(t.name)
+        for p, users in readers.values():
+            if len(users) < 2:
+                continue
+            row_shape = p.shape[g.depth:]
+            nbytes = C.buffer_bytes(row_shape, p.dtype, self.ev)
+            sym = [str(s) for s in row_shape if not all(not isinstance(n, Var) for n in walk(s))]
+            limit = self.dev.smem_per_block
+            users_s = ", ".join(sorted(users))
+            if sym:
+                self._cache_note(g, p, False, f"its row ({C.fmt_bytes(nbytes)} at the costed size) is read by "
+                                 f"{users_s}, but its length {', '.join(sym)} is symbolic and a shared buffer "
+                                 "needs a constant size — re-read from global memory (L2-resident)")
+            elif nbytes > limit:
+                self._cache_note(g, p, False, f"its row ({C.fmt_bytes(nbytes)}) is read by {users_s} but exceeds "
+                                 f"the {C.fmt_bytes(limit)} of shared memory per block — re-read from global memory")
+            else:
+                g.caches.append(RowCache(p, "shared", nbytes))
+                self._cache_note(g, p, True, f"its row ({C.fmt_bytes(nbytes)}) is read by {users_s}; it fits in "
+                                 f"shared memory ({C.fmt_bytes(limit)} per block): loaded once per row")
+
+    def _cache_note(self, g: FusionGroup, p: Tensor, ok: bool, why: str) -> None:
+        g.log.append(Decision("cache", (p.name,), ok, why))
+
+    def _group_cost(self, g: FusionGroup) -> C.KernelCost:
+        c = C.KernelCost()
+        ids = {id(t) for t in g.stages}
+        for t in g.stages:
+            for p, _ in _effective_loads(t, self.inlined):
+                if id(p) not in ids:
+                    c.add_read(p.name, _tensor_bytes(p, self.ev))
+        for t in g.stages:
+            c.add_write(t.name, _tensor_bytes(t, self.ev))
+            c.flops += _flops_per_point(t, self.inlined) * C.elements(_domain(t), self.ev)
+        return c
+
+
+__all__ = ["plan_fusion", "FusionPlan", "FusionGroup", "Decision", "RowCache", "THREADS"]

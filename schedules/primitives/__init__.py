@@ -1,0 +1,205 @@
+"""The primitive registry and the IR helpers primitives share.
+
+A primitive is a pure function `fn(program, *args, **kwargs)` returning the new Program, or
+`(new_program, result)` where result is a loop Var, a tuple of them, or None. Arguments
+arrive resolved: loop handles become the loop `Var`, tensors and buffers become their name
+(str); everything else as given. Register it with
+
+    @primitive("split", check="order")
+    def split(program, loop, factor): ...
+
+and it becomes the method `Schedule.split(...)`. The Schedule resolves handles, calls the
+function, checks legality (unless the schedule was built with check=False), records the step
+in the trace and turns Var results into loop handles (None -> the schedule, for chaining).
+
+`check` is one of
+  "order"   the new program must run every dependence source before its sink (poly.find_violation);
+  "carried" the loop given as first argument must carry no dependence in the new program
+            (poly.carried_by; for parallel / vectorize / bind);
+  None      no check (the step cannot change the execution order, e.g. unroll);
+  callable  `check(ctx: CheckContext) -> Witness | None` for anything else.
+`hint(ctx, witness) -> str | None` adds advice to the error message. `takes_deps=True` passes the
+schedule's `poly.Deps` as the function's second argument. `rebase=True` means the step changes
+the set of statement instances (e.g. compute_inline): its check must be a callable, and the
+schedule then recomputes the dependences from the new program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from loopir.nodes import Allocate, Expr, For, If, Program, Seq, Stmt, Store, Var
+from loopir.poly import Deps, Witness
+from loopir.visit import Transformer, substitute, walk
+
+__all__ = [
+    "primitive",
+    "PrimitiveSpec",
+    "CheckContext",
+    "REGISTRY",
+    "find_loop",
+    "loop_path",
+    "replace_loop",
+    "subst_loops",
+    "fresh_name",
+    "loop_vars",
+    "all_names",
+]
+
+
+@dataclass
+class CheckContext:
+    """What a custom check or hint gets: the dependences, the programs before and after, the
+    resolved arguments and the primitive's result."""
+
+    deps: Deps
+    old: Program
+    new: Program
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    result: Any = None
+    name: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PrimitiveSpec:
+    name: str
+    fn: Callable[..., Any]
+    check: str | Callable[[CheckContext], Witness | None] | None = "order"
+    hint: Callable[[CheckContext, Witness], str | None] | None = None
+    takes_deps: bool = False
+    rebase: bool = False
+
+
+REGISTRY: dict[str, PrimitiveSpec] = {}
+
+
+def primitive(name: str, *, check: str | Callable[[CheckContext], Witness | None] | None = "order",
+              hint: Callable[[CheckContext, Witness], str | None] | None = None, takes_deps: bool = False,
+              rebase: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register `fn` as the Schedule method `name` (see the module docstring)."""
+    if check not in ("order", "carried", None) and not callable(check):
+        raise ValueError(f"check of primitive {name!r} must be 'order', 'carried', None or a callable, got {check!r}")
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        REGISTRY[name] = PrimitiveSpec(name, fn, check, hint, takes_deps, rebase)
+        return fn
+
+    return deco
+
+
+# ----------------------------------------------------------------------------- IR helpers
+
+
+def loop_vars(program: Program | Stmt) -> list[Var]:
+    """Loop variables in pre-order."""
+    body = program.body if isinstance(program, Program) else program
+    return [n.var for n in walk(body) if isinstance(n, For)]
+
+
+def all_names(program: Program) -> set[str]:
+    """Names in use: loop variables, iteration variables, sizes, buffers."""
+    names = {v.name for v in loop_vars(program)} | {p.name for p in program.params}
+    for n in walk(program.body):
+        if isinstance(n, Store):
+            names |= {v.name for v in n.iters}
+            names.add(n.buffer.name)
+    names |= {b.name for b in program.args} | {b.name for b in program.temps}
+    return names
+
+
+def fresh_name(program: Program, base: str, taken: set[str] | None = None) -> str:
+    """`base`, or `base2`, `base3`... — a name not used in `program` (nor in `taken`)."""
+    used = all_names(program) | (taken or set())
+    if base not in used:
+        return base
+    k = 2
+    while f"{base}{k}" in used:
+        k += 1
+    return f"{base}{k}"
+
+
+def loop_path(program: Program, var: Var) -> list[Stmt] | None:
+    """The chain of statements from the body root down to the For of `var` (inclusive), or None."""
+
+    def go(s: Stmt, path: list[Stmt]) -> list[Stmt] | None:
+        path = path + [s]
+        if isinstance(s, For):
+            if s.var is var:
+                return path
+            return go(s.body, path)
+        if isinstance(s, Seq):
+            for c in s.body:
+                r = go(c, path)
+                if r is not None:
+                    return r
+        elif isinstance(s, If):
+            r = go(s.then, path)
+            if r is None and s.orelse is not None:
+                r = go(s.orelse, path)
+            return r
+        elif isinstance(s, Allocate):
+            return go(s.body, path)
+        return None
+
+    return go(program.body, [])
+
+
+def find_loop(program: Program, var: Var) -> For:
+    """The For of loop variable `var`; ValueError naming it if absent."""
+    for n in walk(program.body):
+        if isinstance(n, For) and n.var is var:
+            return n
+    raise ValueError(f"loop {var.name!r} is not in program {program.name!r}")
+
+
+def replace_loop(program: Program, var: Var, new: Stmt) -> Program:
+    """`program` with the For of `var` replaced by `new`."""
+    find_loop(program, var)
+
+    class _R(Transformer):
+        def visit_For(self, f: For) -> Stmt:
+            if f.var is var:
+                return new
+            return self.generic(f)
+
+        def visit(self, node: Any) -> Any:
+            if isinstance(node, Expr):
+                return node
+            return super().visit(node)
+
+    return dataclasses.replace(program, body=_R().visit(program.body))
+
+
+def subst_loops(stmt: Stmt, mapping: dict[Var, Expr]) -> Stmt:
+    """Replace loop variables in loop bounds, guards and statement coords — never in a
+    statement's indices or value (those are in its original iteration variables)."""
+    if not mapping:
+        return stmt
+
+    class _S(Transformer):
+        def visit_Store(self, s: Store) -> Store:
+            coords = tuple(substitute(c, mapping) for c in s.coords)
+            if all(a is b for a, b in zip(coords, s.coords)):
+                return s
+            return dataclasses.replace(s, coords=coords)
+
+        def visit_For(self, f: For) -> For:
+            lo, hi, body = substitute(f.lo, mapping), substitute(f.hi, mapping), self.visit(f.body)
+            if lo is f.lo and hi is f.hi and body is f.body:
+                return f
+            return dataclasses.replace(f, lo=lo, hi=hi, body=body)
+
+        def visit_If(self, s: If) -> If:
+            c = substitute(s.cond, mapping)
+            t = self.visit(s.then)
+            o = self.visit(s.orelse) if s.orelse is not None else None
+            if c is s.cond and t is s.then and o is s.orelse:
+                return s
+            return If(c, t, o)
+
+    return _S().visit(stmt)

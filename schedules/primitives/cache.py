@@ -1,0 +1,349 @@
+"""GPU memory primitives: `bind_reduction` (a cross-thread reduction) and `cache_read`.
+
+bind_reduction — the loop of a reduction runs across the threads of a block, each thread
+accumulating a strided share, then combined across threads (the CUDA target emits warp
+shuffles, then shared memory). Legal because the reduction's operator is associative and
+commutative: the only dependences the new order may break are those of the reduction
+statement on its own accumulator.
+
+    for i:                                    for i:
+        C[i] = 0                                  C[i] = 0
+        for k in 0..n:                 ==>        for kt in 0..256 bound to threadIdx.x:
+            C[i] = C[i] + f(i, k)                     for ks in 0..(n + 255) // 256:
+                                                          if ks * 256 + kt < n:
+                                                              C[i] = C[i] + f(i, k)   # k = ks*256 + kt
+
+cache_read — one loop iteration reads a region of a buffer many times: copy the region into a
+scratch buffer ("shared": cooperatively by the block, "local": per thread) at the top of the
+iteration, redirect the loads, with barriers around the shared copy.
+
+    for i:                                    for i:
+        S1: ... x[i, k] ...                       allocate x_shared[1, 64] shared:
+        S2: ... x[i, j] ...            ==>            for c0, c1: x_shared[c0, c1] = x[i + c0, c1]
+                                                      barrier
+                                                      S1: ... x_shared[0, k] ...   (rebased)
+                                                      S2: ... x_shared[0, j] ...
+                                                      barrier      (only when the loop is not bound to a block)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from loopir import poly
+from loopir.dtypes import INDEX
+from loopir.nodes import (
+    Allocate,
+    Barrier,
+    Binary,
+    Buffer,
+    Const,
+    Expr,
+    For,
+    If,
+    Load,
+    Program,
+    Seq,
+    Stmt,
+    Store,
+    Var,
+    binary,
+    const,
+)
+from loopir.visit import Transformer, seq, statements, substitute, walk
+
+from . import CheckContext, find_loop, fresh_name, primitive, replace_loop
+
+__all__ = ["bind_reduction", "cache_read", "reduction_parts", "without_reduction_deps"]
+
+_RED_OPS = ("add", "mul", "max", "min")
+THREAD_AXES = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
+
+
+# ----------------------------------------------------------------------------- reductions
+
+
+def reduction_parts(st: Store) -> tuple[str, Expr] | None:
+    """(op, e) when `st` is `C[idx] = C[idx] op e` with op associative and commutative and `e`
+    not reading C; else None."""
+    v = st.value
+    if not isinstance(v, Binary) or v.op not in _RED_OPS:
+        return None
+    me = Load(st.buffer, st.indices)
+    e = v.b if v.a == me else v.a if v.b == me else None
+    if e is None or any(isinstance(n, Load) and n.buffer is st.buffer for n in walk(e)):
+        return None
+    return v.op, e
+
+
+def _reductions_over(program: Program, loop: Var) -> list[Store]:
+    f = find_loop(program, loop)
+    inner = {n.var for n in walk(f) if isinstance(n, For)}
+    stores = [n for n in walk(f.body) if isinstance(n, Store)]
+    if not stores:
+        raise ValueError(f"bind_reduction: loop {loop.name!r} contains no statement")
+    for st in stores:
+        if reduction_parts(st) is None:
+            raise ValueError(
+                f"bind_reduction: statement {st.name!r} inside loop {loop.name!r} is not a reduction "
+                f"C[idx] = C[idx] op e (op in {', '.join(_RED_OPS)}); bind a loop without dependences with bind()"
+            )
+        idx_vars = set()
+        sub = dict(zip(st.iters, st.coords))
+        for ix in st.indices:
+            idx_vars |= {n for n in walk(substitute(ix, sub)) if isinstance(n, Var)}
+        if idx_vars & inner:
+            raise ValueError(
+                f"bind_reduction: statement {st.name!r} writes a different element of {st.buffer.name!r} in "
+                f"each iteration of loop {loop.name!r}, so that loop is not a reduction loop; use bind()"
+            )
+    return stores
+
+
+def without_reduction_deps(deps: poly.Deps, names: set[str]) -> poly.Deps:
+    """`deps` minus the dependences of each named reduction statement on itself — those that
+    reassociating an associative, commutative reduction may reorder."""
+    isl_names = {poly._sanitize(n) for n in names}
+
+    def drop(um: Any) -> Any:
+        ml = um.get_map_list()
+        kept = None
+        for k in range(ml.n_map()):
+            m = ml.get_at(k)
+            a, b = m.get_tuple_name(poly.isl.dim_type.in_), m.get_tuple_name(poly.isl.dim_type.out)
+            if a == b and a in isl_names:
+                continue
+            kept = m if kept is None else kept.union(m)
+        if kept is None:
+            return um.subtract(um)
+        return poly.isl.UnionMap.from_map(kept) if isinstance(kept, poly.isl.Map) else kept
+
+    return dataclasses.replace(deps, flow=drop(deps.flow), anti=drop(deps.anti), output=drop(deps.output))
+
+
+def _check_bind_reduction(ctx: CheckContext) -> poly.Witness | None:
+    # legal iff no dependence other than a reduction statement's self-dependence runs backwards
+    bad = poly.instance_mismatch(ctx.deps, ctx.new)
+    if bad is not None:
+        raise RuntimeError(f"internal error in primitive bind_reduction: {bad}")
+    names = set(ctx.extra.get("reductions", ())) or {
+        st.name for st in _reductions_over(ctx.old, ctx.args[0])}
+    return poly.find_violation(without_reduction_deps(ctx.deps, names), ctx.new)
+
+
+@primitive("bind_reduction", check=_check_bind_reduction)
+def bind_reduction(program: Program, loop: Var, axis: str = "threadIdx.x",
+                   threads: int | None = None) -> tuple[Program, Any]:
+    """Run the reduction loop `loop` across the threads `axis` of a block (a cross-thread reduction).
+
+    Precondition: every statement inside `loop` is a reduction `C[idx] = C[idx] op e` (op in add,
+    mul, max, min) whose element does not change with `loop` or the loops inside it. Float sums
+    are reassociated (as every parallel reduction does).
+
+    `threads=None`: the loop itself is bound (one iteration per thread; returns the loop).
+    `threads=T`: thread kt takes iterations kt, kt + T, ... (coalesced), returns `(kt, ks)`:
+
+        for k in lo..hi: R(k)   ==>   for kt in 0..T (axis): for ks in 0..ceil((hi-lo)/T):
+                                          if ks*T + kt < hi - lo: R(lo + ks*T + kt)
+    """
+    if not isinstance(loop, Var):
+        raise TypeError(f"bind_reduction: expected a loop handle, got {type(loop).__name__} {loop!r}")
+    if axis not in THREAD_AXES:
+        raise ValueError(f"bind_reduction: axis must be one of {', '.join(THREAD_AXES)}, got {axis!r} "
+                         "(a reduction across blocks is not supported)")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"bind_reduction: threads must be a positive integer, got {threads!r}")
+    _reductions_over(program, loop)
+    f = find_loop(program, loop)
+    if f.kind != "serial":
+        raise ValueError(f"bind_reduction: loop {loop.name!r} is already {f.thread or f.kind}")
+    if threads is None:
+        return replace_loop(program, loop, dataclasses.replace(f, kind="thread", thread=axis)), loop
+    taken: set[str] = set()
+    kt = Var(fresh_name(program, f"{loop.name}t", taken), INDEX)
+    taken.add(kt.name)
+    ks = Var(fresh_name(program, f"{loop.name}s", taken), INDEX)
+    ext = binary("sub", f.hi, f.lo)
+    offset = binary("add", binary("mul", ks, const(threads)), kt)
+    from . import subst_loops
+
+    body = subst_loops(f.body, {loop: binary("add", f.lo, offset)})
+    n_chunks = binary("floordiv", binary("add", ext, const(threads - 1)), const(threads))
+    if not (isinstance(ext, Const) and ext.value % threads == 0):
+        body = If(offset < ext, body)
+    new = For(kt, const(0), const(threads), For(ks, const(0), n_chunks, body), "thread", axis)
+    return replace_loop(program, loop, new), (kt, ks)
+
+
+# ----------------------------------------------------------------------------- cache_read
+
+
+def _buffer(program: Program, x: Any) -> Buffer:
+    if isinstance(x, Buffer):
+        return x
+    name = getattr(x, "name", x)
+    if not isinstance(name, str):
+        raise TypeError(f"cache_read: expected a tensor, buffer or buffer name, got {type(x).__name__} {x!r}")
+    for b in program.args + program.temps:
+        if b.name == name:
+            return b
+    for n in walk(program.body):
+        if isinstance(n, Load) and n.buffer.name == name:
+            return n.buffer
+    raise ValueError(f"cache_read: no buffer named {name!r} in program {program.name!r}")
+
+
+def _const_value(e: Expr) -> int | None:
+    from .loop_fusion import simplify  # C2's affine simplifier
+
+    e = simplify(e)
+    return int(e.value) if isinstance(e, Const) else None
+
+
+class _Redirect(Transformer):
+    def __init__(self, buf: Buffer, cache: Buffer, lows: list[Expr]) -> None:
+        self.buf, self.cache, self.lows = buf, cache, lows
+
+    def visit_Load(self, ld: Load) -> Expr:
+        idx = tuple(self.visit(i) for i in ld.indices)
+        if ld.buffer is not self.buf:
+            return ld if all(a is b for a, b in zip(idx, ld.indices)) else Load(ld.buffer, idx)
+        return Load(self.cache, tuple(binary("sub", i, lo) for i, lo in zip(idx, self.lows)))
+
+
+def _rebase(st: Store, loops: tuple[For, ...]) -> Store:
+    """The statement with its iters replaced by the loop variables around it (coords == iters)."""
+    sub = dict(zip(st.iters, st.coords))
+    its = tuple(lp.var for lp in loops)
+    return Store(st.name, st.buffer, tuple(substitute(i, sub) for i in st.indices), substitute(st.value, sub),
+                 its, its)
+
+
+def _check_cache_read(ctx: CheckContext) -> poly.Witness | None:
+    # legal iff no statement inside the loop writes a value of the buffer that a statement inside it reads
+    ex = ctx.extra if ctx.extra else {}
+    buf_name, loop = ctx.args[0], ctx.args[2]
+    f = find_loop(ctx.old, loop)
+    inside = {n.name for n in walk(f) if isinstance(n, Store)}
+    writers = {n.name for n in walk(f) if isinstance(n, Store) and n.buffer.name == buf_name}
+    readers = {n.name for n in walk(f) if isinstance(n, Store)
+               and any(isinstance(m, Load) and m.buffer.name == buf_name for m in walk(n.value))}
+    _ = (ex, inside)
+    if not writers:
+        return None
+    W, R = {poly._sanitize(n) for n in writers}, {poly._sanitize(n) for n in readers}
+    ml = ctx.deps.flow.get_map_list()
+    for k in range(ml.n_map()):
+        m = ml.get_at(k)
+        if m.get_tuple_name(poly.isl.dim_type.in_) in W and m.get_tuple_name(poly.isl.dim_type.out) in R:
+            return poly._witness(poly.isl.UnionMap.from_map(m), "flow", ctx.deps)
+    return None
+
+
+@primitive("cache_read", check=_check_cache_read, rebase=True)
+def cache_read(program: Program, tensor: Any, scope: str, loop: Var) -> tuple[Program, Buffer]:
+    """Copy the region of `tensor` that one iteration of `loop` reads into a scratch buffer of
+    `scope` ("shared" or "local") allocated at the top of the iteration; loads inside the loop
+    read the copy. Returns the scratch Buffer; the copy statement is named `<buffer>_<scope>`.
+
+    Precondition: the region (poly.footprint, the bounding box of all reads inside `loop`) has a
+    constant size, and no statement inside `loop` writes a value of the buffer that a statement
+    inside it reads (checked with the program's flow dependences; a ScheduleError otherwise).
+    Statements that read the buffer are rebased (their iterations named by their loops)."""
+    if scope not in ("shared", "local"):
+        raise ValueError(f"cache_read: scope must be 'shared' or 'local', got {scope!r}")
+    if not isinstance(loop, Var):
+        raise TypeError(f"cache_read: expected a loop handle, got {type(loop).__name__} {loop!r}")
+    buf = _buffer(program, tensor)
+    f = find_loop(program, loop)
+    ctxs = [c for c in statements(program) if any(lp is f for lp in c.loops)]
+    readers = [c for c in ctxs if any(isinstance(n, Load) and n.buffer is buf for n in walk(c.store.value))]
+    if not readers:
+        raise ValueError(f"cache_read: nothing inside loop {loop.name!r} reads {buf.name!r}")
+    # bounding box of the regions the readers touch in one iteration of `loop`
+    box: list[tuple[Expr, Expr]] | None = None
+    for c in readers:
+        fp = poly.footprint(program, c.store.name, buf, loop)
+        box = fp if box is None else [
+            (_min(a[0], b[0]), _max(a[1], b[1])) for a, b in zip(box, fp)]
+    assert box is not None
+    shape: list[Expr] = []
+    for d, (lo, hi) in enumerate(box):
+        n = _const_value(binary("sub", hi, lo))
+        if n is None:
+            raise ValueError(
+                f"cache_read: the region of {buf.name!r} read in one iteration of loop {loop.name!r} has a "
+                f"non-constant size {hi} - {lo} in dimension {d}; {scope} buffers need a constant shape "
+                "(split the loop by a constant first, or give the size as a constant)")
+        shape.append(const(n))
+    lows = [lo for lo, _ in box]
+    cname = fresh_name(program, f"{buf.name}_{scope}")
+    cache = Buffer(cname, tuple(shape), buf.dtype, scope)
+    # the cooperative copy: for c0, c1, ...: cache[c] = buf[lo + c]
+    taken: set[str] = set()
+    cvars = []
+    for d in range(len(shape)):
+        v = Var(fresh_name(program, f"c{d}", taken), INDEX)
+        taken.add(v.name)
+        cvars.append(v)
+    outer = tuple(lp.var for lp in readers[0].loops[: readers[0].loops.index(f) + 1])
+    its = outer + tuple(cvars)
+    src_idx = tuple(binary("add", lo, v) for lo, v in zip(lows, cvars))
+    clip = None
+    for d, (lo, v) in enumerate(zip(lows, cvars)):
+        cond = binary("add", lo, v) < buf.shape[d]
+        clip = cond if clip is None else clip & cond
+    copy: Stmt = Store(cname, cache, tuple(cvars), Load(buf, src_idx), its, its)
+    if clip is not None and not _always_inside(box, buf):
+        copy = If(clip, copy)
+    for v, n in reversed(list(zip(cvars, shape))):
+        copy = For(v, const(0), n, copy)
+    # the loop body with the readers rebased and redirected
+    reader_ids = {id(c.store) for c in readers}
+    loops_of = {id(c.store): c.loops for c in readers}
+    red = _Redirect(buf, cache, lows)
+
+    class _Body(Transformer):
+        def visit_Store(self, st: Store) -> Store:
+            if id(st) not in reader_ids:
+                return st
+            rb = _rebase(st, loops_of[id(st)])
+            return dataclasses.replace(rb, value=red.visit(rb.value))
+
+        def visit(self, node: Any) -> Any:
+            return node if isinstance(node, Expr) else super().visit(node)
+
+    body = _Body().visit(f.body)
+    parts: list[Stmt] = [copy]
+    if scope == "shared":
+        parts.append(Barrier())
+    parts.append(body)
+    if scope == "shared" and not (f.kind == "thread" and (f.thread or "").startswith("blockIdx")):
+        parts.append(Barrier())  # the next iteration's copy must not overwrite what slow threads still read
+    new = dataclasses.replace(f, body=Allocate(cache, seq(*parts)))
+    return replace_loop(program, loop, new), cache
+
+
+def _always_inside(box: list[tuple[Expr, Expr]], buf: Buffer) -> bool:
+    # the box is clipped to the buffer unless it is provably inside it (lo >= 0 and hi <= shape)
+    for (lo, hi), n in zip(box, buf.shape):
+        d = _const_value(binary("sub", n, hi))
+        lo_c = _const_value(lo)
+        if d is None or d < 0:
+            return False
+        if lo_c is not None and lo_c < 0:
+            return False
+    return True
+
+
+def _min(a: Expr, b: Expr) -> Expr:
+    return a if a == b else binary("min", a, b)
+
+
+def _max(a: Expr, b: Expr) -> Expr:
+    return a if a == b else binary("max", a, b)
+
+
+def _unused() -> None:
+    _ = (Seq,)

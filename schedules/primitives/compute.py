@@ -1,0 +1,383 @@
+"""Compute placement: `compute_inline` and `compute_at`.
+
+compute_inline — the producer's expression replaces every load of its buffer:
+
+    for i in 0..n: B[i] = A[i] * 2                 for j in 1..n-1:
+    for j in 1..n-1: C[j] = B[j-1] + B[j+1]  ==>       C[j] = A[j-1] * 2 + A[j+1] * 2
+
+compute_at — the producer runs inside the consumer's loop, over exactly the region the
+consumer needs in one iteration of that loop (isl footprint, clipped to the producer's
+own domain); overlapping regions are recomputed:
+
+    for i in 0..n: B[i] = A[i] * 2                 for jo in 0..(n-2+3)//4:
+    for jo in 0..(n-2+3)//4:                  ==>      for b in 0..(hi - lo): B[...] = ...   # i = b + lo
+        for ji in 0..4: C[...] = B[j-1] + B[j+1]       for ji in 0..4: C[...] = ...
+
+    with lo = max(4*jo, 0) and hi = min(4*jo + 5, n) (the halo of jo's block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from loopir.dtypes import INDEX
+from loopir.nodes import Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt, Store, Var, binary
+from loopir.visit import StmtContext, Transformer, buffers_of, seq, statements, substitute, walk
+
+from .loop_fusion import affine, find_loop, replace_at, same_value, simplify
+
+# ----------------------------------------------------------------------------- producer lookup
+
+
+def producer_buffer(program: Program, producer: Any) -> Buffer:
+    """The buffer named by `producer`: a Buffer, a te.Tensor (its `.buffer`), a buffer or statement name."""
+    if hasattr(producer, "buffer") and isinstance(producer.buffer, Buffer):
+        producer = producer.buffer
+    ctxs = statements(program)
+    if isinstance(producer, Buffer):
+        return producer
+    if isinstance(producer, str):
+        for c in ctxs:
+            if c.store.name == producer or c.store.buffer.name == producer:
+                return c.store.buffer
+        raise ValueError(f"no statement or buffer named {producer!r} in program {program.name!r}")
+    raise TypeError(f"expected a tensor, buffer or statement name, got {type(producer).__name__} {producer!r}")
+
+
+def writers(program: Program, buf: Buffer) -> list[StmtContext]:
+    return [c for c in statements(program) if c.store.buffer is buf]
+
+
+def readers(program: Program, buf: Buffer, exclude: set[str] = frozenset()) -> list[StmtContext]:
+    return [c for c in statements(program) if c.store.name not in exclude and buf in buffers_of(c.store)[0]]
+
+
+def _reads_in_control(program: Program, buf: Buffer) -> bool:
+    """True when `buf` is loaded in a loop bound or a guard (not in a statement)."""
+
+    def go(s: Stmt) -> bool:
+        if isinstance(s, For):
+            return _loads(s.lo, buf) or _loads(s.hi, buf) or go(s.body)
+        if isinstance(s, If):
+            return _loads(s.cond, buf) or go(s.then) or (s.orelse is not None and go(s.orelse))
+        if isinstance(s, Seq):
+            return any(go(c) for c in s.body)
+        if hasattr(s, "body") and isinstance(s.body, Stmt):
+            return go(s.body)
+        return False
+
+    return go(program.body)
+
+
+def _loads(e: Expr, buf: Buffer) -> bool:
+    return any(isinstance(n, Load) and n.buffer is buf for n in walk(e))
+
+
+def _index_iters(st: Store, primitive: str) -> list[int]:
+    """For each buffer dimension d, the position k in `st.iters` with indices[d] == iters[k]."""
+    out: list[int] = []
+    for d, ix in enumerate(st.indices):
+        if not isinstance(ix, Var) or not any(ix is v for v in st.iters):
+            raise ValueError(
+                f"{primitive}: statement {st.name!r} writes {st.buffer.name}[{', '.join(map(str, st.indices))}]; "
+                f"index {d} ({ix}) is not one of its loop variables, so its region cannot be mapped back"
+            )
+        k = next(k for k, v in enumerate(st.iters) if v is ix)
+        if k in out:
+            raise ValueError(f"{primitive}: statement {st.name!r} uses loop variable {ix} in two indices")
+        out.append(k)
+    return out
+
+
+def _is_output(program: Program, buf: Buffer) -> bool:
+    return any(a is buf for a in program.args)
+
+
+# ----------------------------------------------------------------------------- compute_inline
+
+
+@dataclass(frozen=True)
+class InlinePlan:
+    """What `compute_inline` did: the producer statement and the statements it was inlined into."""
+
+    producer: Store
+    consumers: tuple[str, ...]
+
+
+def compute_inline(program: Program, producer: Any) -> tuple[Program, InlinePlan]:
+    """Inline a pure producer: its value replaces every load of its buffer; it disappears.
+
+    Precondition: exactly one statement writes the buffer, with plain loop variables as
+    indices (B[i, j], any order), not reading its own buffer; the buffer is not a program
+    argument and is not read in loop bounds or guards. (Legality — no write to the
+    producer's inputs between the producer and a consumer — is `check_inline`'s job.)
+
+        for i in 0..n: B[i] = f(A[i])           for j in 0..n:
+        for j in 0..n: C[j] = B[j+1] * B[j]  ==>     C[j] = f(A[j+1]) * f(A[j])
+    """
+    buf = producer_buffer(program, producer)
+    ws = writers(program, buf)
+    if not ws:
+        raise ValueError(f"compute_inline: no statement writes {buf.name!r} in program {program.name!r}")
+    if len(ws) > 1:
+        names = ", ".join(w.store.name for w in ws)
+        raise ValueError(
+            f"compute_inline: {buf.name!r} is written by {len(ws)} statements ({names}); only a pure producer "
+            "(one statement) can be inlined — a reduction can be placed with compute_at instead"
+        )
+    if _is_output(program, buf):
+        raise ValueError(
+            f"compute_inline: {buf.name!r} is an argument of program {program.name!r} (an output); "
+            "inlining would leave it unwritten"
+        )
+    p = ws[0].store
+    dims = _index_iters(p, "compute_inline")
+    if len(dims) != len(p.iters):
+        raise ValueError(
+            f"compute_inline: statement {p.name!r} has loop variables that do not index {buf.name!r} "
+            "(a reduction or repeated writes); it is not a pure producer"
+        )
+    if buf in buffers_of(p.value)[0]:
+        raise ValueError(f"compute_inline: statement {p.name!r} reads its own buffer {buf.name!r}")
+    if _reads_in_control(program, buf):
+        raise ValueError(f"compute_inline: {buf.name!r} is read in a loop bound or a guard; cannot inline it")
+
+    class _Inline(Transformer):
+        def visit_Load(self, ld: Load) -> Expr:
+            idx = tuple(self.visit(i) for i in ld.indices)
+            if ld.buffer is not buf:
+                return ld if all(a is b for a, b in zip(idx, ld.indices)) else Load(ld.buffer, idx)
+            return substitute(p.value, {p.iters[dims[d]]: idx[d] for d in range(len(idx))})
+
+    consumers: list[str] = []
+
+    def rewrite(s: Stmt) -> Stmt | None:
+        if isinstance(s, Store) and s is not p and buf in buffers_of(s)[0]:
+            consumers.append(s.name)
+            return replace(s, value=_Inline().visit(s.value), indices=tuple(_Inline().visit(i) for i in s.indices))
+        return None
+
+    from loopir.visit import map_stmts
+
+    body = map_stmts(program.body, rewrite)
+    path = _find_node(body, p)
+    assert path is not None
+    body = replace_at(path, None)
+    if body is None:
+        body = Seq(())
+    temps = program.temps
+    still_used = any(buf in buffers_of(c.store)[0] or c.store.buffer is buf for c in statements(body))
+    if not still_used:
+        temps = tuple(t for t in temps if t is not buf)
+    return replace(program, body=body, temps=temps), InlinePlan(p, tuple(consumers))
+
+
+def _find_node(body: Stmt, node: Stmt) -> tuple | None:
+    """The path (ancestor, child index) from `body` down to `node` (by identity)."""
+
+    def go(s: Stmt, path: tuple) -> tuple | None:
+        if s is node:
+            return path
+        if isinstance(s, Seq):
+            for k, c in enumerate(s.body):
+                r = go(c, path + ((s, k),))
+                if r is not None:
+                    return r
+        elif isinstance(s, If):
+            r = go(s.then, path + ((s, 0),))
+            if r is None and s.orelse is not None:
+                r = go(s.orelse, path + ((s, 1),))
+            return r
+        elif hasattr(s, "body") and isinstance(s.body, Stmt):
+            return go(s.body, path + ((s, -1),))
+        return None
+
+    return go(body, ())
+
+
+# ----------------------------------------------------------------------------- compute_at
+
+
+@dataclass(frozen=True)
+class AtPlan:
+    """What `compute_at` did: the producer statements moved, the readers served, the new loops."""
+
+    producers: tuple[str, ...]
+    consumers: tuple[str, ...]
+    new_loops: tuple[Var, ...]
+
+
+def _producer_nest(program: Program, buf: Buffer, ws: list[StmtContext]) -> Stmt:
+    """The subtree that holds exactly the producer statements (a whole nest of its own)."""
+    names = {w.store.name for w in ws}
+    first = ws[0]
+    for f in first.loops:
+        inside = {c.store.name for c in statements(f)}
+        if names <= inside:
+            if inside != names:
+                others = sorted(inside - names)
+                raise ValueError(
+                    f"compute_at: the nest of {buf.name!r} (loop {f.var.name!r}) also holds {', '.join(others)}; "
+                    "compute_at moves a producer's own nest only"
+                )
+            return f
+        if inside - names:
+            raise ValueError(
+                f"compute_at: loop {f.var.name!r} around the producer of {buf.name!r} is shared with other "
+                "statements; compute_at moves a producer's own nest only"
+            )
+    if len(ws) == 1 and not first.loops:
+        return first.store
+    raise ValueError(f"compute_at: the statements writing {buf.name!r} are not in one nest of their own")
+
+
+def compute_at(program: Program, producer: Any, loop: Var, footprint: Any) -> tuple[Program, AtPlan]:
+    """Compute the producer of a buffer inside `loop`, over the region the loop's readers need.
+
+    Precondition: the buffer is a temp written only by the statements of one nest of their
+    own (a stage, or `C_init` + `C` of a reduction), each writing B[v0, v1, ...] with plain
+    loop variables of that nest as indices; every statement that reads the buffer is inside
+    `loop`, and `loop` is not in the producer's nest. `footprint(program, stmt, buf, loop)`
+    gives the per-dimension inclusive (lo, hi) region a reader needs in one iteration of
+    `loop` (`loopir.poly.footprint`). The producer's nest is rebuilt at the start of `loop`'s
+    body with fresh loops: over each buffer dimension, `0..hi-lo+1` with the region clipped
+    to the producer's own bounds; other loops (reduction loops) keep their bounds. Legality
+    against the other statements is `check_at`'s job.
+
+        for i in 0..n: B[i] = A[i]          for jo in ...:
+        for jo in ...:                 ==>      for i_c in 0..(hi - lo): B[..] = A[..]    # i = i_c + lo
+            for ji in 0..4: C[..] = B[..]       for ji in 0..4: C[..] = B[..]
+    """
+    buf = producer_buffer(program, producer)
+    if not isinstance(loop, Var):
+        raise TypeError(f"compute_at: the target must be a loop handle, got {type(loop).__name__} {loop!r}")
+    ws = writers(program, buf)
+    if not ws:
+        raise ValueError(f"compute_at: no statement writes {buf.name!r} in program {program.name!r}")
+    if _is_output(program, buf):
+        raise ValueError(
+            f"compute_at: {buf.name!r} is an argument of program {program.name!r} (an output); computing only "
+            "the regions its readers need would leave parts of it unwritten"
+        )
+    found = find_loop(program.body, loop)
+    if found is None:
+        raise ValueError(f"compute_at: loop {loop.name!r} is not in program {program.name!r}")
+    target, _ = found
+    names = {w.store.name for w in ws}
+    nest = _producer_nest(program, buf, ws)
+    in_target = {c.store.name for c in statements(target)}
+    if names & in_target or (isinstance(nest, For) and find_loop(nest, loop) is not None):
+        raise ValueError(
+            f"compute_at: loop {loop.name!r} is in the nest that computes {buf.name!r}; pick a loop of a consumer"
+        )
+    rs = readers(program, buf, exclude=names)
+    if not rs:
+        raise ValueError(f"compute_at: no statement reads {buf.name!r}; nothing to compute it for")
+    outside = [r.store.name for r in rs if r.store.name not in in_target]
+    if outside:
+        raise ValueError(
+            f"compute_at: {buf.name!r} is also read by {', '.join(outside)} outside loop {loop.name!r}; "
+            f"every reader must be inside the loop it is computed at"
+        )
+    if _reads_in_control(program, buf):
+        raise ValueError(f"compute_at: {buf.name!r} is read in a loop bound or a guard")
+
+    # loop variable of the producer's nest -> buffer dimension it indexes
+    nest_loops = {f.var for f in walk(nest) if isinstance(f, For)}
+    dim_of: dict[Var, int] = {}
+    for w in ws:
+        st = w.store
+        for k, c in enumerate(st.coords):
+            if not isinstance(c, Var) or c not in nest_loops:
+                raise ValueError(
+                    f"compute_at: statement {st.name!r} has coordinate {st.iters[k].name} = {c}, not a loop of "
+                    f"its own nest; use compute_at before scheduling the producer's nest"
+                )
+        for d, k in enumerate(_index_iters(st, "compute_at")):
+            v = st.coords[k]
+            if dim_of.setdefault(v, d) != d:
+                raise ValueError(f"compute_at: loop {v.name!r} indexes two dimensions of {buf.name!r}")
+    if sorted(set(dim_of.values())) != list(range(len(buf.shape))):
+        raise ValueError(f"compute_at: some dimension of {buf.name!r} is not indexed by a loop of its nest")
+
+    # the region: union over the readers of their inclusive footprints
+    region: list[tuple[Expr, Expr]] | None = None
+    for r in rs:
+        fp = footprint(program, r.store.name, buf, loop)
+        if region is None:
+            region = [(lo, hi) for lo, hi in fp]
+        else:
+            region = [(_min(a, lo), _max(b, hi)) for (a, b), (lo, hi) in zip(region, fp)]
+    assert region is not None
+
+    new_loops: list[Var] = []
+
+    def rebuild(s: Stmt, env: dict[Var, Expr]) -> Stmt:
+        if isinstance(s, For):
+            lo, hi = substitute(s.lo, env), substitute(s.hi, env)
+            v = Var(s.var.name + "_c", s.var.dtype)
+            new_loops.append(v)
+            if s.var in dim_of:
+                flo, fhi = region[dim_of[s.var]]
+                lo = _max(flo, lo)
+                hi = _min(binary("add", fhi, 1), hi)
+                inner = dict(env)
+                inner[s.var] = binary("add", v, lo) if not _is_zero(lo) else v
+                return For(v, Const(0, INDEX), simplify(hi - lo), rebuild(s.body, inner), "serial")
+            inner = dict(env)
+            inner[s.var] = v
+            return For(v, lo, hi, rebuild(s.body, inner), "serial")
+        if isinstance(s, Store):
+            return replace(s, coords=tuple(substitute(c, env) for c in s.coords))
+        if isinstance(s, If):
+            return If(substitute(s.cond, env), rebuild(s.then, env),
+                      None if s.orelse is None else rebuild(s.orelse, env))
+        if isinstance(s, Seq):
+            return Seq(tuple(rebuild(c, env) for c in s.body))
+        if hasattr(s, "body") and isinstance(s.body, Stmt):
+            return replace(s, body=rebuild(s.body, env))
+        return s
+
+    moved = rebuild(nest, {})
+    new_target = replace(target, body=seq(moved, target.body))
+    _, tpath = find_loop(program.body, loop)
+    body = replace_at(tpath, new_target)
+    npath = _find_node(body, nest)
+    assert npath is not None
+    body = replace_at(npath, None)
+    if body is None:
+        body = Seq(())
+    plan = AtPlan(tuple(w.store.name for w in ws), tuple(r.store.name for r in rs), tuple(new_loops))
+    return replace(program, body=body), plan
+
+
+def _is_zero(e: Expr) -> bool:
+    return same_value(e, binary("sub", e, e))
+
+
+def _max(a: Expr, b: Expr) -> Expr:
+    d = _const_diff(a, b)
+    if d is not None:
+        return a if d >= 0 else b
+    return binary("max", a, b)
+
+
+def _min(a: Expr, b: Expr) -> Expr:
+    d = _const_diff(a, b)
+    if d is not None:
+        return a if d <= 0 else b
+    return binary("min", a, b)
+
+
+def _const_diff(a: Expr, b: Expr) -> int | None:
+    la, lb = affine(a), affine(b)
+    if la is None or lb is None:
+        return None
+    diff = dict(la)
+    for k, v in lb.items():
+        diff[k] = diff.get(k, 0) - v
+    diff = {k: v for k, v in diff.items() if v}
+    if set(diff) <= {1}:
+        return diff.get(1, 0)
+    return None

@@ -1,0 +1,258 @@
+"""Loop fusion: two sibling nests with equal extents become one loop.
+
+    for i in 0..n:                      for i in 0..n:
+        B[i] = A[i] * 2          ==>        B[i] = A[i] * 2
+    for j in 0..n:                          C[i] = B[i] + 1      # coords j -> i
+        C[j] = B[j] + 1
+
+(TVM calls this "compute_at of siblings"; TVM's `fuse` is our `collapse`: two *nested*
+loops into one.) The tree helpers here (finding a loop, substituting loop variables in
+loop bounds, guards and statement coords only) are shared with `compute.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from loopir.nodes import Allocate, Expr, For, If, Program, Seq, Stmt, Store, Var
+from loopir.visit import Transformer, seq, substitute
+
+# ----------------------------------------------------------------------------- tree helpers
+
+Path = tuple[tuple[Stmt, int], ...]  # (ancestor, child index in it; -1 for a single body)
+
+
+def affine(e: Expr) -> dict[Any, int] | None:
+    """`e` as {Var: coefficient, 1: constant}, or None when it is not affine (integer)."""
+    from loopir.nodes import Binary, Cast, Const, Unary
+
+    if isinstance(e, Const):
+        return {1: int(e.value)} if not isinstance(e.value, float) or e.value == int(e.value) else None
+    if isinstance(e, Var):
+        return {e: 1}
+    if isinstance(e, Cast):
+        return affine(e.a)
+    if isinstance(e, Unary) and e.op == "neg":
+        a = affine(e.a)
+        return None if a is None else {k: -v for k, v in a.items()}
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
+        a, b = affine(e.a), affine(e.b)
+        if a is None or b is None:
+            return None
+        if e.op == "mul":
+            if set(a) <= {1}:
+                a, b = b, a
+            if not set(b) <= {1}:
+                return None
+            c = b.get(1, 0)
+            return {k: v * c for k, v in a.items() if v * c}
+        sign = 1 if e.op == "add" else -1
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = out.get(k, 0) + sign * v
+        return {k: v for k, v in out.items() if v}
+    return None
+
+
+def same_value(a: Expr, b: Expr) -> bool:
+    """True when `a` and `b` are provably equal (affine normal form, else structure)."""
+    la, lb = affine(a), affine(b)
+    if la is not None and lb is not None:
+        return {k: v for k, v in la.items() if v} == {k: v for k, v in lb.items() if v}
+    return a == b
+
+
+def simplify(e: Expr) -> Expr:
+    """An affine integer expression in a canonical form (variables in first-use order, then
+    the constant); `max`/`min` operands simplified; anything else unchanged."""
+    from loopir.nodes import Binary, Const
+
+    if isinstance(e, Binary) and e.op in ("max", "min"):
+        a, b = simplify(e.a), simplify(e.b)
+        la, lb = affine(a), affine(b)
+        if la is not None and lb is not None:
+            d = {k: la.get(k, 0) - lb.get(k, 0) for k in set(la) | set(lb)}
+            if all(v == 0 for k, v in d.items() if k != 1):
+                c = d.get(1, 0)
+                return a if (c >= 0) == (e.op == "max") else b
+        return Binary(e.op, a, b, e.dtype)
+    la = affine(e)
+    if la is None or isinstance(e, (Const, Var)):
+        return e
+    out: Expr | None = None
+    for k, v in la.items():
+        if k == 1 or v == 0:
+            continue
+        term: Expr = k if v in (1, -1) else k * v
+        if out is None:
+            out = term if v != -1 else -term
+        else:
+            out = out + term if v != -1 else out - term
+    c = la.get(1, 0)
+    if out is None:
+        return Const(c, e.dtype)
+    return out + c if c > 0 else out - (-c) if c < 0 else out
+
+
+def find_loop(body: Stmt, var: Var) -> tuple[For, Path] | None:
+    """The For whose variable is `var`, with the path of (ancestor, child index) down to it."""
+
+    def go(s: Stmt, path: Path) -> tuple[For, Path] | None:
+        if isinstance(s, For):
+            if s.var is var:
+                return s, path
+            return go(s.body, path + ((s, -1),))
+        if isinstance(s, Seq):
+            for k, c in enumerate(s.body):
+                r = go(c, path + ((s, k),))
+                if r is not None:
+                    return r
+        elif isinstance(s, If):
+            r = go(s.then, path + ((s, 0),))
+            if r is None and s.orelse is not None:
+                r = go(s.orelse, path + ((s, 1),))
+            return r
+        elif isinstance(s, Allocate):
+            return go(s.body, path + ((s, -1),))
+        return None
+
+    return go(body, ())
+
+
+def replace_at(path: Path, new: Stmt | None) -> Stmt | None:
+    """Rebuild the tree along `path` with the node at its end replaced by `new` (None removes it)."""
+    for parent, k in reversed(path):
+        if isinstance(parent, Seq):
+            kids = list(parent.body)
+            if new is None:
+                del kids[k]
+            else:
+                kids[k] = new
+            new = seq(*kids) if kids else None
+        elif isinstance(parent, If):
+            if k == 0:
+                new = replace(parent, then=new if new is not None else Seq(()))
+            else:
+                new = replace(parent, orelse=new)
+        elif new is None:
+            new = None  # a loop / Allocate whose whole body disappeared disappears too
+        else:
+            new = replace(parent, body=new)
+    return new
+
+
+def subst_loops(stmt: Stmt, mapping: dict[Var, Expr]) -> Stmt:
+    """Substitute loop variables where they live: loop bounds, guards and statement coords.
+
+    A statement's indices and value are in its original iters and are left untouched."""
+    if not mapping:
+        return stmt
+
+    class _T(Transformer):
+        def visit_Store(self, st: Store) -> Store:
+            coords = tuple(substitute(c, mapping) for c in st.coords)
+            return st if all(a is b for a, b in zip(coords, st.coords)) else replace(st, coords=coords)
+
+        def visit_For(self, f: For) -> For:
+            return replace(f, var=mapping.get(f.var, f.var), lo=substitute(f.lo, mapping),
+                           hi=substitute(f.hi, mapping), body=self.visit(f.body))
+
+        def visit_If(self, s: If) -> If:
+            return replace(s, cond=substitute(s.cond, mapping), then=self.visit(s.then),
+                           orelse=None if s.orelse is None else self.visit(s.orelse))
+
+    return _T().visit(stmt)
+
+
+def loop_vars(stmt: Stmt) -> list[Var]:
+    out: list[Var] = []
+
+    def go(s: Stmt) -> None:
+        if isinstance(s, For):
+            out.append(s.var)
+            go(s.body)
+        elif isinstance(s, Seq):
+            for c in s.body:
+                go(c)
+        elif isinstance(s, If):
+            go(s.then)
+            if s.orelse is not None:
+                go(s.orelse)
+        elif isinstance(s, Allocate):
+            go(s.body)
+
+    go(stmt)
+    return out
+
+
+# ----------------------------------------------------------------------------- fuse
+
+
+def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
+    """Fuse the sibling loops `loop_a` and `loop_b` into one loop (the returned `loop_a` variable).
+
+    Precondition: both loops are children of one Seq, `loop_a` first, with equal extents
+    (`hi - lo`, compared symbolically) and the same kind. Statements between them (if any)
+    stay after the fused loop, so `b`'s instances move before them; the legality check sees
+    that exactly. `b`'s loop variable is replaced by `a`'s (shifted by the difference of
+    the lower bounds) in `b`'s bounds, guards and statement coords.
+
+        for i in lo_a..lo_a+n: SA(i)            for i in lo_a..lo_a+n:
+        for j in lo_b..lo_b+n: SB(j)     ==>        SA(i)
+                                                    SB(i - lo_a + lo_b)
+
+    This function only rewrites the IR; `check_fuse` tests legality.
+    """
+    for v, what in ((loop_a, "first"), (loop_b, "second")):
+        if not isinstance(v, Var):
+            raise TypeError(f"fuse: the {what} loop must be a loop handle, got {type(v).__name__} {v!r}")
+    if loop_a is loop_b:
+        raise ValueError(f"fuse: both handles are loop {loop_a.name!r}; give two sibling loops")
+    fa, fb = find_loop(program.body, loop_a), find_loop(program.body, loop_b)
+    for v, f in ((loop_a, fa), (loop_b, fb)):
+        if f is None:
+            raise ValueError(f"fuse: loop {v.name!r} is not in program {program.name!r}")
+    assert fa is not None and fb is not None
+    (a, pa), (b, pb) = fa, fb
+    if any(n is a for n, _ in pb) or any(n is b for n, _ in pa):
+        outer, inner = (a, b) if any(n is a for n, _ in pb) else (b, a)
+        raise ValueError(
+            f"fuse: loop {inner.var.name!r} is nested inside loop {outer.var.name!r}; fuse merges two sibling "
+            f"nests. Did you mean collapse({outer.var.name}, {inner.var.name})?"
+        )
+    if not pa or not pb or pa[:-1] != pb[:-1] or pa[-1][0] is not pb[-1][0] or not isinstance(pa[-1][0], Seq):
+        raise ValueError(
+            f"fuse: loops {a.var.name!r} and {b.var.name!r} are not siblings in one sequence of statements"
+        )
+    parent, ka = pa[-1]
+    kb = pb[-1][1]
+    assert isinstance(parent, Seq)
+    if kb < ka:
+        raise ValueError(
+            f"fuse: loop {a.var.name!r} comes after loop {b.var.name!r}; give them in textual order "
+            f"(fuse({b.var.name}, {a.var.name}))"
+        )
+    ext_a, ext_b = a.hi - a.lo, b.hi - b.lo
+    if not same_value(ext_a, ext_b):
+        raise ValueError(
+            f"fuse: loops {a.var.name!r} and {b.var.name!r} have different extents: {ext_a} and {ext_b}; "
+            f"split or guard one of them first"
+        )
+    if (a.kind, a.thread) != (b.kind, b.thread):
+        ka_s = a.thread or a.kind
+        kb_s = b.thread or b.kind
+        raise ValueError(
+            f"fuse: loops {a.var.name!r} ({ka_s}) and {b.var.name!r} ({kb_s}) have different kinds; "
+            "fuse them before annotating"
+        )
+    shift = b.lo - a.lo
+    target: Expr = a.var if same_value(shift, a.var - a.var) else a.var + shift
+    fused = replace(a, body=seq(a.body, subst_loops(b.body, {b.var: target})))
+    kids = list(parent.body)
+    kids[ka] = fused
+    del kids[kb]
+    new_parent = seq(*kids)
+    body = replace_at(pa[:-1], new_parent)
+    assert body is not None
+    return replace(program, body=body), a.var

@@ -1,0 +1,361 @@
+"""Loop-structure primitives: split, tile, reorder, collapse, skew.
+
+Each is a pure function Program -> Program (plus the new loop variables). They rewrite loops,
+guards and statement coords, never a statement's indices or value, so the Schedule can check
+the result against the original program's dependences.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import islpy as isl
+
+from loopir import poly
+from loopir.nodes import Allocate, Const, Expr, For, If, Program, Seq, Stmt, Var, binary, const, logical
+from loopir.visit import free_vars
+
+from . import CheckContext, find_loop, fresh_name, loop_path, primitive, replace_loop, subst_loops
+
+__all__ = ["split", "tile", "reorder", "collapse", "skew", "order_hint"]
+
+
+def _check_factor(factor: Any, what: str) -> int:
+    if isinstance(factor, bool) or not isinstance(factor, int):
+        raise TypeError(f"{what}: the factor must be a positive int, got {type(factor).__name__} {factor!r}")
+    if factor < 1:
+        raise ValueError(f"{what}: the factor must be >= 1, got {factor}")
+    return factor
+
+
+def _serial(f: For, what: str) -> None:
+    if f.kind != "serial":
+        how = f.thread if f.kind == "thread" else f.kind
+        raise ValueError(f"{what}: loop {f.var.name!r} is already {how}; apply {what} before annotating it")
+
+
+def _is_const(e: Expr) -> bool:
+    return isinstance(e, Const)
+
+
+# ----------------------------------------------------------------------------- hints
+
+
+def _distance(ctx: CheckContext, w: poly.Witness, loops: list[Var]) -> dict[Var, int]:
+    """Sink minus source, per loop of the OLD program, at the witness."""
+    ts = poly.time_of(ctx.old, w.source[0], w.source[1], w.params)
+    tk = poly.time_of(ctx.old, w.sink[0], w.sink[1], w.params)
+    if ts is None or tk is None:
+        return {}
+    out: dict[Var, int] = {}
+    for v in loops:
+        path = loop_path(ctx.old, v)
+        if path is None:
+            continue
+        d = sum(isinstance(s, For) for s in path) - 1
+        if 2 * d + 1 < min(len(ts), len(tk)):
+            out[v] = tk[2 * d + 1] - ts[2 * d + 1]
+    return out
+
+
+def _outer_first(program: Program, vs: list[Var]) -> list[Var]:
+    return sorted(vs, key=lambda v: len(loop_path(program, v) or []))
+
+
+def skew_hint(ctx: CheckContext, w: poly.Witness) -> str | None:
+    """'skew j by i first' when the witness distance is (+, -) on two of the loops involved."""
+    vs = _outer_first(ctx.old, [a for a in ctx.args if isinstance(a, Var)])
+    dist = _distance(ctx, w, vs)
+    for a, b in itertools.combinations(vs, 2):
+        da, db = dist.get(a, 0), dist.get(b, 0)
+        if da > 0 and db < 0:
+            k = -(db // da)  # ceil(-db / da)
+            return (f"the dependence distance along ({a.name}, {b.name}) is ({da}, {db}); skew {b.name} by {a.name} "
+                    f"first — s.skew({a.name}, {b.name}, factor={k}) — so every distance becomes non-negative, "
+                    "then interchange or tiling is legal")
+    return None
+
+
+def order_hint(ctx: CheckContext, w: poly.Witness) -> str | None:
+    """The legal orders of the reordered loops (tried exhaustively for up to 4 loops), or a skew hint."""
+    sk = skew_hint(ctx, w)
+    vs = [a for a in ctx.args if isinstance(a, Var)]
+    if len(vs) > 4:
+        return sk
+    legal = []
+    for perm in itertools.permutations(vs):
+        try:
+            if poly.find_violation(ctx.deps, reorder(ctx.old, *perm)) is None:
+                legal.append("(" + ", ".join(v.name for v in perm) + ")")
+        except ValueError:
+            continue
+    text = (f"legal orders of these loops: {', '.join(legal)}" if legal
+            else "no order of these loops is legal")
+    return text + (f"; {sk}" if sk else "")
+
+
+# ----------------------------------------------------------------------------- split
+
+
+@primitive("split", hint=skew_hint)
+def split(program: Program, loop: Var, factor: int) -> tuple[Program, tuple[Var, Var]]:
+    """Split `loop` into an outer loop over chunks of `factor` and an inner loop within one.
+
+    Precondition: `loop` is a serial loop; factor >= 1. A guard keeps the last chunk inside
+    the range unless the extent is a known multiple of the factor. A loop whose lower bound
+    depends on other loops (after skew) is split at multiples of `factor` (absolute), which
+    makes a later tile a parallelogram tile::
+
+        for i in range(0, n):            for i_o in range(0, (n + 3) // 4):
+            S(i)              ->             for i_i in range(0, 4):
+                                                 if i_o*4 + i_i < n:
+                                                     S(i_o*4 + i_i)
+    """
+    factor = _check_factor(factor, "split")
+    f = find_loop(program, loop)
+    _serial(f, "split")
+    on = fresh_name(program, f"{loop.name}_o")
+    vo, vi = Var(on), Var(fresh_name(program, f"{loop.name}_i", {on}))
+    fc = const(factor)
+    if _is_const(f.lo):
+        value = binary("add", f.lo, binary("add", binary("mul", vo, fc), vi))
+        ext = binary("sub", f.hi, f.lo)
+        olo: Expr = const(0)
+        ohi = binary("floordiv", binary("add", ext, const(factor - 1)), fc)
+        exact = _is_const(ext) and ext.value % factor == 0  # type: ignore[attr-defined]
+        guard = None if exact else value < f.hi
+    else:
+        value = binary("add", binary("mul", vo, fc), vi)
+        olo = binary("floordiv", f.lo, fc)
+        ohi = binary("add", binary("floordiv", binary("sub", f.hi, const(1)), fc), const(1))
+        guard = logical("and", f.lo <= value, value < f.hi)
+    body = subst_loops(f.body, {loop: value})
+    if guard is not None:
+        body = If(guard, body)
+    new = For(vo, olo, ohi, For(vi, const(0), fc, body))
+    return replace_loop(program, loop, new), (vo, vi)
+
+
+# ----------------------------------------------------------------------------- reorder
+
+
+def _band(program: Program, loops: tuple[Var, ...], what: str) -> tuple[list[For], list[Expr], Stmt]:
+    """The chain of Fors from the outermost to the innermost of `loops`, the guards between
+    them, and the body of the innermost; ValueError if they are not one perfect-ish nest."""
+    if len(set(map(id, loops))) != len(loops):
+        raise ValueError(f"{what}: a loop is given twice: {', '.join(v.name for v in loops)}")
+    paths = {}
+    for v in loops:
+        p = loop_path(program, v)
+        if p is None:
+            raise ValueError(f"{what}: loop {v.name!r} is not in the program")
+        paths[v] = p
+    deepest = max(loops, key=lambda v: len(paths[v]))
+    chain = paths[deepest]
+    on_chain = {id(s.var) for s in chain if isinstance(s, For)}
+    off = [v.name for v in loops if id(v) not in on_chain]
+    if off:
+        raise ValueError(f"{what}: loops {', '.join(off)} and {deepest.name} are not nested in one another "
+                         "(loops of different nests cannot be reordered)")
+    start = min(chain.index(paths[v][-1]) for v in loops)
+    seg = chain[start:]
+    fors: list[For] = []
+    guards: list[Expr] = []
+    for k, s in enumerate(seg):
+        if isinstance(s, For):
+            fors.append(s)
+        elif isinstance(s, If):
+            if s.orelse is not None:
+                raise ValueError(f"{what}: an if/else between loops {fors[-1].var.name} and its inner loops "
+                                 "makes the nest imperfect")
+            guards.append(s.cond)
+        elif isinstance(s, Seq):
+            others = [c for c in s.body if c is not seg[k + 1]]
+            if not others:
+                continue
+            names = sorted({st.store.name for c in others for st in poly.stmt_infos(c)})
+            raise ValueError(f"{what}: loop {fors[-1].var.name} also contains {', '.join(names) or 'other code'} "
+                             f"beside loop {_next_for(seg, k).var.name}; these loops are not a perfect nest")
+        elif isinstance(s, Allocate):
+            raise ValueError(f"{what}: an allocation of {s.buffer.name} lies between the loops")
+    return fors, guards, fors[-1].body
+
+
+def _next_for(seg: list[Stmt], k: int) -> For:
+    return next(s for s in seg[k + 1:] if isinstance(s, For))
+
+
+@primitive("reorder", hint=order_hint)
+def reorder(program: Program, *loops: Var) -> Program:
+    """Put `loops` in the given order (outermost first) in the slots they occupy now.
+
+    Precondition: the loops lie on one nest with nothing but guards between them (a perfect-ish
+    nest). Rectangular loops swap headers and the guards move innermost. When a bound depends
+    on another reordered loop (triangular, skewed, tiled after skew), the new bounds are the
+    exact projections of the iteration domain onto the new order, computed with isl::
+
+        for i in range(0, n):                for j in range(0, n):
+            for j in range(i, n):    ->          for i in range(0, j + 1):
+                S(i, j)                              S(i, j)
+    """
+    if len(loops) < 2:
+        raise ValueError(f"reorder takes at least two loops, got {len(loops)}")
+    fors, guards, body = _band(program, tuple(loops), "reorder")
+    listed = {id(v) for v in loops}
+    it = iter(loops)
+    order = [next(it) if id(f.var) in listed else f.var for f in fors]
+    by_var = {id(f.var): f for f in fors}
+    band_ids = set(by_var)
+    dependent = any(id(v) in band_ids for f in fors for v in free_vars(f.lo) | free_vars(f.hi))
+    if not dependent:
+        inner: Stmt = body
+        if guards:
+            g = guards[0]
+            for x in guards[1:]:
+                g = logical("and", g, x)
+            inner = If(g, body)
+        for v in reversed(order):
+            f = by_var[id(v)]
+            inner = For(f.var, f.lo, f.hi, inner, f.kind, f.thread)
+        return replace_loop(program, fors[0].var, inner)
+    new = _reorder_exact(program, fors, guards, body, order)
+    return replace_loop(program, fors[0].var, new)
+
+
+def _reorder_exact(program: Program, fors: list[For], guards: list[Expr], body: Stmt, order: list[Var]) -> Stmt:
+    params = {poly._sanitize(p.name): p for p in program.params}
+    names = poly._Names(params)
+    band = [names.bind(f.var) for f in fors]
+    outer_vars = [s.var for s in (loop_path(program, fors[0].var) or [])[:-1] if isinstance(s, For)]
+    outer = [names.bind(v) for v in outer_vars]
+    cons: list[str] = []
+    for f in fors:
+        try:
+            cons.append(f"({poly.aff(f.lo, names)}) <= {names.env[f.var]} < ({poly.aff(f.hi, names)})")
+        except poly.NonAffine as e:
+            raise ValueError(f"reorder: the bounds of loop {f.var.name} are not affine ({e}); cannot reorder") from e
+    kept: list[Expr] = []
+    for g in guards:
+        try:
+            cons.append(poly.cond(g, names))
+        except poly.NonAffine:
+            kept.append(g)
+    pnames = list(params) + outer
+    vars_by_name = {**params, **{n: v for n, v in zip(outer, outer_vars)}, **{n: f.var for n, f in zip(band, fors)}}
+    new_names = [names.env[v] for v in order]
+    body_text = " and ".join(cons)
+    bounds: list[tuple[Expr, Expr]] = []
+    for k, w in enumerate(new_names):
+        rest = new_names[k + 1:]
+        s = isl.Set(f"[{', '.join(pnames + new_names[:k])}] -> {{ [{w}] : "
+                    f"{poly._exists(rest, body_text)} }}")
+        lo = poly.pw_to_expr(s.dim_min(0), vars_by_name, f"lower bound of {order[k].name}")
+        hi = poly.pw_to_expr(s.dim_max(0).add_constant_val(isl.Val.one(s.get_ctx())), vars_by_name,
+                             f"upper bound of {order[k].name}")
+        bounds.append((lo, hi))
+    # the scanned set equals the domain unless a projection has holes; then keep the old constraints
+    scan = " and ".join(f"({poly.aff(lo, names)}) <= {w} < ({poly.aff(hi, names)})"
+                        for w, (lo, hi) in zip(new_names, bounds))
+    dom = isl.Set(f"[{', '.join(pnames)}] -> {{ [{', '.join(band)}] : {body_text} }}")
+    scanned = isl.Set(f"[{', '.join(pnames)}] -> {{ [{', '.join(band)}] : {scan} }}")
+    if not scanned.is_equal(dom):
+        kept = guards + [logical("and", f.lo <= f.var, f.var < f.hi) for f in fors]
+    inner: Stmt = body
+    if kept:
+        g = kept[0]
+        for x in kept[1:]:
+            g = logical("and", g, x)
+        inner = If(g, body)
+    by_var = {id(f.var): f for f in fors}
+    for v, (lo, hi) in reversed(list(zip(order, bounds))):
+        f = by_var[id(v)]
+        inner = For(f.var, lo, hi, inner, f.kind, f.thread)
+    return inner
+
+
+# ----------------------------------------------------------------------------- tile
+
+
+@primitive("tile", hint=skew_hint)
+def tile(program: Program, i: Var, j: Var, ti: int, tj: int) -> tuple[Program, tuple[Var, Var, Var, Var]]:
+    """Tile loops i (outer) and j (inner) by ti x tj: split both, then order (i_o, j_o, i_i, j_i).
+
+    Precondition: i encloses j with nothing but guards (and loops) between; ti, tj >= 1::
+
+        for i in range(0, n):            for i_o ...: for j_o ...:
+            for j in range(0, m):   ->       for i_i in range(0, ti): for j_i in range(0, tj):
+                S(i, j)                          if ...: S(i_o*ti + i_i, j_o*tj + j_i)
+    """
+    _check_factor(ti, "tile")
+    _check_factor(tj, "tile")
+    pi, pj = loop_path(program, i), loop_path(program, j)
+    if pi is None or pj is None:
+        raise ValueError(f"tile: loop {(i if pi is None else j).name!r} is not in the program")
+    if pi[-1] not in pj:
+        raise ValueError(f"tile: loop {j.name!r} is not inside loop {i.name!r} (tile takes the outer loop first)")
+    p1, (io, ii) = split(program, i, ti)
+    p2, (jo, ji) = split(p1, j, tj)
+    return reorder(p2, io, jo, ii, ji), (io, jo, ii, ji)
+
+
+# ----------------------------------------------------------------------------- collapse
+
+
+@primitive("collapse")
+def collapse(program: Program, outer: Var, inner: Var) -> tuple[Program, Var]:
+    """Merge `outer` and the loop `inner` directly inside it into one loop (TVM's `fuse`).
+
+    Precondition: inner is the whole body of outer and its bounds do not depend on outer::
+
+        for i in range(0, n):                for i_j_f in range(0, n*m):
+            for j in range(0, m):     ->         S(i_j_f // m, i_j_f % m)
+                S(i, j)
+    """
+    fo = find_loop(program, outer)
+    fi = find_loop(program, inner)
+    if fo.body is not fi:
+        raise ValueError(f"collapse: loop {inner.name!r} is not the whole body of loop {outer.name!r} "
+                         "(collapse merges two directly nested loops)")
+    if outer in free_vars(fi.lo) | free_vars(fi.hi):
+        raise ValueError(f"collapse: the bounds of {inner.name!r} depend on {outer.name!r}; only rectangular "
+                         "pairs of loops can be collapsed")
+    _serial(fo, "collapse")
+    _serial(fi, "collapse")
+    ei = binary("sub", fi.hi, fi.lo)
+    eo = binary("sub", fo.hi, fo.lo)
+    v = Var(fresh_name(program, f"{outer.name}_{inner.name}_f"))
+    body = subst_loops(fi.body, {outer: binary("add", fo.lo, binary("floordiv", v, ei)),
+                                 inner: binary("add", fi.lo, binary("mod", v, ei))})
+    return replace_loop(program, outer, For(v, const(0), binary("mul", eo, ei), body)), v
+
+
+# ----------------------------------------------------------------------------- skew
+
+
+@primitive("skew")
+def skew(program: Program, outer: Var, inner: Var, factor: int = 1) -> tuple[Program, Var]:
+    """Replace `inner` by inner' = inner + factor*outer (bounds shifted accordingly).
+
+    Precondition: `inner` lies inside `outer`; factor is a non-zero int. Always legal (the
+    order of the instances does not change); it makes distances like (1, -1) non-negative so
+    that interchange and tiling become legal::
+
+        for i in range(1, n):                for i in range(1, n):
+            for j in range(0, m):     ->         for j_s in range(i, m + i):
+                S(i, j)                              S(i, j_s - i)
+    """
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor == 0:
+        raise ValueError(f"skew: the factor must be a non-zero int, got {factor!r}")
+    po, pi = loop_path(program, outer), loop_path(program, inner)
+    if po is None or pi is None:
+        raise ValueError(f"skew: loop {(outer if po is None else inner).name!r} is not in the program")
+    if po[-1] not in pi or outer is inner:
+        raise ValueError(f"skew: loop {inner.name!r} is not inside loop {outer.name!r}")
+    fi = find_loop(program, inner)
+    _serial(fi, "skew")
+    v = Var(fresh_name(program, f"{inner.name}_s"))
+    shift = binary("mul", const(factor), outer)
+    body = subst_loops(fi.body, {inner: binary("sub", v, shift)})
+    new = For(v, binary("add", fi.lo, shift), binary("add", fi.hi, shift), body)
+    return replace_loop(program, inner, new), v

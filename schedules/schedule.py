@@ -1,0 +1,314 @@
+"""Schedule: a program plus the checked steps applied to it.
+
+    s = Schedule(C)                      # a te tensor, a list of them, or a loopir Program
+    i, j, k = s.loops(C)
+    io, ii = s.split(i, 32)
+    s.reorder(io, j, ii).parallel(io)    # steps that return nothing return the schedule
+    print(s)                             # the current nest
+    s.trace_json()  ->  Schedule.replay(json_text, C)
+
+Every step is checked exactly against the dependences of the original program (loopir.poly);
+an illegal step raises ScheduleError with a witness and leaves the schedule unchanged.
+`Schedule(..., check=False)` skips the checks: UNSAFE — an illegal step then silently
+produces a program that computes something else. It exists for experts and for testing the
+checker.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from loopir import poly
+from loopir.nodes import Buffer, Program, Var
+from loopir.visit import statements
+
+from .errors import ScheduleError
+from .primitives import REGISTRY, CheckContext, PrimitiveSpec, loop_vars
+
+__all__ = ["Schedule", "LoopHandle"]
+
+# modules whose import registers primitives (missing optional ones are skipped)
+_PRIMITIVE_MODULES = ("loops", "annotate", "compute", "loop_fusion", "cache")
+
+
+def _load_primitives() -> None:
+    for mod in _PRIMITIVE_MODULES:
+        name = f"schedules.primitives.{mod}"
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+
+
+class _Token:
+    """The identity of one schedule (handles remember it)."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, eq=False)
+class LoopHandle:
+    """A loop of one schedule. Resolved against the schedule's current program by Var identity."""
+
+    owner: _Token
+    var: Var
+
+    @property
+    def name(self) -> str:
+        return self.var.name
+
+    def __repr__(self) -> str:
+        return f"LoopHandle({self.var.name!r})"
+
+    def __str__(self) -> str:
+        return self.var.name
+
+
+def _is_tensor(x: Any) -> bool:
+    return hasattr(x, "op") and hasattr(x, "buffer") and hasattr(x, "name")
+
+
+class Schedule:
+    """A program being scheduled. See the module docstring."""
+
+    def __init__(self, target: Any, check: bool = True, name: str | None = None) -> None:
+        _load_primitives()
+        if isinstance(target, Schedule):
+            raise TypeError("Schedule() takes tensors or a Program, not another Schedule; use s.program")
+        if isinstance(target, Program):
+            program = target
+        elif _is_tensor(target) or (isinstance(target, (list, tuple)) and target and all(_is_tensor(t) for t in target)):
+            from loopir.lower import lower
+
+            program = lower(list(target) if isinstance(target, (list, tuple)) else target, name=name)
+        else:
+            raise TypeError(f"Schedule() takes a te tensor, a list of tensors or a loopir Program, "
+                            f"got {type(target).__name__}")
+        self._token = _Token()
+        self._original = program
+        self._program = program
+        self._deps: poly.Deps | None = None
+        self.check = check
+        self.trace: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def program(self) -> Program:
+        """The current program."""
+        return self._program
+
+    @property
+    def original(self) -> Program:
+        return self._original
+
+    @property
+    def deps(self) -> poly.Deps:
+        """The dependences of the original program (computed once)."""
+        if self._deps is None:
+            self._deps = poly.dependences(self._original)
+        return self._deps
+
+    def __str__(self) -> str:
+        from .errors import nest_str
+
+        return nest_str(self._program)
+
+    def __repr__(self) -> str:
+        return f"<Schedule of {self._program.name!r}, {len(self.trace)} step(s)>"
+
+    # ------------------------------------------------------------------ handles
+
+    def loops(self, target: Any) -> tuple[LoopHandle, ...]:
+        """The loops around a statement, outermost first. `target` is a te tensor, a statement
+        name, or a buffer name (then the deepest statement writing it, e.g. the update of a reduction)."""
+        name = target.name if (_is_tensor(target) or isinstance(target, Buffer)) else target
+        if not isinstance(name, str):
+            raise TypeError(f"loops() takes a tensor or a statement name, got {type(target).__name__}")
+        ctxs = statements(self._program)
+        chosen = [c for c in ctxs if c.store.name == name]
+        if not chosen:
+            chosen = [c for c in ctxs if c.store.buffer.name == name]
+        if not chosen:
+            known = sorted({c.store.name for c in ctxs})
+            raise ValueError(f"no statement or tensor named {name!r} in this schedule; statements: {', '.join(known)}")
+        best = max(chosen, key=lambda c: len(c.loops))
+        return tuple(LoopHandle(self._token, lp.var) for lp in best.loops)
+
+    def loop(self, name: str) -> LoopHandle:
+        """The loop with this name (or `name#k` for the k-th of several with that name)."""
+        return LoopHandle(self._token, self._var_by_ref(name))
+
+    def _var_by_ref(self, ref: str) -> Var:
+        base, _, k = ref.partition("#")
+        found = [v for v in loop_vars(self._program) if v.name == base]
+        if not found:
+            raise ValueError(f"no loop named {base!r} in this schedule; loops: "
+                             f"{', '.join(v.name for v in loop_vars(self._program))}")
+        idx = int(k) if k else 0
+        if idx >= len(found):
+            raise ValueError(f"there is no loop {ref!r}: only {len(found)} loop(s) are named {base!r}")
+        return found[idx]
+
+    def _ref(self, var: Var, program: Program | None = None) -> str:
+        same = [v for v in loop_vars(program or self._program) if v.name == var.name]
+        if len(same) <= 1:
+            return var.name
+        return f"{var.name}#{next(k for k, v in enumerate(same) if v is var)}"
+
+    def _resolve(self, x: Any, primitive: str) -> Any:
+        if isinstance(x, LoopHandle):
+            if x.owner is not self._token:
+                raise ValueError(f"{primitive}: loop {x.name!r} is a handle from another schedule")
+            if not any(v is x.var for v in loop_vars(self._program)):
+                raise ValueError(f"{primitive}: loop {x.name!r} no longer exists in this schedule "
+                                 "(an earlier step replaced it; use the handles that step returned)")
+            return x.var
+        if isinstance(x, Var):
+            if not any(v is x for v in loop_vars(self._program)):
+                raise ValueError(f"{primitive}: {x.name!r} is not a loop of this schedule")
+            return x
+        if _is_tensor(x) or isinstance(x, Buffer):
+            return x.name
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._resolve(y, primitive) for y in x)
+        return x
+
+    def _to_json(self, x: Any) -> Any:
+        if isinstance(x, Var):
+            return {"loop": self._ref(x)}
+        if isinstance(x, (list, tuple)):
+            return [self._to_json(y) for y in x]
+        if isinstance(x, (str, int, float, bool)) or x is None:
+            return x
+        raise TypeError(f"cannot record argument {x!r} of type {type(x).__name__} in the trace")
+
+    # ------------------------------------------------------------------ applying primitives
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        _load_primitives()
+        if name in REGISTRY:
+            return functools.partial(self.apply, name)
+        raise AttributeError(f"'Schedule' has no attribute or primitive {name!r}; primitives: "
+                             f"{', '.join(sorted(REGISTRY))}")
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(REGISTRY))
+
+    def apply(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Apply the registered primitive `name` (what `s.<name>(...)` calls)."""
+        _load_primitives()
+        spec = REGISTRY.get(name)
+        if spec is None:
+            raise ValueError(f"unknown primitive {name!r}; known: {', '.join(sorted(REGISTRY))}")
+        rargs = tuple(self._resolve(a, name) for a in args)
+        rkw = {k: self._resolve(v, name) for k, v in kwargs.items()}
+        json_args = [self._to_json(a) for a in rargs]
+        json_kw = {k: self._to_json(v) for k, v in rkw.items()}
+        old = self._program
+        before = set(map(id, loop_vars(old)))
+        call_args = (old, self.deps, *rargs) if spec.takes_deps else (old, *rargs)
+        out = spec.fn(*call_args, **rkw)
+        new, result = (out, None) if isinstance(out, Program) else out
+        if not isinstance(new, Program):
+            raise TypeError(f"primitive {name!r} returned {type(new).__name__}, not a Program")
+        if self.check:
+            self._check(spec, old, new, rargs, rkw, result)
+        created = [v for v in loop_vars(new) if id(v) not in before]
+        self._program = new
+        if spec.rebase:
+            self._original = new
+            self._deps = None
+        self.trace.append({"primitive": name, "args": json_args, "kwargs": json_kw,
+                           "created": [self._ref(v) for v in created]})
+        return self._wrap_result(result)
+
+    def _wrap_result(self, result: Any) -> Any:
+        if result is None:
+            return self
+        if isinstance(result, Var):
+            return LoopHandle(self._token, result)
+        if isinstance(result, tuple):
+            return tuple(self._wrap_result(r) if isinstance(r, Var) else r for r in result)
+        return result
+
+    def _check(self, spec: PrimitiveSpec, old: Program, new: Program, args: tuple[Any, ...],
+               kwargs: dict[str, Any], result: Any) -> None:
+        ctx = CheckContext(self.deps, old, new, args, kwargs, result, spec.name)
+        w: poly.Witness | None
+        if callable(spec.check):
+            w = spec.check(ctx)
+        elif spec.check is None:
+            w = None
+        else:
+            if not spec.rebase:
+                # a primitive must run exactly the original statement instances (guards a buggy rewrite)
+                bad = poly.instance_mismatch(self.deps, new)
+                if bad is not None:
+                    raise RuntimeError(f"internal error in primitive {spec.name!r}: {bad}")
+            if spec.check == "order":
+                w = poly.find_violation(self.deps, new)
+            else:
+                loop = next((a for a in args if isinstance(a, Var)), None)
+                if loop is None:
+                    raise TypeError(f"primitive {spec.name!r} (check='carried') takes a loop as first argument")
+                w = poly.carried_by(self.deps, new, loop)
+        if w is None:
+            return
+        hint = spec.hint(ctx, w) if spec.hint is not None else None
+        marks = {a: f"<-- {spec.name}" for a in _vars_in(args)}
+        what = f"{spec.name}({', '.join(_arg_str(a) for a in args)})"
+        raise ScheduleError.from_witness(spec.name, w, old, marks, hint, what)
+
+    # ------------------------------------------------------------------ trace & replay
+
+    def trace_json(self) -> str:
+        return json.dumps({"program": self._original_name(), "steps": self.trace}, indent=1)
+
+    def _original_name(self) -> str:
+        return self._program.name
+
+    @classmethod
+    def replay(cls, text: str | dict[str, Any] | list[dict[str, Any]], target: Any, check: bool = True) -> Schedule:
+        """A fresh schedule of `target` with the recorded steps applied again."""
+        data = json.loads(text) if isinstance(text, str) else text
+        steps = data["steps"] if isinstance(data, dict) else data
+        s = cls(target, check=check)
+        for step in steps:
+            args = [s._from_json(a) for a in step.get("args", [])]
+            kwargs = {k: s._from_json(v) for k, v in step.get("kwargs", {}).items()}
+            s.apply(step["primitive"], *args, **kwargs)
+        return s
+
+    def _from_json(self, x: Any) -> Any:
+        if isinstance(x, dict) and set(x) == {"loop"}:
+            return self._var_by_ref(x["loop"])
+        if isinstance(x, list):
+            return [self._from_json(y) for y in x]
+        return x
+
+
+def _vars_in(args: Sequence[Any]) -> list[Var]:
+    out: list[Var] = []
+    for a in args:
+        if isinstance(a, Var):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out += _vars_in(a)
+    return out
+
+
+def _arg_str(a: Any) -> str:
+    if isinstance(a, Var):
+        return a.name
+    if isinstance(a, (list, tuple)):
+        return "[" + ", ".join(_arg_str(x) for x in a) + "]"
+    return repr(a)

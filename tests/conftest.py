@@ -1,0 +1,37 @@
+"""Shared pytest setup: the repository root on sys.path, and skipping `gpu` tests without a device."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # lets the tests run from a plain checkout, without `pip install -e .`
+    sys.path.insert(0, ROOT)
+
+
+@functools.cache
+def cuda_device_available() -> bool:
+    """True when the CUDA driver loads and reports at least one device."""
+    try:
+        from cuda.bindings import driver
+
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return False
+        err, count = driver.cuDeviceGetCount()
+        return err == driver.CUresult.CUDA_SUCCESS and count > 0
+    except Exception:  # no libcuda, no cuda-python, a broken driver: all mean "no GPU here"
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not any(item.get_closest_marker("gpu") for item in items) or cuda_device_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (none usable here)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
