@@ -54,7 +54,7 @@ import re
 from dataclasses import dataclass, field
 
 from loopir import nodes as N
-from loopir.dtypes import INDEX, is_float, is_int
+from loopir.dtypes import is_int
 from loopir.visit import free_vars, substitute, walk
 
 
@@ -112,7 +112,8 @@ __device__ __forceinline__ unsigned short loopir_f2h(float f) {
 __device__ __forceinline__ float loopir_round_half(float f) { return loopir_h2f(loopir_f2h(f)); }
 """
 
-PRELUDE_REDUCE = r"""struct loopir_op_add { template <class T> __device__ T operator()(T a, T b) const { return a + b; } };
+PRELUDE_REDUCE = r"""struct loopir_op_add {
+  template <class T> __device__ T operator()(T a, T b) const { return a + b; } };
 struct loopir_op_mul { template <class T> __device__ T operator()(T a, T b) const { return a * b; } };
 struct loopir_op_max { template <class T> __device__ T operator()(T a, T b) const { return loopir_max(a, b); } };
 struct loopir_op_min { template <class T> __device__ T operator()(T a, T b) const { return loopir_min(a, b); } };
@@ -363,7 +364,8 @@ class _KernelGen:
             if e is None:
                 raise CudaCodegenError(
                     f"loop {f.var.name!r} bound to {f.thread} has extent {f.hi} - {f.lo}, which varies with "
-                    f"another loop; a GPU launch extent may depend only on the sizes ({', '.join(sorted(p.name for p in params)) or 'none'})")
+                    "another loop; a GPU launch extent may depend only on the sizes "
+                    f"({', '.join(sorted(p.name for p in params)) or 'none'})")
             self.extent[id(f)] = e
             lst = ext.setdefault(f.thread, [])
             if not any(e == x for x in lst):
@@ -768,7 +770,8 @@ class _KernelGen:
         for ld, lbase in vec_loads:
             nm = self.names.fresh(f"{ld.buffer.name}_v")
             lane_names[ld] = nm
-            self.line(f"const float4 {nm} = *reinterpret_cast<const float4*>(&{self.buf(ld.buffer)}[{self.expr(lbase)}]);")
+            addr = f"&{self.buf(ld.buffer)}[{self.expr(lbase)}]"
+            self.line(f"const float4 {nm} = *reinterpret_cast<const float4*>({addr});")
         out = self.names.fresh(f"{body.name}_v")
         self.line(f"float4 {out};")
         for lane, comp in enumerate("xyzw"):
@@ -807,7 +810,7 @@ class _KernelGen:
                 return None  # a loop-variable term with a coefficient not divisible by 4
             prod = " * ".join(self.var(s) for s in sizes)
             checks.append(f"(({c}LL * {prod}) % 4 == 0)")
-        return N.binary("sub", flat, v)
+        return substitute(flat, {v: N.const(0)})
 
     # ---------------------------------------------------------------- the kernel
     def generate(self) -> tuple[str, Kernel]:

@@ -68,7 +68,8 @@ def _init() -> None:
     try:
         ret = cu.cuInit(0)
     except Exception as e:  # noqa: BLE001 - libcuda missing raises from the loader
-        raise NoGpuError(f"no CUDA GPU available: the CUDA driver library cannot be loaded ({type(e).__name__}: {e})") from e
+        raise NoGpuError("no CUDA GPU available: the CUDA driver library cannot be loaded "
+                         f"({type(e).__name__}: {e})") from e
     if ret[0] != cu.CUresult.CUDA_SUCCESS:
         raise NoGpuError(f"no CUDA GPU available: cuInit failed with {ret[0]!r}")
     n = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
@@ -105,8 +106,9 @@ def device(ordinal: int = 0) -> Device:
             raise ValueError(f"CUDA device {ordinal} does not exist ({_INIT['count']} device(s))")
         dev = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
         attr = cu.CUdevice_attribute
-        major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute")
-        minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute")
+        get = cu.cuDeviceGetAttribute
+        major = check(get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute")
+        minor = check(get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute")
         ctx = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
         _DEVICES[ordinal] = Device(ordinal, dev, ctx, f"sm_{major}{minor}")
     d = _DEVICES[ordinal]

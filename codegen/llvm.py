@@ -138,7 +138,7 @@ def fconst(value: float, dtype: str) -> str:
         value = float(np.float16(value))
     elif dtype == "float32":
         value = float(np.float32(value))
-    return "0x%016X" % struct.unpack("<Q", struct.pack("<d", float(value)))[0]
+    return f"0x{struct.unpack('<Q', struct.pack('<d', float(value)))[0]:016X}"
 
 
 def const_text(c: Const) -> str:
@@ -171,7 +171,8 @@ def _loads(e: Expr) -> list[Load]:
 
 
 def _is_parallel_top(s: Stmt) -> bool:
-    return isinstance(s, For) and (s.kind == "parallel" or (s.kind == "thread" and (s.thread or "").startswith("blockIdx")))
+    # a loop bound to blockIdx has independent iterations by construction: run it in parallel too
+    return isinstance(s, For) and (s.kind == "parallel" or (s.kind == "thread" and (s.thread or "").startswith("block")))
 
 
 @dataclass(frozen=True)

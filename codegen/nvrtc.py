@@ -71,7 +71,8 @@ def nvrtc_identity() -> str:
                 return "lib:" + ";".join(f"{p}:{s.st_size}:{s.st_mtime_ns}" for p, s in zip(libs, st))
     except Exception:  # noqa: BLE001 - fall back to asking NVRTC itself
         pass
-    return "version:%d.%d" % nvrtc_version()
+    major, minor = nvrtc_version()
+    return f"version:{major}.{minor}"
 
 
 @cache

@@ -23,6 +23,7 @@ inside a loop (for compute_at).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -93,6 +94,7 @@ class Witness:
     sink: tuple[str, dict[str, int]]
     params: dict[str, int]
     element: tuple[int, ...] | None = None
+    notes: tuple[str, ...] = ()  # over-approximations of the analysed schedule (the witness may be spurious)
 
     def instance_str(self, which: str) -> str:
         name, it = self.source if which == "source" else self.sink
@@ -519,15 +521,21 @@ def dependences(program: Program) -> Deps:
     return deps
 
 
-def schedule_map(program: Program, only: set[str] | None = None) -> isl.UnionMap:
-    """The current nest's schedule as a relation S[iters] -> [time] (common length, textual-order dims)."""
-    b = _Builder(program)
+def schedule_map(program: Program, only: set[str] | None = None, notes: list[str] | None = None) -> isl.UnionMap:
+    """The current nest's schedule as a relation S[iters] -> [time] (common length, textual-order dims).
+
+    Non-affine loop bounds, guards or coords are dropped (over-approximation) and described in `notes`."""
+    b = _Builder(program, notes)
     return _parse_union_map(b, b.schedule_text(only))
 
 
 def instance_mismatch(deps: Deps, program: Program) -> str | None:
     """None if `program` runs exactly the statement instances of the analysed program; else a sentence."""
-    new = isl_domain(program)
+    b = _Builder(program)
+    text = b.domain_text()
+    if b.notes:  # an over-approximated domain cannot be compared exactly
+        return None
+    new = isl.UnionSet(b.prefix() + text)
     if new.is_equal(deps.domain):
         return None
     for a, b, what in ((deps.domain, new, "no longer runs"), (new, deps.domain, "now also runs")):
@@ -649,7 +657,10 @@ def _violations(dep: isl.UnionMap, new: isl.UnionMap, kind: str, injective: bool
         return dep.intersect(new.lex_ge_union_map(new))
     # an instance run several times (recomputation): a flow source must run before every run of
     # its sink; an anti source (a read) must finish before the first overwrite; the last write wins.
-    lo, hi = new.lexmin(), new.lexmax()
+    try:
+        lo, hi = new.lexmin(), new.lexmax()
+    except isl.Error:  # unbounded (over-approximated) times: fall back to the plain test
+        return dep.intersect(new.lex_ge_union_map(new))
     if kind == "flow":
         return dep.intersect(lo.lex_ge_union_map(new))
     if kind == "anti":
@@ -661,15 +672,25 @@ def find_violation(deps: Deps, program: Program) -> Witness | None:
     """A dependence (source -> sink) that `program` runs backwards or at the same time, or None.
 
     Legal iff no dependence s -> t has new(t) <= new(s) lexicographically."""
-    new = schedule_map(program).intersect_domain(deps.domain)
+    alld = deps.all
+    if alld.is_empty():
+        return None
+    notes: list[str] = []
+    new = schedule_map(program, notes=notes).intersect_domain(deps.domain)
     injective = new.is_single_valued()
-    if injective and deps.all.intersect(new.lex_ge_union_map(new)).is_empty():
+    if injective and alld.intersect(new.lex_ge_union_map(new)).is_empty():
         return None
     for kind, dep in deps.by_kind():
         bad = _violations(dep, new, kind, injective)
         if not bad.is_empty():
-            return _witness(bad, kind, deps)
+            return _with_notes(_witness(bad, kind, deps), notes)
     return None
+
+
+def _with_notes(w: Witness | None, notes: list[str]) -> Witness | None:
+    if w is None or not notes:
+        return w
+    return dataclasses.replace(w, notes=tuple(notes))
 
 
 def _loop_depth(program: Program, loop_var: Var) -> tuple[int, set[str]]:
@@ -688,7 +709,10 @@ def carried_by(deps: Deps, program: Program, loop_var: Var) -> Witness | None:
     """A dependence between two different iterations of loop `loop_var` (same iteration of
     every loop outside it), or None when its iterations may run in any order / in parallel."""
     depth, inside = _loop_depth(program, loop_var)
-    sched = schedule_map(program, only=inside).intersect_domain(deps.domain)
+    if deps.all.is_empty():
+        return None
+    notes: list[str] = []
+    sched = schedule_map(program, only=inside, notes=notes).intersect_domain(deps.domain)
     if sched.is_empty():
         return None
     width = sched.get_map_list().get_at(0).dim(isl.dim_type.out)
@@ -702,7 +726,7 @@ def carried_by(deps: Deps, program: Program, loop_var: Var) -> Witness | None:
     for kind, dep in deps.by_kind():
         bad = dep.intersect(pairs)
         if not bad.is_empty():
-            return _witness(bad, kind, deps)
+            return _with_notes(_witness(bad, kind, deps), notes)
     return None
 
 

@@ -150,7 +150,9 @@ def statements(node: Program | Stmt) -> list[StmtContext]:
     body = node.body if isinstance(node, Program) else node
     out: list[StmtContext] = []
 
-    def go(s: Stmt, loops: tuple[For, ...], guards: tuple[Expr, ...], path: tuple[Stmt, ...], pos: tuple[int, ...]) -> None:
+    def go(
+        s: Stmt, loops: tuple[For, ...], guards: tuple[Expr, ...], path: tuple[Stmt, ...], pos: tuple[int, ...]
+    ) -> None:
         if isinstance(s, Store):
             out.append(StmtContext(s, loops, guards, path, pos))
         elif isinstance(s, Seq):

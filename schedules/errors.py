@@ -51,6 +51,10 @@ class ScheduleError(Exception):
             lines += ["    " + ln for ln in nest_str(program, marks).splitlines()]
         if hint:
             lines.append(f"hint: {hint}")
+        notes = getattr(w, "notes", ())
+        if notes:
+            lines.append("note: the analysis of the new nest over-approximated, so this witness may not be real: "
+                         + "; ".join(notes))
         return cls(primitive, w.kind, w.buffer, w.source, w.sink, w.params, "\n".join(lines), w.element, hint)
 
 

@@ -83,7 +83,7 @@ def test_float_max_min_propagate_nan():
     b = rand("float32", 64)
     a[::7] = np.nan
     for op, ref in (("max", np.maximum), ("min", np.minimum)):
-        _, y, _ = run_ew(lambda x, z: binary(op, x, z), ["float32", "float32"], [a, b])
+        _, y, _ = run_ew(lambda x, z, op=op: binary(op, x, z), ["float32", "float32"], [a, b])
         np.testing.assert_array_equal(y, ref(a, b))
 
 

@@ -18,7 +18,7 @@ from codegen.nvrtc import MAGIC, NvrtcError, cache_key, compile_cubin
 from loopir import nodes as N
 from loopir import workloads as W
 
-from .test_cuda_helpers import bind_elementwise, bind_rows, fuse_rows
+from test_cuda_helpers import bind_elementwise, bind_rows, fuse_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

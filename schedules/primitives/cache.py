@@ -108,16 +108,13 @@ def without_reduction_deps(deps: poly.Deps, names: set[str]) -> poly.Deps:
 
     def drop(um: Any) -> Any:
         ml = um.get_map_list()
-        kept = None
+        kept = um.subtract(um)  # empty, in the same parameter space
         for k in range(ml.n_map()):
             m = ml.get_at(k)
             a, b = m.get_tuple_name(poly.isl.dim_type.in_), m.get_tuple_name(poly.isl.dim_type.out)
-            if a == b and a in isl_names:
-                continue
-            kept = m if kept is None else kept.union(m)
-        if kept is None:
-            return um.subtract(um)
-        return poly.isl.UnionMap.from_map(kept) if isinstance(kept, poly.isl.Map) else kept
+            if not (a == b and a in isl_names):
+                kept = kept.union(poly.isl.UnionMap.from_map(m))
+        return kept
 
     return dataclasses.replace(deps, flow=drop(deps.flow), anti=drop(deps.anti), output=drop(deps.output))
 

@@ -67,7 +67,7 @@ from loopir.nodes import (
     binary,
     const,
 )
-from loopir.visit import StmtContext, Transformer, buffers_of, seq, statements, substitute, walk
+from loopir.visit import Transformer, seq, statements, substitute, walk
 
 SCOPES = ("local", "shared")
 
@@ -153,7 +153,7 @@ def loop_constraints(loops: tuple[For, ...] | list[For], guards: tuple[Expr, ...
 
 
 def _val(v: isl.Val) -> tuple[int, int]:
-    return v.get_num_si(), v.get_den_si()
+    return v.get_num_si(), v.get_den_val().get_num_si()
 
 
 def aff_to_expr(aff: isl.Aff, in_vars: list[Var], nm: Names) -> Expr:
@@ -398,7 +398,7 @@ def _schedule_error(buf: Buffer, sink: tuple[str, dict[str, int]], source: Any, 
 
 def resolve_buffer(program: Program, x: Any) -> Buffer:
     """A Buffer from a Buffer, a te.Tensor or a buffer / statement name, checked to be in `program`."""
-    if hasattr(x, "buffer") and isinstance(getattr(x, "buffer"), Buffer):
+    if hasattr(x, "buffer") and isinstance(x.buffer, Buffer):
         x = x.buffer
     ctxs = statements(program)
     if isinstance(x, str):
@@ -422,6 +422,243 @@ def _loop_var(loop: Any) -> Var:
     if isinstance(v, Var):
         return v
     raise TypeError(f"cache_write: expected a loop (handle, For or loop Var), got {type(loop).__name__} {loop!r}")
+
+
+# ----------------------------------------------------------------------------- analyses
+
+
+def _prefix(params: Any, nm: Names) -> str:
+    names = [nm(p) for p in params]
+    return f"[{', '.join(names)}] -> " if names else ""
+
+
+def _exists(names: list[str], body: str) -> str:
+    return f"exists ({', '.join(names)} : {body})" if names else body
+
+
+def _conj(cs: list[str]) -> str:
+    return " and ".join(cs) if cs else "0 = 0"
+
+
+def _elems(st: Store) -> tuple[Expr, ...]:
+    """The statement's write indices in terms of the loops around it."""
+    sub = dict(zip(st.iters, st.coords))
+    return tuple(substitute(i, sub) for i in st.indices)
+
+
+def _layout(buf: Buffer, writers: list[tuple[Store, tuple[For, ...], tuple[Expr, ...]]], outer: tuple[For, ...],
+            outer_guards: tuple[Expr, ...], params: tuple[Var, ...], nm: Names) -> _Layout:
+    """The constant-size, stride-compacted box of the elements written in one iteration of the loop."""
+    pnames = list(params) + [f.var for f in outer]
+    pre = _prefix(pnames, nm)
+    octx = loop_constraints(outer, outer_guards, nm)
+    xs = [f"x{d}" for d in range(buf.ndim)]
+    pieces = []
+    try:
+        for st, loops, guards in writers:
+            eqs = [f"{x} = {isl_expr(e, nm)}" for x, e in zip(xs, _elems(st))]
+            body = _conj(eqs + loop_constraints(loops, guards, nm) + octx)
+            pieces.append(isl.Set(f"{pre}{{ B[{', '.join(xs)}] : {_exists([nm(f.var) for f in loops], body)} }}"))
+        context = isl.Set(f"{pre}{{ : {_conj(octx)} }}")
+    except NonAffine as e:
+        raise ValueError(f"cache_write: cannot analyse the accesses to {buf.name!r}: {e}") from None
+    w = pieces[0]
+    for x in pieces[1:]:
+        w = w.union(x)
+    w = w.coalesce()
+    offs: list[Expr] = []
+    strides: list[int] = []
+    eqs = []
+    for d in range(buf.ndim):
+        si = w.get_stride_info(d)
+        n_, d_ = _val(si.get_stride())
+        if n_ <= 0 or d_ != 1:
+            offs.append(const(0, INDEX))
+            strides.append(1)
+        else:
+            offs.append(aff_to_expr(si.get_offset(), [], nm))
+            strides.append(n_)
+        eqs.append(f"{xs[d]} = {isl_expr(offs[d], nm)} + {strides[d]} * q{d}")
+    qs = [f"q{d}" for d in range(buf.ndim)]
+    wq = w.apply(isl.Map(f"{pre}{{ B[{', '.join(xs)}] -> Q[{', '.join(qs)}] : {_conj(eqs)} }}"))
+    los: list[Expr] = []
+    for d in range(buf.ndim):
+        try:
+            los.append(pw_to_expr(wq.dim_min(d), [], nm, f"the lowest index of {buf.name!r} along dimension {d}"))
+        except NonAffine as e:
+            raise ValueError(f"cache_write: {e}") from None
+    rs = [f"r{d}" for d in range(buf.ndim)]
+    shift = _conj([f"r{d} = q{d} - ({isl_expr(los[d], nm)})" for d in range(buf.ndim)])
+    region = wq.apply(isl.Map(f"{pre}{{ Q[{', '.join(qs)}] -> R[{', '.join(rs)}] : {shift} }}")).coalesce()
+    flat = region.project_out(isl.dim_type.param, 0, region.dim(isl.dim_type.param))
+    sizes: list[int] = []
+    for d in range(buf.ndim):
+        if not flat.is_bounded():
+            raise ValueError(
+                f"cache_write: the part of {buf.name!r} written in one iteration of the loop has no constant size "
+                f"({region}); cache it at an inner loop, or tile first"
+            )
+        hi = flat.dim_max(d)
+        vals = [_val(a.get_constant_val())[0] for _, a in hi.get_pieces()]
+        sizes.append(max(vals) + 1)
+    return _Layout(offs, strides, los, sizes, region, context)
+
+
+def _region_guard(lay: _Layout, qs: list[Var], nm: Names) -> Expr | None:
+    """The condition, over the box, that selects the elements really written (None: all of them)."""
+    region = lay.region
+    pre = region.get_space()
+    names = [pre.get_dim_name(isl.dim_type.param, k) for k in range(region.dim(isl.dim_type.param))]
+    rs = [f"r{d}" for d in range(len(qs))]
+    box_text = _conj([f"0 <= r{d} < {s}" for d, s in enumerate(lay.size)])
+    box = isl.Set(f"[{', '.join(names)}] -> {{ R[{', '.join(rs)}] : {box_text} }}").intersect_params(lay.context)
+    if box.is_subset(region):
+        return None
+    g = region.gist(box).coalesce()
+    conds: list[Expr] = []
+    for bset in g.get_basic_sets():
+        c = constraints_to_cond(bset, qs, nm)
+        if c is None:
+            return None
+        conds.append(c)
+    out = conds[0]
+    for c in conds[1:]:
+        out = out | c
+    return out
+
+
+def _local_index(idx: tuple[Expr, ...], st: Store, loops: tuple[For, ...], guards: tuple[Expr, ...],
+                 lay: _Layout, params: tuple[Var, ...]) -> tuple[Expr, ...]:
+    """Index into the scratch buffer of an access `buf[idx]` of `st`, in `st`'s iters (simplified by isl)."""
+    sub = dict(zip(st.iters, st.coords))
+    direct = [
+        binary("sub", binary("floordiv", binary("sub", substitute(e, sub), lay.off[d]), lay.stride[d]), lay.lo[d])
+        if lay.stride[d] != 1
+        else binary("sub", binary("sub", substitute(e, sub), lay.off[d]), lay.lo[d])
+        for d, e in enumerate(idx)
+    ]
+    nm = Names()
+    its = [f"it{k}" for k in range(len(st.iters))]
+    try:
+        cons = [f"{it} = {isl_expr(c, nm)}" for it, c in zip(its, st.coords)] + loop_constraints(loops, guards, nm)
+        out = []
+        for d, e in enumerate(direct):
+            body = _conj([f"o = {isl_expr(e, nm)}"] + cons)
+            text = f"{_prefix(params, nm)}{{ [{', '.join(its)}] -> [o] : {_exists([nm(f.var) for f in loops], body)} }}"
+            m = isl.Map(text)
+            pa = m.as_pw_multi_aff().get_pw_aff(0)
+            nm.var.update({f"it{k}": v for k, v in enumerate(st.iters)})
+            out.append(pw_to_expr(pa, list(st.iters), nm, "index"))
+        return tuple(out)
+    except (NonAffine, isl.Error):
+        inv = {c: v for v, c in zip(st.iters, st.coords) if isinstance(c, Var)}
+        if len(inv) != len(st.coords):
+            raise ValueError(f"cache_write: cannot express the scratch index of statement {st.name!r}") from None
+        return tuple(substitute(e, inv) for e in direct)
+
+
+def _check_order(before: Program, after: Program, buf: Buffer, what: str) -> None:
+    """Legal iff no dependence of `before` runs backwards in `after` (poly.find_violation is None)."""
+    from loopir import poly
+
+    deps = poly.dependences(before)
+    bad = poly.instance_mismatch(deps, after)
+    if bad is not None:
+        raise ValueError(f"cache_write: {what} {buf.name!r} would change the computed instances: {bad}")
+    w = poly.find_violation(deps, after)
+    if w is not None:
+        from schedules.errors import ScheduleError
+
+        raise ScheduleError.from_witness("cache_write", w, before, None, None, f"cache_write: {what} {buf.name!r}")
+
+
+def _check_sourced(buf: Buffer, target: For, outer: tuple[For, ...], outer_guards: tuple[Expr, ...],
+                   params: tuple[Var, ...], nm: Names) -> None:
+    """Every read of buf inside one iteration of `target` has a source write in that same iteration."""
+    # formal condition: no_source(reads of buf inside target | writes of buf inside target, schedule of the body) = {}
+    inside = _inside(target.body)
+    times = _timevecs(target.body)
+    width = max(len(t) for t in times.values()) if times else 0
+    pre = _prefix(list(params) + [f.var for f in outer], nm)
+    octx = loop_constraints(outer, outer_guards, nm)
+    dom, sched, reads, writes = [], [], [], []
+    names: dict[str, Store] = {}
+    for k, (st, loops, guards) in enumerate(inside):
+        sname = f"S{k}"
+        names[sname] = st
+        lv = ", ".join(nm(f.var) for f in loops)
+        dom.append(f"{sname}[{lv}] : {_conj(loop_constraints(loops, guards, nm) + octx)}")
+        tv = [nm(t) if isinstance(t, Var) else str(t) for t in times[id(st)]] + ["0"] * (width - len(times[id(st)]))
+        sched.append(f"{sname}[{lv}] -> [{', '.join(tv)}]")
+        sub = dict(zip(st.iters, st.coords))
+        for ld in _loads_of(st.value, buf):
+            reads.append(f"{sname}[{lv}] -> B[{', '.join(isl_expr(substitute(i, sub), nm) for i in ld.indices)}]")
+        if st.buffer is buf:
+            writes.append(f"{sname}[{lv}] -> B[{', '.join(isl_expr(i, nm) for i in _elems(st))}]")
+    if not reads:
+        return
+    d = isl.UnionSet(f"{pre}{{ {'; '.join(dom)} }}")
+    s = isl.UnionMap(f"{pre}{{ {'; '.join(sched)} }}").intersect_domain(d)
+    r = isl.UnionMap(f"{pre}{{ {'; '.join(reads)} }}").intersect_domain(d)
+    w = isl.UnionMap(f"{pre}{{ {'; '.join(writes)} }}").intersect_domain(d)
+    flow = isl.UnionAccessInfo.from_sink(r).set_must_source(w).set_schedule_map(s).compute_flow()
+    unsourced = flow.get_must_no_source().union(flow.get_may_no_source())
+    if unsourced.is_empty():
+        return
+    m = unsourced.get_map_list().get_at(0)
+    pt = m.wrap().sample_point()
+    sp = m.get_space()
+    st = names[sp.get_tuple_name(isl.dim_type.in_)]
+    vals = [int(pt.get_coordinate_val(isl.dim_type.set, k).to_python()) for k in range(m.dim(isl.dim_type.in_))]
+    pvals = {sp.get_dim_name(isl.dim_type.param, k): int(pt.get_coordinate_val(isl.dim_type.param, k).to_python())
+             for k in range(m.dim(isl.dim_type.param))}
+    loop_names = [f.var.name for f in _ctx_loops(target.body, st)]
+    sink_env = dict(zip(loop_names, vals))
+    outer_env = {f.var.name: pvals[nm(f.var)] for f in outer}
+    size_env = {p.name: pvals[nm(p)] for p in params if nm(p) in pvals}
+    sink = (st.name, {**outer_env, **sink_env})
+    msg = (
+        f"cache_write({buf.name}, loop={target.var.name}) is illegal: {st.name}[{', '.join(f'{k}={v}' for k, v in sink[1].items())}] "
+        f"reads {buf.name} written outside that iteration of loop {target.var.name!r} "
+        f"(or never written: a value from before the nest){' at ' + str(size_env) if size_env else ''}; "
+        f"a scratch buffer allocated inside {target.var.name!r} would not hold it. "
+        f"hint: move the initialisation and the whole reduction inside {target.var.name!r} (reorder the reduction loop inward)"
+    )
+    raise _schedule_error(buf, sink, (f"{buf.name} before loop {target.var.name}", {}), size_env, msg)
+
+
+def _ctx_loops(body: Stmt, st: Store) -> tuple[For, ...]:
+    for s, loops, _ in _inside(body):
+        if s is st:
+            return loops
+    return ()
+
+
+def _move_epilogue(program: Program, e: Buffer, buf: Buffer, elem: list[Expr], region_vars: tuple[Var, ...],
+                   loopname: str) -> Store:
+    """The epilogue statement re-based onto the region loops (iters := outer loops + region loops)."""
+    ctxs = [c for c in statements(program) if c.store.buffer is e]
+    if len(ctxs) != 1:
+        raise ValueError(
+            f"cache_write: epilogue stage {e.name!r} is written by {len(ctxs)} statements; an epilogue is one "
+            "elementwise statement"
+        )
+    st = ctxs[0].store
+    if any(f.var.name == loopname for f in ctxs[0].loops) and any(f.var is region_vars[0] for f in ctxs[0].loops):
+        raise ValueError(f"cache_write: epilogue stage {e.name!r} is already inside loop {loopname!r}")
+    loads = _loads_of(st.value, buf)
+    if not loads or any(len(ld.indices) != len(st.iters) or any(a is not b for a, b in zip(ld.indices, st.iters))
+                        for ld in loads):
+        raise ValueError(
+            f"cache_write: epilogue stage {e.name!r} must read {buf.name}[{', '.join(v.name for v in st.iters)}] "
+            f"(its own iteration, elementwise); it reads {', '.join(str(ld) for ld in loads) or 'nothing of it'}"
+        )
+    return replace(st, coords=tuple(elem))
+
+
+def _rebase_vars(st: Store, vs: tuple[Var, ...]) -> Store:
+    sub = dict(zip(st.iters, st.coords))
+    return Store(st.name, st.buffer, tuple(substitute(i, sub) for i in st.indices), substitute(st.value, sub), vs, vs)
 
 
 # ----------------------------------------------------------------------------- the primitive
@@ -524,41 +761,45 @@ def cache_write(
         _loads_of(c.store.value, buf) and not any(f is new_target for f in c.loops) for c in statements(p_rest_body)
     ) if p_rest_body is not None else False
     needs_copy = buf in program.args or reads_outside
-    region_stmts: list[Stmt] = []
+    copy = f"{buf.name}_copy"
+    region_stmts: list[Store] = []
     if needs_copy:
-        region_stmts.append(Store(f"{buf.name}_copy", buf, tuple(elem), Load(buf, tuple(elem)), region_vars, region_vars))
+        region_stmts.append(Store(copy, buf, tuple(elem), Load(buf, tuple(elem)), region_vars, region_vars))
     region_stmts.extend(moved)
-    if region_stmts:
-        inner: Stmt = seq(*region_stmts)
+
+    def with_region(stmts: list[Store]) -> For:
+        if not stmts:
+            return new_target
+        inner: Stmt = seq(*stmts)
         if guard is not None:
             inner = If(guard, inner)
         for f in reversed(region_loops):
             inner = replace(f, body=inner)
-        t3 = replace(new_target, body=seq(new_target.body, inner))
-    else:
-        t3 = new_target
+        return replace(new_target, body=seq(new_target.body, inner))
+
     assert p_rest_body is not None
+    if check and eps:  # the epilogue keeps its own iters here, so the instance check is exact
+        t_chk = with_region([m for m in region_stmts if m.name != copy])
+        _check_order(p1, replace(p1, body=_replace_for(p_rest_body, new_target, t_chk)), buf, "moving the epilogue of")
+    t3 = with_region([m if m.name == copy else _rebase_vars(m, region_vars) for m in region_stmts])
     p3 = replace(p1, body=_replace_for(p_rest_body, new_target, t3))
-    if check and eps:
-        _check_order(p1, p3, buf, "moving the epilogue of")
 
     # 5. every read of `buf` inside the loop must see a value written in the same iteration
     if check:
         _check_sourced(buf, t3, outer, outer_guards, program.params, nm)
 
     # 6. redirect reads and writes of `buf` inside the loop to the scratch buffer
-    copy_name = f"{buf.name}_copy"
     redirected: dict[int, Stmt | None] = {}
     for st, loops, guards in _inside(t3.body):
         if st.buffer is not buf and not _loads_of(st.value, buf):
             continue
         ctx_loops, ctx_guards = outer + loops, tuple(outer_guards) + guards
 
-        def to_local(idx: tuple[Expr, ...], st: Store = st, ctx_loops: Any = ctx_loops, ctx_guards: Any = ctx_guards) -> tuple[Expr, ...]:
-            return _local_index(idx, st, ctx_loops, ctx_guards, lay, program.params)
+        def to_local(idx: tuple[Expr, ...], st: Store = st, cl: Any = ctx_loops, cg: Any = ctx_guards) -> tuple[Expr, ...]:
+            return _local_index(idx, st, cl, cg, lay, program.params)
 
         value = _redirect_loads(st.value, buf, lambda ld, f=to_local: Load(local, f(ld.indices)))
-        if st.buffer is buf and st.name != copy_name:
+        if st.buffer is buf and st.name != copy:
             redirected[id(st)] = replace(st, buffer=local, indices=to_local(st.indices), value=value)
         else:
             redirected[id(st)] = replace(st, value=value)
@@ -569,3 +810,25 @@ def cache_write(
     temps = tuple(t for t in p4.temps if t is not buf or still_used)
     del before
     return replace(p4, temps=temps), local
+
+
+# ----------------------------------------------------------------------------- Schedule method
+
+
+def _check_registered(ctx: Any) -> None:
+    # the checks need the intermediate programs: rerun the primitive with its checks on
+    cache_write(ctx.old, *ctx.args, **ctx.kwargs, check=True)
+    return None
+
+
+def _register() -> None:
+    from . import primitive
+
+    @primitive("cache_write", check=_check_registered, rebase=True)
+    def _cache_write(program: Program, buffer: Any, scope: str, loop: Var, epilogue: Any = (),
+                     hoist_init: bool = True) -> tuple[Program, Buffer]:
+        """s.cache_write(tensor, scope, loop, epilogue=[...]) -> the scratch Buffer (see cache_write)."""
+        return cache_write(program, buffer, scope, loop, epilogue=epilogue, hoist_init=hoist_init, check=False)
+
+
+_register()

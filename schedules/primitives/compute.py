@@ -25,6 +25,7 @@ from loopir.dtypes import INDEX
 from loopir.nodes import Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt, Store, Var, binary
 from loopir.visit import StmtContext, Transformer, buffers_of, seq, statements, substitute, walk
 
+from . import fresh_name
 from .loop_fusion import affine, find_loop, replace_at, same_value, simplify
 
 # ----------------------------------------------------------------------------- producer lookup
@@ -232,16 +233,16 @@ def _producer_nest(program: Program, buf: Buffer, ws: list[StmtContext]) -> Stmt
     raise ValueError(f"compute_at: the statements writing {buf.name!r} are not in one nest of their own")
 
 
-def compute_at(program: Program, producer: Any, loop: Var, footprint: Any) -> tuple[Program, AtPlan]:
+def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None) -> tuple[Program, AtPlan]:
     """Compute the producer of a buffer inside `loop`, over the region the loop's readers need.
 
     Precondition: the buffer is a temp written only by the statements of one nest of their
     own (a stage, or `C_init` + `C` of a reduction), each writing B[v0, v1, ...] with plain
     loop variables of that nest as indices; every statement that reads the buffer is inside
     `loop`, and `loop` is not in the producer's nest. `footprint(program, stmt, buf, loop)`
-    gives the per-dimension inclusive (lo, hi) region a reader needs in one iteration of
+    gives the per-dimension half-open (lo, hi) region a reader needs in one iteration of
     `loop` (`loopir.poly.footprint`). The producer's nest is rebuilt at the start of `loop`'s
-    body with fresh loops: over each buffer dimension, `0..hi-lo+1` with the region clipped
+    body with fresh loops: over each buffer dimension, `0..hi-lo` with the region clipped
     to the producer's own bounds; other loops (reduction loops) keep their bounds. Legality
     against the other statements is `check_at`'s job.
 
@@ -249,6 +250,8 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any) -> tu
         for jo in ...:                 ==>      for i_c in 0..(hi - lo): B[..] = A[..]    # i = i_c + lo
             for ji in 0..4: C[..] = B[..]       for ji in 0..4: C[..] = B[..]
     """
+    if footprint is None:
+        from loopir.poly import footprint
     buf = producer_buffer(program, producer)
     if not isinstance(loop, Var):
         raise TypeError(f"compute_at: the target must be a loop handle, got {type(loop).__name__} {loop!r}")
@@ -301,7 +304,7 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any) -> tu
     if sorted(set(dim_of.values())) != list(range(len(buf.shape))):
         raise ValueError(f"compute_at: some dimension of {buf.name!r} is not indexed by a loop of its nest")
 
-    # the region: union over the readers of their inclusive footprints
+    # the region: the bounding box of the readers' half-open footprints
     region: list[tuple[Expr, Expr]] | None = None
     for r in rs:
         fp = footprint(program, r.store.name, buf, loop)
@@ -312,16 +315,18 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any) -> tu
     assert region is not None
 
     new_loops: list[Var] = []
+    taken: set[str] = set()
 
     def rebuild(s: Stmt, env: dict[Var, Expr]) -> Stmt:
         if isinstance(s, For):
             lo, hi = substitute(s.lo, env), substitute(s.hi, env)
-            v = Var(s.var.name + "_c", s.var.dtype)
+            v = Var(fresh_name(program, s.var.name + "_c", taken), s.var.dtype)
+            taken.add(v.name)
             new_loops.append(v)
             if s.var in dim_of:
                 flo, fhi = region[dim_of[s.var]]
                 lo = _max(flo, lo)
-                hi = _min(binary("add", fhi, 1), hi)
+                hi = _min(fhi, hi)
                 inner = dict(env)
                 inner[s.var] = binary("add", v, lo) if not _is_zero(lo) else v
                 return For(v, Const(0, INDEX), simplify(hi - lo), rebuild(s.body, inner), "serial")
@@ -381,3 +386,133 @@ def _const_diff(a: Expr, b: Expr) -> int | None:
     if set(diff) <= {1}:
         return diff.get(1, 0)
     return None
+
+
+# ----------------------------------------------------------------------------- rebasing
+
+
+def rebase_statements(program: Program, names: set[str]) -> Program:
+    """Give the statements `names` fresh instance spaces: their iters become the loops around
+    them now (coords == iters) and their indices / value are rewritten accordingly.
+
+    After compute_at a producer instance runs once per iteration of the target loop; its new
+    instance space (outer loops + the producer's new loops) makes that injective again, so
+    the next steps are checked against exact dependences of the new program."""
+    from loopir.visit import statements as _stmts
+
+    loops_of = {id(c.store): c.loops for c in _stmts(program) if c.store.name in names}
+
+    class _R(Transformer):
+        def visit_Store(self, st: Store) -> Store:
+            lps = loops_of.get(id(st))
+            if lps is None:
+                return st
+            env = dict(zip(st.iters, st.coords))
+            iters = tuple(f.var for f in lps)
+            return Store(st.name, st.buffer, tuple(substitute(i, env) for i in st.indices),
+                         substitute(st.value, env), iters, iters)
+
+        def visit(self, node: Any) -> Any:
+            return node if isinstance(node, Expr) else super().visit(node)
+
+    return replace(program, body=_R().visit(program.body))
+
+
+# ----------------------------------------------------------------------------- legality
+
+
+def _split_by_names(umap: Any, keep: Any) -> Any:
+    """The maps of an isl UnionMap whose (source, sink) tuple names satisfy `keep`."""
+    import islpy as isl
+
+    out = isl.UnionMap.empty(umap.get_space())
+    maps = umap.get_map_list()
+    for k in range(maps.n_map()):
+        m = maps.get_at(k)
+        if keep(m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)):
+            out = out.union(isl.UnionMap.from_map(m))
+    return out
+
+
+def check_at(ctx: Any) -> Any:
+    """Legality of compute_at: every dependence except those the construction satisfies.
+
+    Formal condition: with R the producer's statements and new the (non-injective) schedule of
+    the rebuilt program, no dependence d = (s -> t) with not (s, t in R) and not (s in R, t not
+    in R, d a flow) is run backwards (flow: first run of s before every run of t; anti: last
+    run of s before the first of t; output: last runs ordered)."""
+    import dataclasses
+
+    from loopir import poly
+
+    producer, loop = ctx.args[0], ctx.args[1]
+    unrebased, plan = compute_at(ctx.old, producer, loop)
+    group = {poly._sanitize(n) for n in plan.producers}
+    deps = ctx.deps
+    both = lambda a, b: a in group and b in group  # noqa: E731 - satisfied: the nest is rebuilt in its own order
+    feeds = lambda a, b: a in group and b not in group  # noqa: E731 - satisfied: the footprint covers the reads
+    filtered = dataclasses.replace(
+        deps,
+        flow=_split_by_names(deps.flow, lambda a, b: not both(a, b) and not feeds(a, b)),
+        anti=_split_by_names(deps.anti, lambda a, b: not both(a, b)),
+        output=_split_by_names(deps.output, lambda a, b: not both(a, b)),
+    )
+    return poly.find_violation(filtered, unrebased)
+
+
+def check_inline(ctx: Any) -> Any:
+    """Legality of compute_inline: the producer's inputs still hold the same values at its consumers.
+
+    Formal condition: no anti dependence P(e) -> W(w) (W is the first overwrite of an element P
+    reads) and flow dependence P(e) -> X(x) through the producer's buffer with old(W(w)) <lex
+    old(X(x)); the witness is P(e) -> W(w), whose read now happens inside X(x), after W(w)."""
+    from loopir import poly
+
+    deps = ctx.deps
+    buf = producer_buffer(ctx.old, ctx.args[0])
+    p = writers(ctx.old, buf)[0].store
+    pn = poly._sanitize(p.name)
+    anti = _split_by_names(deps.anti, lambda a, b: a == pn)
+    flow = _split_by_names(deps.flow, lambda a, b: a == pn and b != pn)
+    if anti.is_empty() or flow.is_empty():
+        return None
+    sched = poly.schedule_map(ctx.old).intersect_domain(deps.domain)
+    before = sched.lex_lt_union_map(sched)  # W -> X : old(W) <lex old(X)
+    tri = anti.range_product(flow).intersect_range(before.wrap())  # P -> [W -> X]
+    if tri.is_empty():
+        return None
+    return poly._witness(tri.range_factor_domain(), "anti", deps)  # the pair P(e) -> W(w) of a breaking triple
+
+
+def _inline_hint(ctx: Any, w: Any) -> str | None:
+    return (f"{w.sink[0]} overwrites {w.buffer} after {w.source[0]} read it but before a statement that "
+            f"uses {w.source[0]}'s result; inlining would read the new value — keep the producer, or use compute_at")
+
+
+def _at_hint(ctx: Any, w: Any) -> str | None:
+    other = w.sink[0] if w.source[0] in {c.store.name for c in writers(ctx.old, producer_buffer(ctx.old, ctx.args[0]))} \
+        else w.source[0]
+    return (f"computing {ctx.args[0]} inside loop {ctx.args[1].name!r} reorders it with {other}; "
+            "compute it at another loop, or keep it where it is")
+
+
+# ----------------------------------------------------------------------------- registration
+
+
+def _register() -> None:
+    from schedules.primitives import primitive
+
+    @primitive("compute_inline", check=check_inline, hint=_inline_hint, rebase=True)
+    def _compute_inline(program: Program, producer: Any) -> Program:
+        """`s.compute_inline(t)`: inline the pure producer `t` into its readers (see `compute.compute_inline`)."""
+        return compute_inline(program, producer)[0]
+
+    @primitive("compute_at", check=check_at, hint=_at_hint, rebase=True)
+    def _compute_at(program: Program, producer: Any, loop: Var) -> Program:
+        """`s.compute_at(t, loop)`: compute `t` inside `loop` over the region its readers need
+        (see `compute.compute_at`)."""
+        new, plan = compute_at(program, producer, loop)
+        return rebase_statements(new, set(plan.producers))
+
+
+_register()

@@ -256,3 +256,24 @@ def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
     body = replace_at(pa[:-1], new_parent)
     assert body is not None
     return replace(program, body=body), a.var
+
+
+# ----------------------------------------------------------------------------- registration
+
+
+def _fuse_hint(ctx: Any, w: Any) -> str | None:
+    a, b = ctx.args[0], ctx.args[1]
+    return (f"fusing loops {a.name!r} and {b.name!r} makes {w.sink[0]} run in the same iteration as the "
+            f"{w.source[0]} it depends on, or earlier; shift or reverse one nest first, or keep them apart")
+
+
+def _register() -> None:
+    from schedules.primitives import primitive
+
+    @primitive("fuse", check="order", hint=_fuse_hint)
+    def _fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
+        """Loop fusion of two sibling nests: `s.fuse(a, b) -> loop` (see `loop_fusion.fuse`)."""
+        return fuse(program, loop_a, loop_b)
+
+
+_register()

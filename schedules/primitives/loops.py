@@ -7,6 +7,7 @@ the result against the original program's dependences.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -14,7 +15,7 @@ import islpy as isl
 
 from loopir import poly
 from loopir.nodes import Allocate, Const, Expr, For, If, Program, Seq, Stmt, Var, binary, const, logical
-from loopir.visit import free_vars
+from loopir.visit import free_vars, substitute
 
 from . import CheckContext, find_loop, fresh_name, loop_path, primitive, replace_loop, subst_loops
 
@@ -174,24 +175,81 @@ def _band(program: Program, loops: tuple[Var, ...], what: str) -> tuple[list[For
             others = [c for c in s.body if c is not seg[k + 1]]
             if not others:
                 continue
-            names = sorted({st.store.name for c in others for st in poly.stmt_infos(c)})
-            raise ValueError(f"{what}: loop {fors[-1].var.name} also contains {', '.join(names) or 'other code'} "
-                             f"beside loop {_next_for(seg, k).var.name}; these loops are not a perfect nest")
+            raise _Imperfect(seg[0], s)
         elif isinstance(s, Allocate):
             raise ValueError(f"{what}: an allocation of {s.buffer.name} lies between the loops")
     return fors, guards, fors[-1].body
 
 
-def _next_for(seg: list[Stmt], k: int) -> For:
-    return next(s for s in seg[k + 1:] if isinstance(s, For))
+class _Imperfect(Exception):
+    """Raised by _band: `seq` (inside the band starting at `top`) holds other statements too."""
+
+    def __init__(self, top: Stmt, seq: Seq) -> None:
+        self.top, self.seq = top, seq
+
+
+def _distribute(program: Program, top: Stmt, target: Seq, keep: Stmt) -> Program:
+    """Distribute the loops (and guards) from `top` down to the Seq `target` over its children:
+    the child `keep` (on the way to the reordered loops) keeps them, every other child gets a copy
+    with fresh loop variables, in the original textual order."""
+    path: list[Stmt] = []
+    s: Stmt = top
+    while s is not target:
+        path.append(s)
+        s = s.body if isinstance(s, For) else s.then  # type: ignore[union-attr]
+    parts: list[Stmt] = []
+    taken: set[str] = set()
+    for child in target.body:
+        if child is keep:
+            inner = child
+            for w in reversed(path):
+                inner = dataclasses.replace(w, body=inner) if isinstance(w, For) else If(w.cond, inner)  # type: ignore[union-attr]
+            parts.append(inner)
+            continue
+        mapping: dict[Var, Expr] = {}
+        fresh: list[tuple[Stmt, Var | None]] = []
+        for w in path:
+            if isinstance(w, For):
+                nv = Var(fresh_name(program, w.var.name, taken))
+                taken.add(nv.name)
+                mapping[w.var] = nv
+                fresh.append((w, nv))
+            else:
+                fresh.append((w, None))
+        inner = subst_loops(child, mapping)
+        for w, nv in reversed(fresh):
+            if isinstance(w, For):
+                inner = For(nv, substitute(w.lo, mapping), substitute(w.hi, mapping), inner, w.kind, w.thread)  # type: ignore[arg-type]
+            else:
+                inner = If(substitute(w.cond, mapping), inner)  # type: ignore[union-attr]
+        parts.append(inner)
+    new_top = Seq(tuple(parts))
+    if isinstance(top, For):
+        return replace_loop(program, top.var, new_top)
+    raise ValueError("reorder: cannot distribute a nest that starts with a guard")
+
+
+def _perfect_band(program: Program, loops: tuple[Var, ...], what: str) -> tuple[Program, list[For], list[Expr], Stmt]:
+    """_band, distributing the band's loops over statements beside the reordered loops first."""
+    for _ in range(64):
+        try:
+            fors, guards, body = _band(program, loops, what)
+            return program, fors, guards, body
+        except _Imperfect as e:
+            chain = loop_path(program, max(loops, key=lambda v: len(loop_path(program, v) or [])))
+            assert chain is not None
+            keep = chain[chain.index(e.seq) + 1]
+            program = _distribute(program, e.top, e.seq, keep)
+    raise ValueError(f"{what}: could not make the nest perfect")
 
 
 @primitive("reorder", hint=order_hint)
 def reorder(program: Program, *loops: Var) -> Program:
     """Put `loops` in the given order (outermost first) in the slots they occupy now.
 
-    Precondition: the loops lie on one nest with nothing but guards between them (a perfect-ish
-    nest). Rectangular loops swap headers and the guards move innermost. When a bound depends
+    Precondition: the loops lie on one nest. Statements beside them (e.g. a reduction's init
+    between the spatial loops and the reduction loop) are first distributed into their own
+    copy of the loops above them (fresh loop names like `j2`). Rectangular loops swap headers and the guards move innermost. When a bound depends
     on another reordered loop (triangular, skewed, tiled after skew), the new bounds are the
     exact projections of the iteration domain onto the new order, computed with isl::
 
@@ -201,7 +259,7 @@ def reorder(program: Program, *loops: Var) -> Program:
     """
     if len(loops) < 2:
         raise ValueError(f"reorder takes at least two loops, got {len(loops)}")
-    fors, guards, body = _band(program, tuple(loops), "reorder")
+    program, fors, guards, body = _perfect_band(program, tuple(loops), "reorder")
     listed = {id(v) for v in loops}
     it = iter(loops)
     order = [next(it) if id(f.var) in listed else f.var for f in fors]

@@ -1,0 +1,183 @@
+"""auto_schedule: the fusion plan plus a default mapping for each kernel, built from checked
+Schedule primitives (every step is verified against the dependences and recorded in the trace).
+
+    s = auto_schedule([y], target="cuda")      # a Schedule; s.plan.explain() says why
+    mod = build(s, [x, y], target="cuda")
+
+Per kernel of the plan (`schedules.fusion`):
+1. `compute_inline` every stage the plan inlines; `fuse` the shared outer loops of the stages
+   the plan groups (vertical and horizontal fusion are both loop fusion here);
+2. the mapping —
+   * cuda "flat" (elementwise): `collapse` all loops, `split` by 4 + `vectorize` (float4) when the
+     innermost extent is provably a multiple of 4, `split` by 256, `bind` blockIdx.x / threadIdx.x;
+   * cuda "row" (a reduction with its prologue and epilogue): the shared outer loops collapsed and
+     bound to blockIdx.x; in each phase below, a reduction loop becomes a cross-thread reduction
+     (`bind_reduction(k, threads=256)`: strided per-thread shares, then combined across the block)
+     and a spatial loop is `split` by 256 with the inner part bound to threadIdx.x;
+   * cuda "thread": the shared outer loops collapsed, one thread per point, inner loops serial;
+   * cpu: the outer loop `parallel`, the innermost spatial loop of each elementwise phase
+     `vectorize`d when it carries nothing.
+`fuse=False` maps each stage as its own kernel (no inlining), for comparison.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loopir.nodes import Const, Expr, For, Seq, Store, Var
+from loopir.te import Tensor
+from loopir.visit import walk
+
+from .fusion import THREADS, FusionGroup, FusionPlan, plan_fusion
+from .primitives.cache import reduction_parts
+from .errors import ScheduleError
+from .schedule import Schedule
+
+__all__ = ["auto_schedule"]
+
+
+def auto_schedule(
+    outputs: Tensor | list[Tensor],
+    target: str = "cuda",
+    fuse: bool = True,
+    sizes: dict[Any, int] | None = None,
+    threads: int = THREADS,
+    plan: FusionPlan | None = None,
+    check: bool = True,
+) -> Schedule:
+    """A Schedule of `outputs` fused as `plan_fusion` decides and mapped to `target` ("cuda" or "cpu").
+
+    The plan is kept as `schedule.plan` (`schedule.plan.explain()` is the readable log). `sizes`
+    are the sizes the cost model assumes; `threads` the block size of the CUDA mappings."""
+    outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 32 or threads > 1024 or threads % 32:
+        raise ValueError(f"auto_schedule: threads must be a multiple of 32 in [32, 1024], got {threads!r}")
+    plan = plan or plan_fusion(outs, target=target, fuse=fuse, sizes=sizes)
+    s = Schedule(outs, check=check)
+    s.plan = plan  # type: ignore[attr-defined]
+    for t in plan.inlined:
+        s.compute_inline(t)
+    for g in plan.groups:
+        _fuse_group(s, g)
+    for g in plan.groups:
+        if target == "cuda":
+            _map_cuda(s, g, threads)
+        else:
+            _map_cpu(s, g)
+    return s
+
+
+# ----------------------------------------------------------------------------- loop fusion
+
+
+def _fuse_group(s: Schedule, g: FusionGroup) -> None:
+    first = g.stages[0].name
+    for t in g.stages[1:]:
+        for d in range(g.depth):
+            la, lb = s.loops(first)[d], s.loops(t.name)[d]
+            if la.var is not lb.var:
+                s.fuse(la, lb)
+
+
+# ----------------------------------------------------------------------------- CUDA
+
+
+def _group_root(s: Schedule, g: FusionGroup) -> list[Any]:
+    """Handles of the group's shared outer loops (outermost first)."""
+    return list(s.loops(g.stages[0].name)[: g.depth])
+
+
+def _multiple_of(e: Expr, k: int) -> bool:
+    return isinstance(e, Const) and int(e.value) % k == 0
+
+
+def _collapse_all(s: Schedule, loops: list[Any]) -> Any:
+    h = loops[0]
+    for nxt in loops[1:]:
+        h = s.collapse(h, nxt)
+    return h
+
+
+def _map_cuda(s: Schedule, g: FusionGroup, threads: int) -> None:
+    if g.depth == 0:  # a scalar stage: one thread does it (the target launches a 1-thread kernel)
+        return
+    root = _group_root(s, g)
+    if g.mapping == "flat":
+        inner_extent = g.stages[0].shape[-1]
+        flat = _collapse_all(s, root)
+        if _multiple_of(inner_extent, 4) and all(_multiple_of(t.shape[-1], 4) for t in g.stages):
+            flat, lane = s.split(flat, 4)
+            s.vectorize(lane)
+        bo, bi = s.split(flat, threads)
+        s.bind(bo, "blockIdx.x")
+        s.bind(bi, "threadIdx.x")
+        return
+    if g.mapping == "thread":
+        flat = _collapse_all(s, root)
+        bo, bi = s.split(flat, threads)
+        s.bind(bo, "blockIdx.x")
+        s.bind(bi, "threadIdx.x")
+        return
+    # "row": one block per point of the shared loops, threads across each phase below
+    block = _collapse_all(s, root)
+    s.bind(block, "blockIdx.x")
+    for phase in _phases(s, block.var):
+        if _is_reduction_loop(phase):
+            s.bind_reduction(phase.var, threads=threads)
+        else:
+            _, ti = s.split(phase.var, threads)
+            s.bind(ti, "threadIdx.x")
+
+
+def _find(s: Schedule, var: Var) -> For:
+    for n in walk(s.program.body):
+        if isinstance(n, For) and n.var is var:
+            return n
+    raise ValueError(f"loop {var.name!r} is not in the schedule")
+
+
+def _phases(s: Schedule, block: Var) -> list[For]:
+    """The loops directly under the block loop (through sequences), in order."""
+    body = _find(s, block).body
+    kids = body.body if isinstance(body, Seq) else (body,)
+    return [k for k in kids if isinstance(k, For)]
+
+
+def _is_reduction_loop(f: For) -> bool:
+    """Every statement inside `f` accumulates into an element that does not change with `f`."""
+    inner = {n.var for n in walk(f) if isinstance(n, For)}
+    stores = [n for n in walk(f.body) if isinstance(n, Store)]
+    if not stores:
+        return False
+    for st in stores:
+        if reduction_parts(st) is None:
+            return False
+        from loopir.visit import substitute
+
+        sub = dict(zip(st.iters, st.coords))
+        used = {n for ix in st.indices for n in walk(substitute(ix, sub)) if isinstance(n, Var)}
+        if used & inner:
+            return False
+    return True
+
+
+# ----------------------------------------------------------------------------- CPU
+
+
+def _map_cpu(s: Schedule, g: FusionGroup) -> None:
+    if g.depth == 0:
+        return
+    root = _group_root(s, g)
+    s.parallel(root[0])
+    # vectorize the innermost loop of each elementwise phase (a hint to LLVM's vectorizer)
+    for t in g.stages:
+        loops = s.loops(t.name)
+        if len(loops) < 2 or len(loops) != len(t.shape):
+            continue  # 1-D (the loop is parallel) or a reduction phase (its innermost loop accumulates)
+        inner = loops[-1]
+        f = _find(s, inner.var)
+        if f.kind == "serial" and not any(isinstance(n, For) for n in walk(f.body)):
+            try:
+                s.vectorize(inner)
+            except ScheduleError:  # carries a dependence: leave it serial (the plan stays valid)
+                pass

@@ -1,0 +1,231 @@
+"""The classic tiled GEMM as a sequence of checked Schedule steps (the handle for tuning later).
+
+    schedule_gemm(s, "matmul", epilogue=["C"], target="cuda", block=(128, 128), thread_tile=(8, 8), k_tile=8)
+
+On "cuda" (C = A @ B with a fused elementwise epilogue such as relu(C + bias)):
+
+    for bi in blockIdx.y, bj in blockIdx.x:            # one block computes a block[0] x block[1] tile
+      for ty in threadIdx.y, tx in threadIdx.x:        # each thread a thread_tile, strided by the thread count
+        allocate C_local[8, 8] local                   # cache_write: register accumulation
+        C_local[:, :] = 0                              # (unrolled)
+        for ko:                                        # k in steps of k_tile
+          A_shared, B_shared <- A, B tiles; barrier     # cache_read "shared" (when it applies)
+          for ki, ii, jj (unrolled): C_local[ii, jj] += A[.., k] * B[k, ..]
+        for q0, q1 (unrolled): out[..] = epilogue(C_local[q0, q1])   # the single store
+
+A thread's rows are ty, ty + T, ty + 2T... (not a contiguous strip): loads from shared memory
+and the final stores of a warp then touch consecutive addresses. On "cpu": tile (i, j),
+parallel outer rows, the register tile accumulated in "local" scratch with the j loop
+vectorized, the epilogue fused the same way.
+
+`matmul_stage(program)` finds matmul-shaped reductions (what auto_schedule should call this on):
+a statement `C[i, j] = C[i, j] + X * Y` inside loops (i, j, k) with an initialising statement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from loopir.nodes import Binary, Buffer, Load, Program, Store
+from loopir.visit import statements
+
+import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache_write)
+
+__all__ = ["GemmPlan", "matmul_stage", "schedule_gemm", "elementwise_consumers"]
+
+
+@dataclass
+class GemmPlan:
+    """What schedule_gemm did: the steps in words (and the shared-memory staging that applied)."""
+
+    stage: str
+    epilogue: list[str]
+    target: str
+    steps: list[str] = field(default_factory=list)
+    staged: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def explain(self) -> str:
+        lines = [f"gemm schedule of {self.stage!r} for {self.target} (epilogue: {', '.join(self.epilogue) or 'none'})"]
+        lines += [f"  {k + 1}. {s}" for k, s in enumerate(self.steps)]
+        lines += [f"  skipped: {s}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def _update(program: Program, stage: str) -> Store:
+    for c in statements(program):
+        if c.store.name == stage or (c.store.buffer.name == stage and _is_update(c.store)):
+            if _is_update(c.store):
+                return c.store
+    raise ValueError(f"schedule_gemm: no matmul-shaped reduction statement named {stage!r} in {program.name!r}")
+
+
+def _is_update(st: Store) -> bool:
+    v = st.value
+    return (
+        isinstance(v, Binary)
+        and v.op == "add"
+        and isinstance(v.a, Load)
+        and v.a.buffer is st.buffer
+        and v.a.indices == st.indices
+    )
+
+
+def matmul_stage(program: Program) -> list[str]:
+    """Names of the statements of `program` that are matmul-shaped: C[i, j] += X[.., k] * Y[k, ..]
+    (2-d accumulator, one more loop than the output rank, product of two loads)."""
+    out = []
+    for c in statements(program):
+        st = c.store
+        if not _is_update(st) or len(st.indices) != 2 or len(st.iters) != 3:
+            continue
+        rhs = st.value.b  # type: ignore[attr-defined]
+        if isinstance(rhs, Binary) and rhs.op == "mul" and _loads(rhs.a) and _loads(rhs.b):
+            out.append(st.name)
+    return out
+
+
+def _loads(e: Any) -> bool:
+    from loopir.visit import walk
+
+    return any(isinstance(n, Load) for n in walk(e))
+
+
+def elementwise_consumers(program: Program, stage: str) -> list[str]:
+    """The statements that read the stage's buffer at their own iteration (epilogue candidates),
+    in program order, followed transitively while each is the only reader of its producer."""
+    buf = _update(program, stage).buffer
+    out: list[str] = []
+    while True:
+        rd = [c.store for c in statements(program) if c.store.buffer is not buf and any(
+            isinstance(n, Load) and n.buffer is buf for n in _walk(c.store.value))]
+        if len(rd) != 1 or any(isinstance(n, Load) and n.buffer is buf and n.indices != rd[0].iters
+                               for n in _walk(rd[0].value)):
+            return out
+        out.append(rd[0].name)
+        if rd[0].buffer in program.args:
+            return out
+        buf = rd[0].buffer
+
+
+def _walk(e: Any) -> list[Any]:
+    from loopir.visit import walk
+
+    return list(walk(e))
+
+
+def _check_tiles(block: tuple[int, int], thread_tile: tuple[int, int], k_tile: int) -> None:
+    for name, v in (("block", block), ("thread_tile", thread_tile)):
+        if not (isinstance(v, tuple) and len(v) == 2 and all(isinstance(x, int) and x >= 1 for x in v)):
+            raise ValueError(f"schedule_gemm: {name} must be two positive ints, got {v!r}")
+    if not isinstance(k_tile, int) or k_tile < 1:
+        raise ValueError(f"schedule_gemm: k_tile must be a positive int, got {k_tile!r}")
+    for d in range(2):
+        if block[d] % thread_tile[d]:
+            raise ValueError(f"schedule_gemm: block {block} is not a multiple of thread_tile {thread_tile}")
+    if (block[0] // thread_tile[0]) * (block[1] // thread_tile[1]) > 1024:
+        raise ValueError(f"schedule_gemm: block {block} / thread_tile {thread_tile} needs more than 1024 threads")
+
+
+def schedule_gemm(s: Any, stage: str | Any = None, epilogue: Any = "auto", target: str = "cuda",
+                  block: tuple[int, int] = (128, 128), thread_tile: tuple[int, int] = (8, 8), k_tile: int = 8,
+                  shared: bool = True, cpu_tile: tuple[int, int] = (8, 64)) -> GemmPlan:
+    """Apply the tiled-GEMM recipe to the matmul-shaped reduction `stage` of Schedule `s`.
+
+    `stage`: the update statement's name (or tensor); None picks the only matmul-shaped one.
+    `epilogue`: elementwise consumers fused into the single store ("auto": every elementwise
+    consumer chain found by `elementwise_consumers`; [] for none). Tile sizes are parameters.
+    Returns a GemmPlan (`.explain()`); the schedule `s` is modified in place.
+    """
+    if target not in ("cuda", "cpu"):
+        raise ValueError(f"schedule_gemm: target must be 'cuda' or 'cpu', got {target!r}")
+    _check_tiles(tuple(block), tuple(thread_tile), k_tile)
+    if stage is None:
+        found = matmul_stage(s.program)
+        if len(found) != 1:
+            raise ValueError(f"schedule_gemm: expected one matmul-shaped reduction, found {found or 'none'}")
+        stage = found[0]
+    if not isinstance(stage, str):
+        stage = stage.name
+    upd = _update(s.program, stage)
+    stage = upd.name
+    eps = elementwise_consumers(s.program, stage) if epilogue == "auto" else [
+        e if isinstance(e, str) else e.name for e in ([epilogue] if isinstance(epilogue, str) else epilogue)]
+    plan = GemmPlan(stage, list(eps), target)
+    if target == "cuda":
+        _cuda(s, upd, eps, tuple(block), tuple(thread_tile), k_tile, shared, plan)
+    else:
+        _cpu(s, upd, eps, tuple(cpu_tile), k_tile, plan)
+    return plan
+
+
+def _operands(upd: Store) -> list[Buffer]:
+    out: list[Buffer] = []
+    for n in _walk(upd.value.b):  # type: ignore[attr-defined]
+        if isinstance(n, Load) and n.buffer not in out and n.buffer is not upd.buffer:
+            out.append(n.buffer)
+    return out
+
+
+def _cuda(s: Any, upd: Store, eps: list[str], block: tuple[int, int], tt: tuple[int, int], k_tile: int,
+          shared: bool, plan: GemmPlan) -> None:
+    name = upd.name
+    i, j, k = s.loops(name)[-3:]
+    nty, ntx = block[0] // tt[0], block[1] // tt[1]
+    bi, ir = s.split(i, block[0])
+    ii, ty = s.split(ir, nty)
+    bj, jr = s.split(j, block[1])
+    jj, tx = s.split(jr, ntx)
+    s.reorder(bi, bj, ty, tx, ii, jj)
+    plan.steps.append(f"split i by {block[0]} then {nty} threads, j by {block[1]} then {ntx}; reorder(bi, bj, ty, tx, ii, jj)")
+    s.bind(bi, "blockIdx.y").bind(bj, "blockIdx.x").bind(ty, "threadIdx.y").bind(tx, "threadIdx.x")
+    plan.steps.append("bind bi, bj to blockIdx.y/x and ty, tx to threadIdx.y/x")
+    s.cache_write(upd.buffer.name, "local", tx, epilogue=eps)
+    plan.steps.append(f"cache_write({upd.buffer.name}, 'local', tx, epilogue={eps}): {tt[0]}x{tt[1]} register tile")
+    ii, jj, k = s.loops(name)[-3:]
+    ko, ki = s.split(k, k_tile)
+    s.reorder(ko, ki, ii, jj)
+    plan.steps.append(f"split k by {k_tile}; reorder(ko, ki, ii, jj)")
+    if shared:
+        for b in _operands(upd):
+            try:
+                s.cache_read(b.name, "shared", ko)
+                plan.staged.append(b.name)
+                plan.steps.append(f"cache_read({b.name}, 'shared', ko)")
+            except (ValueError, TypeError, AttributeError) as e:  # staging is an optimisation: keep going
+                plan.skipped.append(f"cache_read({b.name}, 'shared', ko): {e}")
+    _unroll_tail(s, name, 3, plan)
+    init = [c.store.name for c in statements(s.program) if c.store.buffer.name == f"{upd.buffer.name}_local"
+            and c.store.name != name]
+    for st in init:
+        _unroll_tail(s, st, 2, plan)
+    for st in eps or [f"{upd.buffer.name}_copy"]:
+        if any(c.store.name == st for c in statements(s.program)):
+            _unroll_tail(s, st, 2, plan)
+
+
+def _unroll_tail(s: Any, stmt: str, n: int, plan: GemmPlan) -> None:
+    loops = s.loops(stmt)[-n:]
+    for lp in loops:
+        s.unroll(lp)
+    plan.steps.append(f"unroll the {n} innermost loops of {stmt}")
+
+
+def _cpu(s: Any, upd: Store, eps: list[str], tile: tuple[int, int], k_tile: int, plan: GemmPlan) -> None:
+    name = upd.name
+    i, j, k = s.loops(name)[-3:]
+    io, ii = s.split(i, tile[0])
+    jo, ji = s.split(j, tile[1])
+    s.reorder(io, jo, ii, ji)
+    plan.steps.append(f"tile (i, j) by {tile}")
+    # before cache_write: the checker does not treat the scratch buffer as private to each iteration
+    s.parallel(io)
+    plan.steps.append("parallel(io)")
+    s.cache_write(upd.buffer.name, "local", jo, epilogue=eps)
+    plan.steps.append(f"cache_write({upd.buffer.name}, 'local', jo, epilogue={eps})")
+    ii, ji, k = s.loops(name)[-3:]
+    s.reorder(k, ii, ji)
+    plan.steps.append("reorder(k, ii, ji): the register tile is updated by one k at a time")
+    s.vectorize(ji)
+    plan.steps.append("vectorize(ji)")
