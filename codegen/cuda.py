@@ -345,6 +345,7 @@ class _KernelGen:
         self.forward: list[dict[tuple, str]] = [{}]  # scoped: (buffer id, flat index expr) -> register
         self.vec_lanes: dict[N.Load, str] = {}
         self.red_targets: dict[int, str] = {}
+        self.pre: dict[N.Expr, str] = {}  # sin/cos of one argument computed once by sincosf
         self.cur_sub: dict[N.Var, N.Expr] = {}
         self.thread_depth = 0
         self.has_threads = False
@@ -471,6 +472,8 @@ class _KernelGen:
         if isinstance(e, N.Unary):
             return f"(-{self.expr(e.a)})"
         if isinstance(e, N.Call):
+            if e in self.pre:
+                return self.pre[e]
             return self.call(e)
         if isinstance(e, N.Compare):
             op = dict(lt="<", le="<=", gt=">", ge=">=", eq="==", ne="!=")[e.op]
@@ -587,6 +590,7 @@ class _KernelGen:
         for it, c in zip(st.iters, st.coords):
             if c is not it:
                 self.line(f"const long long {self.var(it)} = {self.expr(c)};")
+        self.sincos(st.value)
         if target is not None:
             op, e = _reduction_parts(st)  # type: ignore[misc]
             val = self.red_combine(op, target, self.expr(e))
@@ -602,8 +606,24 @@ class _KernelGen:
             self.line(f"{self.buf(st.buffer)}[{self.expr(flat)}] = {val};")
             self._invalidate(st.buffer)
         self.cur_sub = {}
+        self.pre = {}
         self.ind -= 1
         self.line("}")
+
+    def sincos(self, value: N.Expr) -> None:
+        """sin(a) and cos(a) of the same argument: one sincosf call shares the range reduction."""
+        calls = {}
+        for n in walk(value):
+            if isinstance(n, N.Call) and n.fn in ("sin", "cos"):
+                calls.setdefault(n.args[0], {})[n.fn] = n
+        for arg, fns in calls.items():
+            if len(fns) == 2:
+                single = _CTYPE[fns["sin"].dtype] == "float"
+                ct = "float" if single else "double"
+                sn, cn = self.names.fresh("sin_v"), self.names.fresh("cos_v")
+                self.line(f"{ct} {sn}, {cn};")
+                self.line(f"{'sincosf' if single else 'sincos'}({self.expr(arg)}, &{sn}, &{cn});")
+                self.pre[fns["sin"]], self.pre[fns["cos"]] = sn, cn
 
     def _reads_itself(self, st: N.Store) -> bool:
         return any(isinstance(n, N.Load) and n.buffer is st.buffer for n in walk(st.value))

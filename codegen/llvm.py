@@ -172,7 +172,9 @@ def _loads(e: Expr) -> list[Load]:
 
 def _is_parallel_top(s: Stmt) -> bool:
     # a loop bound to blockIdx has independent iterations by construction: run it in parallel too
-    return isinstance(s, For) and (s.kind == "parallel" or (s.kind == "thread" and (s.thread or "").startswith("block")))
+    if not isinstance(s, For):
+        return False
+    return s.kind == "parallel" or (s.kind == "thread" and (s.thread or "").startswith("block"))
 
 
 @dataclass(frozen=True)

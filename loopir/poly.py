@@ -806,6 +806,10 @@ def aff_to_expr(a: isl.Aff, vars_by_name: dict[str, Var]) -> Expr:
     return out
 
 
+def _plus1(pw: isl.PwAff) -> isl.PwAff:
+    return pw.add_constant_val(isl.Val.one(pw.get_ctx()))
+
+
 def _scale(e: Expr, c: int) -> Expr:
     return e if c == 1 else binary("mul", const(c), e)
 
@@ -866,7 +870,7 @@ def footprint(program: Program, stmt_name: str, buffer: Buffer | str,
                 f"{_exists(its + inner, ' and '.join(cons + [f'{e} = ({x})' for e, x in zip(es, idx)]))} }}")
         s = isl.Set(text)
         regions.append([(pw_to_expr(s.dim_min(k), vars_by_name, "footprint lower bound"),
-                         binary("add", pw_to_expr(s.dim_max(k), vars_by_name, "footprint upper bound"), 1))
+                         pw_to_expr(_plus1(s.dim_max(k)), vars_by_name, "footprint upper bound"))
                         for k in range(len(idx))])
     if len(regions) == 1:
         return regions[0]
@@ -890,5 +894,5 @@ def _union_box(b: _Builder, names: _Names, cons: list[str], its: list[str], inne
         sets = s if sets is None else sets.union(s)
     assert sets is not None
     return [(pw_to_expr(sets.dim_min(k), vars_by_name, "footprint lower bound"),
-             binary("add", pw_to_expr(sets.dim_max(k), vars_by_name, "footprint upper bound"), 1))
+             pw_to_expr(_plus1(sets.dim_max(k)), vars_by_name, "footprint upper bound"))
             for k in range(sets.dim(isl.dim_type.set))]

@@ -91,37 +91,56 @@ def _multiple_of(e: Expr, k: int) -> bool:
     return isinstance(e, Const) and int(e.value) % k == 0
 
 
-def _collapse_all(s: Schedule, loops: list[Any]) -> Any:
-    h = loops[0]
+def _collapse(s: Schedule, loops: list[Any]) -> list[Any]:
+    """Collapse the nested `loops` into one where the checker can prove it legal; with symbolic
+    extents the collapsed index (v // n, v % n) is not affine, the analysis over-approximates and
+    may refuse — then the loops stay separate (and map to several grid dimensions)."""
+    out = [loops[0]]
     for nxt in loops[1:]:
-        h = s.collapse(h, nxt)
-    return h
+        try:
+            out[-1] = s.collapse(out[-1], nxt)
+        except ScheduleError:
+            out.append(nxt)
+    return out
+
+
+_BLOCK_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
+
+
+def _bind_blocks(s: Schedule, loops: list[Any]) -> None:
+    """Bind loops (outermost first) to blockIdx: the innermost gets x (the largest grid extent)."""
+    if len(loops) > len(_BLOCK_AXES):
+        loops = _collapse_strict(s, loops, len(_BLOCK_AXES))
+    for h, axis in zip(reversed(loops), _BLOCK_AXES):
+        s.bind(h, axis)
+
+
+def _collapse_strict(s: Schedule, loops: list[Any], keep: int) -> list[Any]:
+    loops = list(loops)
+    while len(loops) > keep:
+        loops[0:2] = [s.collapse(loops[0], loops[1])]
+    return loops
 
 
 def _map_cuda(s: Schedule, g: FusionGroup, threads: int) -> None:
     if g.depth == 0:  # a scalar stage: one thread does it (the target launches a 1-thread kernel)
         return
     root = _group_root(s, g)
-    if g.mapping == "flat":
-        inner_extent = g.stages[0].shape[-1]
-        flat = _collapse_all(s, root)
-        if _multiple_of(inner_extent, 4) and all(_multiple_of(t.shape[-1], 4) for t in g.stages):
-            flat, lane = s.split(flat, 4)
+    if g.mapping in ("flat", "thread"):
+        if g.mapping == "flat" and all(_multiple_of(t.shape[-1], 4) for t in g.stages):
+            # 128-bit accesses: a 4-wide vector loop innermost, unguarded since 4 divides the extent
+            jo, lane = s.split(root[-1], 4)
             s.vectorize(lane)
-        bo, bi = s.split(flat, threads)
-        s.bind(bo, "blockIdx.x")
+            root = root[:-1] + [jo]
+        loops = _collapse(s, root)
+        bo, bi = s.split(loops[-1], threads)
         s.bind(bi, "threadIdx.x")
-        return
-    if g.mapping == "thread":
-        flat = _collapse_all(s, root)
-        bo, bi = s.split(flat, threads)
-        s.bind(bo, "blockIdx.x")
-        s.bind(bi, "threadIdx.x")
+        _bind_blocks(s, loops[:-1] + [bo])
         return
     # "row": one block per point of the shared loops, threads across each phase below
-    block = _collapse_all(s, root)
-    s.bind(block, "blockIdx.x")
-    for phase in _phases(s, block.var):
+    blocks = _collapse(s, root)
+    _bind_blocks(s, blocks)
+    for phase in _phases(s, blocks[-1].var):
         if _is_reduction_loop(phase):
             s.bind_reduction(phase.var, threads=threads)
         else:

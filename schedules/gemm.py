@@ -178,7 +178,8 @@ def _cuda(s: Any, upd: Store, eps: list[str], block: tuple[int, int], tt: tuple[
     bj, jr = s.split(j, block[1])
     jj, tx = s.split(jr, ntx)
     s.reorder(bi, bj, ty, tx, ii, jj)
-    plan.steps.append(f"split i by {block[0]} then {nty} threads, j by {block[1]} then {ntx}; reorder(bi, bj, ty, tx, ii, jj)")
+    plan.steps.append(f"split i by {block[0]} then {nty} threads, j by {block[1]} then {ntx}; "
+                      "reorder(bi, bj, ty, tx, ii, jj)")
     s.bind(bi, "blockIdx.y").bind(bj, "blockIdx.x").bind(ty, "threadIdx.y").bind(tx, "threadIdx.x")
     plan.steps.append("bind bi, bj to blockIdx.y/x and ty, tx to threadIdx.y/x")
     s.cache_write(upd.buffer.name, "local", tx, epilogue=eps)

@@ -47,7 +47,8 @@ def test_sincos_split_bind_compiles():
     assert 'extern "C" __global__ void sincos_y(' in src
     assert "const float* __restrict__ x" in src and "float* __restrict__ y" in src
     assert "(long long)blockIdx.x" in src and "(long long)threadIdx.x" in src
-    assert "// y" in src and "sinf(" in src and "cosf(" in src
+    assert "// y" in src and "sincosf(x[i], &sin_v, &cos_v);" in src
+    assert "((sin_v * sin_v) + (cos_v * cos_v))" in src
     assert _is_cubin(mod.cubin)
     grid, block = mod.gen.kernels[0].launch.dims({p.params[0]: 1000})
     assert grid == (4, 1, 1) and block == (256, 1, 1)

@@ -129,7 +129,7 @@ def _check_bind_reduction(ctx: CheckContext) -> poly.Witness | None:
     return poly.find_violation(without_reduction_deps(ctx.deps, names), ctx.new)
 
 
-@primitive("bind_reduction", check=_check_bind_reduction)
+@primitive("bind_reduction", check=_check_bind_reduction, rebase=True)
 def bind_reduction(program: Program, loop: Var, axis: str = "threadIdx.x",
                    threads: int | None = None) -> tuple[Program, Any]:
     """Run the reduction loop `loop` across the threads `axis` of a block (a cross-thread reduction).

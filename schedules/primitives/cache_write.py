@@ -382,7 +382,8 @@ def _timevecs(body: Stmt) -> dict[int, list[str]]:
 # ----------------------------------------------------------------------------- errors
 
 
-def _schedule_error(buf: Buffer, sink: tuple[str, dict[str, int]], source: Any, params: dict[str, int], msg: str) -> Exception:
+def _schedule_error(buf: Buffer, sink: tuple[str, dict[str, int]], source: Any, params: dict[str, int],
+                    msg: str) -> Exception:
     try:
         from schedules.errors import ScheduleError
     except ImportError:  # pragma: no cover - C1's module not there yet
@@ -542,7 +543,7 @@ def _local_index(idx: tuple[Expr, ...], st: Store, loops: tuple[For, ...], guard
     try:
         cons = [f"{it} = {isl_expr(c, nm)}" for it, c in zip(its, st.coords)] + loop_constraints(loops, guards, nm)
         out = []
-        for d, e in enumerate(direct):
+        for e in direct:
             body = _conj([f"o = {isl_expr(e, nm)}"] + cons)
             text = f"{_prefix(params, nm)}{{ [{', '.join(its)}] -> [o] : {_exists([nm(f.var) for f in loops], body)} }}"
             m = isl.Map(text)
@@ -618,11 +619,13 @@ def _check_sourced(buf: Buffer, target: For, outer: tuple[For, ...], outer_guard
     size_env = {p.name: pvals[nm(p)] for p in params if nm(p) in pvals}
     sink = (st.name, {**outer_env, **sink_env})
     msg = (
-        f"cache_write({buf.name}, loop={target.var.name}) is illegal: {st.name}[{', '.join(f'{k}={v}' for k, v in sink[1].items())}] "
+        f"cache_write({buf.name}, loop={target.var.name}) is illegal: "
+        f"{st.name}[{', '.join(f'{k}={v}' for k, v in sink[1].items())}] "
         f"reads {buf.name} written outside that iteration of loop {target.var.name!r} "
         f"(or never written: a value from before the nest){' at ' + str(size_env) if size_env else ''}; "
         f"a scratch buffer allocated inside {target.var.name!r} would not hold it. "
-        f"hint: move the initialisation and the whole reduction inside {target.var.name!r} (reorder the reduction loop inward)"
+        f"hint: move the initialisation and the whole reduction inside {target.var.name!r} "
+        "(reorder the reduction loop inward)"
     )
     raise _schedule_error(buf, sink, (f"{buf.name} before loop {target.var.name}", {}), size_env, msg)
 
@@ -718,7 +721,8 @@ def cache_write(
     nm = Names()
 
     # 1. re-base every statement inside `loop` that touches `buf` (iters := its loops)
-    touched = {id(st): _rebase(st, outer + loops) for st, loops, _ in inside if st.buffer is buf or _loads_of(st.value, buf)}
+    touched = {id(st): _rebase(st, outer + loops)
+               for st, loops, _ in inside if st.buffer is buf or _loads_of(st.value, buf)}
     body = _replace_stmts(target.body, touched)
     new_target = replace(target, body=body)
     p1 = replace(program, body=_replace_for(program.body, target, new_target))
@@ -745,7 +749,8 @@ def cache_write(
 
     # 4. the region nest: epilogue stages moved in, and the copy-out when still needed
     qs = [Var(f"{buf.name}_q{d}") for d in range(len(lay.size))]
-    elem = [binary("add", lay.off[d], binary("mul", lay.stride[d], binary("add", q, lay.lo[d]))) for d, q in enumerate(qs)]
+    elem = [binary("add", lay.off[d], binary("mul", lay.stride[d], binary("add", q, lay.lo[d])))
+            for d, q in enumerate(qs)]
     region_loops = tuple(For(q, const(0, INDEX), const(s, INDEX), Seq(())) for q, s in zip(qs, lay.size))
     guard = _region_guard(lay, qs, nm)
     region_vars = tuple(f.var for f in outer) + tuple(qs)
@@ -795,7 +800,8 @@ def cache_write(
             continue
         ctx_loops, ctx_guards = outer + loops, tuple(outer_guards) + guards
 
-        def to_local(idx: tuple[Expr, ...], st: Store = st, cl: Any = ctx_loops, cg: Any = ctx_guards) -> tuple[Expr, ...]:
+        def to_local(idx: tuple[Expr, ...], st: Store = st, cl: Any = ctx_loops,
+                     cg: Any = ctx_guards) -> tuple[Expr, ...]:
             return _local_index(idx, st, cl, cg, lay, program.params)
 
         value = _redirect_loads(st.value, buf, lambda ld, f=to_local: Load(local, f(ld.indices)))
