@@ -737,6 +737,81 @@ def _const_extent(f: For) -> int | None:
 # ----------------------------------------------------------------------------- program
 
 
+def _linear(e: Expr, v: Var) -> tuple[int, Expr] | None:
+    """(c, rest) with e == c*v + rest, rest free of v; None if not of that form."""
+    if e is v:
+        return 1, Const(0, "int64")
+    if not any(n is v for n in walk(e)):
+        return 0, e
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        a, b = _linear(e.a, v), _linear(e.b, v)
+        if a is None or b is None:
+            return None
+        return (a[0] + b[0], a[1] + b[1]) if e.op == "add" else (a[0] - b[0], a[1] - b[1])
+    if isinstance(e, Binary) and e.op == "mul":
+        for x, y in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(y, Const) and isinstance(y.value, int):
+                lx = _linear(x, v)
+                if lx is not None:
+                    return lx[0] * y.value, lx[1] * y.value
+    return None
+
+
+def _conjuncts(c: Expr) -> list[Expr]:
+    if isinstance(c, Logical) and c.op == "and":
+        return _conjuncts(c.a) + _conjuncts(c.b)  # type: ignore[arg-type]
+    return [c]
+
+
+def tighten(s: Stmt) -> Stmt:
+    """Turn the guards that splitting/tiling leave inside loops into loop bounds, innermost first:
+    `for v in [lo, hi): if c*v + r < b and t: S` -> `if t: for v in [lo, min(hi, ceil((b - r)/c))): S`
+    (c > 0; t free of v and of loads is hoisted). Equivalent; it lets the vectorizer see plain loops."""
+    if isinstance(s, Seq):
+        return Seq(tuple(tighten(x) for x in s.body))
+    if isinstance(s, If):
+        return If(s.cond, tighten(s.then), None if s.orelse is None else tighten(s.orelse))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, tighten(s.body))
+    if not isinstance(s, For):
+        return s
+    body = tighten(s.body)
+    conds: list[Expr] = []
+    while isinstance(body, If) and body.orelse is None:
+        conds += _conjuncts(body.cond)
+        body = body.then
+    hi, keep, hoist = s.hi, [], []
+    for c in conds:
+        uses_v = any(n is s.var for n in walk(c))
+        if not uses_v and not _loads(c):
+            hoist.append(c)
+            continue
+        if isinstance(c, Compare) and c.op in ("lt", "le") and c.a.dtype in INTS and not _loads(c):
+            la, lb = _linear(c.a, s.var), _linear(c.b, s.var)
+            if la is not None and lb is not None and la[0] - lb[0] > 0:
+                k = la[0] - lb[0]
+                bound = lb[1] - la[1] + (1 if c.op == "le" else 0)  # k*v < bound
+                if c.a.dtype == "int32":
+                    bound = Cast("int64", bound)
+                lim = bound if k == 1 else (bound + (k - 1)) // k
+                hi = Binary("min", hi, lim, "int64")
+                continue
+        keep.append(c)
+    inner = body
+    if keep:
+        cond = keep[0]
+        for c in keep[1:]:
+            cond = Logical("and", cond, c)
+        inner = If(cond, body)
+    out: Stmt = For(s.var, s.lo, hi, inner, s.kind, s.thread)
+    if hoist:
+        cond = hoist[0]
+        for c in hoist[1:]:
+            cond = Logical("and", cond, c)
+        out = If(cond, out)
+    return out
+
+
 def _top_level(body: Stmt) -> list[Stmt]:
     return list(body.body) if isinstance(body, Seq) else [body]
 
@@ -755,7 +830,7 @@ def generate(program: Program, fn_name: str) -> Generated:
 
     # group top-level statements: runs of serial statements, and each parallel loop alone
     groups: list[tuple[bool, list[Stmt]]] = []
-    for s in _top_level(program.body):
+    for s in _top_level(tighten(program.body)):
         if _is_parallel_top(s):
             groups.append((True, [s]))
         elif groups and not groups[-1][0]:

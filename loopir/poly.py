@@ -431,7 +431,8 @@ class _Builder:
                 names.env[v] = n
                 names.taken.add(n)
 
-            def access(buf: Buffer, idx: tuple[Expr, ...], what: str) -> tuple[str, bool]:
+            def access(buf: Buffer, idx: tuple[Expr, ...], what: str, inst: str = inst, names: _Names = names,
+                       st: Store = st) -> tuple[str, bool]:
                 try:
                     return f"{inst} -> {bname(buf)}[{', '.join(aff(i, names) for i in idx)}]", True
                 except NonAffine:
@@ -677,14 +678,29 @@ def find_violation(deps: Deps, program: Program) -> Witness | None:
         return None
     notes: list[str] = []
     new = schedule_map(program, notes=notes).intersect_domain(deps.domain)
-    injective = new.is_single_valued()
-    if injective and alld.intersect(new.lex_ge_union_map(new)).is_empty():
+    # fast path: map the dependences to time pairs and meet them with one lex_ge relation (this
+    # "some run of the source is not before some run of the sink" test is conservative when an
+    # instance runs several times; only then is the finer per-kind test below needed)
+    times = alld.apply_domain(new).apply_range(new)
+    if times.is_empty() or times.intersect(_lex_ge(new)).is_empty():
         return None
+    injective = new.is_single_valued()
     for kind, dep in deps.by_kind():
         bad = _violations(dep, new, kind, injective)
         if not bad.is_empty():
             return _with_notes(_witness(bad, kind, deps), notes)
     return None
+
+
+_LEX_GE: dict[int, isl.UnionMap] = {}
+
+
+def _lex_ge(sched: isl.UnionMap) -> isl.UnionMap:
+    width = sched.get_map_list().get_at(0).dim(isl.dim_type.out)
+    if width not in _LEX_GE:
+        sp = isl.Set("{ [" + ", ".join(f"t{k}" for k in range(width)) + "] }").get_space()
+        _LEX_GE[width] = isl.UnionMap(isl.Map.lex_ge(sp))
+    return _LEX_GE[width]
 
 
 def _with_notes(w: Witness | None, notes: list[str]) -> Witness | None:

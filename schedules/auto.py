@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loopir.nodes import Const, Expr, For, Seq, Store, Var
+from loopir.nodes import Allocate, Const, Expr, For, Seq, Store, Var
 from loopir.te import Tensor
 from loopir.visit import walk
 
@@ -87,6 +87,13 @@ def _group_root(s: Schedule, g: FusionGroup) -> list[Any]:
     return list(s.loops(g.stages[0].name)[: g.depth])
 
 
+def _is_const(e: Expr, v: int) -> bool:
+    from .primitives.loop_fusion import simplify
+
+    e = simplify(e)
+    return isinstance(e, Const) and e.value == v
+
+
 def _multiple_of(e: Expr, k: int) -> bool:
     return isinstance(e, Const) and int(e.value) % k == 0
 
@@ -140,10 +147,14 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int) -> None:
     # "row": one block per point of the shared loops, threads across each phase below
     blocks = _collapse(s, root)
     _bind_blocks(s, blocks)
+    for c in g.caches:  # rows that several phases read, kept in shared memory (the plan checked the size)
+        s.cache_read(c.tensor, c.scope, blocks[-1])
     for phase in _phases(s, blocks[-1].var):
         if _is_reduction_loop(phase):
             s.bind_reduction(phase.var, threads=threads)
         else:
+            while isinstance(phase.body, For) and _is_const(phase.hi - phase.lo, 1):
+                phase = phase.body  # e.g. the row copy of cache_read: for c0 in 0..1: for c1 in 0..n
             _, ti = s.split(phase.var, threads)
             s.bind(ti, "threadIdx.x")
 
@@ -158,6 +169,8 @@ def _find(s: Schedule, var: Var) -> For:
 def _phases(s: Schedule, block: Var) -> list[For]:
     """The loops directly under the block loop (through sequences), in order."""
     body = _find(s, block).body
+    while isinstance(body, Allocate):
+        body = body.body
     kids = body.body if isinstance(body, Seq) else (body,)
     return [k for k in kids if isinstance(k, For)]
 

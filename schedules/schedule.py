@@ -83,7 +83,8 @@ class Schedule:
             raise TypeError("Schedule() takes tensors or a Program, not another Schedule; use s.program")
         if isinstance(target, Program):
             program = target
-        elif _is_tensor(target) or (isinstance(target, (list, tuple)) and target and all(_is_tensor(t) for t in target)):
+        elif _is_tensor(target) or (isinstance(target, (list, tuple)) and target
+                                    and all(_is_tensor(t) for t in target)):
             from loopir.lower import lower
 
             program = lower(list(target) if isinstance(target, (list, tuple)) else target, name=name)

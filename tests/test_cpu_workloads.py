@@ -82,8 +82,6 @@ def test_tiled_reordered_parallel_matmul():
         check(w, mod, {v.name: sizes[v.name] for v in w.sizes})
 
 
-@pytest.mark.xfail(raises=RuntimeError, strict=False,
-                   reason="collapse: 'internal error ... statement instances must be preserved' at m=n=0 (C1)")
 def test_softmax_collapse():
     w = workloads.softmax()
     s = Schedule(w.outputs[0])

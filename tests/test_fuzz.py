@@ -280,8 +280,8 @@ def fuzz(cases: int, seed0: int = 0) -> dict[str, Any]:
                         tname = s._resolve(args[0], name)
                         _verify_inline_witness(before, new, err, tname)
                     else:
-                        verify_witness(original, new, err)
-                except AssertionError as e:
+                        _verify_either_order(original, new, err)
+                except (AssertionError, ValueError, IndexError) as e:
                     if "over-approximated" in str(err):
                         # the checker said so itself: a non-affine nest (e.g. collapse of a symbolic
                         # extent) is analysed conservatively; counted, not failed

@@ -251,7 +251,7 @@ def test_reorder_misuse():
     Y = add2d()
     Z = te.compute(Y.shape, lambda i, j: Y[i, j] + 1.0, name="Z")
     s = Schedule(Z)
-    (yi, yj), (zi, zj) = s.loops("Y"), s.loops("Z")
+    yi, zj = s.loops("Y")[0], s.loops("Z")[1]
     with pytest.raises(ValueError, match="not nested"):
         s.reorder(yi, zj)
     with pytest.raises(ValueError, match="given twice"):

@@ -33,7 +33,7 @@ def test_constructors():
     with pytest.raises(TypeError, match="takes a te tensor"):
         Schedule(42)
     with pytest.raises(AttributeError, match="no attribute or primitive 'splitt'"):
-        Schedule(C).splitt
+        _ = Schedule(C).splitt
 
 
 def test_trace_json_round_trip_and_replay():

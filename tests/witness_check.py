@@ -86,7 +86,8 @@ def _run_trace(program: Program, params: dict[str, int], seed: int = 0) -> list[
         else:
             arrays.append(rng.integers(0, 2, shape).astype(b.dtype))
     trace: list[tuple[str, tuple[int, ...]]] = []
-    interp.run(program, *arrays, trace=trace, sizes={p.name: params[p.name] for p in program.params if p.name in params})
+    sizes = {p.name: params[p.name] for p in program.params if p.name in params}
+    interp.run(program, *arrays, trace=trace, sizes=sizes)
     return trace
 
 

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from loopir import poly
-from loopir.nodes import GPU_AXES, Binary, For, Load, Program, Var
+from loopir.nodes import GPU_AXES, Binary, Load, Program, Var
 from loopir.visit import free_vars, substitute
 
 from . import CheckContext, find_loop, primitive, replace_loop

@@ -206,7 +206,9 @@ class _Redirect(Transformer):
         idx = tuple(self.visit(i) for i in ld.indices)
         if ld.buffer is not self.buf:
             return ld if all(a is b for a, b in zip(idx, ld.indices)) else Load(ld.buffer, idx)
-        return Load(self.cache, tuple(binary("sub", i, lo) for i, lo in zip(idx, self.lows)))
+        from .loop_fusion import simplify
+
+        return Load(self.cache, tuple(simplify(binary("sub", i, lo)) for i, lo in zip(idx, self.lows)))
 
 
 def _rebase(st: Store, loops: tuple[For, ...]) -> Store:

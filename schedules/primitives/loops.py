@@ -249,9 +249,10 @@ def reorder(program: Program, *loops: Var) -> Program:
 
     Precondition: the loops lie on one nest. Statements beside them (e.g. a reduction's init
     between the spatial loops and the reduction loop) are first distributed into their own
-    copy of the loops above them (fresh loop names like `j2`). Rectangular loops swap headers and the guards move innermost. When a bound depends
-    on another reordered loop (triangular, skewed, tiled after skew), the new bounds are the
-    exact projections of the iteration domain onto the new order, computed with isl::
+    copy of the loops above them (fresh loop names like `j2`). Rectangular loops swap headers
+    and the guards move innermost. When a bound depends on another reordered loop (triangular,
+    skewed, tiled after skew), the new bounds are the exact projections of the iteration
+    domain onto the new order, computed with isl::
 
         for i in range(0, n):                for j in range(0, n):
             for j in range(i, n):    ->          for i in range(0, j + 1):
