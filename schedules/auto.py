@@ -134,12 +134,19 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int) -> None:
         return
     root = _group_root(s, g)
     if g.mapping in ("flat", "thread"):
-        if g.mapping == "flat" and all(_multiple_of(t.shape[-1], 4) for t in g.stages):
+        vec = g.mapping == "flat" and all(_multiple_of(t.shape[-1], 4) for t in g.stages)
+        if vec:
             # 128-bit accesses: a 4-wide vector loop innermost, unguarded since 4 divides the extent
             jo, lane = s.split(root[-1], 4)
             s.vectorize(lane)
             root = root[:-1] + [jo]
-        loops = _collapse(s, root)
+        rows = g.stages[0].shape[0]
+        if vec and len(root) == 2 and isinstance(rows, Const) and rows.value <= 65535:
+            # keep the row loop apart (blockIdx.y): the vector base stays affine, so the target can
+            # prove its 16-byte alignment (a collapsed index i = f // n, j = f % n is not affine)
+            loops = root
+        else:
+            loops = _collapse(s, root)
         bo, bi = s.split(loops[-1], threads)
         s.bind(bi, "threadIdx.x")
         _bind_blocks(s, loops[:-1] + [bo])

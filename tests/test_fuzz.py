@@ -252,10 +252,22 @@ def fuzz(cases: int, seed0: int = 0) -> dict[str, Any]:
     from test_prim_compute import _verify_inline_witness
 
     stats = {"cases": cases, "accepted": 0, "refused": 0, "misuse": 0, "steps": 0, "refused_changes_result": 0,
-             "refused_inexact": 0,
+             "refused_inexact": 0, "failures": [],
              "by_primitive": {}}
     t0 = time.perf_counter()
     for case in range(cases):
+        try:
+            _one_case(case, seed0, stats)
+        except Exception as e:  # noqa: BLE001 - every failure is collected and reported at the end
+            stats["failures"].append(f"case {case} (seed {seed0 + case}): {type(e).__name__}: {str(e)[:2000]}")
+    stats["seconds"] = round(time.perf_counter() - t0, 2)
+    return stats
+
+
+def _one_case(case: int, seed0: int, stats: dict[str, Any]) -> None:
+    from test_prim_compute import _verify_inline_witness
+
+    if True:
         r = random.Random(seed0 + case)
         p0 = GENERATORS[case % len(GENERATORS)](r)
         s = Schedule(p0)
@@ -301,13 +313,13 @@ def fuzz(cases: int, seed0: int = 0) -> dict[str, Any]:
         assert same_result(p0, s.program, seed0 + case), (
             f"case {case} seed {seed0 + case}: the accepted schedule {s.trace} computes something else:\n"
             f"{p0}\n---\n{s.program}")
-    stats["seconds"] = round(time.perf_counter() - t0, 2)
-    return stats
 
 
 def test_fuzz_schedules():
     stats = fuzz(CASES)
+    failures = stats.pop("failures")
     print("\nfuzz:", stats)
+    assert not failures, f"{len(failures)} failing case(s):\n" + "\n\n".join(failures[:5])
     assert stats["accepted"] > 0 and stats["refused"] > 0
     # the checker is load-bearing: some refused step really changes the result when forced
     assert stats["refused_changes_result"] >= 1, stats
