@@ -42,10 +42,10 @@ class Device:
     source: str = "defaults"  # where the figures came from
 
     def describe(self) -> str:
-        s = (
-            f"{self.name} ({self.target}, {self.source}): {self.bandwidth / 1e12:.2f} TB/s, "
-            f"{self.peak_flops / 1e12:.1f} TFLOP/s, launch {self.launch_overhead * 1e6:.1f} us"
-        )
+        bw = f"{self.bandwidth / 1e12:.2f} TB/s" if self.bandwidth >= 1e12 else f"{self.bandwidth / 1e9:.0f} GB/s"
+        fl = (f"{self.peak_flops / 1e12:.1f} TFLOP/s" if self.peak_flops >= 1e12
+              else f"{self.peak_flops / 1e9:.0f} GFLOP/s")
+        s = f"{self.name} ({self.target}, {self.source}): {bw}, {fl}, launch {self.launch_overhead * 1e6:.1f} us"
         if self.target == "cuda":
             s += (
                 f", {self.sm_count} SMs, shared memory {self.smem_per_block // 1024} KB static / "
@@ -206,7 +206,8 @@ def fmt_time(t: float) -> str:
 # ----------------------------------------------------------------------------- FLOPs
 
 # Transcendentals cost several instructions; the weights only need to be roughly right.
-CALL_FLOPS = {"exp": 4, "log": 4, "sqrt": 2, "rsqrt": 2, "sin": 6, "cos": 6, "tanh": 6, "sigmoid": 6, "erf": 8, "abs": 1}
+CALL_FLOPS = {"exp": 4, "log": 4, "sqrt": 2, "rsqrt": 2, "sin": 6, "cos": 6, "tanh": 6, "sigmoid": 6, "erf": 8,
+              "abs": 1}
 
 
 def expr_flops(e: Expr) -> int:

@@ -268,7 +268,8 @@ class FusionPlan:
         ]
         for g in self.groups:
             shared = f"{g.depth} shared outer loop{'s' if g.depth != 1 else ''}"
-            lines.append(f"kernel {g.name}: {', '.join(g.stage_names)} — {g.kind}, {shared}, mapping {_MAPPINGS[g.mapping]}")
+            lines.append(f"kernel {g.name}: {', '.join(g.stage_names)} — {g.kind}, {shared}, "
+                         f"mapping {_MAPPINGS[g.mapping]}")
             if g.inlined:
                 lines.append(f"  inlined: {', '.join(t.name for t in g.inlined)}")
             for d in g.log:
@@ -522,7 +523,6 @@ class _Planner:
                     gp = self.group_of[id(p)]
                     if gp is gc:
                         continue
-                    accesses = [idx for pp, cc, idx in self._edges(gp, gc)]
                     d_edge = min(_shared_prefix(pp, cc, [idx]) for pp, cc, idx in self._edges(gp, gc))
                     depth = min(gp.depth, gc.depth, d_edge)
                     shown = ", ".join(sorted({_fmt_idx(p, i) for i in idxs}))
@@ -547,7 +547,6 @@ class _Planner:
                     d = Decision("vertical", (p.name, t.name), False, why)
                     if all(str(d) != str(x) for x in gc.log):
                         gc.log.append(d)
-                    _ = accesses
                 if changed:
                     break
 

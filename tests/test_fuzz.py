@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from loopir import interp, ir, te
-from loopir.nodes import Load, Program, Store
+from loopir.nodes import Load, Program
 from loopir.visit import statements, walk
 from schedules import Schedule, ScheduleError
 from schedules.primitives import REGISTRY, loop_vars
@@ -49,12 +49,12 @@ def gen_elementwise(r: random.Random) -> Program:
         if two_d:
             tr = r.random() < 0.3
             if p is not None and r.random() < 0.5:
-                f = (lambda i, j, c=c, p=p, tr=tr: _unary(r, c[j, i] if tr else c[i, j]) + p[i, j])
+                f = (lambda i, j, c=c, p=p, tr=tr: _unary(r, c[j, i] if tr else c[i, j]) + p[i, j])  # noqa: E731
             else:
-                f = (lambda i, j, c=c, tr=tr: _unary(r, c[j, i] if tr else c[i, j]))
+                f = (lambda i, j, c=c, tr=tr: _unary(r, c[j, i] if tr else c[i, j]))  # noqa: E731
         else:
             rev = r.random() < 0.3
-            f = (lambda i, c=c, rev=rev: _unary(r, c[n - 1 - i] if rev else c[i]))
+            f = (lambda i, c=c, rev=rev: _unary(r, c[n - 1 - i] if rev else c[i]))  # noqa: E731
         prev, cur = cur, te.compute(shape, f, name=f"T{k}")
     return _lower(cur, A)
 
@@ -249,7 +249,6 @@ def _verify_either_order(original: Program, new: Program, err: ScheduleError) ->
 
 
 def fuzz(cases: int, seed0: int = 0) -> dict[str, Any]:
-    from test_prim_compute import _verify_inline_witness
 
     stats = {"cases": cases, "accepted": 0, "refused": 0, "misuse": 0, "steps": 0, "refused_changes_result": 0,
              "refused_inexact": 0, "failures": [],

@@ -221,14 +221,12 @@ def _rebase(st: Store, loops: tuple[For, ...]) -> Store:
 
 def _check_cache_read(ctx: CheckContext) -> poly.Witness | None:
     # legal iff no statement inside the loop writes a value of the buffer that a statement inside it reads
-    ex = ctx.extra if ctx.extra else {}
     buf_name, loop = ctx.args[0], ctx.args[2]
+    buf_name = getattr(buf_name, "name", buf_name)
     f = find_loop(ctx.old, loop)
-    inside = {n.name for n in walk(f) if isinstance(n, Store)}
     writers = {n.name for n in walk(f) if isinstance(n, Store) and n.buffer.name == buf_name}
     readers = {n.name for n in walk(f) if isinstance(n, Store)
                and any(isinstance(m, Load) and m.buffer.name == buf_name for m in walk(n.value))}
-    _ = (ex, inside)
     if not writers:
         return None
     W, R = {poly._sanitize(n) for n in writers}, {poly._sanitize(n) for n in readers}

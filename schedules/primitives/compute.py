@@ -307,7 +307,15 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
     # the region: the bounding box of the readers' half-open footprints
     region: list[tuple[Expr, Expr]] | None = None
     for r in rs:
-        fp = footprint(program, r.store.name, buf, loop)
+        try:
+            fp = footprint(program, r.store.name, buf, loop)
+        except Exception as e:  # poly.NonAffine / isl errors: the region cannot be described exactly
+            if isinstance(e, (ValueError, TypeError)) and not type(e).__name__ == "NonAffine":
+                raise
+            raise ValueError(
+                f"compute_at: the region of {buf.name!r} that {r.store.name} reads in one iteration of loop "
+                f"{loop.name!r} is not affine ({e}); compute_at needs an affine nest around the reader"
+            ) from e
         if region is None:
             region = [(lo, hi) for lo, hi in fp]
         else:
@@ -490,8 +498,8 @@ def _inline_hint(ctx: Any, w: Any) -> str | None:
 
 
 def _at_hint(ctx: Any, w: Any) -> str | None:
-    other = w.sink[0] if w.source[0] in {c.store.name for c in writers(ctx.old, producer_buffer(ctx.old, ctx.args[0]))} \
-        else w.source[0]
+    group = {c.store.name for c in writers(ctx.old, producer_buffer(ctx.old, ctx.args[0]))}
+    other = w.sink[0] if w.source[0] in group else w.source[0]
     return (f"computing {ctx.args[0]} inside loop {ctx.args[1].name!r} reorders it with {other}; "
             "compute it at another loop, or keep it where it is")
 
