@@ -54,6 +54,8 @@ from loopir.nodes import (
 )
 from loopir.visit import walk
 
+from .llvm_vec import emit_vector_loop, version_loops
+
 VALUE_T = {"float16": "float", "float32": "float", "float64": "double",
            "int32": "i32", "int64": "i64", "bool": "i1"}
 STORE_T = {"float16": "half", "float32": "float", "float64": "double",
@@ -298,6 +300,7 @@ class _FnEmitter:
         self.block = "entry"
         self.memo: dict[int, str] = {}
         self.reduction_ops: set[int] = set()
+        self.contract_ops: set[int] = set()  # products feeding a sum reduction: may fuse into an FMA
         self.uses_fail = False
 
     # --- plumbing
@@ -434,7 +437,7 @@ class _FnEmitter:
         t = VALUE_T[e.dtype]
         a, b = self.expr(e.a, index), self.expr(e.b, index)
         if e.dtype in FLT:
-            fm = " reassoc nsz" if id(e) in self.reduction_ops else ""
+            fm = " reassoc nsz contract" if id(e) in self.reduction_ops else " contract" if id(e) in self.contract_ops else ""
             if e.op in ("add", "sub", "mul", "div"):
                 name = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}[e.op]
                 return self.op(f"{name}{fm} {t} {a}, {b}")
@@ -610,6 +613,8 @@ class _FnEmitter:
         red = is_reduction(s)
         if red is not None:
             self.reduction_ops.add(id(red))
+            if red.op == "add":
+                self.contract_ops.update(id(x) for x in (red.a, red.b) if isinstance(x, Binary) and x.op == "mul")
         val = self.expr(s.value)
         ptr = self.address(s.buffer, s.indices)
         dt = s.buffer.dtype
@@ -643,6 +648,8 @@ class _FnEmitter:
                 self.env[f.var] = str(int(f.lo.value) + k)  # type: ignore[union-attr]
                 self.stmt(f.body)
             self._restore(f.var, saved)
+            return
+        if f.kind == "vectorize" and lo_hi is None and emit_vector_loop(self, f):
             return
         lo, hi = lo_hi if lo_hi is not None else (self.index(f.lo), self.index(f.hi))
         pre = self.block
@@ -786,6 +793,8 @@ def tighten(s: Stmt) -> Stmt:
         if not uses_v and not _loads(c):
             hoist.append(c)
             continue
+        if isinstance(c, Compare) and c.op in ("gt", "ge"):  # a > b  <=>  b < a
+            c = Compare({"gt": "lt", "ge": "le"}[c.op], c.b, c.a)
         if isinstance(c, Compare) and c.op in ("lt", "le") and c.a.dtype in INTS and not _loads(c):
             la, lb = _linear(c.a, s.var), _linear(c.b, s.var)
             if la is not None and lb is not None and la[0] - lb[0] > 0:
@@ -830,7 +839,7 @@ def generate(program: Program, fn_name: str) -> Generated:
 
     # group top-level statements: runs of serial statements, and each parallel loop alone
     groups: list[tuple[bool, list[Stmt]]] = []
-    for s in _top_level(tighten(program.body)):
+    for s in _top_level(version_loops(tighten(program.body))):
         if _is_parallel_top(s):
             groups.append((True, [s]))
         elif groups and not groups[-1][0]:

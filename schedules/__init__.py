@@ -12,12 +12,16 @@ from .errors import ScheduleError
 from .primitives import primitive
 from .schedule import LoopHandle, Schedule
 
-__all__ = ["Schedule", "ScheduleError", "LoopHandle", "primitive"]
+__all__ = ["Schedule", "ScheduleError", "LoopHandle", "primitive", "auto_schedule", "plan_fusion", "FusionPlan"]
+
+# The fusion planner and auto_schedule pull in the cost model (and, on a GPU machine, the driver):
+# load them on first use so that `import schedules` stays cheap.
+_LAZY = {"auto_schedule": ".auto", "plan_fusion": ".fusion", "FusionPlan": ".fusion"}
 
 
-def __getattr__(name: str):  # auto_schedule lives in schedules/auto.py (helper F), loaded on demand
-    if name == "auto_schedule":
-        from .auto import auto_schedule
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
 
-        return auto_schedule
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module 'schedules' has no attribute {name!r}")
