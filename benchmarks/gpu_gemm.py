@@ -1,7 +1,8 @@
-"""4096^3 float32 relu(A @ B + bias): ours (schedules.gemm, one kernel) vs cuBLAS through PyTorch
+"""4096^3 float32 relu(A @ B + bias): ours (schedules.gemm_cuda, one kernel) vs cuBLAS through PyTorch
 (eager and torch.compile), TF32 off, timed in the same run. Medians; ratio and TFLOP/s.
 
     python benchmarks/gpu_gemm.py [n] [--block 128 128] ...        (standalone)
+    python benchmarks/gpu_gemm.py 4096 --sweep                     (several tile configurations)
     from benchmarks.gpu_gemm import gemm_entries                       (benchmarks/gpu_suite.py)
 """
 
@@ -37,16 +38,23 @@ def build_ours(n: int, m: int, p: int, **tiles: Any) -> Any:
     from loopir import workloads as w
     from loopir.lower import lower
     from schedules import Schedule
-    from schedules.gemm import schedule_gemm
+    from schedules.gemm_cuda import schedule_gemm_cuda
 
     wl = w.matmul_bias_relu(n=n, m=m, p=p)
     s = Schedule(lower(list(wl.outputs), list(wl.inputs) + list(wl.outputs)))
-    plan = schedule_gemm(s, target="cuda", **tiles)
+    plan = schedule_gemm_cuda(s, **tiles)
     return build(s, list(wl.inputs) + list(wl.outputs), target="cuda"), plan
 
 
-def gemm_entries(n: int = 4096, reps: int = 20, **tiles: Any) -> list[dict[str, Any]]:
-    """Rows {workload, impl, ms, tflops, ratio_vs_cublas} for ours, torch eager and torch.compile."""
+SWEEP = [dict(block=(128, 128), thread_tile=(8, 8), k_tile=k) for k in (8, 16, 32)] + [
+    dict(block=(128, 128), thread_tile=(8, 8), k_tile=16, strided=True),
+    dict(block=(128, 64), thread_tile=(8, 4), k_tile=16), dict(block=(64, 128), thread_tile=(4, 8), k_tile=16)]
+
+
+def gemm_entries(n: int = 4096, reps: int = 20, configs: list[dict[str, Any]] | None = None,
+                 **tiles: Any) -> list[dict[str, Any]]:
+    """Rows {workload, impl, ms, tflops, ratio_vs_cublas} for torch eager, torch.compile and ours (one row
+    per tile configuration in `configs`, default: the `tiles` given)."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -73,13 +81,22 @@ def gemm_entries(n: int = 4096, reps: int = 20, **tiles: Any) -> list[dict[str, 
         rows.append({"impl": "torch.compile", "ms": t_comp})
     except Exception as e:  # noqa: BLE001 - report, keep the others
         rows.append({"impl": "torch.compile", "ms": None, "error": str(e)[:200]})
-    mod, plan = build_ours(n, n, n, **tiles)
-    mod(a, b, bias, out)
-    sync()
-    err = float(((out - ref).abs().max() / ref.abs().max()).item())
-    t_ours = _median_ms(lambda: mod(a, b, bias, out), sync, reps)
-    rows.append({"impl": "loopir (schedules.gemm)", "ms": t_ours, "rel_err": err, "kernels": len(mod.kernels),
-                 "plan": plan.explain()})
+    for cfg in configs or [tiles]:
+        label = "loopir " + " ".join(f"{k}={v}" for k, v in cfg.items())
+        try:
+            t0 = time.perf_counter()
+            mod, plan = build_ours(n, n, n, **cfg)
+            build_s = time.perf_counter() - t0
+            out.fill_(float("nan"))
+            mod(a, b, bias, out)
+            sync()
+            err = float(((out - ref).abs().max() / ref.abs().max()).item())
+            t_ours = _median_ms(lambda m=mod: m(a, b, bias, out), sync, reps)
+        except Exception as e:  # noqa: BLE001 - report, keep the others
+            rows.append({"impl": label, "ms": None, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            continue
+        rows.append({"impl": label, "ms": t_ours, "rel_err": err, "kernels": len(mod.kernels),
+                     "build_s": build_s, "plan": plan.explain()})
     for r in rows:
         r["workload"] = f"relu(A@B+bias) {n}^3 f32 (TF32 off)"
         if r.get("ms"):
@@ -96,16 +113,23 @@ def main() -> None:
     ap.add_argument("--k-tile", type=int, default=8)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sweep", action="store_true", help="time every configuration of SWEEP")
     a = ap.parse_args()
-    rows = gemm_entries(a.n, a.reps, block=tuple(a.block), thread_tile=tuple(a.thread_tile), k_tile=a.k_tile)
+    rows = gemm_entries(a.n, a.reps, SWEEP if a.sweep else None, block=tuple(a.block),
+                        thread_tile=tuple(a.thread_tile), k_tile=a.k_tile)
     print("| impl | ms | TFLOP/s | vs cuBLAS |\n|---|---|---|---|")
     for r in rows:
         if r.get("ms"):
             print(f"| {r['impl']} | {r['ms']:.3f} | {r['tflops']:.1f} | {r['ratio_vs_cublas']:.2f} |")
         else:
             print(f"| {r['impl']} | failed: {r.get('error')} | | |")
-    ours = rows[-1]
-    print(f"loopir: relative error {ours['rel_err']:.2e}, {ours['kernels']} kernel(s)\n{ours['plan']}")
+    for ours in rows[2:]:
+        if ours.get("ms"):
+            print(f"{ours['impl']}: relative error {ours['rel_err']:.2e}, {ours['kernels']} kernel(s), "
+                  f"built in {ours['build_s']:.1f} s")
+    best = [r for r in rows[2:] if r.get("ms")]
+    if best:
+        print(min(best, key=lambda r: r["ms"])["plan"])
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -2,9 +2,9 @@
 
 A `CpuKernel` is the compiled form of one program (shared by every Module built from a
 structurally equal program): it keeps the execution engine alive (the function pointers die
-with it) and runs the segments in order; a parallel segment's `[lo, hi)` is cut into one
-contiguous chunk per thread, run on a thread pool (ctypes drops the GIL during the call) with
-the calling thread taking the first chunk.
+with it) and runs the segments in order; a parallel segment's `[lo, hi)` is cut into
+contiguous chunks (CHUNKS_PER_THREAD per thread), taken in order by the calling thread and the
+workers of a thread pool as each becomes free (ctypes drops the GIL during the call).
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from typing import Any
 from .llvm import Generated, host_features, libmvec
 
 _lock = threading.Lock()
+# A parallel loop is cut into this many contiguous chunks per thread, taken by whichever thread is
+# free: a thread slowed by another process on its core then does less of the work.
+CHUNKS_PER_THREAD = 4
 _pools: dict[int, ThreadPoolExecutor] = {}
 
 
@@ -123,12 +126,22 @@ class CpuKernel:
             n = hi - lo
             if n <= 0:
                 continue
-            k = min(threads, n)
+            k = min(threads * CHUNKS_PER_THREAD, n)
             cuts = [lo + (n * j) // k for j in range(k + 1)]
-            pool = _pool(threads)
-            futs = [pool.submit(seg.fn, *ptrs, *sizes, cuts[j], cuts[j + 1]) for j in range(1, k)]
-            rc = seg.fn(*ptrs, *sizes, cuts[0], cuts[1])
-            rcs = [rc] + [f.result() for f in futs]
+            nxt = iter(range(k))
+            take = threading.Lock()
+
+            def worker(seg: _Seg = seg, cuts: list[int] = cuts, nxt: Any = nxt, take: Any = take) -> list[int]:
+                rcs = []
+                while True:
+                    with take:
+                        j = next(nxt, None)
+                    if j is None:
+                        return rcs
+                    rcs.append(seg.fn(*ptrs, *sizes, cuts[j], cuts[j + 1]))
+
+            futs = [_pool(threads).submit(worker) for _ in range(min(threads, k) - 1)]
+            rcs = worker() + [r for f in futs for r in f.result()]
             for r in rcs:
                 self._check(seg, r)
 

@@ -72,6 +72,7 @@ _STORAGE = {**_CTYPE, "float16": "unsigned short"}
 _NPTYPE = {"float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 _AXES = ("x", "y", "z")
 _RED_OPS = ("add", "mul", "max", "min")
+_VEC_SCOPES = ("global", "shared")  # float4 accesses: global memory, and shared arrays (declared __align__(16))
 _C_KEYWORDS = frozenset(
     "auto bool break case char const continue default do double else enum extern float for goto if inline int "
     "long register return short signed sizeof static struct switch typedef union unsigned void volatile while "
@@ -329,6 +330,18 @@ def _identity(op: str, dtype: str) -> str:
     return f"(-{inf})" if neg else inf
 
 
+def _monotone_guard(cond: N.Expr, v: N.Var) -> bool:
+    """cond is a conjunction of `a < b` / `a <= b` where a - b is affine with a coefficient >= 0 on v."""
+    if isinstance(cond, N.Logical) and cond.op == "and":
+        return _monotone_guard(cond.a, v) and _monotone_guard(cond.b, v)  # type: ignore[arg-type]
+    if not (isinstance(cond, N.Compare) and cond.op in ("lt", "le")):
+        return False
+    p = _poly(N.binary("sub", cond.a, cond.b))
+    if p is None or any(id(v) in k and k != (id(v),) for k in p):
+        return False
+    return p.get((id(v),), 0) >= 0
+
+
 class _KernelGen:
     """Emits one kernel for one top-level nest."""
 
@@ -578,7 +591,7 @@ class _KernelGen:
                                    "shared and local allocations need a constant shape")
         if b.dtype == "float16":
             self.uses_half = True
-        qual = "__shared__ " if b.scope == "shared" else ""
+        qual = "__shared__ __align__(16) " if b.scope == "shared" else ""
         self.line(f"{qual}{_STORAGE[b.dtype]} {self.buf(b)}[{int(size.value)}];  // {b.scope} {b.name}")  # type: ignore[attr-defined]
         self.stmt(s.body, last)
 
@@ -647,6 +660,8 @@ class _KernelGen:
             self.bound_loop(f, lambda: self.stmt(f.body, last))
             return None
         if f.kind == "vectorize" and self.try_vector(f):
+            return None
+        if f.kind == "parallel" and self.thread_depth > 0 and self.cooperative(f):
             return None
         if f.kind in ("unroll", "vectorize"):
             self.line("#pragma unroll")
@@ -755,36 +770,187 @@ class _KernelGen:
 
         go(self.nest, [])
 
+    # ---------------------------------------------------------------- cooperative shared copies
+    def cooperative(self, f: N.For) -> bool:
+        """A "parallel" nest inside thread-bound loops whose one statement fills a shared buffer with values that
+        do not depend on the thread (cache_read "shared" of a block tile): every thread would write the same
+        values, so the block's threads share the iterations (thread t: flat iterations t, t + T, ...), with
+        128-bit loads and stores where the alignment is proven (else checked at run time). Requires every thread
+        of the block to reach the nest (no thread-dependent guard around it); otherwise plain loops."""
+        loops: list[N.For] = []
+        inner: N.Stmt = f
+        while isinstance(inner, N.For) and inner.kind == "parallel":
+            if not (_is_const(inner.lo) and _is_const(inner.hi)) or inner.lo.value != 0:  # type: ignore[attr-defined]
+                return False
+            loops.append(inner)
+            inner = inner.body
+        guard = None
+        if isinstance(inner, N.If) and inner.orelse is None:
+            guard, inner = inner.cond, inner.then
+        if not isinstance(inner, N.Store) or inner.buffer.scope != "shared":
+            return False
+        tvars = {x.var for x in _loops(self.nest) if x.kind == "thread" and (x.thread or "").startswith("threadIdx")}
+        sub = _subst_coords(inner)
+        used = free_vars(substitute(inner.value, sub)) | free_vars(guard if guard is not None else N.const(0))
+        for i in inner.indices:
+            used |= free_vars(substitute(i, sub))
+        if used & tvars or not self._uniform_path(f, tvars):
+            return False
+        dims = [int(x.hi.value) for x in loops]  # type: ignore[attr-defined]
+        total = math.prod(dims)
+        ext = [self.launch.get(f"threadIdx.{a}", N.const(1)) for a in _AXES]
+        nt = math.prod(int(e.value) for e in ext) if all(_is_const(e) for e in ext) else None  # type: ignore[attr-defined]
+        t, e = self.names.fresh("coop_t"), self.names.fresh("coop_e")
+        self.line(f"{{  // {inner.name}: cooperative copy of {total} elements by the block's threads")
+        self.ind += 1
+        self.line(f"const int {t} = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);")
+        vec = None
+        if guard is None and dims[-1] % 4 == 0 and isinstance(inner.value, N.Load):
+            vec = self._coop_vector(inner, loops[-1].var, sub)
+        if vec is not None:
+            checks, src, dst = vec
+            if checks:
+                self.line(f"if ({' && '.join(checks)}) {{")
+                self.ind += 1
+            self._coop_loop(loops, dims, total // 4, nt, t, e, 4, lambda: self.line(
+                f"*reinterpret_cast<float4*>(&{self.buf(inner.buffer)}[{self.expr(dst)}]) = "
+                f"*reinterpret_cast<const float4*>(&{self.buf(inner.value.buffer)}[{self.expr(src)}]);"))  # type: ignore[union-attr]
+            if checks:
+                self.ind -= 1
+                self.line("} else {")
+                self.ind += 1
+        if vec is None or vec[0]:
+            body = inner if guard is None else N.If(guard, inner)
+            self._coop_loop(loops, dims, total, nt, t, e, 1, lambda: self.stmt(body, False))
+        if vec is not None and vec[0]:
+            self.ind -= 1
+            self.line("}")
+        self._invalidate(inner.buffer)
+        self.ind -= 1
+        self.line("}")
+        return True
+
+    def _coop_loop(self, loops: list[N.For], dims: list[int], n: int, nt: int | None, t: str, e: str, width: int,
+                   body) -> None:
+        if nt is not None:
+            reps = -(-n // nt)
+            self.line("#pragma unroll")
+            r = self.names.fresh("coop_r")
+            self.line(f"for (int {r} = 0; {r} < {reps}; ++{r}) {{")
+            self.ind += 1
+            self.line(f"const int {e} = {t} + {r} * {nt};")
+            if n % nt:
+                self.line(f"if ({e} < {n}) {{")
+                self.ind += 1
+        else:
+            self.line(f"for (int {e} = {t}; {e} < {n}; {e} += blockDim.x * blockDim.y * blockDim.z) {{")
+            self.ind += 1
+        flat = f"({e} * {width})" if width != 1 else e
+        stride = 1
+        for x, d in reversed(list(zip(loops, dims))):
+            q = f"({flat} / {stride})" if stride != 1 else flat
+            self.line(f"const long long {self.var(x.var)} = {q} % {d};")
+            stride *= d
+        body()
+        if nt is not None and n % nt:
+            self.ind -= 1
+            self.line("}")
+        self.ind -= 1
+        self.line("}")
+
+    def _coop_vector(self, st: N.Store, v: N.Var, sub: dict) -> tuple[list[str], N.Expr, N.Expr] | None:
+        ld = st.value
+        if not (isinstance(ld, N.Load) and ld.buffer.dtype == "float32" and st.buffer.dtype == "float32"
+                and ld.buffer.scope == "global"):
+            return None
+        checks: list[str] = []
+        src = self._aligned_base(substitute(self.flat(ld.buffer, ld.indices), sub), v, checks)
+        dchecks: list[str] = []
+        dst = self._aligned_base(substitute(self.flat(st.buffer, st.indices), sub), v, dchecks)
+        if src is None or dst is None or dchecks:
+            return None
+        checks.append(f"(((unsigned long long){self.buf(ld.buffer)}) & 15) == 0")
+        return list(dict.fromkeys(checks)), N.binary("add", src, v), N.binary("add", dst, v)
+
+    def _uniform_path(self, target: N.Stmt, tvars: set[N.Var]) -> bool:
+        """Every thread of the block reaches `target`: no guarded thread-bound loop, no thread-dependent If."""
+        def go(s: N.Stmt) -> bool | None:
+            if s is target:
+                return True
+            kids: list[N.Stmt] = []
+            if isinstance(s, N.For):
+                kids = [s.body]
+            elif isinstance(s, N.Seq):
+                kids = list(s.body)
+            elif isinstance(s, N.Allocate):
+                kids = [s.body]
+            elif isinstance(s, N.If):
+                kids = [s.then] + ([s.orelse] if s.orelse is not None else [])
+            for k in kids:
+                r = go(k)
+                if r is None:
+                    continue
+                if not r:
+                    return False
+                if isinstance(s, N.If) and free_vars(s.cond) & tvars:
+                    return False
+                if isinstance(s, N.For) and s.kind == "thread" and (s.thread or "").startswith("threadIdx"):
+                    ext = self.extent[id(s)]
+                    if not (ext == self.launch[s.thread] and ext == N.binary("sub", s.hi, s.lo)):
+                        return False
+                return True
+            return None
+
+        return bool(go(self.nest))
+
     # ---------------------------------------------------------------- float4
     def try_vector(self, f: N.For) -> bool:
         body = f.body
         if not (_is_const(f.lo) and _is_const(f.hi) and f.lo.value == 0 and f.hi.value == 4):  # type: ignore[attr-defined]
             return False
-        if not isinstance(body, N.Store) or body.buffer.dtype != "float32" or body.buffer.scope != "global":
+        guard = None
+        if isinstance(body, N.If) and body.orelse is None and isinstance(body.then, N.Store):
+            guard, body = body.cond, body.then  # e.g. the bounds clip of a cache_read copy
+        # one store, or several (horizontally fused outputs of one element) sharing the lane loop
+        stores = list(body.body) if isinstance(body, N.Seq) and guard is None else [body]
+        if not all(isinstance(st, N.Store) and st.buffer.dtype == "float32" and st.buffer.scope in _VEC_SCOPES
+                   for st in stores):
             return False
-        sub = _subst_coords(body)
         v = f.var
         checks: list[str] = []
-        sflat = self.flat(body.buffer, tuple(substitute(i, sub) for i in body.indices))
-        base = self._aligned_base(sflat, v, checks)
-        if base is None:
-            return False
-        checks.append(f"(((unsigned long long){self.buf(body.buffer)}) & 15) == 0")
-        value = substitute(body.value, sub)
+        if guard is not None:
+            if not _monotone_guard(guard, v):
+                return False
+            # every conjunct grows with the lane: holding at lane 3 it holds at lanes 0..3
+            checks.append(self.expr(substitute(guard, {v: N.const(3)})))
+        written = {id(st.buffer) for st in stores}
+        outs: list[tuple[N.Store, N.Expr, N.Expr]] = []  # (store, base, value in loop variables)
         vec_loads: list[tuple[N.Load, N.Expr]] = []
-        for n in walk(value):
-            if isinstance(n, N.Load) and v in free_vars(n):
-                lflat = self.flat(n.buffer, n.indices)
-                if n.buffer.dtype != "float32" or n.buffer.scope != "global":
-                    continue
-                lbase = self._aligned_base(lflat, v, checks)
-                if lbase is None:
-                    continue
-                if all(n != x for x, _ in vec_loads):
-                    vec_loads.append((n, lbase))
-                    checks.append(f"(((unsigned long long){self.buf(n.buffer)}) & 15) == 0")
+        for st in stores:
+            sub = _subst_coords(st)
+            sflat = self.flat(st.buffer, tuple(substitute(i, sub) for i in st.indices))
+            base = self._aligned_base(sflat, v, checks)
+            if base is None:
+                return False
+            checks.append(f"(((unsigned long long){self.buf(st.buffer)}) & 15) == 0")
+            value = substitute(st.value, sub)
+            for n in walk(value):
+                if isinstance(n, N.Load) and id(n.buffer) in written and len(stores) > 1:
+                    return False  # loads are hoisted above all the stores: none may read what they write
+                if isinstance(n, N.Load) and v in free_vars(n):
+                    lflat = self.flat(n.buffer, n.indices)
+                    if n.buffer.dtype != "float32" or n.buffer.scope not in _VEC_SCOPES:
+                        continue
+                    lbase = self._aligned_base(lflat, v, checks)
+                    if lbase is None:
+                        continue
+                    if all(n != x for x, _ in vec_loads):
+                        vec_loads.append((n, lbase))
+                        checks.append(f"(((unsigned long long){self.buf(n.buffer)}) & 15) == 0")
+            outs.append((st, base, value))
         cond = " && ".join(dict.fromkeys(checks))
-        self.line(f"if ({cond}) {{  // {body.name}: 128-bit vector loads/stores over {v.name}")
+        names = ", ".join(st.name for st in stores)
+        self.line(f"if ({cond}) {{  // {names}: 128-bit vector loads/stores over {v.name}")
         self.ind += 1
         lane_names = {}
         for ld, lbase in vec_loads:
@@ -792,22 +958,26 @@ class _KernelGen:
             lane_names[ld] = nm
             addr = f"&{self.buf(ld.buffer)}[{self.expr(lbase)}]"
             self.line(f"const float4 {nm} = *reinterpret_cast<const float4*>({addr});")
-        out = self.names.fresh(f"{body.name}_v")
-        self.line(f"float4 {out};")
-        for lane, comp in enumerate("xyzw"):
-            lc = N.const(lane)
-            self.vec_lanes = {substitute(ld, {v: lc}): f"{nm}.{comp}" for ld, nm in lane_names.items()}
-            self.line(f"{out}.{comp} = {self.expr(substitute(value, {v: lc}))};")
-        self.vec_lanes = {}
-        self.line(f"*reinterpret_cast<float4*>(&{self.buf(body.buffer)}[{self.expr(base)}]) = {out};")
-        self._invalidate(body.buffer)
+        for st, base, value in outs:
+            out = self.names.fresh(f"{st.name}_v")
+            self.line(f"float4 {out};  // {st.name}")
+            for lane, comp in enumerate("xyzw"):
+                lc = N.const(lane)
+                self.vec_lanes = {substitute(ld, {v: lc}): f"{nm}.{comp}" for ld, nm in lane_names.items()}
+                lane_value = substitute(value, {v: lc})
+                self.sincos(lane_value)  # sin and cos of one lane's argument share one sincosf
+                self.line(f"{out}.{comp} = {self.expr(lane_value)};")
+            self.vec_lanes = {}
+            self.pre = {}
+            self.line(f"*reinterpret_cast<float4*>(&{self.buf(st.buffer)}[{self.expr(base)}]) = {out};")
+            self._invalidate(st.buffer)
         self.ind -= 1
         self.line("} else {")
         self.ind += 1
         vn = self.var(v)
         self.line("#pragma unroll")
         self.line(f"for (long long {vn} = 0; {vn} < 4; ++{vn}) {{")
-        self.block(body, False)
+        self.block(f.body, False)
         self.line("}")
         self.ind -= 1
         self.line("}")

@@ -17,7 +17,12 @@ and stores only). Integer `//` and `%` follow Python (floor); a zero divisor giv
 result) instead of a trap. Float max/min propagate NaN (`llvm.maximum`, as numpy). The update
 of a recognised reduction (`C[..] = C[..] op x`, op in add/max/min) carries `reassoc nsz`, so
 the vectorizer may reorder the sum: float results then differ from a sequential sum by rounding
-(relative ~n*eps worst case), never by more — the same freedom numpy's pairwise sum takes.
+(relative ~n*eps worst case), never by more — the same freedom numpy's pairwise sum takes. A sum's
+update and the product feeding it also carry `contract` (one rounding instead of two: an FMA).
+
+Before emission, `tighten` turns tiling guards into loop bounds and `llvm_vec.version_loops` gives
+tile loops a full-tile version with constant bounds; constant `vectorize` loops in the simple
+subset become explicit vector code (`llvm_vec.emit_vector_loop`), the rest go to LLVM's vectorizer.
 """
 
 from __future__ import annotations
@@ -437,9 +442,11 @@ class _FnEmitter:
         t = VALUE_T[e.dtype]
         a, b = self.expr(e.a, index), self.expr(e.b, index)
         if e.dtype in FLT:
-            fm = " reassoc nsz contract" if id(e) in self.reduction_ops else " contract" if id(e) in self.contract_ops else ""
+            fm = " reassoc nsz" if id(e) in self.reduction_ops else ""
             if e.op in ("add", "sub", "mul", "div"):
                 name = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}[e.op]
+                if id(e) in self.reduction_ops or id(e) in self.contract_ops:
+                    fm += " contract"
                 return self.op(f"{name}{fm} {t} {a}, {b}")
             if e.op in ("max", "min"):
                 intr = f"llvm.{'maximum' if e.op == 'max' else 'minimum'}.{'f64' if t == 'double' else 'f32'}"

@@ -97,11 +97,15 @@ def version_loops(s: Stmt, budget: int = 8) -> Stmt:
     found = _versionable(s.body) if budget > 1 else []
     if not found:
         return For(s.var, s.lo, s.hi, version_loops(s.body, budget), s.kind, s.thread)
-    cond: Expr | None = None
+    checks: list[Expr] = []
     for _, c, lims in found:
         for lim in lims:
             ck = Compare("le", Const(c, lim.dtype), lim)
-            cond = ck if cond is None else Logical("and", cond, ck)
+            if ck not in checks:  # structural equality: tiles of one loop share their limit
+                checks.append(ck)
+    cond: Expr | None = None
+    for ck in checks:
+        cond = ck if cond is None else Logical("and", cond, ck)
     full = _with_const_bounds(s.body, {id(f): c for f, c, _ in found})
     assert cond is not None
     body = If(cond, version_loops(full, budget // 2), s.body)
@@ -170,9 +174,70 @@ def _plan(f: For) -> _Plan | None:
     return _Plan(stmts, kinds, dtypes.pop())  # type: ignore[arg-type]
 
 
+class _VecEmitter:
+    """Vector code for one statement of one chunk: values are (text, is_vector)."""
+
+    def __init__(self, fe: _FnEmitter, plan: _Plan, vl: int, st: Store) -> None:
+        from .llvm import is_reduction
+
+        self.fe, self.plan, self.vl = fe, plan, vl
+        self.t = VEC_DTYPES[plan.dtype]
+        self.vt = f"<{vl} x {self.t}>"
+        self.memo: dict[int, tuple[str, bool]] = {}
+        red = is_reduction(st)
+        self.fast: set[int] = set() if red is None else {id(red)}
+        self.contract = set(self.fast)
+        if red is not None and red.op == "add":  # let the product feeding the sum become an FMA
+            self.contract.update(id(x) for x in (red.a, red.b) if isinstance(x, Binary) and x.op == "mul")
+
+    def splat(self, x: str) -> str:
+        vt, t = self.vt, self.t
+        ins = self.fe.op(f"insertelement {vt} poison, {t} {x}, i64 0")
+        return self.fe.op(f"shufflevector {vt} {ins}, {vt} poison, <{self.vl} x i32> zeroinitializer")
+
+    def vec(self, e: Expr) -> str:
+        x, is_vec = self.expr(e)
+        return x if is_vec else self.splat(x)
+
+    def expr(self, e: Expr) -> tuple[str, bool]:
+        if id(e) not in self.memo:
+            self.memo[id(e)] = self._expr(e)
+        return self.memo[id(e)]
+
+    def _expr(self, e: Expr) -> tuple[str, bool]:
+        from .llvm import ITEMSIZE, fconst
+
+        fe, t, vt = self.fe, self.t, self.vt
+        if isinstance(e, Const):
+            return fconst(e.value, self.plan.dtype), False
+        if isinstance(e, Load):
+            ptr = fe.address(e.buffer, e.indices)
+            isz = ITEMSIZE[self.plan.dtype]
+            if self.plan.kinds[id(e)] == "uniform":
+                return fe.op(f"load {t}, ptr {ptr}, align {isz}"), False
+            return fe.op(f"load {vt}, ptr {ptr}, align {isz}"), True
+        if isinstance(e, Unary):
+            a, av = self.expr(e.a)
+            return fe.op(f"fneg {vt if av else t} {a}"), av
+        assert isinstance(e, Binary)
+        (a, av), (b, bv) = self.expr(e.a), self.expr(e.b)
+        if av or bv:
+            a, b = (a if av else self.splat(a)), (b if bv else self.splat(b))
+        ty = vt if av or bv else t
+        fm = " reassoc nsz" if id(e) in self.fast else ""
+        if e.op in ("max", "min"):
+            scalar = "f64" if t == "double" else "f32"
+            intr = f"llvm.{'maximum' if e.op == 'max' else 'minimum'}.{scalar if ty == t else f'v{self.vl}{scalar}'}"
+            fe.m.declare(intr, f"declare {ty} @{intr}({ty}, {ty})")
+            return fe.op(f"call{fm} {ty} @{intr}({ty} {a}, {ty} {b})"), av or bv
+        name = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}[e.op]
+        fm += " contract" if id(e) in self.contract else ""
+        return fe.op(f"{name}{fm} {ty} {a}, {b}"), av or bv
+
+
 def emit_vector_loop(fe: _FnEmitter, f: For) -> bool:
     """Emit constant-extent `vectorize` loop `f` as explicit vector code; False if not applicable."""
-    from .llvm import ITEMSIZE, _const_extent, fconst, is_reduction, vector_bits
+    from .llvm import ITEMSIZE, _const_extent, vector_bits
 
     ext = _const_extent(f)
     if ext is None or ext == 0:
@@ -180,19 +245,12 @@ def emit_vector_loop(fe: _FnEmitter, f: For) -> bool:
     plan = _plan(f)
     if plan is None:
         return False
-    t = VEC_DTYPES[plan.dtype]
     isz = ITEMSIZE[plan.dtype]
     vl = vector_bits() // (8 * isz)
     if ext % vl or ext // vl > MAX_CHUNKS:
         return False
-    vt = f"<{vl} x {t}>"
     lo = int(f.lo.value)  # type: ignore[union-attr]
     saved = fe.env.get(f.var)
-
-    def splat(x: str) -> str:
-        ins = fe.op(f"insertelement {vt} poison, {t} {x}, i64 0")
-        return fe.op(f"shufflevector {vt} {ins}, {vt} poison, <{vl} x i32> zeroinitializer")
-
     for chunk in range(ext // vl):
         fe.env[f.var] = str(lo + chunk * vl)
         for st in plan.stores:
@@ -201,53 +259,10 @@ def emit_vector_loop(fe: _FnEmitter, f: For) -> bool:
             vals = [fe.index(c) for c in st.coords]
             for v, x in zip(st.iters, vals):
                 fe.env[v] = x
-            red = is_reduction(st)
-            fast: set[int] = set()
-            if red is not None:
-                fast.add(id(red))
-                if red.op == "add":  # let the product feeding the sum become an FMA
-                    fast.update(id(x) for x in (red.a, red.b) if isinstance(x, Binary) and x.op == "mul")
-            vmemo: dict[int, tuple[str, bool]] = {}
-
-            def vexpr(e: Expr) -> tuple[str, bool]:
-                if id(e) in vmemo:
-                    return vmemo[id(e)]
-                r = _vexpr(e)
-                vmemo[id(e)] = r
-                return r
-
-            def vec(e: Expr) -> str:
-                x, is_vec = vexpr(e)
-                return x if is_vec else splat(x)
-
-            def _vexpr(e: Expr) -> tuple[str, bool]:
-                if isinstance(e, Const):
-                    return fconst(e.value, plan.dtype), False
-                if isinstance(e, Load):
-                    ptr = fe.address(e.buffer, e.indices)
-                    if plan.kinds[id(e)] == "uniform":
-                        return fe.op(f"load {t}, ptr {ptr}, align {isz}"), False
-                    return fe.op(f"load {vt}, ptr {ptr}, align {isz}"), True
-                if isinstance(e, Unary):
-                    a, av = vexpr(e.a)
-                    return fe.op(f"fneg {vt if av else t} {a}"), av
-                assert isinstance(e, Binary)
-                (a, av), (b, bv) = vexpr(e.a), vexpr(e.b)
-                if av or bv:
-                    a, b = (a if av else splat(a)), (b if bv else splat(b))
-                ty = vt if av or bv else t
-                fm = " reassoc nsz contract" if id(e) in fast else ""
-                if e.op in ("max", "min"):
-                    sfx = ("f64" if t == "double" else "f32") if ty == t else f"v{vl}{'f64' if t == 'double' else 'f32'}"
-                    intr = f"llvm.{'maximum' if e.op == 'max' else 'minimum'}.{sfx}"
-                    fe.m.declare(intr, f"declare {ty} @{intr}({ty}, {ty})")
-                    return fe.op(f"call{fm} {ty} @{intr}({ty} {a}, {ty} {b})"), av or bv
-                name = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}[e.op]
-                return fe.op(f"{name}{fm} {ty} {a}, {b}"), av or bv
-
-            val = vec(st.value)
+            ve = _VecEmitter(fe, plan, vl, st)
+            val = ve.vec(st.value)
             ptr = fe.address(st.buffer, st.indices)
-            fe.emit(f"store {vt} {val}, ptr {ptr}, align {isz}")
+            fe.emit(f"store {ve.vt} {val}, ptr {ptr}, align {isz}")
             for v in st.iters:
                 fe.env.pop(v, None)
             fe.env.update(saved_iters)

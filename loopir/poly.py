@@ -1,56 +1,62 @@
 """Exact dependence analysis of loop IR with isl (islpy), and the legality tests built on it.
 
-The program is turned into isl objects:
-
-* the statement *domains*, one `UnionSet` over the ORIGINAL instance spaces `S[iters]`
-  (dims named after the statement's iteration variables, size variables as parameters):
-  `{ S[iters] : exists loops: iters = coords(loops) and lo <= loop < hi and guards }`;
-* read and write *accesses* `S[iters] -> Buf[indices]` (a non-affine index reads or writes
-  the whole buffer, and says so in `Deps.notes`; a non-affine bound or guard is dropped, which
-  over-approximates the domain, and is noted too);
-* a *schedule*: each statement instance -> a time vector of ONE common length in which
-  textual-order dimensions are interleaved with the loop dimensions (`[b0, l0, b1, l1, ..., bk]`,
-  padded with 0). The range tuple is unnamed: isl's lexicographic comparisons silently drop
-  pairs whose ranges lie in different spaces (STACK.md trap 1), and two statements at the same
-  time hide their dependences from `compute_flow` (trap 3).
+The model (statement domains, accesses, schedules over the ORIGINAL instance spaces `S[iters]`)
+is built in `loopir.poly_model`; Expr <-> isl conversions live in `loopir.isl_conv`, footprints
+in `loopir.footprint`. Every public name of those modules is importable from here too.
 
 `dependences(program)` runs isl's dataflow analysis once per program (cached);
 `find_violation(deps, new_program)` and `carried_by(deps, program, loop_var)` check a
 schedule against them and return a concrete `Witness` (two statement instances and the
 sizes at which they conflict) or None; `footprint` gives the region a statement reads
 inside a loop (for compute_at).
+
+Scratch buffers (introduced by an `Allocate`) are private to each iteration of the loops
+around their Allocate: their accesses are expanded by the allocation instance (see
+poly_model), so dependences on them never join two iterations of those loops. That is only
+sound while a schedule keeps the same statement instances together in one allocation:
+`find_violation` and `carried_by` first check it (`check_private`) and raise
+`PrivateScopeError` (a ValueError) when a step would move a loop across an allocation.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import islpy as isl
 
-from .nodes import (
-    Allocate,
-    Binary,
-    Buffer,
-    Cast,
-    Compare,
-    Const,
-    Expr,
-    For,
-    If,
-    Load,
-    Logical,
-    Program,
-    Seq,
-    Stmt,
-    Store,
-    Unary,
-    Var,
-    binary,
-    const,
+from .footprint import _union_box, footprint
+from .isl_conv import (
+    _CMP,
+    _ISL_WORDS,
+    _NEG,
+    NonAffine,
+    _const_int,
+    _exists,
+    _is_int_expr,
+    _Names,
+    _plus1,
+    _sanitize,
+    _scale,
+    aff,
+    aff_to_expr,
+    cond,
+    eval_index,
+    pw_to_expr,
+    simplify_affine,
+)
+from .nodes import Buffer, Expr, Load, Program, Store, Var
+from .poly_model import (
+    AllocSite,
+    StmtInfo,
+    _Builder,
+    _parse_union_map,
+    _program_params,
+    isl_domain,
+    schedule_map,
+    stmt_infos,
 )
 from .visit import walk
 
@@ -58,22 +64,30 @@ __all__ = [
     "Deps",
     "Witness",
     "StmtInfo",
+    "AllocSite",
     "NonAffine",
+    "PrivateScopeError",
     "dependences",
     "schedule_map",
     "find_violation",
     "carried_by",
+    "check_private",
     "footprint",
     "stmt_infos",
     "eval_index",
     "instance_mismatch",
     "time_of",
     "isl_domain",
+    "aff",
+    "cond",
+    "aff_to_expr",
+    "pw_to_expr",
+    "simplify_affine",
 ]
 
-
-class NonAffine(Exception):
-    """An expression that isl cannot represent (raised internally, then over-approximated)."""
+# names kept importable from loopir.poly for code written before the split
+_REEXPORTED = (_CMP, _ISL_WORDS, _NEG, _const_int, _exists, _is_int_expr, _Names, _plus1, _scale, _parse_union_map,
+               _program_params, _union_box)
 
 
 # ----------------------------------------------------------------------------- results
@@ -113,6 +127,8 @@ class Deps:
     program: Program
     stmts: dict[str, Store] = field(default_factory=dict)
     params: dict[str, Var] = field(default_factory=dict)
+    # per scratch buffer: S[i] -> T[j] when the two instances use the same allocation of it
+    private: dict[Buffer, isl.UnionMap] = field(default_factory=dict)
 
     @property
     def all(self) -> isl.UnionMap:
@@ -121,360 +137,6 @@ class Deps:
     def by_kind(self) -> tuple[tuple[str, isl.UnionMap], ...]:
         return (("flow", self.flow), ("anti", self.anti), ("output", self.output))
 
-
-@dataclass(frozen=True)
-class StmtInfo:
-    """A statement occurrence in the current nest: its loops, guards and textual positions
-    (`betas[k]` is its position among the children of loop k-1; len(betas) == len(loops) + 1)."""
-
-    store: Store
-    loops: tuple[For, ...]
-    guards: tuple[Expr, ...]
-    betas: tuple[int, ...]
-
-
-def stmt_infos(program: Program | Stmt) -> list[StmtInfo]:
-    """Every Store in textual order with its loops, guards and textual-order positions."""
-    body = program.body if isinstance(program, Program) else program
-    out: list[StmtInfo] = []
-
-    def go(s: Stmt, loops: tuple[For, ...], guards: tuple[Expr, ...], betas: tuple[int, ...], ctr: list[int]) -> None:
-        if isinstance(s, Store):
-            out.append(StmtInfo(s, loops, guards, betas + (ctr[0],)))
-            ctr[0] += 1
-        elif isinstance(s, Seq):
-            for c in s.body:
-                go(c, loops, guards, betas, ctr)
-        elif isinstance(s, For):
-            b = ctr[0]
-            ctr[0] += 1
-            go(s.body, loops + (s,), guards, betas + (b,), [0])
-        elif isinstance(s, If):
-            go(s.then, loops, guards + (s.cond,), betas, ctr)
-            if s.orelse is not None:
-                go(s.orelse, loops, guards + (~s.cond,), betas, ctr)
-        elif isinstance(s, Allocate):
-            go(s.body, loops, guards, betas, ctr)
-
-    go(body, (), (), (), [0])
-    return out
-
-
-# ----------------------------------------------------------------------------- expressions -> isl text
-
-_ISL_WORDS = {"and", "or", "not", "exists", "mod", "floor", "ceil", "min", "max", "true", "false", "infty", "NaN", "Z"}
-
-
-def _sanitize(name: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9_]", "_", name) or "v"
-    if s[0].isdigit():
-        s = "v" + s
-    if s in _ISL_WORDS:
-        s += "_"
-    return s
-
-
-class _Names:
-    """isl identifiers for Vars (by identity) within one formula; unknown Vars become parameters."""
-
-    def __init__(self, params: dict[str, Var], taken: set[str] | None = None) -> None:
-        self.params = params
-        self.env: dict[Var, str] = {}
-        self.taken = set(taken or ()) | set(params)
-
-    def bind(self, v: Var, hint: str | None = None) -> str:
-        base = _sanitize(hint or v.name)
-        name, k = base, 1
-        while name in self.taken:
-            name = f"{base}_{k}"
-            k += 1
-        self.taken.add(name)
-        self.env[v] = name
-        return name
-
-    def name(self, v: Var) -> str:
-        n = self.env.get(v)
-        if n is not None:
-            return n
-        p = _sanitize(v.name)
-        if p not in self.params:
-            self.params[p] = v
-        self.env[v] = p
-        return p
-
-
-def _is_int_expr(e: Expr) -> bool:
-    return e.dtype in ("int32", "int64")
-
-
-def aff(e: Expr, names: _Names) -> str:
-    """isl text of an affine integer expression; raises NonAffine otherwise."""
-    if isinstance(e, Const):
-        if isinstance(e.value, bool) or not isinstance(e.value, int):
-            raise NonAffine(e)
-        return str(e.value)
-    if isinstance(e, Var):
-        return names.name(e)
-    if isinstance(e, Cast):
-        if _is_int_expr(e) and _is_int_expr(e.a):
-            return aff(e.a, names)
-        raise NonAffine(e)
-    if isinstance(e, Unary) and e.op == "neg":
-        return f"-({aff(e.a, names)})"
-    if isinstance(e, Binary) and _is_int_expr(e):
-        if e.op in ("add", "sub"):
-            return f"({aff(e.a, names)}) {'+' if e.op == 'add' else '-'} ({aff(e.b, names)})"
-        if e.op == "mul":
-            ca, cb = _const_int(e.a), _const_int(e.b)
-            if cb is not None:
-                return f"{cb}*({aff(e.a, names)})"
-            if ca is not None:
-                return f"{ca}*({aff(e.b, names)})"
-            raise NonAffine(e)
-        if e.op in ("floordiv", "mod"):
-            c = _const_int(e.b)
-            if c is None or c <= 0:
-                raise NonAffine(e)
-            a = aff(e.a, names)
-            if e.op == "floordiv":
-                return f"floor(({a})/{c})"
-            return f"(({a}) - {c}*floor(({a})/{c}))"
-        if e.op in ("max", "min"):
-            return f"{e.op}({aff(e.a, names)}, {aff(e.b, names)})"
-    raise NonAffine(e)
-
-
-def _const_int(e: Expr) -> int | None:
-    if isinstance(e, Const) and isinstance(e.value, int) and not isinstance(e.value, bool):
-        return e.value
-    if isinstance(e, Unary) and e.op == "neg":
-        c = _const_int(e.a)
-        return None if c is None else -c
-    if isinstance(e, Cast) and _is_int_expr(e):
-        return _const_int(e.a)
-    return None
-
-
-_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "="}
-_NEG = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
-
-
-def cond(e: Expr, names: _Names, negate: bool = False) -> str:
-    """isl text of an affine condition; raises NonAffine otherwise."""
-    if isinstance(e, Const) and isinstance(e.value, bool):
-        return "1 = 1" if e.value != negate else "1 = 0"
-    if isinstance(e, Compare):
-        if not (_is_int_expr(e.a) and _is_int_expr(e.b)):
-            raise NonAffine(e)
-        op = _NEG[e.op] if negate else e.op
-        a, b = aff(e.a, names), aff(e.b, names)
-        if op == "ne":
-            return f"(({a}) < ({b}) or ({a}) > ({b}))"
-        return f"({a}) {_CMP[op]} ({b})"
-    if isinstance(e, Logical):
-        if e.op == "not":
-            return cond(e.a, names, not negate)
-        assert e.b is not None
-        op = e.op if not negate else ("or" if e.op == "and" else "and")
-        return f"(({cond(e.a, names, negate)}) {op} ({cond(e.b, names, negate)}))"
-    raise NonAffine(e)
-
-
-# ----------------------------------------------------------------------------- evaluation
-
-
-def eval_index(e: Expr, env: dict[Var, int]) -> int:
-    """Value of an integer index expression at concrete values of its variables."""
-    if isinstance(e, Const):
-        return int(e.value)
-    if isinstance(e, Var):
-        if e not in env:
-            raise KeyError(f"no value for variable {e.name!r}")
-        return env[e]
-    if isinstance(e, Cast):
-        return eval_index(e.a, env)
-    if isinstance(e, Unary) and e.op == "neg":
-        return -eval_index(e.a, env)
-    if isinstance(e, Binary):
-        a, b = eval_index(e.a, env), eval_index(e.b, env)
-        ops = {"add": a + b, "sub": a - b, "mul": a * b, "max": max(a, b), "min": min(a, b)}
-        if e.op in ops:
-            return ops[e.op]
-        if e.op == "floordiv":
-            return a // b
-        if e.op == "mod":
-            return a % b
-    raise ValueError(f"cannot evaluate {e!r} as an integer index")
-
-
-# ----------------------------------------------------------------------------- building isl objects
-
-
-def _program_params(program: Program) -> dict[str, Var]:
-    return {_sanitize(p.name): p for p in program.params}
-
-
-class _Builder:
-    """Builds the isl text of domains, accesses and schedules of one program."""
-
-    def __init__(self, program: Program, notes: list[str] | None = None) -> None:
-        self.program = program
-        self.params = _program_params(program)
-        self.infos = stmt_infos(program)
-        self.notes = notes if notes is not None else []
-        self.depth = max((len(i.loops) for i in self.infos), default=0)
-        self.exact: dict[str, bool] = {}
-        self._iter_names: dict[int, list[str]] = {}
-
-    def iter_names(self, st: Store) -> list[str]:
-        key = id(st)
-        if key not in self._iter_names:
-            n = _Names(self.params)
-            self._iter_names[key] = [n.bind(v) for v in st.iters]
-        return self._iter_names[key]
-
-    def note(self, text: str) -> None:
-        if text not in self.notes:
-            self.notes.append(text)
-
-    def _instance(self, info: StmtInfo) -> tuple[str, _Names, list[str]]:
-        """`S[i, j]`, a name table with iters and loops bound, and the domain constraints
-        (in terms of the loop existentials)."""
-        st = info.store
-        # the loop table only: a loop variable may be the very Var of an iteration variable
-        names = _Names(self.params, set(self.iter_names(st)))
-        its = self.iter_names(st)
-        cons: list[str] = []
-        for lp in info.loops:
-            names.bind(lp.var, "l_" + lp.var.name)
-        for lp in info.loops:
-            v = names.env[lp.var]
-            try:
-                cons.append(f"({aff(lp.lo, names)}) <= {v} < ({aff(lp.hi, names)})")
-            except NonAffine:
-                self.exact[st.name] = False
-                self.note(f"the bounds of loop {lp.var.name} around statement {st.name} are not affine; "
-                          "the analysis assumes the loop may run any iteration")
-        for g in info.guards:
-            try:
-                cons.append(cond(g, names))
-            except NonAffine:
-                self.exact[st.name] = False
-                self.note(f"a guard of statement {st.name} is not affine; the analysis assumes it always holds")
-        for k, (v, c) in enumerate(zip(st.iters, st.coords)):
-            try:
-                cons.append(f"{its[k]} = ({aff(c, names)})")
-            except NonAffine:
-                self.exact[st.name] = False
-                self.note(f"statement {st.name}: {v.name} is not an affine function of the loops around it; "
-                          "the analysis assumes any value")
-        return f"{_sanitize(st.name)}[{', '.join(its)}]", names, cons
-
-    def _exists(self, info: StmtInfo, names: _Names, cons: list[str]) -> str:
-        loops = [names.env[lp.var] for lp in info.loops]
-        body = " and ".join(cons) if cons else "1 = 1"
-        if not loops:
-            return body
-        return f"exists ({', '.join(loops)} : {body})"
-
-    def prefix(self) -> str:
-        return f"[{', '.join(self.params)}] -> " if self.params else ""
-
-    def domain_text(self) -> str:
-        parts = []
-        for info in self.infos:
-            inst, names, cons = self._instance(info)
-            parts.append(f"{inst} : {self._exists(info, names, cons)}")
-        return "{ " + "; ".join(parts) + " }"
-
-    def schedule_text(self, only: set[str] | None = None) -> str:
-        width = 2 * self.depth + 1
-        parts = []
-        for info in self.infos:
-            if only is not None and info.store.name not in only:
-                continue
-            inst, names, cons = self._instance(info)
-            t: list[str] = []
-            for k, lp in enumerate(info.loops):
-                t += [str(info.betas[k]), names.env[lp.var]]
-            t.append(str(info.betas[-1]))
-            t += ["0"] * (width - len(t))
-            ts = [f"t{k}" for k in range(width)]
-            tcons = [f"{a} = {b}" for a, b in zip(ts, t)]
-            loops = [names.env[lp.var] for lp in info.loops]
-            body = " and ".join(cons + tcons)
-            text = f"exists ({', '.join(loops)} : {body})" if loops else body
-            parts.append(f"{inst} -> [{', '.join(ts)}] : {text}")
-        return "{ " + "; ".join(parts) + " }"
-
-    def access_texts(self) -> tuple[str, str, str]:
-        """(reads, exact writes, inexact writes) as isl text (each intersected with the domain later)."""
-        reads, must, may = [], [], []
-        bufnames: dict[Buffer, str] = {}
-        used: set[str] = set()
-
-        def bname(b: Buffer) -> str:
-            if b not in bufnames:
-                base, n, k = _sanitize(b.name), _sanitize(b.name), 1
-                while n in used:
-                    n = f"{base}_{k}"
-                    k += 1
-                used.add(n)
-                bufnames[b] = n
-            return bufnames[b]
-
-        for info in self.infos:
-            st = info.store
-            inst, _, _ = self._instance(info)
-            names = _Names(self.params)
-            for v, n in zip(st.iters, self.iter_names(st)):
-                names.env[v] = n
-                names.taken.add(n)
-
-            def access(buf: Buffer, idx: tuple[Expr, ...], what: str, inst: str = inst, names: _Names = names,
-                       st: Store = st) -> tuple[str, bool]:
-                try:
-                    return f"{inst} -> {bname(buf)}[{', '.join(aff(i, names) for i in idx)}]", True
-                except NonAffine:
-                    self.note(f"statement {st.name} {what} {buf.name} at a non-affine index; "
-                              f"the analysis assumes it may {what.rstrip('s')} any element of {buf.name}")
-                    return self._whole(inst, bname(buf), buf, names), False
-
-            loads = [n for n in walk(st.value) if isinstance(n, Load)]
-            for i in st.indices:
-                loads += [n for n in walk(i) if isinstance(n, Load)]
-            for ld in loads:
-                reads.append(access(ld.buffer, ld.indices, "reads")[0])
-            text, ok = access(st.buffer, st.indices, "writes")
-            (must if ok and self.exact.get(st.name, True) else may).append(text)
-        self.bufnames = {v: k for k, v in bufnames.items()}
-        wrap = lambda xs: "{ " + "; ".join(xs) + " }"  # noqa: E731
-        return wrap(reads), wrap(must), wrap(may)
-
-    def _whole(self, inst: str, bn: str, buf: Buffer, names: _Names) -> str:
-        dims = [f"e{k}" for k in range(len(buf.shape))]
-        cons = []
-        for d, s in zip(dims, buf.shape):
-            try:
-                cons.append(f"0 <= {d} < ({aff(s, names)})")
-            except NonAffine:
-                pass
-        return f"{inst} -> {bn}[{', '.join(dims)}]" + (f" : {' and '.join(cons)}" if cons else "")
-
-
-def _parse_union_map(b: _Builder, text: str) -> isl.UnionMap:
-    return isl.UnionMap(b.prefix() + text)
-
-
-def _exists(names: list[str], body: str) -> str:
-    return f"exists ({', '.join(names)} : {body})" if names else body
-
-
-def isl_domain(program: Program) -> isl.UnionSet:
-    """The statement domains of `program` over original instance spaces."""
-    b = _Builder(program)
-    text = b.domain_text()
-    return isl.UnionSet(b.prefix() + text)
 
 
 # ----------------------------------------------------------------------------- dependences
@@ -515,19 +177,12 @@ def dependences(program: Program) -> Deps:
     out = flow(writes, must, may, None).get_may_dependence()
     anti = flow(writes, None, reads, must).get_may_dependence()
     deps = Deps(fl, anti, out, notes, dom, program,
-                stmts={i.store.name: i.store for i in b.infos}, params=dict(b.params))
+                stmts={i.store.name: i.store for i in b.infos}, params=dict(b.params),
+                private={buf: r.intersect_domain(dom).intersect_range(dom) for buf, r in _same_alloc(b)[0].items()})
     _DEP_CACHE[id(program)] = (program, deps)
     while len(_DEP_CACHE) > 64:
         _DEP_CACHE.popitem(last=False)
     return deps
-
-
-def schedule_map(program: Program, only: set[str] | None = None, notes: list[str] | None = None) -> isl.UnionMap:
-    """The current nest's schedule as a relation S[iters] -> [time] (common length, textual-order dims).
-
-    Non-affine loop bounds, guards or coords are dropped (over-approximation) and described in `notes`."""
-    b = _Builder(program, notes)
-    return _parse_union_map(b, b.schedule_text(only))
 
 
 def instance_mismatch(deps: Deps, program: Program) -> str | None:
@@ -545,6 +200,109 @@ def instance_mismatch(deps: Deps, program: Program) -> str | None:
             s = extra.sample_point()
             return f"the new program {what} {s} (statement instances must be preserved)"
     return None
+
+
+# ----------------------------------------------------------------------------- scratch buffers
+
+
+class PrivateScopeError(ValueError):
+    """A step would change which statement instances share one allocation of a scratch buffer
+    (e.g. move a loop from outside an `Allocate` to inside it): the dependences computed with
+    the old allocations would no longer describe the new program, so the step is refused."""
+
+
+def _same_alloc(b: _Builder, buffers: set[Buffer] | None = None
+                ) -> tuple[dict[Buffer, isl.UnionMap], list[tuple[str, Buffer]]]:
+    texts, outside = b.alloc_texts(buffers)
+    rels = {}
+    for buf, text in texts.items():
+        m = _parse_union_map(b, text)
+        rels[buf] = m.apply_range(m.reverse())
+    return rels, outside
+
+
+def check_private(deps: Deps, program: Program) -> None:
+    """Raise PrivateScopeError unless every scratch buffer of the analysed program is shared by
+    exactly the same statement instances in `program` (then the dependences, computed per
+    allocation instance, are exact for `program` too)."""
+    # sound iff for each scratch buffer B: same_alloc_B(old)(s, t) <=> same_alloc_B(new)(s, t) on the analysed
+    # instances, where same_alloc relates instances under one Allocate at equal values of its privatizing loops
+    if not deps.private or program is deps.program or _same_scratch_context(deps, program):
+        return
+    b = _Builder(program)
+    new, outside = _same_alloc(b, set(deps.private))
+    for stmt, buf in outside:
+        raise PrivateScopeError(f"statement {stmt} would access scratch buffer {buf.name!r} outside its allocation "
+                                f"({_alloc_loops(deps.program, buf)}); keep it inside the allocate")
+    for buf, old in deps.private.items():
+        rel = new.get(buf)
+        if rel is None:
+            continue  # no statement accesses it any more: the instance check reports lost statements
+        rel = rel.intersect_domain(deps.domain).intersect_range(deps.domain)
+        if rel.is_equal(old):
+            continue
+        lost = old.subtract(rel)
+        if not lost.is_empty():
+            a, c, at = _pair_str(lost, deps)
+            what = f"{a} and {c} use one allocation of it now and would use separate ones{at}"
+        else:
+            a, c, at = _pair_str(rel.subtract(old), deps)
+            what = f"{a} and {c} would share one allocation of it{at} (each has its own now)"
+        raise PrivateScopeError(
+            f"scratch buffer {buf.name!r} is allocated {_alloc_loops(deps.program, buf)} before this step and "
+            f"{_alloc_loops(program, buf)} after it: {what}. Its dependences were computed per allocation, so a "
+            "step may not move a loop or a statement across the allocation of a scratch buffer; do it before "
+            "cache_write / cache_read, or keep the loop on the same side of the allocation.")
+
+
+def _scratch_context(program: Program, buffers: set[Buffer]) -> list[tuple[Any, ...]]:
+    out = []
+    for info in stmt_infos(program):
+        used = [b for b in dict.fromkeys(b for b in _buffers_of(info.store)) if b in buffers]
+        if used:
+            out.append((id(info.store), tuple((id(lp.var), lp.lo, lp.hi) for lp in info.loops), info.guards,
+                        tuple((id(a.buffer), a.depth, a.loops) for a in info.allocs)))
+    return out
+
+
+def _same_scratch_context(deps: Deps, program: Program) -> bool:
+    # fast path (steps that only annotate loops): every statement that touches a scratch buffer is the same
+    # object under the same loops, guards and allocations, so its allocation instances are the same
+    bufs = set(deps.private)
+    return _scratch_context(deps.program, bufs) == _scratch_context(program, bufs)
+
+
+def _buffers_of(st: Store) -> list[Buffer]:
+    return [st.buffer] + [n.buffer for n in walk(st.value) if isinstance(n, Load)] + [
+        n.buffer for i in st.indices for n in walk(i) if isinstance(n, Load)]
+
+
+def _alloc_loops(program: Program, buf: Buffer) -> str:
+    for info in stmt_infos(program):
+        site = info.alloc_of(buf)
+        if site is not None:
+            names = [info.loops[k].var.name for k in site.loops]
+            shared = [lp.var.name for k, lp in enumerate(info.loops[: site.depth]) if k not in site.loops]
+            where = f"inside loops {', '.join(names)}" if names else "outside every loop"
+            return where + (f" (shared by the threads of {', '.join(shared)})" if shared else "")
+    return "not allocated"
+
+
+def _pair_str(rel: isl.UnionMap, deps: Deps) -> tuple[str, str, str]:
+    m = rel.get_map_list().get_at(0)
+    pt = _small_point(m.wrap())
+    nin = m.dim(isl.dim_type.in_)
+    vals = [_pt_val(pt, isl.dim_type.set, i) for i in range(nin + m.dim(isl.dim_type.out))]
+    src = _stmt_by_isl_name(deps, m.get_tuple_name(isl.dim_type.in_))
+    snk = _stmt_by_isl_name(deps, m.get_tuple_name(isl.dim_type.out))
+
+    def fmt(st: Store, xs: list[int]) -> str:
+        return f"{st.name}[{', '.join(f'{v.name}={x}' for v, x in zip(st.iters, xs))}]"
+
+    sp = pt.get_space()
+    at = ", ".join(f"{sp.get_dim_name(isl.dim_type.param, i)}={_pt_val(pt, isl.dim_type.param, i)}"
+                   for i in range(sp.dim(isl.dim_type.param)))
+    return fmt(src, vals[:nin]), fmt(snk, vals[nin:]), (f" (at {at})" if at else "")
 
 
 # ----------------------------------------------------------------------------- witnesses
@@ -672,7 +430,9 @@ def _violations(dep: isl.UnionMap, new: isl.UnionMap, kind: str, injective: bool
 def find_violation(deps: Deps, program: Program) -> Witness | None:
     """A dependence (source -> sink) that `program` runs backwards or at the same time, or None.
 
-    Legal iff no dependence s -> t has new(t) <= new(s) lexicographically."""
+    Legal iff no dependence s -> t has new(t) <= new(s) lexicographically (and, for scratch
+    buffers, the allocations are unchanged: check_private)."""
+    check_private(deps, program)
     alld = deps.all
     if alld.is_empty():
         return None
@@ -725,6 +485,7 @@ def carried_by(deps: Deps, program: Program, loop_var: Var) -> Witness | None:
     """A dependence between two different iterations of loop `loop_var` (same iteration of
     every loop outside it), or None when its iterations may run in any order / in parallel."""
     depth, inside = _loop_depth(program, loop_var)
+    check_private(deps, program)
     if deps.all.is_empty():
         return None
     notes: list[str] = []
@@ -765,150 +526,3 @@ def time_of(program: Program, stmt: str, iters: dict[str, int], params: dict[str
     return [_pt_val(pt, isl.dim_type.set, k) for k in range(s.dim(isl.dim_type.set))]
 
 
-# ----------------------------------------------------------------------------- footprint & bounds
-
-
-def pw_to_expr(pw: isl.PwAff, vars_by_name: dict[str, Var], what: str = "bound") -> Expr:
-    """A loopir Expr for an isl piecewise quasi-affine function that is one affine piece or the
-    max / min of its pieces; ValueError otherwise."""
-    pieces = pw.get_pieces()
-    if not pieces:
-        raise ValueError(f"the {what} is empty (no iteration)")
-    exprs = [aff_to_expr(a, vars_by_name) for _, a in pieces]
-    if len(pieces) == 1:
-        return exprs[0]
-    dom = pw.domain()
-    affs = [isl.PwAff.from_aff(a) for _, a in pieces]
-    for op in ("max", "min"):
-        acc = affs[0]
-        for a in affs[1:]:
-            acc = acc.max(a) if op == "max" else acc.min(a)
-        if acc.intersect_domain(dom).is_equal(pw):
-            out = exprs[0]
-            for e in exprs[1:]:
-                out = binary(op, out, e)
-            return out
-    raise ValueError(f"the {what} {pw} is not a max or min of affine pieces")
-
-
-def aff_to_expr(a: isl.Aff, vars_by_name: dict[str, Var]) -> Expr:
-    """A loopir Expr for an isl quasi-affine expression (divisions become floordiv)."""
-    den_val = a.get_denominator_val()
-    den = int(den_val.to_python())
-    terms: list[Expr] = []
-
-    def coef(t: Any, k: int) -> int:
-        return int(a.get_coefficient_val(t, k).mul(den_val).to_python())
-
-    for t in (isl.dim_type.param, isl.dim_type.in_):
-        for k in range(a.dim(t)):
-            c = coef(t, k)
-            if c:
-                name = a.get_dim_name(t, k)
-                if name not in vars_by_name:
-                    raise ValueError(f"unknown variable {name!r} in {a}")
-                terms.append(_scale(vars_by_name[name], c))
-    for k in range(a.dim(isl.dim_type.div)):
-        c = coef(isl.dim_type.div, k)
-        if c:
-            terms.append(_scale(aff_to_expr(a.get_div(k), vars_by_name), c))
-    c0 = int(a.get_constant_val().mul(den_val).to_python())
-    out: Expr = const(0)
-    for t in terms:
-        out = binary("add", out, t)
-    out = binary("add", out, const(c0)) if c0 > 0 else binary("sub", out, const(-c0)) if c0 < 0 else out
-    if den != 1:
-        out = binary("floordiv", out, const(den))
-    return out
-
-
-def _plus1(pw: isl.PwAff) -> isl.PwAff:
-    return pw.add_constant_val(isl.Val.one(pw.get_ctx()))
-
-
-def _scale(e: Expr, c: int) -> Expr:
-    return e if c == 1 else binary("mul", const(c), e)
-
-
-def footprint(program: Program, stmt_name: str, buffer: Buffer | str,
-              loop_var: Var) -> list[tuple[Expr, Expr]]:
-    """The region of `buffer` that statement `stmt_name` reads during one iteration of every loop
-    down to and including `loop_var`: per dimension (lo, hi), hi exclusive, in terms of those
-    loop variables and the sizes. ValueError when not a max/min of affine pieces."""
-    b = _Builder(program)
-    info = next((i for i in b.infos if i.store.name == stmt_name), None)
-    if info is None:
-        raise ValueError(f"no statement {stmt_name!r} in program {program.name!r}")
-    depth = next((k for k, lp in enumerate(info.loops) if lp.var is loop_var), None)
-    if depth is None:
-        raise ValueError(f"loop {loop_var.name!r} does not surround statement {stmt_name!r}")
-    st = info.store
-    loads = [n for n in walk(st.value) if isinstance(n, Load)
-             and (n.buffer is buffer or (isinstance(buffer, str) and n.buffer.name == buffer))]
-    if not loads:
-        name = buffer if isinstance(buffer, str) else buffer.name
-        raise ValueError(f"statement {stmt_name!r} does not read buffer {name!r}")
-    buf = loads[0].buffer
-    # two tables: loop variables (bounds, guards, coords) and iteration variables (indices); a
-    # freshly lowered loop variable IS its statement's iteration variable, so one table cannot hold both
-    names = _Names(b.params)
-    its = [names.bind(v, "it_" + v.name) for v in st.iters]
-    inames = _Names(b.params)
-    inames.env = dict(zip(st.iters, its))
-    outer = info.loops[: depth + 1]
-    outer_names = [names.bind(lp.var) for lp in outer]
-    vars_by_name = {**b.params, **{n: lp.var for n, lp in zip(outer_names, outer)}}
-    inner = [names.bind(lp.var, "l_" + lp.var.name) for lp in info.loops[depth + 1:]]
-    cons: list[str] = []
-    for lp in info.loops:
-        try:
-            cons.append(f"({aff(lp.lo, names)}) <= {names.env[lp.var]} < ({aff(lp.hi, names)})")
-        except NonAffine:
-            pass
-    for g in info.guards:
-        try:
-            cons.append(cond(g, names))
-        except NonAffine:
-            pass
-    for n, c in zip(its, st.coords):
-        cons.append(f"{n} = ({aff(c, names)})")
-    whole = [(const(0), s) for s in buf.shape]
-    regions: list[list[tuple[Expr, Expr]]] = []
-    for ld in loads:
-        try:
-            idx = [aff(i, inames) for i in ld.indices]
-        except NonAffine:
-            regions.append(whole)
-            continue
-        es = [f"e{k}" for k in range(len(idx))]
-        allp = list(b.params) + outer_names
-        text = (f"[{', '.join(allp)}] -> {{ [{', '.join(es)}] : "
-                f"{_exists(its + inner, ' and '.join(cons + [f'{e} = ({x})' for e, x in zip(es, idx)]))} }}")
-        s = isl.Set(text)
-        regions.append([(pw_to_expr(s.dim_min(k), vars_by_name, "footprint lower bound"),
-                         pw_to_expr(_plus1(s.dim_max(k)), vars_by_name, "footprint upper bound"))
-                        for k in range(len(idx))])
-    if len(regions) == 1:
-        return regions[0]
-    # several reads of the same buffer: the union's bounding box, computed in isl for exactness
-    return _union_box(b, inames, cons, its, inner, outer_names, vars_by_name, loads, whole)
-
-
-def _union_box(b: _Builder, names: _Names, cons: list[str], its: list[str], inner: list[str],
-               outer_names: list[str], vars_by_name: dict[str, Var], loads: list[Load],
-               whole: list[tuple[Expr, Expr]]) -> list[tuple[Expr, Expr]]:
-    allp = list(b.params) + outer_names
-    sets = None
-    for ld in loads:
-        try:
-            idx = [aff(i, names) for i in ld.indices]
-        except NonAffine:
-            return whole
-        es = [f"e{k}" for k in range(len(idx))]
-        s = isl.Set(f"[{', '.join(allp)}] -> {{ [{', '.join(es)}] : "
-                    f"{_exists(its + inner, ' and '.join(cons + [f'{e} = ({x})' for e, x in zip(es, idx)]))} }}")
-        sets = s if sets is None else sets.union(s)
-    assert sets is not None
-    return [(pw_to_expr(sets.dim_min(k), vars_by_name, "footprint lower bound"),
-             pw_to_expr(_plus1(sets.dim_max(k)), vars_by_name, "footprint upper bound"))
-            for k in range(sets.dim(isl.dim_type.set))]

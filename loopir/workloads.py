@@ -121,10 +121,13 @@ def _f(x: Size, dtype: str) -> Expr:
 
 
 def sincos(n: Size | None = None, dtype: str = "float32") -> Workload:
-    """y = sin(x)^2 + cos(x)^2 (one stage)."""
+    """y = sin(x)^2 + cos(x)^2 as the chain a user writes: s = sin(x)^2, c = cos(x)^2, y = s + c
+    (three stages; fused, one kernel reads x once and writes y once)."""
     n = _size(n, "n")
     x = te.placeholder((n,), dtype, name="x")
-    y = te.compute((n,), lambda i: te.sin(x[i]) ** 2 + te.cos(x[i]) ** 2, name="y")
+    s = te.compute((n,), lambda i: te.sin(x[i]) ** 2, name="s")
+    c = te.compute((n,), lambda i: te.cos(x[i]) ** 2, name="c")
+    y = te.compute((n,), lambda i: s[i] + c[i], name="y")
 
     def ref(xa: Array) -> tuple[Array, ...]:
         x64 = xa.astype(np.float64)
@@ -136,28 +139,47 @@ def sincos(n: Size | None = None, dtype: str = "float32") -> Workload:
 GELU_C = math.sqrt(2.0 / math.pi)
 
 
-def gelu(n: Size | None = None, dtype: str = "float32") -> Workload:
-    """The tanh GELU: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (one stage)."""
+def _shape(n: Size | None, m: Size | None) -> tuple[tuple[Size, ...], tuple[Var, ...]]:
+    """(n,) when m is None, else (m, n): the elementwise seeds are 1-D by default, 2-D on request."""
     n = _size(n, "n")
-    x = te.placeholder((n,), dtype, name="x")
-    y = te.compute(
-        (n,), lambda i: 0.5 * x[i] * (1.0 + te.tanh(GELU_C * (x[i] + 0.044715 * x[i] ** 3))), name="y"
-    )
+    if m is None:
+        return (n,), _vars(n)
+    return (m, n), _vars(m, n)
+
+
+def _ew(shape: tuple[Size, ...], f: Callable[[tuple[Expr, ...]], Expr], name: str) -> Tensor:
+    """An elementwise stage over `shape` (loop variables named i, or i and j)."""
+    if len(shape) == 1:
+        return te.compute(shape, lambda i: f((i,)), name=name)
+    return te.compute(shape, lambda i, j: f((i, j)), name=name)
+
+
+def gelu(n: Size | None = None, dtype: str = "float32", m: Size | None = None) -> Workload:
+    """The tanh GELU, y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as a chain of four
+    elementwise stages: cube = x^3, inner = sqrt(2/pi) (x + 0.044715 cube), th = tanh(inner),
+    y = 0.5 x (1 + th). Shape (n,), or (m, n) when `m` is given."""
+    shape, sizes = _shape(n, m)
+    x = te.placeholder(shape, dtype, name="x")
+    cube = _ew(shape, lambda i: x[i] * x[i] * x[i], "cube")
+    inner = _ew(shape, lambda i: GELU_C * (x[i] + 0.044715 * cube[i]), "inner")
+    th = _ew(shape, lambda i: te.tanh(inner[i]), "th")
+    y = _ew(shape, lambda i: 0.5 * x[i] * (1.0 + th[i]), "y")
 
     def ref(xa: Array) -> tuple[Array, ...]:
         x64 = xa.astype(np.float64)
         return ((0.5 * x64 * (1.0 + np.tanh(GELU_C * (x64 + 0.044715 * x64**3)))).astype(dtype),)
 
-    return Workload("gelu", (x,), (y,), ref, _vars(n))
+    return Workload("gelu", (x,), (y,), ref, sizes)
 
 
-def horizontal(n: Size | None = None, dtype: str = "float32") -> Workload:
-    """Three outputs of one input: relu(x), sigmoid(x), tanh(x) (three independent stages)."""
-    n = _size(n, "n")
-    x = te.placeholder((n,), dtype, name="x")
-    r = te.compute((n,), lambda i: te.maximum(x[i], 0.0), name="y_relu")
-    s = te.compute((n,), lambda i: te.sigmoid(x[i]), name="y_sigmoid")
-    t = te.compute((n,), lambda i: te.tanh(x[i]), name="y_tanh")
+def horizontal(n: Size | None = None, dtype: str = "float32", m: Size | None = None) -> Workload:
+    """Three outputs of one input: relu(x), sigmoid(x), tanh(x) (three independent stages).
+    Shape (n,), or (m, n) when `m` is given."""
+    shape, sizes = _shape(n, m)
+    x = te.placeholder(shape, dtype, name="x")
+    r = _ew(shape, lambda i: te.maximum(x[i], 0.0), "y_relu")
+    s = _ew(shape, lambda i: te.sigmoid(x[i]), "y_sigmoid")
+    t = _ew(shape, lambda i: te.tanh(x[i]), "y_tanh")
 
     def ref(xa: Array) -> tuple[Array, ...]:
         x64 = xa.astype(np.float64)
@@ -167,7 +189,7 @@ def horizontal(n: Size | None = None, dtype: str = "float32") -> Workload:
             np.tanh(x64).astype(dtype),
         )
 
-    return Workload("horizontal", (x,), (r, s, t), ref, _vars(n))
+    return Workload("horizontal", (x,), (r, s, t), ref, sizes)
 
 
 # ----------------------------------------------------------------------------- reductions

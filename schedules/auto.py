@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loopir.nodes import Allocate, Const, Expr, For, Seq, Store, Var
+from loopir.nodes import Allocate, Const, Expr, For, If, Seq, Store, Var
 from loopir.te import Tensor
 from loopir.visit import walk
 
@@ -35,6 +35,8 @@ from .schedule import Schedule
 
 __all__ = ["auto_schedule"]
 
+PER_THREAD = 1  # 16-byte chunks per thread in vectorized flat kernels (benchmarks/gpu_suite.py sweeps it)
+
 
 def auto_schedule(
     outputs: Tensor | list[Tensor],
@@ -44,14 +46,18 @@ def auto_schedule(
     threads: int = THREADS,
     plan: FusionPlan | None = None,
     check: bool = True,
+    per_thread: int = PER_THREAD,
 ) -> Schedule:
     """A Schedule of `outputs` fused as `plan_fusion` decides and mapped to `target` ("cuda" or "cpu").
 
     The plan is kept as `schedule.plan` (`schedule.plan.explain()` is the readable log). `sizes`
-    are the sizes the cost model assumes; `threads` the block size of the CUDA mappings."""
+    are the sizes the cost model assumes; `threads` the block size of the CUDA mappings;
+    `per_thread` how many 16-byte chunks each thread of a vectorized flat kernel handles."""
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 32 or threads > 1024 or threads % 32:
         raise ValueError(f"auto_schedule: threads must be a multiple of 32 in [32, 1024], got {threads!r}")
+    if isinstance(per_thread, bool) or not isinstance(per_thread, int) or not 1 <= per_thread <= 16:
+        raise ValueError(f"auto_schedule: per_thread must be an int in [1, 16], got {per_thread!r}")
     plan = plan or plan_fusion(outs, target=target, fuse=fuse, sizes=sizes)
     s = Schedule(outs, check=check)
     s.plan = plan  # type: ignore[attr-defined]
@@ -61,7 +67,7 @@ def auto_schedule(
         _fuse_group(s, g)
     for g in plan.groups:
         if target == "cuda":
-            _map_cuda(s, g, threads)
+            _map_cuda(s, g, threads, per_thread)
         else:
             _map_cpu(s, g)
     return s
@@ -129,7 +135,7 @@ def _collapse_strict(s: Schedule, loops: list[Any], keep: int) -> list[Any]:
     return loops
 
 
-def _map_cuda(s: Schedule, g: FusionGroup, threads: int) -> None:
+def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) -> None:
     if g.depth == 0:  # a scalar stage: one thread does it (the target launches a 1-thread kernel)
         return
     root = _group_root(s, g)
@@ -148,6 +154,12 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int) -> None:
         else:
             loops = _collapse(s, root)
         bo, bi = s.split(loops[-1], threads)
+        if vec and per_thread > 1:
+            # several 16-byte chunks per thread, each chunk coalesced across the block
+            # (flat = ((b * U + u) * T + t) * 4 + lane): more bytes in flight per thread
+            bo, u = s.split(bo, per_thread)
+            s.reorder(bi, u)
+            s.unroll(u)
         s.bind(bi, "threadIdx.x")
         _bind_blocks(s, loops[:-1] + [bo])
         return
@@ -162,8 +174,20 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int) -> None:
         else:
             while isinstance(phase.body, For) and _is_const(phase.hi - phase.lo, 1):
                 phase = phase.body  # e.g. the row copy of cache_read: for c0 in 0..1: for c1 in 0..n
-            _, ti = s.split(phase.var, threads)
+            var = phase.var
+            if _is_const(phase.lo, 0) and _multiple_of(phase.hi, 4) and _single_store(phase.body):
+                # 128-bit accesses along the row (the row copy into shared memory and the epilogue)
+                var, lane = s.split(var, 4)
+                s.vectorize(lane)
+            _, ti = s.split(var, threads)
             s.bind(ti, "threadIdx.x")
+
+
+def _single_store(body: Any) -> bool:
+    """One Store, possibly under a guard (the bounds clip of a cache_read copy)."""
+    if isinstance(body, If) and body.orelse is None:
+        body = body.then
+    return isinstance(body, Store)
 
 
 def _find(s: Schedule, var: Var) -> For:

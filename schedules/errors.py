@@ -6,7 +6,7 @@ from typing import Any
 
 from loopir.nodes import Program, Var
 
-__all__ = ["ScheduleError", "describe_witness", "nest_str"]
+__all__ = ["ScheduleError", "InexactCheckError", "describe_witness", "nest_str"]
 
 
 class ScheduleError(Exception):
@@ -56,6 +56,40 @@ class ScheduleError(Exception):
             lines.append("note: the analysis of the new nest over-approximated, so this witness may not be real: "
                          + "; ".join(notes))
         return cls(primitive, w.kind, w.buffer, w.source, w.sink, w.params, "\n".join(lines), w.element, hint)
+
+
+class InexactCheckError(ValueError):
+    """A checked step refused because the new nest cannot be analysed exactly (non-affine loop
+    bounds, guards or statement coords, e.g. after `collapse` of a loop with a symbolic extent):
+    the analysis found a possible conflict that may not be real, so there is no witness to show.
+
+    A ValueError (the step is outside what the checker can decide), not a ScheduleError (whose
+    witness is always a real dependence). `possible` is the unconfirmed `poly.Witness`; `notes`
+    says what was over-approximated."""
+
+    def __init__(self, primitive: str, message: str, possible: Any = None, notes: tuple[str, ...] = ()) -> None:
+        self.primitive = primitive
+        self.possible = possible
+        self.notes = notes
+        super().__init__(message)
+
+    @classmethod
+    def from_witness(cls, primitive: str, w: Any, program: Program | None = None,
+                     marks: dict[Var, str] | None = None, what: str | None = None) -> InexactCheckError:
+        notes = tuple(getattr(w, "notes", ()))
+        lines = [
+            f"{what or primitive} cannot be checked exactly: the new nest is not affine ("
+            + "; ".join(notes) + ")",
+            "  the over-approximated analysis finds a possible conflict that may not be real: "
+            + describe_witness(w.kind, w.buffer, w.source, w.sink, w.params, w.element),
+        ]
+        if program is not None:
+            lines.append("the nest before this step" + (" (the loops involved are marked):" if marks else ":"))
+            lines += ["    " + ln for ln in nest_str(program, marks).splitlines()]
+        lines.append("hint: keep the nest affine — split or tile instead of collapsing loops of symbolic extent, "
+                     "or apply this step before the one that made the nest non-affine; "
+                     "Schedule(..., check=False) skips the check (unsafe)")
+        return cls(primitive, "\n".join(lines), w, notes)
 
 
 def _inst(inst: tuple[str, dict[str, int]]) -> str:

@@ -14,9 +14,15 @@ On "cuda" (C = A @ B with a fused elementwise epilogue such as relu(C + bias)):
         for q0, q1 (unrolled): out[..] = epilogue(C_local[q0, q1])   # the single store
 
 A thread's rows are ty, ty + T, ty + 2T... (not a contiguous strip): loads from shared memory
-and the final stores of a warp then touch consecutive addresses. On "cpu": tile (i, j),
-parallel outer rows, the register tile accumulated in "local" scratch with the j loop
-vectorized, the epilogue fused the same way.
+and the final stores of a warp then touch consecutive addresses. On "cpu" (cpu_tile=(6, 64) on
+AVX-512, see `default_cpu_tile`):
+
+    for jo in parallel:                                # a column panel of B (n x 64) stays in L2
+      for io:                                          # a 6-row strip of A streams past it
+        allocate C_local[6, 64] local                  # cache_write: lives in 24 vector registers
+        for ii (unroll), ji (vectorize): C_local = 0
+        for k: for ii (unroll): for ji (vectorize): C_local[ii, ji] += A[.., k] * B[k, ..]   # FMAs
+        for q0 (unroll), q1 (vectorize): out[..] = epilogue(C_local[q0, q1])
 
 `matmul_stage(program)` finds matmul-shaped reductions (what auto_schedule should call this on):
 a statement `C[i, j] = C[i, j] + X * Y` inside loops (i, j, k) with an initialising statement.
@@ -130,7 +136,7 @@ def _check_tiles(block: tuple[int, int], thread_tile: tuple[int, int], k_tile: i
 
 def schedule_gemm(s: Any, stage: str | Any = None, epilogue: Any = "auto", target: str = "cuda",
                   block: tuple[int, int] = (128, 128), thread_tile: tuple[int, int] = (8, 8), k_tile: int = 8,
-                  shared: bool = True, cpu_tile: tuple[int, int] = (8, 64)) -> GemmPlan:
+                  shared: bool = True, cpu_tile: tuple[int, int] | None = None) -> GemmPlan:
     """Apply the tiled-GEMM recipe to the matmul-shaped reduction `stage` of Schedule `s`.
 
     `stage`: the update statement's name (or tensor); None picks the only matmul-shaped one.
@@ -141,6 +147,9 @@ def schedule_gemm(s: Any, stage: str | Any = None, epilogue: Any = "auto", targe
     if target not in ("cuda", "cpu"):
         raise ValueError(f"schedule_gemm: target must be 'cuda' or 'cpu', got {target!r}")
     _check_tiles(tuple(block), tuple(thread_tile), k_tile)
+    if cpu_tile is not None and not (isinstance(cpu_tile, tuple) and len(cpu_tile) == 2 and all(
+            isinstance(x, int) and x >= 1 for x in cpu_tile)):
+        raise ValueError(f"schedule_gemm: cpu_tile must be two positive ints, got {cpu_tile!r}")
     if stage is None:
         found = matmul_stage(s.program)
         if len(found) != 1:
@@ -156,7 +165,7 @@ def schedule_gemm(s: Any, stage: str | Any = None, epilogue: Any = "auto", targe
     if target == "cuda":
         _cuda(s, upd, eps, tuple(block), tuple(thread_tile), k_tile, shared, plan)
     else:
-        _cpu(s, upd, eps, tuple(cpu_tile), k_tile, plan)
+        _cpu(s, upd, eps, None if cpu_tile is None else tuple(cpu_tile), k_tile, plan)
     return plan
 
 
@@ -213,20 +222,49 @@ def _unroll_tail(s: Any, stmt: str, n: int, plan: GemmPlan) -> None:
     plan.steps.append(f"unroll the {n} innermost loops of {stmt}")
 
 
-def _cpu(s: Any, upd: Store, eps: list[str], tile: tuple[int, int], k_tile: int, plan: GemmPlan) -> None:
+def default_cpu_tile() -> tuple[int, int]:
+    """The register tile of this host: 6 rows x 4 vector registers (6x64 floats on AVX-512, 6x32 on AVX2):
+    24 accumulators + 4 row-of-B vectors + 1 broadcast fit in the 32 (16 on AVX2: 6x16) vector registers."""
+    try:
+        from codegen.llvm import host_features, vector_bits
+
+        bits = vector_bits()
+        regs = 32 if "avx512f" in host_features() else 16
+    except ImportError:  # no LLVM: a tile that is reasonable anywhere
+        bits, regs = 256, 16
+    lanes = bits // 32
+    return (6, 4 * lanes) if regs == 32 else (6, 2 * lanes)
+
+
+def _cpu(s: Any, upd: Store, eps: list[str], tile: tuple[int, int] | None, k_tile: int, plan: GemmPlan) -> None:
+    """for jo (parallel): for io: C_local[tile] = 0; for k: for ii (unroll): for ji (vectorize): C_local += A*B;
+    then the copy-out / epilogue. B's column panel (n x tile[1]) stays in L2 while every row strip of A
+    streams past it; the tile lives in vector registers (the code generator keeps `local` scratch that is
+    only touched by unrolled, vectorized loops in SSA values)."""
     name = upd.name
+    tile = default_cpu_tile() if tile is None else tile
     i, j, k = s.loops(name)[-3:]
     io, ii = s.split(i, tile[0])
     jo, ji = s.split(j, tile[1])
-    s.reorder(io, jo, ii, ji)
-    plan.steps.append(f"tile (i, j) by {tile}")
+    s.reorder(jo, io, ii, ji)
+    plan.steps.append(f"tile (i, j) by {tile}; reorder(jo, io, ii, ji): column panels of B outermost")
     # before cache_write: the checker does not treat the scratch buffer as private to each iteration
-    s.parallel(io)
-    plan.steps.append("parallel(io)")
-    s.cache_write(upd.buffer.name, "local", jo, epilogue=eps)
-    plan.steps.append(f"cache_write({upd.buffer.name}, 'local', jo, epilogue={eps})")
+    s.parallel(jo)
+    plan.steps.append("parallel(jo)")
+    s.cache_write(upd.buffer.name, "local", io, epilogue=eps)
+    plan.steps.append(f"cache_write({upd.buffer.name}, 'local', io, epilogue={eps}): {tile[0]}x{tile[1]} register tile")
     ii, ji, k = s.loops(name)[-3:]
     s.reorder(k, ii, ji)
     plan.steps.append("reorder(k, ii, ji): the register tile is updated by one k at a time")
+    s.unroll(ii)
     s.vectorize(ji)
-    plan.steps.append("vectorize(ji)")
+    plan.steps.append("unroll(ii), vectorize(ji): one broadcast of A and tile[1]/VL loads of B per row and k")
+    local = f"{upd.buffer.name}_local"
+    others = [c.store.name for c in statements(s.program)
+              if c.store.name != name and (c.store.buffer.name == local or any(
+                  isinstance(n, Load) and n.buffer.name == local for n in _walk(c.store.value)))]
+    for st in others:
+        a, b = s.loops(st)[-2:]
+        s.unroll(a)
+        s.vectorize(b)
+    plan.steps.append(f"unroll + vectorize the tile loops of {', '.join(others)}")

@@ -16,10 +16,11 @@ checker.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +28,13 @@ from loopir import poly
 from loopir.nodes import Buffer, Program, Var
 from loopir.visit import statements
 
-from .errors import ScheduleError
+from .errors import InexactCheckError, ScheduleError
 from .primitives import REGISTRY, CheckContext, PrimitiveSpec, loop_vars
 
 __all__ = ["Schedule", "LoopHandle"]
 
 # modules whose import registers primitives (missing optional ones are skipped)
-_PRIMITIVE_MODULES = ("loops", "annotate", "compute", "loop_fusion", "cache")
+_PRIMITIVE_MODULES = ("loops", "annotate", "compute", "loop_fusion", "cache", "cache_write")
 
 
 def _load_primitives() -> None:
@@ -217,12 +218,14 @@ class Schedule:
         old = self._program
         before = set(map(id, loop_vars(old)))
         call_args = (old, self.deps, *rargs) if spec.takes_deps else (old, *rargs)
-        out = spec.fn(*call_args, **rkw)
+        with _plain_errors(name, rargs):
+            out = spec.fn(*call_args, **rkw)
         new, result = (out, None) if isinstance(out, Program) else out
         if not isinstance(new, Program):
             raise TypeError(f"primitive {name!r} returned {type(new).__name__}, not a Program")
         if self.check:
-            self._check(spec, old, new, rargs, rkw, result)
+            with _plain_errors(name, rargs):
+                self._check(spec, old, new, rargs, rkw, result)
         created = [v for v in loop_vars(new) if id(v) not in before]
         self._program = new
         if spec.rebase:
@@ -264,9 +267,19 @@ class Schedule:
                 w = poly.carried_by(self.deps, new, loop)
         if w is None:
             return
-        hint = spec.hint(ctx, w) if spec.hint is not None else None
         marks = {a: f"<-- {spec.name}" for a in _vars_in(args)}
         what = f"{spec.name}({', '.join(_arg_str(a) for a in args)})"
+        if getattr(w, "notes", ()):
+            # the new nest was analysed over-approximately (non-affine bounds, guards or coords, e.g.
+            # after collapse of a symbolic extent): the conflict found may not be real, so it is no
+            # witness; refuse the step as uncheckable instead of claiming it illegal
+            raise InexactCheckError.from_witness(spec.name, w, old, marks, what)
+        hint = None
+        if spec.hint is not None:
+            try:
+                hint = spec.hint(ctx, w)
+            except Exception:  # noqa: BLE001 - advice is optional; the error it decorates must still be raised
+                hint = None
         raise ScheduleError.from_witness(spec.name, w, old, marks, hint, what)
 
     # ------------------------------------------------------------------ trace & replay
@@ -295,6 +308,18 @@ class Schedule:
         if isinstance(x, list):
             return [self._from_json(y) for y in x]
         return x
+
+
+@contextlib.contextmanager
+def _plain_errors(name: str, args: tuple[Any, ...]) -> Iterator[None]:
+    """Internal analysis exceptions (poly.NonAffine) escaping a primitive or its check become a
+    ValueError naming the step: the nest is outside what the analysis handles exactly."""
+    try:
+        yield
+    except poly.NonAffine as e:
+        what = f"{name}({', '.join(_arg_str(a) for a in args)})"
+        raise ValueError(f"{what}: the nest is not affine at {e} (loops {', '.join(v.name for v in _vars_in(args))}"
+                         f"); this step cannot be applied or checked exactly here") from e
 
 
 def _vars_in(args: Sequence[Any]) -> list[Var]:

@@ -6,7 +6,7 @@ import islpy as isl
 import pytest
 
 from loopir import ir, poly, te, workloads
-from loopir.nodes import For, Program, Seq
+from loopir.nodes import For, Program, Seq, binary, const
 from tests.test_prim_loops import matmul, stencil
 
 
@@ -133,3 +133,45 @@ def test_footprint_errors():
 def test_dependences_cached():
     p = stencil()
     assert poly.dependences(p) is poly.dependences(p)
+
+
+def test_simplify_affine_prints_cleanly():
+    i, m, j = te.var("i"), te.var("m"), te.var("j")
+    cases = [
+        (binary("add", binary("add", binary("mul", const(-1), m), i), const(3)), "i - m + 3"),
+        (-m + 3, "3 - m"),
+        (-m - 1, "-m - 1"),
+        (binary("add", i, binary("sub", j, j)), "i"),
+        (i - (m - i), "2 * i - m"),
+        (2 * (i + 1) - 2, "2 * i"),
+        (binary("min", binary("min", i, i + 1), i), "min(i, i + 1)"),
+        (binary("max", binary("max", const(3), i), const(5)), "max(i, 5)"),
+        (binary("floordiv", i * 4 + 3 + 0, const(4)), "(4 * i + 3) // 4"),
+    ]
+    for e, want in cases:
+        got = poly.simplify_affine(e)
+        assert str(got) == want, (str(e), str(got))
+        for iv, mv, jv in ((0, 0, 0), (3, 7, -2), (-5, 2, 9)):
+            env = {i: iv, m: mv, j: jv}
+            assert poly.eval_index(got, env) == poly.eval_index(e, env)
+
+
+def test_pw_to_expr_drops_pieces_and_normalizes():
+    n, i = te.var("n"), te.var("i")
+    names = {"n": n, "i": i}
+    pw = isl.PwAff("[n, i] -> { [(-i + n - 1)] }")
+    assert str(poly.pw_to_expr(pw, names)) == "n - i - 1"
+    # min(n, i + 4, i + 8) on i >= 0: i + 8 never decides the value, and is dropped
+    pw = isl.PwAff("[n, i] -> { [(min(n, min(i + 4, i + 8)))] : i >= 0 }")
+    assert str(poly.pw_to_expr(pw, names)) in ("min(n, i + 4)", "min(i + 4, n)")
+    with pytest.raises(ValueError, match="empty"):
+        poly.pw_to_expr(isl.PwAff("[n] -> { [(n)] : 1 = 0 }"), names)
+
+
+def test_split_modules_keep_poly_names():
+    from loopir import footprint, isl_conv, poly_model
+
+    assert poly.footprint is footprint.footprint and poly.aff is isl_conv.aff
+    assert poly.stmt_infos is poly_model.stmt_infos and poly._sanitize is isl_conv._sanitize
+    for name in ("_Names", "_exists", "_witness", "NonAffine", "cond", "pw_to_expr", "time_of", "isl"):
+        assert hasattr(poly, name), name

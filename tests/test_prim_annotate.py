@@ -101,3 +101,47 @@ def test_builder_inplace_update_vectorize():
     io, ii = s.split(i, 4)
     s.vectorize(ii).parallel(io)
     same_numerics(s.original, s.program, {"n": 10})
+
+
+def test_witness_of_reorder_after_vectorize_breaks_in_forward_order():
+    # A[i, j] = A[i-1, j+1] + A[i, j] with j vectorized; reorder(j, i) is refused. The new program
+    # breaks the dependence only when the vectorized loop runs forwards: verify_witness must try
+    # the orders a concurrent loop allows, not just the reversed one
+    from schedules.primitives.loops import reorder
+    from tests.witness_check import concurrent_orders, reverse_concurrent_loops, verify_witness
+
+    n = te.var("n")
+    a = ir.buffer((n, n + 1), name="A")
+    b = ir.Builder("wave")
+    with b.loop("i", 1, n) as i:
+        with b.loop("j", 0, n) as j:
+            b.store(a, (i, j), a[i - 1, j + 1] + a[i, j], name="S")
+    s = Schedule(b.finish([a]))
+    i, j = s.loops("S")
+    s.vectorize(j)
+    err = refused(s, "reorder", j, i)  # refused() runs verify_witness on the candidate
+    new = reorder(s.program, j.var, i.var)
+    assert len(concurrent_orders(new)) == 2
+    # reversed alone would not show it: the check really needs the forward order
+    with pytest.raises(AssertionError, match="still runs"):
+        verify_witness(s.original, reverse_concurrent_loops(new), err)
+    verify_witness(s.original, new, err)
+
+
+def test_verify_witness_rejects_a_fake_witness():
+    # honesty of the independent check: a witness whose instances do not conflict is rejected
+    from schedules.primitives.annotate import parallel
+    from tests.witness_check import verify_witness
+
+    s = Schedule(workloads.prefix_sum().program())
+    (i,) = s.loops("S")
+    err = refused(s, "parallel", i)
+    new = parallel(s.program, i.var)
+    verify_witness(s.original, new, err)
+    far = ScheduleError("parallel", err.kind, err.buffer, err.source,
+                        (err.sink[0], {"i": err.sink[1]["i"] + 1}), err.params)
+    with pytest.raises(AssertionError, match="do not touch one element"):
+        verify_witness(s.original, new, far)
+    backwards = ScheduleError("parallel", err.kind, err.buffer, err.sink, err.source, err.params)
+    with pytest.raises(AssertionError):
+        verify_witness(s.original, new, backwards)

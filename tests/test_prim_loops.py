@@ -320,3 +320,57 @@ def test_skew_misuse():
         s.skew(j, i)
     with pytest.raises(ValueError, match="non-zero"):
         s.skew(i, j, 0)
+
+
+def test_collapse_symbolic_extent_refused_when_statements_depend_on_each_other():
+    # the stencil's S depends on itself: with extent m - 1 the collapsed coords are not affine
+    s = Schedule(stencil())
+    i, j = s.loops("S")
+    before = s.program
+    with pytest.raises(ValueError, match=r"collapse\(i, j\).*'j'.*not a compile-time constant") as info:
+        s.collapse(i, j)
+    msg = str(info.value)
+    assert "flow dependence S -> S" in msg and "split or tile" in msg
+    assert s.program is before and s.trace == []
+    # check=False: the expert may still collapse (order is preserved), unchecked
+    u = Schedule(stencil(), check=False)
+    f = u.collapse(*u.loops("S"))
+    assert f.name == "i_j_f"
+    same_numerics(u.original, u.program, {"n": 5, "m": 6})
+
+
+def test_collapse_symbolic_extent_of_producer_consumer_pair():
+    # elementwise T0 -> T1: collapsing one nest is fine (the dependence crosses nests), and a later
+    # step that the analysis cannot decide on the non-affine nest is refused as uncheckable
+    from schedules.errors import InexactCheckError
+
+    n = te.var("n")
+    A = te.placeholder((n, n), name="A")
+    T0 = te.compute((n, n), lambda i, j: A[i, j] + 1.0, name="T0")
+    T1 = te.compute((n, n), lambda i, j: T0[j, i] * 2.0, name="T1")
+    s = Schedule(T1)
+    f0 = s.collapse(*s.loops("T0"))
+    i1, j1 = s.loops("T1")
+    s.reorder(j1, i1)
+    same_numerics(s.original, s.program, {"n": 5})
+    f1 = s.collapse(j1, i1)
+    s.parallel(f0).parallel(f1)
+    same_numerics(s.original, s.program, {"n": 5})
+    t = Schedule(T1)
+    f0 = t.collapse(*t.loops("T0"))
+    f1 = t.collapse(*t.loops("T1"))
+    before = t.program
+    with pytest.raises(InexactCheckError, match=r"fuse\(i_j_f, i_j_f2\) cannot be checked exactly") as info:
+        t.fuse(f0, f1)
+    assert isinstance(info.value, ValueError) and "not affine" in str(info.value)
+    assert t.program is before
+
+
+def test_collapse_constant_inner_extent_after_split_is_exact():
+    s = Schedule(stencil())
+    i, j = s.loops("S")
+    jo, ji = s.split(j, 4)
+    f = s.collapse(jo, ji)  # constant inner extent: coords stay affine
+    same_numerics(s.original, s.program, {"n": 5, "m": 11})
+    refused(s, "parallel", i)
+    assert f.name == "j_o_j_i_f"

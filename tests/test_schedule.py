@@ -11,6 +11,7 @@ from loopir.lower import lower
 from schedules import Schedule, ScheduleError, primitive
 from schedules.primitives import REGISTRY
 from tests.test_prim_loops import add2d, matmul, same_numerics, stencil
+from tests.witness_check import verify_witness
 
 SZ = {"n": 6, "m": 7, "k": 5}
 
@@ -101,3 +102,68 @@ def test_error_message_parts():
     assert "flow dependence on A" in msg and "writes A[" in msg and "reads it" in msg
     assert "for i in range(1, n):  <-- tile" in msg
     assert "hint: " in msg
+
+
+def test_a_crashing_hint_does_not_break_the_error_path():
+    from schedules.primitives.loops import reorder
+
+    def bad_hint(ctx, w):  # noqa: ANN001, ANN202
+        raise RuntimeError("hint exploded")
+
+    primitive("test_reorder_badhint", hint=bad_hint)(reorder)
+    try:
+        s = Schedule(stencil())
+        i, j = s.loops("S")
+        with pytest.raises(ScheduleError) as info:
+            s.test_reorder_badhint(j, i)
+        assert "hint exploded" not in str(info.value) and info.value.hint is None
+        verify_witness(s.original, reorder(s.program, j.var, i.var), info.value)
+    finally:
+        REGISTRY.pop("test_reorder_badhint")
+
+
+def test_internal_non_affine_errors_become_value_errors_naming_the_step():
+    from loopir import poly
+    from loopir.nodes import const
+
+    @primitive("test_nonaffine_prim", check="order")
+    def boom(program, loop):  # noqa: ANN001, ANN202
+        raise poly.NonAffine(const(1.5))
+
+    try:
+        s = Schedule(add2d())
+        i, _ = s.loops("Y")
+        with pytest.raises(ValueError, match=r"test_nonaffine_prim\(i\): the nest is not affine") as info:
+            s.test_nonaffine_prim(i)
+        assert not isinstance(info.value, poly.NonAffine) and "loops i" in str(info.value)
+        assert s.trace == []
+    finally:
+        REGISTRY.pop("test_nonaffine_prim")
+
+
+def test_skew_hint_survives_unbounded_times():
+    # a stencil with non-affine (collapsed, unchecked) neighbours: the hint cannot compute times,
+    # returns None instead of raising
+    from schedules.primitives import CheckContext
+    from schedules.primitives.loops import skew_hint
+
+    u = Schedule(stencil(), check=False)
+    f = u.collapse(*u.loops("S"))
+    s = Schedule(stencil())
+    i, j = s.loops("S")
+    with pytest.raises(ScheduleError) as info:
+        s.reorder(j, i)
+    ctx = CheckContext(s.deps, u.program, u.program, (f.var,), {})
+    assert skew_hint(ctx, info.value) is None
+
+
+def test_cache_write_registered_without_importing_gemm():
+    import subprocess
+    import sys
+
+    code = ("import sys; from schedules import Schedule; from tests.test_prim_loops import matmul; "
+            "s = Schedule(matmul()); assert 'schedules.gemm' not in sys.modules; "
+            "assert callable(s.cache_write), 'no cache_write'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=__import__("os").path.dirname(__import__("os").path.dirname(__file__)))
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

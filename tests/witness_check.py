@@ -6,7 +6,9 @@
 (b) Running the programs in the reference interpreter at the witness sizes: the original
     program runs both instances, source first; the new program runs the sink first. Loops
     marked parallel / vectorize / GPU-bound may run their iterations in any order, so the new
-    program is run with those loops reversed (one schedule they allow).
+    program is run in several orders they allow — all forward, all reversed, and each one alone
+    reversed — and the dependence must break in at least one of them (one legal execution of
+    the new program that computes something else is enough to make the step illegal).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from loopir import interp
 from loopir.nodes import Const, Expr, For, Load, Program, Store, Var
 from loopir.visit import Transformer, walk
 
-__all__ = ["verify_witness", "reverse_concurrent_loops", "eval_int"]
+__all__ = ["verify_witness", "reverse_concurrent_loops", "concurrent_orders", "eval_int"]
 
 
 def eval_int(e: Expr, env: dict[str, int]) -> int:
@@ -55,15 +57,21 @@ def _accesses(st: Store, kind: str) -> list[tuple[str, tuple[Expr, ...]]]:
     return [(n.buffer.name, n.indices) for n in walk(st.value) if isinstance(n, Load)]
 
 
-def reverse_concurrent_loops(program: Program) -> Program:
-    """`program` with every parallel / vectorize / thread loop iterating backwards."""
+_CONCURRENT = ("parallel", "vectorize", "thread")
+
+
+def reverse_concurrent_loops(program: Program, only: Var | None = None) -> Program:
+    """`program` with every parallel / vectorize / thread loop (or just the loop `only`) iterating
+    backwards, the others forwards; all serial afterwards."""
     from schedules.primitives import subst_loops
 
     class _R(Transformer):
         def visit_For(self, f: For) -> For:
             body = self.visit(f.body)
-            if f.kind not in ("parallel", "vectorize", "thread"):
+            if f.kind not in _CONCURRENT:
                 return f if body is f.body else dataclasses.replace(f, body=body)
+            if only is not None and f.var is not only:
+                return dataclasses.replace(f, body=body, kind="serial", thread=None)
             v = Var(f.var.name + "_rev")
             body = subst_loops(body, {f.var: f.lo + f.hi - 1 - v})
             return dataclasses.replace(f, var=v, body=body, kind="serial", thread=None)
@@ -72,6 +80,19 @@ def reverse_concurrent_loops(program: Program) -> Program:
             return node if isinstance(node, Expr) else super().visit(node)
 
     return dataclasses.replace(program, body=_R().visit(program.body))
+
+
+def concurrent_orders(program: Program) -> list[Program]:
+    """Serial versions of `program` in orders its concurrent loops allow: all forward, all
+    reversed, and (with several concurrent loops) each one alone reversed."""
+    conc = [n.var for n in walk(program.body) if isinstance(n, For) and n.kind in _CONCURRENT]
+    if not conc:
+        return [program]
+    forward = reverse_concurrent_loops(program, only=Var("__none__"))
+    out = [forward, reverse_concurrent_loops(program)]
+    if len(conc) > 1:
+        out += [reverse_concurrent_loops(program, only=v) for v in conc]
+    return out
 
 
 def _run_trace(program: Program, params: dict[str, int], seed: int = 0) -> list[tuple[str, tuple[int, ...]]]:
@@ -130,9 +151,13 @@ def verify_witness(original: Program, new: Program, err: Any) -> None:
     assert ps, f"the original program never runs the source {key_src} at {params}"
     assert pk, f"the original program never runs the sink {key_snk} at {params}"
     assert ps[0] < pk[0], f"the original program runs the sink {key_snk} before the source {key_src}"
-    t_new = _run_trace(reverse_concurrent_loops(new), params)
-    ns, nk = _positions(t_new, key_src), _positions(t_new, key_snk)
-    assert ns and nk, f"the new program does not run both instances at {params} ({len(ns)}, {len(nk)} times)"
-    broken = {"flow": nk[0] < ns[0], "anti": ns[-1] > nk[0], "output": ns[-1] > nk[-1]}[err.kind]
-    assert broken, (f"the new program still runs {key_src} before {key_snk} at {params}: "
-                    "the witness does not show a broken dependence")
+    orders = concurrent_orders(new)
+    for variant in orders:
+        t_new = _run_trace(variant, params)
+        ns, nk = _positions(t_new, key_src), _positions(t_new, key_snk)
+        assert ns and nk, f"the new program does not run both instances at {params} ({len(ns)}, {len(nk)} times)"
+        if {"flow": nk[0] < ns[0], "anti": ns[-1] > nk[0], "output": ns[-1] > nk[-1]}[err.kind]:
+            return
+    raise AssertionError(f"the new program still runs {key_src} before {key_snk} at {params} in every order "
+                         f"its concurrent loops allow ({len(orders)} tried): the witness does not show a "
+                         "broken dependence")

@@ -31,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import islpy as isl
+
 from loopir import poly
 from loopir.dtypes import INDEX
 from loopir.nodes import (
@@ -54,6 +56,7 @@ from loopir.nodes import (
 from loopir.visit import Transformer, seq, statements, substitute, walk
 
 from . import CheckContext, find_loop, fresh_name, primitive, replace_loop
+from .cache_write import NonAffine, Names, _conj, _exists, _prefix, isl_expr, loop_constraints, pw_to_expr
 
 __all__ = ["bind_reduction", "cache_read", "reduction_parts", "without_reduction_deps"]
 
@@ -258,23 +261,14 @@ def cache_read(program: Program, tensor: Any, scope: str, loop: Var) -> tuple[Pr
     readers = [c for c in ctxs if any(isinstance(n, Load) and n.buffer is buf for n in walk(c.store.value))]
     if not readers:
         raise ValueError(f"cache_read: nothing inside loop {loop.name!r} reads {buf.name!r}")
-    # bounding box of the regions the readers touch in one iteration of `loop`
-    box: list[tuple[Expr, Expr]] | None = None
-    for c in readers:
-        fp = poly.footprint(program, c.store.name, buf, loop)
-        box = fp if box is None else [
-            (_min(a[0], b[0]), _max(a[1], b[1])) for a, b in zip(box, fp)]
-    assert box is not None
-    shape: list[Expr] = []
-    for d, (lo, hi) in enumerate(box):
-        n = _const_value(binary("sub", hi, lo))
-        if n is None:
-            raise ValueError(
-                f"cache_read: the region of {buf.name!r} read in one iteration of loop {loop.name!r} has a "
-                f"non-constant size {hi} - {lo} in dimension {d}; {scope} buffers need a constant shape "
-                "(split the loop by a constant first, or give the size as a constant)")
-        shape.append(const(n))
-    lows = [lo for lo, _ in box]
+    # shared scratch inside thread-bound loops holds the region of the whole BLOCK (the union over
+    # those thread loops), filled cooperatively; otherwise the region of one iteration of `loop`
+    depth = next(k for k, lp in enumerate(readers[0].loops) if lp is f)
+    projected = [lp for lp in readers[0].loops[:depth] if lp.kind == "thread"
+                 and (lp.thread or "").startswith("threadIdx")] if scope == "shared" else []
+    if projected:
+        _refuse_writes_in_block(program, buf, projected[0], loop)
+    shape, lows, inside = _box(program, readers, buf, f, loop, scope, projected)
     cname = fresh_name(program, f"{buf.name}_{scope}")
     cache = Buffer(cname, tuple(shape), buf.dtype, scope)
     # the cooperative copy: for c0, c1, ...: cache[c] = buf[lo + c]
@@ -292,10 +286,12 @@ def cache_read(program: Program, tensor: Any, scope: str, loop: Var) -> tuple[Pr
         cond = binary("add", lo, v) < buf.shape[d]
         clip = cond if clip is None else clip & cond
     copy: Stmt = Store(cname, cache, tuple(cvars), Load(buf, src_idx), its, its)
-    if clip is not None and not _always_inside(box, buf):
+    if clip is not None and not inside:
         copy = If(clip, copy)
     for v, n in reversed(list(zip(cvars, shape))):
-        copy = For(v, const(0), n, copy)
+        # "parallel" copy loops inside thread loops: the CUDA target shares their iterations among the block's
+        # threads (every thread writes the same values, so any split of the work is equivalent)
+        copy = For(v, const(0), n, copy, "parallel" if projected else "serial")
     # the loop body with the readers rebased and redirected
     reader_ids = {id(c.store) for c in readers}
     loops_of = {id(c.store): c.loops for c in readers}
@@ -312,6 +308,10 @@ def cache_read(program: Program, tensor: Any, scope: str, loop: Var) -> tuple[Pr
             return node if isinstance(node, Expr) else super().visit(node)
 
     body = _Body().visit(f.body)
+    merged = _merge_into_staging(body, copy) if scope == "shared" else None
+    if merged is not None:  # one barrier pair for all the tiles staged in this loop
+        new = dataclasses.replace(f, body=Allocate(cache, merged))
+        return replace_loop(program, loop, new), cache
     parts: list[Stmt] = [copy]
     if scope == "shared":
         parts.append(Barrier())
@@ -320,6 +320,102 @@ def cache_read(program: Program, tensor: Any, scope: str, loop: Var) -> tuple[Pr
         parts.append(Barrier())  # the next iteration's copy must not overwrite what slow threads still read
     new = dataclasses.replace(f, body=Allocate(cache, seq(*parts)))
     return replace_loop(program, loop, new), cache
+
+
+def _box(program: Program, readers: list[Any], buf: Buffer, f: For, loop: Var, scope: str,
+         projected: list[For]) -> tuple[list[Expr], list[Expr], bool]:
+    """(shape, lows, provably-inside-the-buffer) of the region copied at each iteration of `loop`."""
+    if not projected:
+        box: list[tuple[Expr, Expr]] | None = None
+        for c in readers:
+            fp = poly.footprint(program, c.store.name, buf, loop)
+            box = fp if box is None else [(_min(a[0], b[0]), _max(a[1], b[1])) for a, b in zip(box, fp)]
+        assert box is not None
+        sizes = [_const_value(binary("sub", hi, lo)) for lo, hi in box]
+        if all(n is not None for n in sizes):
+            return [const(n) for n in sizes], [lo for lo, _ in box], _always_inside(box, buf)  # type: ignore[arg-type]
+    try:
+        return _hull(program, readers, buf, f, projected)
+    except (NonAffine, isl.Error) as e:
+        raise ValueError(
+            f"cache_read: the region of {buf.name!r} read in one iteration of loop {loop.name!r} has a "
+            f"non-constant size (no constant box hull with an affine lower corner: {e}); {scope} buffers need a "
+            "constant shape (split the loop by a constant first, or give the size as a constant)") from None
+
+
+def _hull(program: Program, readers: list[Any], buf: Buffer, f: For,
+          projected: list[For]) -> tuple[list[Expr], list[Expr], bool]:
+    # the constant box hull: lower corner = the exact minimum (one affine piece), size = the maximum extent
+    # over every value of the outer loops and sizes, so guards like min(8*ko + 8, n) keep a constant shape
+    nm = Names()
+    depth = next(k for k, lp in enumerate(readers[0].loops) if lp is f)
+    keep = [lp for lp in readers[0].loops[: depth + 1] if not any(lp is q for q in projected)]
+    pre = _prefix(list(program.params) + [lp.var for lp in keep], nm)
+    xs = [f"x{d}" for d in range(buf.ndim)]
+    w = None
+    for c in readers:
+        sub = dict(zip(c.store.iters, c.store.coords))
+        exist = [nm(lp.var) for lp in c.loops if not any(lp is q for q in keep)]
+        cons = loop_constraints(c.loops, c.guards, nm)
+        for ld in walk(c.store.value):
+            if not (isinstance(ld, Load) and ld.buffer is buf):
+                continue
+            eqs = [f"{x} = {isl_expr(substitute(i, sub), nm)}" for x, i in zip(xs, ld.indices)]
+            s = isl.Set(f"{pre}{{ B[{', '.join(xs)}] : {_exists(exist, _conj(eqs + cons))} }}")
+            w = s if w is None else w.union(s)
+    assert w is not None
+    w = w.coalesce()
+    lows = [pw_to_expr(w.dim_min(d), [], nm, f"the lowest index of {buf.name!r} along dimension {d}")
+            for d in range(buf.ndim)]
+    rs = [f"r{d}" for d in range(buf.ndim)]
+    shift = _conj([f"r{d} = x{d} - ({isl_expr(lo, nm)})" for d, lo in enumerate(lows)])
+    region = w.apply(isl.Map(f"{pre}{{ B[{', '.join(xs)}] -> R[{', '.join(rs)}] : {shift} }}"))
+    flat = region.project_out(isl.dim_type.param, 0, region.dim(isl.dim_type.param))
+    if not flat.is_bounded():
+        raise NonAffine(f"unbounded region {region}")
+    sizes = [max(int(a.get_constant_val().to_python()) for _, a in flat.dim_max(d).get_pieces()) + 1
+             for d in range(buf.ndim)]
+    ctx = isl.Set(f"{pre}{{ : {_conj(loop_constraints(keep, [], nm))} }}")
+    box = _conj([f"x{d} = ({isl_expr(lo, nm)}) + r{d} and 0 <= r{d} < {n}"
+                 for d, (lo, n) in enumerate(zip(lows, sizes))])
+    boxset = isl.Set(f"{pre}{{ B[{', '.join(xs)}] : {_exists(rs, box)} }}").intersect_params(ctx)
+    bounds = _conj([f"0 <= x{d} < {isl_expr(n, nm)}" for d, n in enumerate(buf.shape)])
+    inside = boxset.is_subset(isl.Set(f"{pre}{{ B[{', '.join(xs)}] : {bounds} }}"))
+    return [const(n) for n in sizes], lows, bool(inside)
+
+
+def _refuse_writes_in_block(program: Program, buf: Buffer, tloop: For, loop: Var) -> None:
+    # a block-shared copy is filled once per iteration for all threads: nothing in the block may write the buffer
+    for n in walk(tloop):
+        if isinstance(n, Store) and n.buffer is buf:
+            raise ValueError(
+                f"cache_read: statement {n.name!r} inside the block (loop {tloop.var.name!r} bound to {tloop.thread}) "
+                f"writes {buf.name!r}; a shared copy made at each iteration of {loop.name!r} for the whole block "
+                "could be stale (cache it per thread with scope 'local', or at a loop outside the thread loops)")
+
+
+def _merge_into_staging(body: Stmt, copy: Stmt) -> Stmt | None:
+    """When `body` already starts with shared copies + barrier ... barrier (an earlier cache_read of
+    this loop), put `copy` with those copies, before the same barrier; None otherwise."""
+    chain: list[Allocate] = []
+    inner = body
+    while isinstance(inner, Allocate) and inner.buffer.scope == "shared":
+        chain.append(inner)
+        inner = inner.body
+    if not chain or not isinstance(inner, Seq):
+        return None
+    items = list(inner.body)
+    first = next((k for k, x in enumerate(items) if isinstance(x, Barrier)), None)
+    if first is None or first == 0 or not isinstance(items[-1], Barrier):
+        return None
+    staged = {a.buffer for a in chain}
+    for x in items[:first]:
+        if not isinstance(x, For) or any(isinstance(n, Store) and n.buffer not in staged for n in walk(x)):
+            return None
+    out: Stmt = Seq(tuple(items[:first] + [copy] + items[first:]))
+    for a in reversed(chain):
+        out = dataclasses.replace(a, body=out)
+    return out
 
 
 def _always_inside(box: list[tuple[Expr, Expr]], buf: Buffer) -> bool:

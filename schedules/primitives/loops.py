@@ -44,9 +44,13 @@ def _is_const(e: Expr) -> bool:
 
 
 def _distance(ctx: CheckContext, w: poly.Witness, loops: list[Var]) -> dict[Var, int]:
-    """Sink minus source, per loop of the OLD program, at the witness."""
-    ts = poly.time_of(ctx.old, w.source[0], w.source[1], w.params)
-    tk = poly.time_of(ctx.old, w.sink[0], w.sink[1], w.params)
+    """Sink minus source, per loop of the OLD program, at the witness ({} when the times cannot be
+    computed, e.g. on a nest the analysis over-approximates: a hint must never break the error path)."""
+    try:
+        ts = poly.time_of(ctx.old, w.source[0], w.source[1], w.params)
+        tk = poly.time_of(ctx.old, w.sink[0], w.sink[1], w.params)
+    except (isl.Error, poly.NonAffine, ValueError, KeyError):
+        return {}
     if ts is None or tk is None:
         return {}
     out: dict[Var, int] = {}
@@ -361,11 +365,47 @@ def tile(program: Program, i: Var, j: Var, ti: int, tj: int) -> tuple[Program, t
 # ----------------------------------------------------------------------------- collapse
 
 
-@primitive("collapse")
+def _const_extent(f: For) -> int | None:
+    ext = binary("sub", f.hi, f.lo)
+    return ext.value if isinstance(ext, Const) and isinstance(ext.value, int) else None  # type: ignore[return-value]
+
+
+def _check_collapse(ctx: CheckContext) -> poly.Witness | None:
+    # formal condition: none needed for order — v = (i - lo_i)*E + (j - lo_j) is increasing in (i, j)
+    # lexicographically, so every dependence keeps its direction; the condition checked is that the
+    # result stays analysable: E constant (coords affine), or no dependence joins two statements inside
+    outer, inner = ctx.args[0], ctx.args[1]
+    fi = find_loop(ctx.old, inner)
+    if _const_extent(fi) is not None:
+        return poly.find_violation(ctx.deps, ctx.new)
+    inside = {poly._sanitize(i.store.name): i.store.name for i in poly.stmt_infos(ctx.old)
+              if any(lp.var is outer for lp in i.loops)}
+    for kind, dep in ctx.deps.by_kind():
+        maps = dep.get_map_list()
+        for k in range(maps.n_map()):
+            m = maps.get_at(k)
+            a, b = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
+            if a in inside and b in inside and not m.is_empty():
+                ext = binary("sub", fi.hi, fi.lo)
+                v = ctx.result.name if isinstance(ctx.result, Var) else f"{outer.name}_{inner.name}_f"
+                raise ValueError(
+                    f"collapse({outer.name}, {inner.name}): the extent of loop {inner.name!r} ({ext}) is not a "
+                    f"compile-time constant, so the collapsed loop's coordinates ({outer.name} = {v} // ({ext}), "
+                    f"{inner.name} = {v} % ({ext})) are not affine and later steps on this nest could not be "
+                    f"checked exactly — and its statements depend on each other ({kind} dependence "
+                    f"{inside[a]} -> {inside[b]}). With a symbolic inner extent, collapse is allowed only on "
+                    f"nests whose statements have no dependence among them; use split or tile instead, or "
+                    f"collapse with an inner loop of constant extent (e.g. the inner loop of a split)")
+    return None
+
+
+@primitive("collapse", check=_check_collapse)
 def collapse(program: Program, outer: Var, inner: Var) -> tuple[Program, Var]:
     """Merge `outer` and the loop `inner` directly inside it into one loop (TVM's `fuse`).
 
-    Precondition: inner is the whole body of outer and its bounds do not depend on outer::
+    Precondition: inner is the whole body of outer and its bounds do not depend on outer. When the
+    extent of inner is not a constant, the new coordinates are not affine, so the (checked) step is
+    allowed only when no dependence joins two statements inside the nest (ValueError otherwise)::
 
         for i in range(0, n):                for i_j_f in range(0, n*m):
             for j in range(0, m):     ->         S(i_j_f // m, i_j_f % m)

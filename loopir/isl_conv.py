@@ -1,0 +1,367 @@
+"""Conversions between loopir integer expressions and isl: Expr -> isl text (`aff`, `cond`),
+isl (piecewise) quasi-affine functions -> Expr (`aff_to_expr`, `pw_to_expr`), and a small
+affine normalizer (`simplify_affine`) so that bounds rebuilt from isl print the way a person
+would write them (`i - m + 3`, not `-1 * m + i + 3`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import islpy as isl
+
+from .nodes import Binary, Cast, Compare, Const, Expr, Logical, Unary, Var, binary, const
+
+__all__ = [
+    "NonAffine",
+    "aff",
+    "cond",
+    "eval_index",
+    "aff_to_expr",
+    "pw_to_expr",
+    "simplify_affine",
+]
+
+
+class NonAffine(Exception):
+    """An expression that isl cannot represent (raised internally, then over-approximated)."""
+
+
+# ----------------------------------------------------------------------------- names
+
+_ISL_WORDS = {"and", "or", "not", "exists", "mod", "floor", "ceil", "min", "max", "true", "false", "infty", "NaN", "Z"}
+
+
+def _sanitize(name: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9_]", "_", name) or "v"
+    if s[0].isdigit():
+        s = "v" + s
+    if s in _ISL_WORDS:
+        s += "_"
+    return s
+
+
+class _Names:
+    """isl identifiers for Vars (by identity) within one formula; unknown Vars become parameters."""
+
+    def __init__(self, params: dict[str, Var], taken: set[str] | None = None) -> None:
+        self.params = params
+        self.env: dict[Var, str] = {}
+        self.taken = set(taken or ()) | set(params)
+
+    def bind(self, v: Var, hint: str | None = None) -> str:
+        base = _sanitize(hint or v.name)
+        name, k = base, 1
+        while name in self.taken:
+            name = f"{base}_{k}"
+            k += 1
+        self.taken.add(name)
+        self.env[v] = name
+        return name
+
+    def name(self, v: Var) -> str:
+        n = self.env.get(v)
+        if n is not None:
+            return n
+        p = _sanitize(v.name)
+        if p not in self.params:
+            self.params[p] = v
+        self.env[v] = p
+        return p
+
+
+def _exists(names: list[str], body: str) -> str:
+    return f"exists ({', '.join(names)} : {body})" if names else body
+
+
+# ----------------------------------------------------------------------------- Expr -> isl text
+
+
+def _is_int_expr(e: Expr) -> bool:
+    return e.dtype in ("int32", "int64")
+
+
+def aff(e: Expr, names: _Names) -> str:
+    """isl text of an affine integer expression; raises NonAffine otherwise."""
+    if isinstance(e, Const):
+        if isinstance(e.value, bool) or not isinstance(e.value, int):
+            raise NonAffine(e)
+        return str(e.value)
+    if isinstance(e, Var):
+        return names.name(e)
+    if isinstance(e, Cast):
+        if _is_int_expr(e) and _is_int_expr(e.a):
+            return aff(e.a, names)
+        raise NonAffine(e)
+    if isinstance(e, Unary) and e.op == "neg":
+        return f"-({aff(e.a, names)})"
+    if isinstance(e, Binary) and _is_int_expr(e):
+        if e.op in ("add", "sub"):
+            return f"({aff(e.a, names)}) {'+' if e.op == 'add' else '-'} ({aff(e.b, names)})"
+        if e.op == "mul":
+            ca, cb = _const_int(e.a), _const_int(e.b)
+            if cb is not None:
+                return f"{cb}*({aff(e.a, names)})"
+            if ca is not None:
+                return f"{ca}*({aff(e.b, names)})"
+            raise NonAffine(e)
+        if e.op in ("floordiv", "mod"):
+            c = _const_int(e.b)
+            if c is None or c <= 0:
+                raise NonAffine(e)
+            a = aff(e.a, names)
+            if e.op == "floordiv":
+                return f"floor(({a})/{c})"
+            return f"(({a}) - {c}*floor(({a})/{c}))"
+        if e.op in ("max", "min"):
+            return f"{e.op}({aff(e.a, names)}, {aff(e.b, names)})"
+    raise NonAffine(e)
+
+
+def _const_int(e: Expr) -> int | None:
+    if isinstance(e, Const) and isinstance(e.value, int) and not isinstance(e.value, bool):
+        return e.value
+    if isinstance(e, Unary) and e.op == "neg":
+        c = _const_int(e.a)
+        return None if c is None else -c
+    if isinstance(e, Cast) and _is_int_expr(e):
+        return _const_int(e.a)
+    return None
+
+
+_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "="}
+_NEG = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
+
+
+def cond(e: Expr, names: _Names, negate: bool = False) -> str:
+    """isl text of an affine condition; raises NonAffine otherwise."""
+    if isinstance(e, Const) and isinstance(e.value, bool):
+        return "1 = 1" if e.value != negate else "1 = 0"
+    if isinstance(e, Compare):
+        if not (_is_int_expr(e.a) and _is_int_expr(e.b)):
+            raise NonAffine(e)
+        op = _NEG[e.op] if negate else e.op
+        a, b = aff(e.a, names), aff(e.b, names)
+        if op == "ne":
+            return f"(({a}) < ({b}) or ({a}) > ({b}))"
+        return f"({a}) {_CMP[op]} ({b})"
+    if isinstance(e, Logical):
+        if e.op == "not":
+            return cond(e.a, names, not negate)
+        assert e.b is not None
+        op = e.op if not negate else ("or" if e.op == "and" else "and")
+        return f"(({cond(e.a, names, negate)}) {op} ({cond(e.b, names, negate)}))"
+    raise NonAffine(e)
+
+
+def eval_index(e: Expr, env: dict[Var, int]) -> int:
+    """Value of an integer index expression at concrete values of its variables."""
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Var):
+        if e not in env:
+            raise KeyError(f"no value for variable {e.name!r}")
+        return env[e]
+    if isinstance(e, Cast):
+        return eval_index(e.a, env)
+    if isinstance(e, Unary) and e.op == "neg":
+        return -eval_index(e.a, env)
+    if isinstance(e, Binary):
+        a, b = eval_index(e.a, env), eval_index(e.b, env)
+        ops = {"add": a + b, "sub": a - b, "mul": a * b, "max": max(a, b), "min": min(a, b)}
+        if e.op in ops:
+            return ops[e.op]
+        if e.op == "floordiv":
+            return a // b
+        if e.op == "mod":
+            return a % b
+    raise ValueError(f"cannot evaluate {e!r} as an integer index")
+
+
+# ----------------------------------------------------------------------------- affine normal form
+
+
+def _linear(e: Expr) -> tuple[list[tuple[Expr, int]], int] | None:
+    """`e` as (terms, constant) with terms [(atom, coefficient)] in first-seen order, or None when
+    `e` is not a sum of integer multiples of atoms (an atom: a Var, or a floordiv/mod/min/max/other
+    integer subexpression, itself normalized)."""
+    if not _is_int_expr(e):
+        return None
+    c = _const_int(e)
+    if c is not None:
+        return [], c
+    if isinstance(e, Var):
+        return [(e, 1)], 0
+    if isinstance(e, Cast) and _is_int_expr(e.a):
+        return _linear(e.a)
+    if isinstance(e, Unary) and e.op == "neg":
+        r = _linear(e.a)
+        return None if r is None else ([(t, -k) for t, k in r[0]], -r[1])
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
+        if e.op == "mul":
+            ca, cb = _const_int(e.a), _const_int(e.b)
+            if ca is None and cb is None:
+                return [(e, 1)], 0
+            k, other = (ca, e.b) if ca is not None else (cb, e.a)
+            r = _linear(other)
+            return None if r is None else ([(t, k * x) for t, x in r[0]], k * r[1])
+        ra, rb = _linear(e.a), _linear(e.b)
+        if ra is None or rb is None:
+            return None
+        sign = 1 if e.op == "add" else -1
+        return _collect(ra[0] + [(t, sign * k) for t, k in rb[0]]), ra[1] + sign * rb[1]
+    if isinstance(e, Binary) and e.op in ("floordiv", "mod", "min", "max"):
+        return [(binary(e.op, simplify_affine(e.a), simplify_affine(e.b)), 1)], 0
+    return [(e, 1)], 0
+
+
+def _collect(terms: list[tuple[Expr, int]]) -> list[tuple[Expr, int]]:
+    out: dict[Expr, list[Any]] = {}  # Vars by identity, other atoms structurally
+    for t, k in terms:
+        if t in out:
+            out[t][1] += k
+        else:
+            out[t] = [t, k]
+    return [(t, k) for t, k in out.values() if k]
+
+
+def _rebuild(terms: list[tuple[Expr, int]], c: int, dtype: str) -> Expr:
+    """Positive terms first (`a + 2 * b`), then the negative ones subtracted, then the constant:
+    `i - m + 3`; `3 - m` when no term is positive."""
+    pos = [(t, k) for t, k in terms if k > 0]
+    neg = [(t, -k) for t, k in terms if k < 0]
+
+    def scaled(t: Expr, k: int) -> Expr:
+        return t if k == 1 else Binary("mul", Const(k, dtype), t, dtype)
+
+    out: Expr | None = None
+    for t, k in pos:
+        out = scaled(t, k) if out is None else Binary("add", out, scaled(t, k), dtype)
+    if out is None and neg and c > 0:
+        out, c = Const(c, dtype), 0
+    for t, k in neg:
+        out = Unary("neg", scaled(t, k), dtype) if out is None else Binary("sub", out, scaled(t, k), dtype)
+    if out is None:
+        return Const(c, dtype)
+    if c > 0:
+        return Binary("add", out, Const(c, dtype), dtype)
+    if c < 0:
+        return Binary("sub", out, Const(-c, dtype), dtype)
+    return out
+
+
+def simplify_affine(e: Expr) -> Expr:
+    """`e` with integer sums in a normal form: like terms collected, constants folded, `+ 0` and
+    `1 *` dropped, negative terms subtracted (`-1 * m + i + 3` -> `i - m + 3`); nested min/max of
+    one kind flattened with duplicates removed. Non-integer or non-affine parts are kept as
+    atoms (their integer subexpressions normalized). The value is unchanged."""
+    if not isinstance(e, Expr) or not _is_int_expr(e):
+        return e
+    if isinstance(e, Binary) and e.op in ("min", "max"):
+        args: list[Expr] = []
+        for a in _flatten(e, e.op):
+            a = simplify_affine(a)
+            if a not in args:
+                args.append(a)
+        cs = [_const_int(a) for a in args]
+        if sum(x is not None for x in cs) > 1:  # fold the constant arguments into one
+            k = (min if e.op == "min" else max)(x for x in cs if x is not None)
+            args = [a for a, x in zip(args, cs) if x is None] + [Const(k, e.dtype)]
+        out = args[0]
+        for a in args[1:]:
+            out = Binary(e.op, out, a, e.dtype)
+        return out
+    if isinstance(e, Binary) and e.op in ("floordiv", "mod"):
+        a, b = simplify_affine(e.a), simplify_affine(e.b)
+        return binary(e.op, a, b)
+    r = _linear(e)
+    if r is None:
+        return e
+    return _rebuild(_collect(r[0]), r[1], e.dtype)
+
+
+def _flatten(e: Expr, op: str) -> list[Expr]:
+    if isinstance(e, Binary) and e.op == op:
+        return _flatten(e.a, op) + _flatten(e.b, op)
+    return [e]
+
+
+# ----------------------------------------------------------------------------- isl -> Expr
+
+
+def pw_to_expr(pw: isl.PwAff, vars_by_name: dict[str, Var], what: str = "bound") -> Expr:
+    """A loopir Expr for an isl piecewise quasi-affine function that is one affine piece or the
+    max / min of its pieces (pieces not needed for that are dropped); ValueError otherwise."""
+    pieces = pw.get_pieces()
+    if not pieces:
+        raise ValueError(f"the {what} is empty (no iteration)")
+    if len(pieces) == 1:
+        return aff_to_expr(pieces[0][1], vars_by_name)
+    dom = pw.domain()
+    affs: list[isl.Aff] = []
+    for _, a in pieces:  # the same function on several pieces of the domain counts once
+        if not any(a.plain_is_equal(b) for b in affs):
+            affs.append(a)
+    for op in ("max", "min"):
+        def combine(xs: list[isl.Aff], op: str = op) -> isl.PwAff:
+            acc = isl.PwAff.from_aff(xs[0])
+            for a in xs[1:]:
+                acc = acc.max(isl.PwAff.from_aff(a)) if op == "max" else acc.min(isl.PwAff.from_aff(a))
+            return acc.intersect_domain(dom)
+
+        if not combine(affs).is_equal(pw):
+            continue
+        k = 0
+        while k < len(affs) and len(affs) > 1:  # drop arguments that never decide the value
+            rest = affs[:k] + affs[k + 1:]
+            if combine(rest).is_equal(pw):
+                affs = rest
+            else:
+                k += 1
+        out = aff_to_expr(affs[0], vars_by_name)
+        for a in affs[1:]:
+            out = binary(op, out, aff_to_expr(a, vars_by_name))
+        return simplify_affine(out)
+    raise ValueError(f"the {what} {pw} is not a max or min of affine pieces")
+
+
+def aff_to_expr(a: isl.Aff, vars_by_name: dict[str, Var]) -> Expr:
+    """A loopir Expr for an isl quasi-affine expression (divisions become floordiv), normalized
+    by `simplify_affine`."""
+    den_val = a.get_denominator_val()
+    den = int(den_val.to_python())
+    terms: list[tuple[Expr, int]] = []
+
+    def coef(t: Any, k: int) -> int:
+        return int(a.get_coefficient_val(t, k).mul(den_val).to_python())
+
+    for t in (isl.dim_type.param, isl.dim_type.in_):
+        for k in range(a.dim(t)):
+            c = coef(t, k)
+            if c:
+                name = a.get_dim_name(t, k)
+                if name not in vars_by_name:
+                    raise ValueError(f"unknown variable {name!r} in {a}")
+                terms.append((vars_by_name[name], c))
+    for k in range(a.dim(isl.dim_type.div)):
+        c = coef(isl.dim_type.div, k)
+        if c:
+            terms.append((aff_to_expr(a.get_div(k), vars_by_name), c))
+    c0 = int(a.get_constant_val().mul(den_val).to_python())
+    out = _rebuild(_collect(terms), c0, "int64" if not terms else _dtype_of(terms))
+    if den != 1:
+        out = binary("floordiv", out, const(den))
+    return out
+
+
+def _dtype_of(terms: list[tuple[Expr, int]]) -> str:
+    return "int64" if any(t.dtype == "int64" for t, _ in terms) else terms[0][0].dtype
+
+
+def _plus1(pw: isl.PwAff) -> isl.PwAff:
+    return pw.add_constant_val(isl.Val.one(pw.get_ctx()))
+
+
+def _scale(e: Expr, c: int) -> Expr:
+    return e if c == 1 else binary("mul", const(c), e)

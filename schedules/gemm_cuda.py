@@ -1,0 +1,111 @@
+"""The tiled GEMM on the GPU as a sequence of checked Schedule steps (tile sizes are the tuning handle).
+
+    plan = schedule_gemm_cuda(s, "matmul", epilogue="auto", block=(128, 128), thread_tile=(8, 8), k_tile=8)
+
+The nest it produces for C = relu(A @ B + bias) (one kernel):
+
+    for bi in blockIdx.y, bj in blockIdx.x:               # a block computes a block[0] x block[1] tile of C
+      for ty in threadIdx.y, tx in threadIdx.x:           # (block / thread_tile) threads, each a thread_tile
+        allocate C_local[8, 8] local                      # 1. cache_write: the register tile
+        C_local[:, :] = 0                                 #    (unrolled)
+        for ko:                                           # 2. k in steps of k_tile
+          allocate A_shared[128, k_tile], B_shared[k_tile, 128] shared
+          A_shared <- A[bi*128 : +128, ko*k_tile : +k_tile]   # 3. cache_read "shared": the BLOCK's tile, copied
+          B_shared <- B[ko*k_tile : +k_tile, bj*128 : +128]   #    cooperatively (float4 where aligned)
+          barrier
+          for ki, ii, jj (unrolled): C_local[ii, jj] += A_shared[ii*16 + ty, ki] * B_shared[ki, jj*16 + tx]
+          barrier                                         #    before the next iteration overwrites the tiles
+        for q0, q1 (unrolled): C[..] = relu(C_local[q0, q1] + bias[..])   # 4. the epilogue on the register tile
+
+A thread's rows are ty, ty + 16, ...: a warp's reads of B_shared and its final stores touch consecutive
+addresses, and its reads of A_shared are broadcasts. Sizes the tiles do not divide keep guards (the
+shared tiles are the constant box hull, their copy clipped to the matrices); sizes known at build time
+that divide give a guard-free kernel. Every step is a Schedule primitive, checked as usual.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loopir.visit import statements
+from schedules.gemm import GemmPlan, _check_tiles, _operands, _update, elementwise_consumers, matmul_stage
+
+import schedules.primitives.cache  # noqa: F401  (registers Schedule.cache_read)
+import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache_write)
+
+__all__ = ["schedule_gemm_cuda"]
+
+
+def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", block: tuple[int, int] = (128, 128),
+                       thread_tile: tuple[int, int] = (8, 8), k_tile: int = 8, shared: bool = True,
+                       strided: bool = False) -> GemmPlan:
+    """Apply the tiled-GEMM recipe for the CUDA target to the matmul-shaped reduction `stage` of Schedule `s`.
+
+    `stage`: the update statement's name (or tensor); None picks the only matmul-shaped one.
+    `epilogue`: elementwise consumers computed on the register tile before the single store ("auto":
+    the chain `elementwise_consumers` finds; [] for none). `shared=False` skips the shared staging.
+    `strided=False`: a thread owns thread_tile consecutive rows and columns (ty*8 + ii, tx*8 + jj), so
+    its reads of a shared row are contiguous (128-bit shared loads); True: rows ty + 16*ii, columns
+    tx + 16*jj (conflict-free scalar shared loads, coalesced stores).
+    Returns a GemmPlan (`.explain()`); `s` is modified in place. ValueError on bad tile sizes.
+    """
+    block, thread_tile = tuple(block), tuple(thread_tile)
+    _check_tiles(block, thread_tile, k_tile)  # type: ignore[arg-type]
+    if stage is None:
+        found = matmul_stage(s.program)
+        if len(found) != 1:
+            raise ValueError(f"schedule_gemm_cuda: expected one matmul-shaped reduction, found {found or 'none'}")
+        stage = found[0]
+    if not isinstance(stage, str):
+        stage = stage.name
+    upd = _update(s.program, stage)
+    eps = elementwise_consumers(s.program, upd.name) if epilogue == "auto" else [
+        e if isinstance(e, str) else e.name for e in ([epilogue] if isinstance(epilogue, str) else epilogue)]
+    plan = GemmPlan(upd.name, list(eps), "cuda")
+    name = upd.name
+    i, j, k = s.loops(name)[-3:]
+    nty, ntx = block[0] // thread_tile[0], block[1] // thread_tile[1]
+    bi, ir = s.split(i, block[0])
+    bj, jr = s.split(j, block[1])
+    if strided:
+        ii, ty = s.split(ir, nty)
+        jj, tx = s.split(jr, ntx)
+    else:
+        ty, ii = s.split(ir, thread_tile[0])
+        tx, jj = s.split(jr, thread_tile[1])
+    s.reorder(bi, bj, ty, tx, ii, jj)
+    plan.steps.append(f"split i by {block[0]}, j by {block[1]}; then into {nty} x {ntx} threads, each "
+                      f"{'strided' if strided else 'contiguous'} {thread_tile[0]} x {thread_tile[1]}; "
+                      "reorder(bi, bj, ty, tx, ii, jj)")
+    s.bind(bi, "blockIdx.y").bind(bj, "blockIdx.x").bind(ty, "threadIdx.y").bind(tx, "threadIdx.x")
+    plan.steps.append("bind bi, bj to blockIdx.y/x and ty, tx to threadIdx.y/x")
+    s.cache_write(upd.buffer.name, "local", tx, epilogue=eps)
+    plan.steps.append(f"cache_write({upd.buffer.name}, 'local', tx, epilogue={eps}): "
+                      f"{thread_tile[0]}x{thread_tile[1]} register tile")
+    ii, jj, k = s.loops(name)[-3:]
+    ko, ki = s.split(k, k_tile)
+    s.reorder(ko, ki, ii, jj)
+    plan.steps.append(f"split k by {k_tile}; reorder(ko, ki, ii, jj)")
+    if shared:
+        for b in _operands(upd):
+            try:
+                s.cache_read(b.name, "shared", ko)
+            except (ValueError, TypeError) as e:  # staging is an optimisation: say why, keep going
+                plan.skipped.append(f"cache_read({b.name}, 'shared', ko): {e}")
+                continue
+            plan.staged.append(b.name)
+            plan.steps.append(f"cache_read({b.name}, 'shared', ko): the block's tile, copied cooperatively")
+    _unroll_tail(s, name, 3, plan)
+    for st in [c.store.name for c in statements(s.program)
+               if c.store.buffer.name == f"{upd.buffer.name}_local" and c.store.name != name]:
+        _unroll_tail(s, st, 2, plan)
+    for st in eps or [f"{upd.buffer.name}_copy"]:
+        if any(c.store.name == st for c in statements(s.program)):
+            _unroll_tail(s, st, 2, plan)
+    return plan
+
+
+def _unroll_tail(s: Any, stmt: str, n: int, plan: GemmPlan) -> None:
+    for lp in s.loops(stmt)[-n:]:
+        s.unroll(lp)
+    plan.steps.append(f"unroll the {n} innermost loops of {stmt}")
