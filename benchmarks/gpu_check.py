@@ -1,10 +1,13 @@
 """One script for the GPU machine: gpu-marked tests, compute-sanitizer memcheck, the GPU suite.
 
-    python3 benchmarks/gpu_check.py [--quick]
+    python3 benchmarks/gpu_check.py [--quick] [--tests tests/test_auto.py ...] [--out DIR] [--suite-args ...]
 
-Prints a short table last. `--memcheck-target` is the small program run under compute-sanitizer
-(it is also this script: `python3 benchmarks/gpu_check.py --small` runs every seed workload with a
-hand-written bound schedule once, at small sizes, and checks the results).
+Steps (each in its own process, with a time limit), then a short table, printed last:
+1. `pytest -m gpu` (all tests, or the files given with --tests);
+2. `compute-sanitizer --tool memcheck` on the five fusion examples and the quickstart at small sizes
+   (`--small`), and on this script's `--small` suite (every seed workload with a hand-written bound
+   schedule once, at small sizes, checked against numpy);
+3. `benchmarks/gpu_suite.py` (JSON, markdown table and PNG under --out).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+
+EXAMPLES = ["sincos", "gelu", "horizontal", "softmax", "layernorm", "quickstart"]
 
 
 def small_suite() -> int:
@@ -44,8 +49,6 @@ def small_suite() -> int:
         ok = all(np.allclose(o, r, rtol=tol, atol=tol) for o, r in zip(outs, wl.reference(*ins)))
         print(f"small {name:18s} {sched.__name__:16s} {'ok' if ok else 'MISMATCH'}")
         bad += not ok
-    for ex in sorted(glob.glob(os.path.join(ROOT, "examples", "*.py"))):
-        print("example", os.path.basename(ex))
     return 1 if bad else 0
 
 
@@ -55,42 +58,61 @@ def _run(cmd: list[str], timeout: int) -> tuple[int, str, float]:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         out, rc = p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
-        out, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT", 124
-    return rc, out if isinstance(out, str) else str(out), time.perf_counter() - t
+        def text(b: object) -> str:
+            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # type: ignore[return-value]
+
+        out, rc = f"{text(e.stdout)}{text(e.stderr)}\nTIMEOUT after {timeout} s", 124
+    return rc, out, time.perf_counter() - t
+
+
+def _last_line(out: str, needle: str = "") -> str:
+    lines = [ln.strip() for ln in out.strip().splitlines() if ln.strip()]
+    hit = [ln for ln in lines if needle and needle in ln]
+    return (hit or lines or [""])[-1]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--small", action="store_true", help="run the small suite (the memcheck target) and exit")
+    ap.add_argument("--small", action="store_true", help="run the small suite (a memcheck target) and exit")
     ap.add_argument("--quick", action="store_true", help="small benchmark sizes")
-    ap.add_argument("--examples", action="store_true", help="also run examples/*.py under memcheck")
+    ap.add_argument("--tests", nargs="*", default=["tests"], help="test files for pytest -m gpu")
+    ap.add_argument("--out", default=None, help="directory for the suite's JSON/markdown/PNG")
+    ap.add_argument("--no-suite", action="store_true")
+    ap.add_argument("--no-memcheck", action="store_true")
+    ap.add_argument("--suite-args", nargs=argparse.REMAINDER, default=[], help="passed on to gpu_suite.py")
     a = ap.parse_args()
     if a.small:
         sys.exit(small_suite())
     py = sys.executable
     results = []
-    rc, out, dt = _run([py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"], 900)
-    print(out[-4000:])
-    results.append(("pytest -m gpu", rc, out.strip().splitlines()[-1] if out.strip() else "", dt))
-    san = shutil.which("compute-sanitizer") or next(iter(glob.glob("/usr/local/cuda*/bin/compute-sanitizer")), None)
-    if san:
-        targets = [[py, os.path.abspath(__file__), "--small"]]
-        if a.examples:
-            targets += [[py, ex] for ex in sorted(glob.glob(os.path.join(ROOT, "examples", "*.py")))]
+    rc, out, dt = _run([py, "-m", "pytest", "-m", "gpu", "-rfE", "-p", "no:cacheprovider", *a.tests], 600)
+    print(out[-5000:], flush=True)
+    results.append(("pytest -m gpu", rc, _last_line(out), dt))
+    san = shutil.which("compute-sanitizer") or next(iter(sorted(glob.glob("/usr/local/cuda*/bin/compute-sanitizer"))),
+                                                    None)
+    if a.no_memcheck:
+        pass
+    elif san:
+        targets = [[py, os.path.join(ROOT, "examples", f"{ex}.py"), "--small"] for ex in EXAMPLES]
+        targets.append([py, os.path.abspath(__file__), "--small"])
         for t in targets:
-            rc, out, dt = _run([san, "--tool", "memcheck", "--error-exitcode", "99", *t], 900)
-            print(out[-3000:])
-            summary = next((ln for ln in out.splitlines() if "ERROR SUMMARY" in ln), "no summary")
-            results.append((f"memcheck {os.path.basename(t[-1])}", rc, summary, dt))
+            rc, out, dt = _run([san, "--tool", "memcheck", "--error-exitcode", "99", *t], 300)
+            summary = _last_line(out, "ERROR SUMMARY") or "no summary"
+            if rc != 0:
+                print(out[-3000:], flush=True)
+            print(f"memcheck {os.path.basename(t[1])}: rc {rc}, {summary}", flush=True)
+            results.append((f"memcheck {os.path.basename(t[1])}", rc, summary, dt))
     else:
         results.append(("memcheck", -1, "compute-sanitizer not found", 0.0))
-    cmd = [py, os.path.join(ROOT, "benchmarks", "gpu_suite.py")] + (["--quick"] if a.quick else [])
-    rc, out, dt = _run(cmd, 900)
-    print(out[-6000:])
-    results.append(("gpu_suite", rc, "see table above", dt))
+    if not a.no_suite:
+        cmd = [py, os.path.join(ROOT, "benchmarks", "gpu_suite.py")] + (["--quick"] if a.quick else [])
+        cmd += (["--out", a.out] if a.out else []) + a.suite_args
+        rc, out, dt = _run(cmd, 600)
+        print(out[-9000:], flush=True)
+        results.append(("gpu_suite", rc, "table above" if rc == 0 else _last_line(out), dt))
     print("\n| step | rc | summary | seconds |\n|---|---|---|---|")
     for name, rc, summary, dt in results:
-        print(f"| {name} | {rc} | {summary[:100]} | {dt:.1f} |")
+        print(f"| {name} | {rc} | {summary[:110]} | {dt:.1f} |")
     sys.exit(max((r[1] for r in results if r[1] > 0), default=0))
 
 

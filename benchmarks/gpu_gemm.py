@@ -46,9 +46,9 @@ def build_ours(n: int, m: int, p: int, **tiles: Any) -> Any:
     return build(s, list(wl.inputs) + list(wl.outputs), target="cuda"), plan
 
 
-SWEEP = [dict(block=(128, 128), thread_tile=(8, 8), k_tile=k) for k in (8, 16, 32)] + [
-    dict(block=(128, 128), thread_tile=(8, 8), k_tile=16, strided=True),
-    dict(block=(128, 64), thread_tile=(8, 4), k_tile=16), dict(block=(64, 128), thread_tile=(4, 8), k_tile=16)]
+SWEEP = [dict(block=(128, 128), thread_tile=(8, 8), k_tile=k, unroll_k=u)
+         for k in (8, 16, 32) for u in (False, True)] + [
+    dict(block=(128, 128), thread_tile=(8, 8), k_tile=16, strided=True)]
 
 
 def gemm_entries(n: int = 4096, reps: int = 20, configs: list[dict[str, Any]] | None = None,

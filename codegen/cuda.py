@@ -909,10 +909,10 @@ class _KernelGen:
         if not (_is_const(f.lo) and _is_const(f.hi) and f.lo.value == 0 and f.hi.value == 4):  # type: ignore[attr-defined]
             return False
         guard = None
-        if isinstance(body, N.If) and body.orelse is None and isinstance(body.then, N.Store):
-            guard, body = body.cond, body.then  # e.g. the bounds clip of a cache_read copy
+        if isinstance(body, N.If) and body.orelse is None and isinstance(body.then, (N.Store, N.Seq)):
+            guard, body = body.cond, body.then  # a non-dividing split's guard, a cache_read copy's clip
         # one store, or several (horizontally fused outputs of one element) sharing the lane loop
-        stores = list(body.body) if isinstance(body, N.Seq) and guard is None else [body]
+        stores = list(body.body) if isinstance(body, N.Seq) else [body]
         if not all(isinstance(st, N.Store) and st.buffer.dtype == "float32" and st.buffer.scope in _VEC_SCOPES
                    for st in stores):
             return False

@@ -8,11 +8,20 @@ witness. `check=False` skips every dependence check and is UNSAFE.
 
 from __future__ import annotations
 
-from .errors import ScheduleError
+from .errors import InexactCheckError, ScheduleError
 from .primitives import primitive
 from .schedule import LoopHandle, Schedule
 
-__all__ = ["Schedule", "ScheduleError", "LoopHandle", "primitive", "auto_schedule", "plan_fusion", "FusionPlan"]
+__all__ = [
+    "Schedule",
+    "ScheduleError",
+    "InexactCheckError",
+    "LoopHandle",
+    "primitive",
+    "auto_schedule",
+    "plan_fusion",
+    "FusionPlan",
+]
 
 # The fusion planner and auto_schedule pull in the cost model (and, on a GPU machine, the driver):
 # load them on first use so that `import schedules` stays cheap.

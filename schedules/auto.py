@@ -8,12 +8,15 @@ Per kernel of the plan (`schedules.fusion`):
 1. `compute_inline` every stage the plan inlines; `fuse` the shared outer loops of the stages
    the plan groups (vertical and horizontal fusion are both loop fusion here);
 2. the mapping —
-   * cuda "flat" (elementwise): `collapse` all loops, `split` by 4 + `vectorize` (float4) when the
-     innermost extent is provably a multiple of 4, `split` by 256, `bind` blockIdx.x / threadIdx.x;
+   * cuda "flat" (elementwise): `collapse` the loops, `split` by 4 + `vectorize` (float4 accesses;
+     run-time checked by the target unless 4 provably divides the row), `split` by the block size
+     (128), `split` by `per_thread` (2 chunks of 16 bytes per thread, coalesced: `reorder` + `unroll`),
+     `bind` blockIdx / threadIdx.x;
    * cuda "row" (a reduction with its prologue and epilogue): the shared outer loops collapsed and
      bound to blockIdx.x; in each phase below, a reduction loop becomes a cross-thread reduction
-     (`bind_reduction(k, threads=256)`: strided per-thread shares, then combined across the block)
-     and a spatial loop is `split` by 256 with the inner part bound to threadIdx.x;
+     (`bind_reduction(k, threads=128)`: strided per-thread shares, then combined across the block)
+     and a spatial loop is `split` by 4 (vectorized when the row length is a constant multiple of 4)
+     and by the block size, the inner part bound to threadIdx.x;
    * cuda "thread": the shared outer loops collapsed, one thread per point, inner loops serial;
    * cpu: the outer loop `parallel`, the innermost spatial loop of each elementwise phase
      `vectorize`d when it carries nothing.
@@ -35,7 +38,7 @@ from .schedule import Schedule
 
 __all__ = ["auto_schedule"]
 
-PER_THREAD = 1  # 16-byte chunks per thread in vectorized flat kernels (benchmarks/gpu_suite.py sweeps it)
+PER_THREAD = 2  # 16-byte chunks per thread in vectorized flat kernels (benchmarks/gpu_suite.py --sweep)
 
 
 def auto_schedule(
@@ -140,19 +143,22 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
         return
     root = _group_root(s, g)
     if g.mapping in ("flat", "thread"):
-        vec = g.mapping == "flat" and all(_multiple_of(t.shape[-1], 4) for t in g.stages)
+        vec = g.mapping == "flat" and all(t.dtype == "float32" for t in g.stages)
         if vec:
-            # 128-bit accesses: a 4-wide vector loop innermost, unguarded since 4 divides the extent
+            # 128-bit accesses: a 4-wide vector loop innermost — unguarded when 4 provably divides the
+            # extent; otherwise guarded, and the target checks at run time (size divisible by 4, guard
+            # true for the last lane, 16-byte aligned pointers) before taking the float4 path
             jo, lane = s.split(root[-1], 4)
             s.vectorize(lane)
             root = root[:-1] + [jo]
         rows = g.stages[0].shape[0]
-        if vec and len(root) == 2 and isinstance(rows, Const) and rows.value <= 65535:
-            # keep the row loop apart (blockIdx.y): the vector base stays affine, so the target can
-            # prove its 16-byte alignment (a collapsed index i = f // n, j = f % n is not affine)
-            loops = root
-        else:
-            loops = _collapse(s, root)
+        # with a vector lane, keep the row loop apart: the vector base stays affine, so the target can
+        # check (or prove) its 16-byte alignment — a collapsed index i = f // n, j = f % n is not affine
+        # and costs a 64-bit division per element. Rows go to blockIdx.y when provably <= 65535, else to
+        # blockIdx.x (2^31 - 1) with the column blocks on blockIdx.y
+        apart = vec and len(root) == 2
+        rows_on_y = apart and isinstance(rows, Const) and rows.value <= 65535
+        loops = root if apart else _collapse(s, root)
         bo, bi = s.split(loops[-1], threads)
         if vec and per_thread > 1:
             # several 16-byte chunks per thread, each chunk coalesced across the block
@@ -161,7 +167,11 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
             s.reorder(bi, u)
             s.unroll(u)
         s.bind(bi, "threadIdx.x")
-        _bind_blocks(s, loops[:-1] + [bo])
+        if apart and not rows_on_y:
+            s.bind(loops[0], "blockIdx.x")
+            s.bind(bo, "blockIdx.y")
+        else:
+            _bind_blocks(s, loops[:-1] + [bo])
         return
     # "row": one block per point of the shared loops, threads across each phase below
     blocks = _collapse(s, root)

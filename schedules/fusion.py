@@ -35,7 +35,8 @@ from loopir.visit import substitute, walk
 
 from . import cost as C
 
-THREADS = 256  # threads per block of the default CUDA mappings
+THREADS = 128  # threads per block of the default CUDA mappings (benchmarks/gpu_suite.py --sweep: 128 is best or tied on the H200)
+ROW_MIN_EXTENT = 1024  # a reduction at least this long gets a block per row (else a thread per row)
 
 
 # ----------------------------------------------------------------------------- stage graph
@@ -300,7 +301,7 @@ class FusionPlan:
 
 
 _MAPPINGS = {
-    "flat": "flat grid (all loops collapsed, 256 threads per block)",
+    "flat": f"flat grid (loops collapsed, {THREADS} threads per block, 16-byte chunks per thread)",
     "row": "one block per row, threads across each phase's inner loop",
     "thread": "one thread per output point",
     "cpu": "parallel outer loop, vectorized inner loop",
@@ -643,7 +644,7 @@ class _Planner:
         red_ext = max((C.elements(_domain(t)[len(t.shape):], self.ev) for t in g.stages
                        if isinstance(t.op.body, Reduce)), default=0)
         rows = C.elements(g.stages[0].shape[:g.depth], self.ev)
-        if g.depth >= 1 and (beyond or red_ext >= 4 * THREADS or rows < self.dev.sm_count * 4):
+        if g.depth >= 1 and (beyond or red_ext >= ROW_MIN_EXTENT or rows < self.dev.sm_count * 4):
             return "row"
         return "thread"
 

@@ -8,7 +8,10 @@
     s.trace_json()  ->  Schedule.replay(json_text, C)
 
 Every step is checked exactly against the dependences of the original program (loopir.poly);
-an illegal step raises ScheduleError with a witness and leaves the schedule unchanged.
+an illegal step raises ScheduleError with a witness and leaves the schedule unchanged. A step
+on a nest the analysis can only over-approximate (non-affine bounds, guards or coords, e.g.
+after collapse of a symbolic extent) that it cannot prove legal raises InexactCheckError (a
+ValueError: no witness is claimed), also leaving the schedule unchanged.
 `Schedule(..., check=False)` skips the checks: UNSAFE — an illegal step then silently
 produces a program that computes something else. It exists for experts and for testing the
 checker.

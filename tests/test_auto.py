@@ -111,3 +111,100 @@ def test_gpu_results_match_numpy(name, fuse):
     xs, ys = _arrays(ins, outs, np.random.default_rng(4))
     mod(*xs, *ys)
     _check(ys, ref, xs)
+
+
+# ----------------------------------------------------------------------------- sizes known at build time
+
+
+def _const_cases():
+    from loopir import workloads as W
+
+    return {
+        "sincos U=2": (W.sincos(4 * 256 * 2 * 3 + 8), {"per_thread": 2}),  # non-dividing: guarded chunks
+        "gelu 2-D": (W.gelu(m=3, n=1024 + 4), {}),
+        "horizontal 2-D U=2": (W.horizontal(m=3, n=2048), {"per_thread": 2}),
+        "softmax": (W.softmax(5, 1024 + 8), {}),
+        "layernorm": (W.layernorm(4, 512), {"threads": 128}),
+    }
+
+
+def _run_const(wl, sched, target, xs_seed=5):
+    mod = build(sched, list(wl.args), target=target)
+    sizes = {}
+    rng = np.random.default_rng(xs_seed)
+    ins = wl.random_inputs(sizes, rng)
+    outs = wl.empty_outputs(sizes)
+    mod(*wl.call_args(ins, outs))
+    for got, want in zip(outs, wl.reference(*ins)):
+        assert not np.isnan(got).any()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    return mod
+
+
+@pytest.mark.parametrize("case", list(_const_cases()))
+def test_constant_sizes_vectorize_and_interpret_correctly(case):
+    wl, kw = _const_cases()[case]
+    s = auto_schedule(list(wl.outputs), target="cuda", **kw)
+    src = build(s, list(wl.args), target="cuda").source
+    assert "float4" in src  # 128-bit accesses: flat kernels, several outputs, the row copy and epilogue
+    if "horizontal" in case:
+        assert "y_relu, y_sigmoid, y_tanh: 128-bit vector" in src
+    if case in ("softmax", "layernorm"):
+        assert "x_shared: 128-bit vector" in src and "y: 128-bit vector" in src
+    if "sincos" in case:
+        assert "sincosf(x_v.x, &" in src  # one sincosf per lane, not sinf and cosf
+    # the mapped program, run by the interpreter, computes the workload
+    sizes: dict = {}
+    ins = wl.random_inputs(sizes, 1)
+    outs = wl.empty_outputs(sizes)
+    interp.run(s.program, *wl.call_args(ins, outs))
+    for got, want in zip(outs, wl.reference(*ins)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_per_thread_chunks_are_coalesced_and_validated():
+    from loopir import workloads as W
+
+    wl = W.sincos(4096)
+    s = auto_schedule(list(wl.outputs), target="cuda", per_thread=4)
+    assert [t["primitive"] for t in s.trace].count("reorder") == 1
+    src = build(s, list(wl.args), target="cuda").source
+    assert "#pragma unroll" in src and "* 256LL) + " in src  # chunk u of thread t at ((b * 4 + u) * 256 + t) * 4
+    for bad in (0, 17, 2.0, True):
+        with pytest.raises(ValueError, match="per_thread"):
+            auto_schedule(list(wl.outputs), target="cuda", per_thread=bad)
+
+
+def test_vector_stores_refused_when_one_output_feeds_another():
+    from loopir import ir
+    from loopir.nodes import Seq
+
+    b = ir.Builder("chain")
+    x = ir.buffer((64,), name="x")
+    y = ir.buffer((64,), name="y")
+    z = ir.buffer((64,), name="z")
+    with b.loop("i", 0, 64) as i:
+        b.store(y, (i,), x[i] * 2.0, name="Y")
+        b.store(z, (i,), y[i] + 1.0, name="Z")
+    p = b.finish([x, y, z])
+    s = Schedule(p)
+    (i,) = s.loops("Y")
+    io, lane = s.split(i, 4)
+    s.vectorize(lane)
+    bo, ti = s.split(io, 16)
+    s.bind(bo, "blockIdx.x").bind(ti, "threadIdx.x")
+    assert isinstance(s.program.body, type(s.program.body)) and not isinstance(s.program.body, Seq)
+    src = build(s, [x, y, z], target="cuda").source
+    assert "float4" not in src  # Z reads y, written by Y in the same lane loop: scalar code
+    xs = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    ys, zs = np.full(64, np.nan, np.float32), np.full(64, np.nan, np.float32)
+    interp.run(s.program, xs, ys, zs)
+    np.testing.assert_allclose(zs, xs * 2 + 1, rtol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(_const_cases()))
+def test_gpu_constant_sizes_match_numpy(case):
+    wl, kw = _const_cases()[case]
+    mod = _run_const(wl, auto_schedule(list(wl.outputs), target="cuda", **kw), "cuda")
+    assert len(mod.kernels) == 1
