@@ -522,7 +522,10 @@ def time_of(program: Program, stmt: str, iters: dict[str, int], params: dict[str
     if img.is_empty():
         return None
     s = img.get_set_list().get_at(0)
-    pt = s.lexmin().sample_point()
+    try:
+        pt = s.lexmin().sample_point()
+    except isl.Error:  # lexmin of an unbounded set (over-approximated domains): any point will do
+        pt = s.sample_point()
     return [_pt_val(pt, isl.dim_type.set, k) for k in range(s.dim(isl.dim_type.set))]
 
 

@@ -79,10 +79,26 @@ def test_elementwise_mapping_vectorizes_when_provably_aligned():
     ins, outs, _ = gelu_chain(m=8, n=64)
     s = auto_schedule(outs, target="cuda")
     assert "vectorize" in [t["primitive"] for t in s.trace]
-    assert "float4" in build(s, ins + outs, target="cuda").source
-    ins2, outs2, _ = gelu_chain()  # symbolic n: no proof that 4 divides it, plain loads
+    src = build(s, ins + outs, target="cuda").source
+    assert "float4" in src and "% 4 == 0" not in src  # alignment proven: no run-time size check
+    ins2, outs2, _ = gelu_chain()  # symbolic n: float4 behind a run-time check (n % 4, last lane in bounds)
     s2 = auto_schedule(outs2, target="cuda")
-    assert "vectorize" not in [t["primitive"] for t in s2.trace]
+    assert "vectorize" in [t["primitive"] for t in s2.trace]
+    src2 = build(s2, ins2 + outs2, target="cuda").source
+    assert "float4" in src2 and "((1LL * n) % 4 == 0)" in src2 and "+ 3LL) < n)" in src2
+    assert "blockIdx.y" in src2 and "loopir_floordiv(((" not in src2.split("float4")[0].split("blockIdx.y")[-1][:0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(3, 1024), (3, 1027), (2, 5), (1, 8)])
+def test_gpu_symbolic_sizes_vector_path_and_fallback(shape):
+    ins, outs, ref = gelu_chain()
+    mod = build(auto_schedule(outs, target="cuda"), ins + outs, target="cuda")
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal(shape).astype(np.float32)]
+    ys = [np.full(shape, np.nan, np.float32)]
+    mod(*xs, *ys)
+    _check(ys, ref, xs)
 
 
 def test_plain_tensors_to_build_use_auto_schedule():
@@ -169,7 +185,7 @@ def test_per_thread_chunks_are_coalesced_and_validated():
     s = auto_schedule(list(wl.outputs), target="cuda", per_thread=4)
     assert [t["primitive"] for t in s.trace].count("reorder") == 1
     src = build(s, list(wl.args), target="cuda").source
-    assert "#pragma unroll" in src and "* 256LL) + " in src  # chunk u of thread t at ((b * 4 + u) * 256 + t) * 4
+    assert "#pragma unroll" in src and "* 4LL) + i_o_o_i) * 128LL) + " in src  # chunk u of thread t: ((b*4+u)*128+t)*4
     for bad in (0, 17, 2.0, True):
         with pytest.raises(ValueError, match="per_thread"):
             auto_schedule(list(wl.outputs), target="cuda", per_thread=bad)
