@@ -250,7 +250,17 @@ def cache_read(program: Program, tensor: Any, scope: str, loop: Var) -> tuple[Pr
     Precondition: the region (poly.footprint, the bounding box of all reads inside `loop`) has a
     constant size, and no statement inside `loop` writes a value of the buffer that a statement
     inside it reads (checked with the program's flow dependences; a ScheduleError otherwise).
-    Statements that read the buffer are rebased (their iterations named by their loops)."""
+    Statements that read the buffer are rebased (their iterations named by their loops).
+
+    Scope "shared" with `loop` inside threadIdx-bound loops: the region is the whole BLOCK's (the union
+    over those thread loops), its shape the constant box hull (guards such as min(8*ko + 8, n) keep a
+    constant shape; the copy is clipped to the buffer), its copy loops "parallel" (the CUDA target
+    shares them among the block's threads); refused when a statement inside the block writes the
+    buffer. A second shared cache_read of the same loop joins the first copy (one barrier pair):
+
+        for ty, tx (threads): for ko:         for ty, tx: for ko:
+            ... A[ty + 16*ii, k] ...   ==>       A_shared[128, 8] <- A[128*bi + c0, 8*ko + c1]; barrier
+                                                  ... A_shared[ty + 16*ii, ki] ...; barrier"""
     if scope not in ("shared", "local"):
         raise ValueError(f"cache_read: scope must be 'shared' or 'local', got {scope!r}")
     if not isinstance(loop, Var):
