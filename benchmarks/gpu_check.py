@@ -96,10 +96,17 @@ def main() -> None:
         targets = [[py, os.path.join(ROOT, "examples", f"{ex}.py"), "--small"] for ex in EXAMPLES]
         targets.append([py, os.path.abspath(__file__), "--small"])
         for t in targets:
-            rc, out, dt = _run([san, "--tool", "memcheck", "--error-exitcode", "99", *t], 300)
+            rc, out, dt = _run([san, "--tool", "memcheck", "--error-exitcode", "99", *t], 150)
             summary = _last_line(out, "ERROR SUMMARY") or "no summary"
+            # evidence that the target really ran its kernels on the GPU (not the CPU fallback)
+            ran = [ln for ln in out.splitlines() if any(k in ln for k in ("on cuda", "target: cuda", "small ", "fused "))]
+            if not ran or "on cpu" in out or "target: cpu" in out:
+                rc = rc or 98
+                summary += " — did not run on the GPU"
             if rc != 0:
                 print(out[-3000:], flush=True)
+            else:
+                print("\n".join(ran[:4]), flush=True)
             print(f"memcheck {os.path.basename(t[1])}: rc {rc}, {summary}", flush=True)
             results.append((f"memcheck {os.path.basename(t[1])}", rc, summary, dt))
     else:

@@ -142,11 +142,9 @@ def _sweep(w: Any) -> dict[str, Any]:
     from schedules import auto_schedule
 
     out = {}
-    for threads in (128, 256, 512):
-        for per in (1, 2, 4):
-            if (threads, per) != (256, 1):
-                out[f"fused T={threads} U={per}"] = auto_schedule(list(w.outputs), target="cuda", threads=threads,
-                                                                  per_thread=per)
+    for threads, per in ((64, 2), (128, 1), (128, 4), (256, 1), (256, 2), (512, 2)):
+        out[f"fused T={threads} U={per}"] = auto_schedule(list(w.outputs), target="cuda", threads=threads,
+                                                          per_thread=per)
     return out
 
 
@@ -168,7 +166,7 @@ def _row_variants(name: str) -> Callable[[Any, bool], dict[str, Any]]:
 
         out: dict[str, Any] = {"fused, symbolic sizes": _symbolic(name)(w, sweep)}
         if sweep:
-            for threads in (128, 512, 1024):
+            for threads in (64, 256, 512):
                 out[f"fused T={threads}"] = auto_schedule(list(w.outputs), target="cuda", threads=threads)
         return out
 

@@ -358,6 +358,7 @@ class _KernelGen:
         self.forward: list[dict[tuple, str]] = [{}]  # scoped: (buffer id, flat index expr) -> register
         self.vec_lanes: dict[N.Load, str] = {}
         self.red_targets: dict[int, str] = {}
+        self.init_consts: dict[tuple, tuple[dict, str]] = {}  # (buffer id, flat index) -> (scope, constant)
         self.pre: dict[N.Expr, str] = {}  # sin/cos of one argument computed once by sincosf
         self.cur_sub: dict[N.Var, N.Expr] = {}
         self.thread_depth = 0
@@ -618,6 +619,10 @@ class _KernelGen:
                 val = f"({_STORAGE[st.buffer.dtype]})({val})"
             self.line(f"{self.buf(st.buffer)}[{self.expr(flat)}] = {val};")
             self._invalidate(st.buffer)
+            if isinstance(st.value, N.Const) and st.buffer.dtype != "float16":
+                # a reduction's init (C[i] = identity): the cross-thread reduction right after it in this
+                # scope starts from this constant instead of reading C[i] back from global memory
+                self.init_consts[(id(st.buffer), substitute(flat, self.cur_sub))] = (self.forward[-1], val)
         self.cur_sub = {}
         self.pre = {}
         self.ind -= 1
@@ -645,6 +650,8 @@ class _KernelGen:
         for scope in self.forward:
             for k in [k for k in scope if k[0] == id(b)]:
                 del scope[k]
+        for k in [k for k in self.init_consts if k[0] == id(b)]:
+            del self.init_consts[k]
 
     @staticmethod
     def red_combine(op: str, a: str, b: str) -> str:
@@ -660,6 +667,8 @@ class _KernelGen:
             self.bound_loop(f, lambda: self.stmt(f.body, last))
             return None
         if f.kind == "vectorize" and self.try_vector(f):
+            return None
+        if f.kind == "unroll" and self.try_vector_unswitched(f):
             return None
         if f.kind == "parallel" and self.thread_depth > 0 and self.cooperative(f):
             return None
@@ -726,7 +735,11 @@ class _KernelGen:
             ref = f"{self.buf(st.buffer)}[{self.expr(flat)}]"
             # read the current value BEFORE the barriers of the all-reduce: thread 0 overwrites it after them
             cur = self.names.fresh(f"{st.name}_before")
-            self.line(f"const {ct} {cur} = {f'loopir_h2f({ref})' if st.buffer.dtype == 'float16' else ref};")
+            init = self.init_consts.get((id(st.buffer), flat))
+            if init is not None and init[0] is self.forward[-1]:  # written in this scope, nothing since
+                self.line(f"const {ct} {cur} = {init[1]};  // {st.buffer.name}[...] as initialized above")
+            else:
+                self.line(f"const {ct} {cur} = {f'loopir_h2f({ref})' if st.buffer.dtype == 'float16' else ref};")
             self.line(f"{acc} = loopir_block_allreduce({acc}, loopir_op_{op}(), "
                       f"({ct}){_identity(op, st.buffer.dtype)}, {smem});  // {st.name}: across threads")
             total = self.names.fresh(f"{st.name}_total")
@@ -904,10 +917,11 @@ class _KernelGen:
         return bool(go(self.nest))
 
     # ---------------------------------------------------------------- float4
-    def try_vector(self, f: N.For) -> bool:
+    def _vector_prepare(self, f: N.For) -> tuple | None:
+        """(checks, stores, [(store, base, value)], [(load, base)]) when f maps to float4 accesses."""
         body = f.body
         if not (_is_const(f.lo) and _is_const(f.hi) and f.lo.value == 0 and f.hi.value == 4):  # type: ignore[attr-defined]
-            return False
+            return None
         guard = None
         if isinstance(body, N.If) and body.orelse is None and isinstance(body.then, (N.Store, N.Seq)):
             guard, body = body.cond, body.then  # a non-dividing split's guard, a cache_read copy's clip
@@ -915,12 +929,12 @@ class _KernelGen:
         stores = list(body.body) if isinstance(body, N.Seq) else [body]
         if not all(isinstance(st, N.Store) and st.buffer.dtype == "float32" and st.buffer.scope in _VEC_SCOPES
                    for st in stores):
-            return False
+            return None
         v = f.var
         checks: list[str] = []
         if guard is not None:
             if not _monotone_guard(guard, v):
-                return False
+                return None
             # every conjunct grows with the lane: holding at lane 3 it holds at lanes 0..3
             checks.append(self.expr(substitute(guard, {v: N.const(3)})))
         written = {id(st.buffer) for st in stores}
@@ -931,12 +945,12 @@ class _KernelGen:
             sflat = self.flat(st.buffer, tuple(substitute(i, sub) for i in st.indices))
             base = self._aligned_base(sflat, v, checks)
             if base is None:
-                return False
+                return None
             checks.append(f"(((unsigned long long){self.buf(st.buffer)}) & 15) == 0")
             value = substitute(st.value, sub)
             for n in walk(value):
                 if isinstance(n, N.Load) and id(n.buffer) in written and len(stores) > 1:
-                    return False  # loads are hoisted above all the stores: none may read what they write
+                    return None  # loads are hoisted above all the stores: none may read what they write
                 if isinstance(n, N.Load) and v in free_vars(n):
                     lflat = self.flat(n.buffer, n.indices)
                     if n.buffer.dtype != "float32" or n.buffer.scope not in _VEC_SCOPES:
@@ -948,10 +962,76 @@ class _KernelGen:
                         vec_loads.append((n, lbase))
                         checks.append(f"(((unsigned long long){self.buf(n.buffer)}) & 15) == 0")
             outs.append((st, base, value))
+        return checks, stores, outs, vec_loads
+
+    def try_vector(self, f: N.For) -> bool:
+        prep = self._vector_prepare(f)
+        if prep is None:
+            return False
+        checks, stores, outs, vec_loads = prep
+        v = f.var
         cond = " && ".join(dict.fromkeys(checks))
         names = ", ".join(st.name for st in stores)
         self.line(f"if ({cond}) {{  // {names}: 128-bit vector loads/stores over {v.name}")
         self.ind += 1
+        self._vector_emit(v, outs, vec_loads)
+        self.ind -= 1
+        self.line("} else {")
+        self.ind += 1
+        vn = self.var(v)
+        self.line("#pragma unroll")
+        self.line(f"for (long long {vn} = 0; {vn} < 4; ++{vn}) {{")
+        self.block(f.body, False)
+        self.line("}")
+        self.ind -= 1
+        self.line("}")
+        return True
+
+    def try_vector_unswitched(self, f: N.For) -> bool:
+        """An unrolled loop around a float4 loop whose checks do not depend on it: check once, outside,
+        so that the unrolled chunks' loads are all issued before their uses (no branch between them)."""
+        inner = f.body
+        if not (isinstance(inner, N.For) and inner.kind == "vectorize"):
+            return False
+        prep = self._vector_prepare(inner)
+        if prep is None:
+            return False
+        checks, stores, outs, vec_loads = prep
+        u = self.var(f.var)
+        if any(re.search(rf"\b{re.escape(u)}\b", c) for c in checks):
+            return False
+        cond = " && ".join(dict.fromkeys(checks))
+        names = ", ".join(st.name for st in stores)
+        head = f"for (long long {u} = {self.expr(f.lo)}; {u} < {self.expr(f.hi)}; ++{u}) {{"
+        self.line(f"if ({cond}) {{  // {names}: 128-bit vector loads/stores over {inner.var.name}, "
+                  f"checked once for every {f.var.name}")
+        self.ind += 1
+        self.line("#pragma unroll")
+        self.line(head)
+        self.ind += 1
+        self.forward.append({})
+        self._vector_emit(inner.var, outs, vec_loads)
+        self.forward.pop()
+        self.ind -= 1
+        self.line("}")
+        self.ind -= 1
+        self.line("} else {")
+        self.ind += 1
+        self.line("#pragma unroll")
+        self.line(head)
+        self.ind += 1
+        vn = self.var(inner.var)
+        self.line("#pragma unroll")
+        self.line(f"for (long long {vn} = 0; {vn} < 4; ++{vn}) {{")
+        self.block(inner.body, False)
+        self.line("}")
+        self.ind -= 1
+        self.line("}")
+        self.ind -= 1
+        self.line("}")
+        return True
+
+    def _vector_emit(self, v: N.Var, outs: list, vec_loads: list) -> None:
         lane_names = {}
         for ld, lbase in vec_loads:
             nm = self.names.fresh(f"{ld.buffer.name}_v")
@@ -971,17 +1051,6 @@ class _KernelGen:
             self.pre = {}
             self.line(f"*reinterpret_cast<float4*>(&{self.buf(st.buffer)}[{self.expr(base)}]) = {out};")
             self._invalidate(st.buffer)
-        self.ind -= 1
-        self.line("} else {")
-        self.ind += 1
-        vn = self.var(v)
-        self.line("#pragma unroll")
-        self.line(f"for (long long {vn} = 0; {vn} < 4; ++{vn}) {{")
-        self.block(f.body, False)
-        self.line("}")
-        self.ind -= 1
-        self.line("}")
-        return True
 
     def _aligned_base(self, flat: N.Expr, v: N.Var, checks: list[str]) -> N.Expr | None:
         """flat - v if flat = base + v with base a multiple of 4 (run-time checks appended), else None."""

@@ -1,7 +1,8 @@
 """loopir in one page: write tensor expressions, schedule them, compile, run, check against numpy.
 
     python examples/quickstart.py            # GPU (CUDA) when one is usable, else this CPU (LLVM)
-    python examples/quickstart.py --cpu      # force the CPU target
+    python examples/quickstart.py --cpu      # force the CPU target (the CUDA C is still compiled and shown)
+    python examples/quickstart.py --small    # a small size (quick check)
 
 Two programs: the GELU chain (three stages that fuse into one loop) and y = sin(x)^2 + cos(x)^2.
 """
@@ -21,7 +22,7 @@ from codegen import build  # noqa: E402
 from loopir import te  # noqa: E402
 from schedules import Schedule  # noqa: E402
 
-N = 1 << 22
+N = 1 << (14 if "--small" in sys.argv else 22)
 
 
 def gpu_available() -> bool:
@@ -120,6 +121,12 @@ def main() -> int:
         print(s)
         print("  generated code (excerpt):")
         print(excerpt(mod.source, mod.kernels))
+        if target == "cpu":  # NVRTC needs no GPU: compile the CUDA version too and show it
+            xc, yc, _ = make()
+            sc, _ = schedule(yc, "cuda")
+            cu = build(sc, [xc, yc], target="cuda")
+            print(f"  CUDA C for a GPU ({len(cu.kernels)} kernel(s), compiled by NVRTC, excerpt):")
+            print(excerpt(cu.source, cu.kernels))
         ya = np.full_like(xa, np.nan)
         mod(xa, ya)
         expected = ref(xa)

@@ -35,7 +35,7 @@ from loopir.visit import substitute, walk
 
 from . import cost as C
 
-THREADS = 128  # threads per block of the default CUDA mappings (benchmarks/gpu_suite.py --sweep: 128 is best or tied on the H200)
+THREADS = 128  # threads per block of the CUDA mappings (gpu_suite.py --sweep: best or tied on the H200)
 ROW_MIN_EXTENT = 1024  # a reduction at least this long gets a block per row (else a thread per row)
 
 

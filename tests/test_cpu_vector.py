@@ -128,3 +128,19 @@ def test_loops_outside_the_vector_subset_fall_back():
     out = np.full(37, np.nan, np.float32)
     mod(xa, out)
     np.testing.assert_allclose(out, np.sin(xa[0::2]) + xa[1::2], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 97])
+def test_parallel_chunks_cover_the_range_exactly_once(n):
+    # the runtime cuts a parallel loop into CHUNKS_PER_THREAD chunks per thread, taken dynamically
+    m = te.var("m")
+    x = te.placeholder((m,), name="x")
+    y = te.compute((m,), lambda i: x[i] * 3.0 + 1.0, name="y")
+    s = Schedule(y)
+    (i,) = s.loops("y")
+    s.parallel(i)
+    mod = build(s, [x, y], threads=2)
+    xa = RNG.standard_normal(n).astype(np.float32)
+    out = np.full(n, np.nan, np.float32)
+    mod(xa, out)
+    np.testing.assert_allclose(out, xa * 3.0 + 1.0, rtol=1e-6)
