@@ -83,6 +83,23 @@ def walk(node: Node) -> Iterator[Node]:
     return iter(out)
 
 
+def walk_stmts(node: Program | Stmt) -> Iterator[Stmt]:
+    """Every statement below `node` (pre-order), without descending into expressions: the cheap
+    walk for questions about loops and statements."""
+    stack: list[Stmt] = [node.body if isinstance(node, Program) else node]
+    while stack:
+        s = stack.pop()
+        yield s
+        if isinstance(s, Seq):
+            stack.extend(reversed(s.body))
+        elif isinstance(s, If):
+            if s.orelse is not None:
+                stack.append(s.orelse)
+            stack.append(s.then)
+        elif isinstance(s, (For, Allocate)):
+            stack.append(s.body)
+
+
 def substitute(node: Any, mapping: dict[Var, Expr]) -> Any:
     """Replace variables (by identity) in an expression or statement."""
     if not mapping:
@@ -204,6 +221,7 @@ __all__ = [
     "Visitor",
     "Transformer",
     "walk",
+    "walk_stmts",
     "substitute",
     "free_vars",
     "buffers_of",

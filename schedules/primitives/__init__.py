@@ -33,7 +33,7 @@ from typing import Any
 
 from loopir.nodes import Allocate, Expr, For, If, Program, Seq, Stmt, Store, Var
 from loopir.poly import Deps, Witness
-from loopir.visit import Transformer, substitute, walk
+from loopir.visit import Transformer, substitute, walk_stmts
 
 __all__ = [
     "primitive",
@@ -97,14 +97,13 @@ def primitive(name: str, *, check: str | Callable[[CheckContext], Witness | None
 
 def loop_vars(program: Program | Stmt) -> list[Var]:
     """Loop variables in pre-order."""
-    body = program.body if isinstance(program, Program) else program
-    return [n.var for n in walk(body) if isinstance(n, For)]
+    return [n.var for n in walk_stmts(program) if isinstance(n, For)]
 
 
 def all_names(program: Program) -> set[str]:
     """Names in use: loop variables, iteration variables, sizes, buffers."""
     names = {v.name for v in loop_vars(program)} | {p.name for p in program.params}
-    for n in walk(program.body):
+    for n in walk_stmts(program):
         if isinstance(n, Store):
             names |= {v.name for v in n.iters}
             names.add(n.buffer.name)
@@ -151,7 +150,7 @@ def loop_path(program: Program, var: Var) -> list[Stmt] | None:
 
 def find_loop(program: Program, var: Var) -> For:
     """The For of loop variable `var`; ValueError naming it if absent."""
-    for n in walk(program.body):
+    for n in walk_stmts(program):
         if isinstance(n, For) and n.var is var:
             return n
     raise ValueError(f"loop {var.name!r} is not in program {program.name!r}")
