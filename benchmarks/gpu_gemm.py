@@ -33,7 +33,10 @@ def _median_ms(fn: Any, sync: Any, reps: int = 20, warmup: int = 3) -> float:
     return float(np.median(ts))
 
 
-def build_ours(n: int, m: int, p: int, **tiles: Any) -> Any:
+def build_ours(n: int, m: int, p: int, pipeline: bool = True, min_blocks: int | None = None, **tiles: Any) -> Any:
+    """Build the one-kernel GEMM; `pipeline` / `min_blocks`: codegen.cuda's PIPELINE_SHARED_COPIES (cp.async
+    double buffering of the shared tiles) and LAUNCH_MIN_BLOCKS (__launch_bounds__(threads, min_blocks))."""
+    import codegen.cuda as cg
     from codegen import build
     from loopir import workloads as w
     from loopir.lower import lower
@@ -43,12 +46,20 @@ def build_ours(n: int, m: int, p: int, **tiles: Any) -> Any:
     wl = w.matmul_bias_relu(n=n, m=m, p=p)
     s = Schedule(lower(list(wl.outputs), list(wl.inputs) + list(wl.outputs)))
     plan = schedule_gemm_cuda(s, **tiles)
-    return build(s, list(wl.inputs) + list(wl.outputs), target="cuda"), plan
+    saved = cg.PIPELINE_SHARED_COPIES, cg.LAUNCH_MIN_BLOCKS
+    cg.PIPELINE_SHARED_COPIES, cg.LAUNCH_MIN_BLOCKS = pipeline, min_blocks
+    try:
+        return build(s, list(wl.inputs) + list(wl.outputs), target="cuda"), plan
+    finally:
+        cg.PIPELINE_SHARED_COPIES, cg.LAUNCH_MIN_BLOCKS = saved
 
 
-SWEEP = [dict(block=(128, 128), thread_tile=(8, 8), k_tile=k, unroll_k=u)
-         for k in (8, 16, 32) for u in (False, True)] + [
-    dict(block=(128, 128), thread_tile=(8, 8), k_tile=16, strided=True)]
+_T = dict(block=(128, 128), thread_tile=(8, 8))
+SWEEP = ([dict(_T, k_tile=k) for k in (8, 16, 32)]                       # pipelined where 2 stages fit (k <= 16)
+         + [dict(_T, k_tile=k, min_blocks=2) for k in (8, 16)]           # __launch_bounds__(256, 2)
+         + [dict(_T, k_tile=16, pipeline=False), dict(_T, k_tile=16, strided=True),
+            dict(_T, k_tile=8, strided=True), dict(_T, k_tile=16, unroll_k=False)]
+         + [dict(block=(64, 128), thread_tile=(8, 8), k_tile=16), dict(block=(128, 64), thread_tile=(8, 8), k_tile=16)])
 
 
 def gemm_entries(n: int = 4096, reps: int = 20, configs: list[dict[str, Any]] | None = None,
@@ -110,7 +121,7 @@ def main() -> None:
     ap.add_argument("n", type=int, nargs="?", default=4096)
     ap.add_argument("--block", type=int, nargs=2, default=(128, 128))
     ap.add_argument("--thread-tile", type=int, nargs=2, default=(8, 8))
-    ap.add_argument("--k-tile", type=int, default=8)
+    ap.add_argument("--k-tile", type=int, default=16)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="time every configuration of SWEEP")

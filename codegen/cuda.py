@@ -15,7 +15,9 @@ How a program maps to kernels
 * The launch plan (grid and block per kernel) is kept as loopir expressions over the size
   parameters, evaluated at call time (`LaunchPlan.dims(sizes)`).
 * Serial/parallel/unroll loops inside a kernel are plain `for` loops (`#pragma unroll` for unroll).
-* Index arithmetic is 64-bit (`long long`) everywhere; `//` and `%` follow Python (floor).
+* Index arithmetic is 64-bit (`long long`), except in a kernel whose sizes are all known at build time and
+  small enough (`_fits_int32`: every buffer's padded element count below 2**31): there it is 32-bit `int`,
+  which saves registers. Symbolic sizes keep 64-bit (a size may pass 2**31). `//` and `%` follow Python (floor).
 * float16 is stored as 16-bit words and computed in float, converted with the PTX `cvt`
   instructions (no `cuda_fp16.h`: the pip NVRTC ships without CUDA headers).
 
@@ -26,7 +28,13 @@ becomes one 128-bit `float4` store, with `float4` loads for every float32 load o
 `base' + v`. `base` must be a multiple of 4: proven statically from its affine form where every
 term's coefficient is a multiple of 4, otherwise checked at run time in the kernel (size
 parameters divisible, base pointers 16-byte aligned) with the scalar unrolled loop as fallback.
-Anything else emits the scalar unrolled loop.
+Anything else emits the scalar unrolled loop. Also handled: several float32 stores in one lane loop
+(horizontally fused outputs: the loads are shared and hoisted, so no store may write a buffer the
+group reads), and a lane loop body under a guard that is a conjunction of `a < b` / `a <= b` growing
+with the lane (a non-dividing split, a cache_read clip): checked at lane 3, scalar fallback otherwise.
+Global float4 accesses go through `LOOPIR_LD4` / `LOOPIR_ST4` (plain by default; the NVRTC options
+`-DLOOPIR_STREAMING_LOADS` / `-DLOOPIR_STREAMING_STORES` make them evict-first `__ldcs` / `__stcs`).
+sin and cos of one argument share one `sincosf`, per lane too.
 
 Cross-thread reductions
 -----------------------
@@ -41,7 +49,9 @@ variable or any loop inside T. Such a statement is computed as:
     __syncthreads();                         // when more statements of the block follow
 
 Every thread ends with the total (all-reduce), so later loads of exactly `C[idx]` in the same
-block read the register instead of memory (forwarding). Preconditions, refused otherwise: T is
+block read the register instead of memory (forwarding); when the init `C[idx] = identity` was
+emitted just before in the same scope (nothing stored to C since), the share starts from that
+constant instead of reading C[idx] back from global memory. Preconditions, refused otherwise: T is
 not inside another thread-bound loop nor under a condition that uses a thread index (every thread
 of the block must reach the shuffles); a T-invariant store inside T that is not of this form is
 refused. The block's x extent is rounded up to a multiple of 32 so that warps are full.
@@ -104,7 +114,31 @@ __device__ __forceinline__ float loopir_min(float a, float b) { return fminf(a, 
 __device__ __forceinline__ double loopir_min(double a, double b) { return fmin(a, b); }
 __device__ __forceinline__ int loopir_min(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ long long loopir_min(long long a, long long b) { return a < b ? a : b; }
+// 128-bit accesses; NVRTC options -DLOOPIR_STREAMING_LOADS / -DLOOPIR_STREAMING_STORES make them evict-first
+#ifdef LOOPIR_STREAMING_LOADS
+#define LOOPIR_LD4(p) __ldcs(p)
+#else
+#define LOOPIR_LD4(p) (*(p))
+#endif
+#ifdef LOOPIR_STREAMING_STORES
+#define LOOPIR_ST4(p, v) __stcs((p), (v))
+#else
+#define LOOPIR_ST4(p, v) (*(p) = (v))
+#endif
 """
+
+PRELUDE_ASYNC = r"""__device__ __forceinline__ void loopir_cp_async16(void* smem, const void* gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(gmem) : "memory"); }
+__device__ __forceinline__ void loopir_cp_async4(void* smem, const void* gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(s), "l"(gmem) : "memory"); }
+"""
+
+# software pipelining of shared block-tile copies (`_KernelGen.pipelined`); off: the plain copy, barrier, compute
+PIPELINE_SHARED_COPIES = True
+# __launch_bounds__(threads, LAUNCH_MIN_BLOCKS) on kernels with pipelined copies and a constant block size
+LAUNCH_MIN_BLOCKS: int | None = None
 
 PRELUDE_HALF = r"""__device__ __forceinline__ float loopir_h2f(unsigned short h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
@@ -342,6 +376,30 @@ def _monotone_guard(cond: N.Expr, v: N.Var) -> bool:
     return p.get((id(v),), 0) >= 0
 
 
+_INT32_SLACK = 2048  # a guarded access may run a tile past a dimension's end before its guard is tested
+
+
+def _fits_int32(nest: N.Stmt) -> bool:
+    """Every buffer of the nest has a constant shape whose padded element count, prod(d + _INT32_SLACK),
+    stays below 2**31: then every index the kernel computes (flat offsets of guarded, possibly out-of-range
+    tile elements included) fits a 32-bit int, and index arithmetic may be `int` (fewer registers)."""
+    seen: dict[int, N.Buffer] = {}
+    for n in walk(nest):
+        b = getattr(n, "buffer", None)
+        if isinstance(b, N.Buffer):
+            seen[id(b)] = b
+    for b in seen.values():
+        if not all(isinstance(d, N.Const) for d in b.shape):
+            return False
+        if math.prod(int(d.value) + _INT32_SLACK for d in b.shape) >= 2**31:  # type: ignore[attr-defined]
+            return False
+    for f in _loops(nest):
+        for e in (f.lo, f.hi):
+            if not (isinstance(e, N.Const) or free_vars(e)) or (isinstance(e, N.Const) and abs(int(e.value)) >= 2**30):
+                return False
+    return True
+
+
 class _KernelGen:
     """Emits one kernel for one top-level nest."""
 
@@ -363,6 +421,8 @@ class _KernelGen:
         self.cur_sub: dict[N.Var, N.Expr] = {}
         self.thread_depth = 0
         self.has_threads = False
+        self.ix = "long long"  # the C type of index arithmetic: "int" when every size provably fits
+        self.uses_async = False
 
     # ---------------------------------------------------------------- analysis
     def analyse(self) -> LaunchPlan:
@@ -512,7 +572,7 @@ class _KernelGen:
         if c.dtype == "bool":
             return "true" if c.value else "false"
         if c.dtype == "int64":
-            return f"{int(c.value)}LL"
+            return str(int(c.value)) if self.ix == "int" and abs(int(c.value)) < 2**31 else f"{int(c.value)}LL"
         if c.dtype == "int32":
             return str(int(c.value))
         f = float(c.value)
@@ -603,7 +663,7 @@ class _KernelGen:
         self.cur_sub = _subst_coords(st)
         for it, c in zip(st.iters, st.coords):
             if c is not it:
-                self.line(f"const long long {self.var(it)} = {self.expr(c)};")
+                self.line(f"const {self.ix} {self.var(it)} = {self.expr(c)};")
         self.sincos(st.value)
         if target is not None:
             op, e = _reduction_parts(st)  # type: ignore[misc]
@@ -668,13 +728,13 @@ class _KernelGen:
             return None
         if f.kind == "vectorize" and self.try_vector(f):
             return None
-        if f.kind == "unroll" and self.try_vector_unswitched(f):
-            return None
         if f.kind == "parallel" and self.thread_depth > 0 and self.cooperative(f):
+            return None
+        if f.kind == "serial" and self.thread_depth > 0 and self.pipelined(f, last):
             return None
         if f.kind in ("unroll", "vectorize"):
             self.line("#pragma unroll")
-        self.line(f"for (long long {v} = {self.expr(f.lo)}; {v} < {self.expr(f.hi)}; ++{v}) {{")
+        self.line(f"for ({self.ix} {v} = {self.expr(f.lo)}; {v} < {self.expr(f.hi)}; ++{v}) {{")
         self.block(f.body, last)
         self.line("}")
         return None
@@ -682,11 +742,11 @@ class _KernelGen:
     def bound_loop(self, f: N.For, body) -> None:
         v = self.var(f.var)
         axis = f.thread
-        idx = f"(long long){axis}"
+        idx = f"({self.ix}){axis}"
         self.line(f"{{  // loop {f.var.name} bound to {axis}")
         self.ind += 1
         zero_lo = isinstance(f.lo, N.Const) and f.lo.value == 0
-        self.line(f"const long long {v} = {idx}" + ("" if zero_lo else f" + {self.expr(f.lo)}") + ";")
+        self.line(f"const {self.ix} {v} = {idx}" + ("" if zero_lo else f" + {self.expr(f.lo)}") + ";")
         is_thread = axis.startswith("threadIdx")
         self.thread_depth += is_thread
         needs_guard = not (self.extent[id(f)] == self.launch[axis]) or self.extent[id(f)] != N.binary("sub", f.hi, f.lo)
@@ -784,12 +844,13 @@ class _KernelGen:
         go(self.nest, [])
 
     # ---------------------------------------------------------------- cooperative shared copies
-    def cooperative(self, f: N.For) -> bool:
+    def cooperative(self, f: N.For, async_: bool = False) -> bool:
         """A "parallel" nest inside thread-bound loops whose one statement fills a shared buffer with values that
         do not depend on the thread (cache_read "shared" of a block tile): every thread would write the same
         values, so the block's threads share the iterations (thread t: flat iterations t, t + T, ...), with
         128-bit loads and stores where the alignment is proven (else checked at run time). Requires every thread
-        of the block to reach the nest (no thread-dependent guard around it); otherwise plain loops."""
+        of the block to reach the nest (no thread-dependent guard around it); otherwise plain loops.
+        `async_`: the copies are `cp.async` (16 or 4 bytes), completed by the caller (see `pipelined`)."""
         loops: list[N.For] = []
         inner: N.Stmt = f
         while isinstance(inner, N.For) and inner.kind == "parallel":
@@ -826,6 +887,8 @@ class _KernelGen:
                 self.line(f"if ({' && '.join(checks)}) {{")
                 self.ind += 1
             self._coop_loop(loops, dims, total // 4, nt, t, e, 4, lambda: self.line(
+                f"loopir_cp_async16(&{self.buf(inner.buffer)}[{self.expr(dst)}], "
+                f"&{self.buf(inner.value.buffer)}[{self.expr(src)}]);") if async_ else self.line(  # type: ignore[union-attr]
                 f"*reinterpret_cast<float4*>(&{self.buf(inner.buffer)}[{self.expr(dst)}]) = "
                 f"*reinterpret_cast<const float4*>(&{self.buf(inner.value.buffer)}[{self.expr(src)}]);"))  # type: ignore[union-attr]
             if checks:
@@ -834,11 +897,152 @@ class _KernelGen:
                 self.ind += 1
         if vec is None or vec[0]:
             body = inner if guard is None else N.If(guard, inner)
-            self._coop_loop(loops, dims, total, nt, t, e, 1, lambda: self.stmt(body, False))
+            self._coop_loop(loops, dims, total, nt, t, e, 1, lambda: self._async_scalar(inner, guard) if async_
+                            else self.stmt(body, False))
         if vec is not None and vec[0]:
             self.ind -= 1
             self.line("}")
         self._invalidate(inner.buffer)
+        self.ind -= 1
+        self.line("}")
+        return True
+
+    def _async_scalar(self, st: N.Store, guard: N.Expr | None) -> None:
+        """One element of a pipelined cooperative copy: a 4-byte cp.async (skipped where the copy's clip fails)."""
+        self.line(f"{{  // {st.name}")
+        self.ind += 1
+        self.cur_sub = _subst_coords(st)
+        for it, c in zip(st.iters, st.coords):
+            if c is not it:
+                self.line(f"const {self.ix} {self.var(it)} = {self.expr(c)};")
+        ld = st.value
+        assert isinstance(ld, N.Load)
+        call = (f"loopir_cp_async4(&{self.buf(st.buffer)}[{self.expr(self.flat(st.buffer, st.indices))}], "
+                f"&{self.buf(ld.buffer)}[{self.expr(self.flat(ld.buffer, ld.indices))}]);")
+        self.line(call if guard is None else f"if ({self.expr(guard)}) {call}")
+        self.cur_sub = {}
+        self.ind -= 1
+        self.line("}")
+
+    def _copy_store(self, c: N.Stmt) -> N.Store | None:
+        """The Store of a cooperative block-tile copy nest (parallel loops, an optional clip, one Store of a
+        global float32 load into a float32 shared buffer), else None."""
+        inner = c
+        while isinstance(inner, N.For) and inner.kind == "parallel":
+            inner = inner.body
+        if isinstance(inner, N.If) and inner.orelse is None:
+            inner = inner.then
+        if not (c is not inner and isinstance(inner, N.Store) and inner.buffer.scope == "shared"
+                and inner.buffer.dtype == "float32" and isinstance(inner.value, N.Load)
+                and inner.value.buffer.scope == "global" and inner.value.buffer.dtype == "float32"):
+            return None
+        return inner
+
+    def pipelined(self, f: N.For, last: bool) -> bool:
+        """Software pipelining of a loop that stages block tiles (cache_read "shared"): the body is
+        `allocate S1.. shared: copies into S1..; barrier; REST; barrier`. Emitted with two stages per shared
+        buffer: tile k+1 is copied by `cp.async` into the other stage while tile k is computed on.
+
+            issue copy(lo) -> stage 0                  for k: issue copy(k+1) -> stage (k+1-lo)&1 (if k+1 < hi)
+                                                              wait for copy(k); barrier; REST on stage (k-lo)&1; barrier
+
+        Same results as the plain loop, because: (1) the copies read global buffers that no statement of this
+        kernel writes, so reading them one iteration early reads the same values; (2) the shared buffers are
+        allocated inside the loop (no value flows between iterations) and REST does not write them, so every
+        load in iteration k reads what copy(k) wrote, in stage (k-lo)&1, which nothing else writes during
+        iteration k: copy(k+1) writes the other stage, last read in iteration k-1, before that iteration's
+        closing barrier; copy(k+2) is issued after iteration k's closing barrier; (3) wait_group + barrier
+        make copy(k) complete and visible to every thread before REST, as the first barrier did. Elements a
+        copy's clip skips stay unspecified, as before. Requires every thread to reach the loop (the copies are
+        cooperative) and sm_80+ (cp.async). Returns False (plain emission) when the loop has another shape."""
+        if not (PIPELINE_SHARED_COPIES and f.kind == "serial" and self.thread_depth > 0):
+            return False
+        chain: list[N.Buffer] = []
+        inner: N.Stmt = f.body
+        while isinstance(inner, N.Allocate) and inner.buffer.scope == "shared":
+            chain.append(inner.buffer)
+            inner = inner.body
+        if not chain or not isinstance(inner, N.Seq):
+            return False
+        items = list(inner.body)
+        first = next((k for k, x in enumerate(items) if isinstance(x, N.Barrier)), None)
+        if first is None or first == 0 or first == len(items) - 1 or not isinstance(items[-1], N.Barrier):
+            return False
+        stores = [self._copy_store(c) for c in items[:first]]
+        if any(st is None for st in stores):
+            return False
+        ids = {id(b) for b in chain}
+        if sorted(id(st.buffer) for st in stores) != sorted(ids):  # type: ignore[union-attr]
+            return False
+        if any(math.prod(int(d.value) for d in b.shape) % 4 for b in chain):  # type: ignore[attr-defined]
+            return False  # each stage must start 16-byte aligned
+        others = sum(math.prod(int(d.value) for d in n.buffer.shape) * _NPTYPE[n.buffer.dtype]  # type: ignore[attr-defined]
+                     for n in walk(self.nest) if isinstance(n, N.Allocate) and n.buffer.scope == "shared")
+        if others + sum(4 * math.prod(int(d.value) for d in b.shape) for b in chain) > 48 * 1024:  # type: ignore[attr-defined]
+            return False  # a second stage would pass the 48 KiB of static shared memory
+        written = {id(n.buffer) for n in walk(self.nest) if isinstance(n, N.Store)}
+        if any(id(st.value.buffer) in written for st in stores):  # type: ignore[union-attr]
+            return False
+        if any(isinstance(n, N.Store) and id(n.buffer) in ids for r in items[first:] for n in walk(r)):
+            return False
+        tvars = {x.var for x in _loops(self.nest) if x.kind == "thread" and (x.thread or "").startswith("threadIdx")}
+        for c, st in zip(items[:first], stores):
+            sub = _subst_coords(st)  # type: ignore[arg-type]
+            used = free_vars(substitute(st.value, sub)).union(  # type: ignore[union-attr]
+                *(free_vars(substitute(i, sub)) for i in st.indices))  # type: ignore[union-attr]
+            if isinstance(c, N.For) and isinstance(c.body, N.If):
+                used |= free_vars(c.body.cond)
+            guards = [n.cond for n in walk(c) if isinstance(n, N.If)]
+            used = used.union(*(free_vars(g) for g in guards))
+            if used & tvars or not self._uniform_path(c, tvars):
+                return False
+        self.uses_async = True
+        v, ix = self.var(f.var), self.ix
+        lo, hi = self.expr(f.lo), self.expr(f.hi)
+        size = {id(b): math.prod(int(d.value) for d in b.shape) for b in chain}  # type: ignore[attr-defined]
+        stages = {id(b): self.names.fresh(f"{b.name}_stages") for b in chain}
+        self.line(f"{{  // loop {f.var.name}: software-pipelined, next tiles copied by cp.async into a second stage")
+        self.ind += 1
+        for b in chain:
+            self.line(f"__shared__ __align__(16) float {stages[id(b)]}[{2 * size[id(b)]}];  // 2 stages of {b.name}")
+        saved = dict(self.names.of)
+
+        def issue(k: str) -> None:
+            for b in chain:
+                nb = self.names.fresh(f"{b.name}_st")
+                self.line(f"float* {nb} = {stages[id(b)]} + ((({k}) - ({lo})) & 1) * {size[id(b)]};")
+                self.names.of[id(b)] = nb
+            kn = self.names.fresh(f"{f.var.name}_copy")
+            self.line(f"const {ix} {kn} = {k};")
+            self.names.of[id(f.var)] = kn
+            for c in items[:first]:
+                assert self.cooperative(c, async_=True)  # type: ignore[arg-type]
+            self.names.of.clear()
+            self.names.of.update(saved)
+
+        self.line(f"if ({lo} < {hi}) {{  // the first tiles")
+        self.ind += 1
+        issue(lo)
+        self.ind -= 1
+        self.line("}")
+        self.line('asm volatile("cp.async.commit_group;" ::: "memory");')
+        self.line(f"for ({ix} {v} = {lo}; {v} < {hi}; ++{v}) {{")
+        self.ind += 1
+        self.forward.append({})
+        self.line(f"if ({v} + 1 < {hi}) {{  // the next tiles, into the other stage")
+        self.ind += 1
+        issue(f"{v} + 1")
+        self.ind -= 1
+        self.line("}")
+        self.line('asm volatile("cp.async.commit_group;" ::: "memory");')
+        self.line('asm volatile("cp.async.wait_group 1;" ::: "memory");  // this iteration\'s tiles have landed')
+        for b in chain:
+            self.line(f"float* {self.buf(b)} = {stages[id(b)]} + (({v} - ({lo})) & 1) * {size[id(b)]};")
+        for k, x in enumerate(items[first:]):
+            self.stmt(x, last and k == len(items) - first - 1)
+        self.forward.pop()
+        self.ind -= 1
+        self.line("}")
         self.ind -= 1
         self.line("}")
         return True
@@ -862,7 +1066,7 @@ class _KernelGen:
         stride = 1
         for x, d in reversed(list(zip(loops, dims))):
             q = f"({flat} / {stride})" if stride != 1 else flat
-            self.line(f"const long long {self.var(x.var)} = {q} % {d};")
+            self.line(f"const {self.ix} {self.var(x.var)} = {q} % {d};")
             stride *= d
         body()
         if nt is not None and n % nt:
@@ -980,52 +1184,8 @@ class _KernelGen:
         self.ind += 1
         vn = self.var(v)
         self.line("#pragma unroll")
-        self.line(f"for (long long {vn} = 0; {vn} < 4; ++{vn}) {{")
+        self.line(f"for ({self.ix} {vn} = 0; {vn} < 4; ++{vn}) {{")
         self.block(f.body, False)
-        self.line("}")
-        self.ind -= 1
-        self.line("}")
-        return True
-
-    def try_vector_unswitched(self, f: N.For) -> bool:
-        """An unrolled loop around a float4 loop whose checks do not depend on it: check once, outside,
-        so that the unrolled chunks' loads are all issued before their uses (no branch between them)."""
-        inner = f.body
-        if not (isinstance(inner, N.For) and inner.kind == "vectorize"):
-            return False
-        prep = self._vector_prepare(inner)
-        if prep is None:
-            return False
-        checks, stores, outs, vec_loads = prep
-        u = self.var(f.var)
-        if any(re.search(rf"\b{re.escape(u)}\b", c) for c in checks):
-            return False
-        cond = " && ".join(dict.fromkeys(checks))
-        names = ", ".join(st.name for st in stores)
-        head = f"for (long long {u} = {self.expr(f.lo)}; {u} < {self.expr(f.hi)}; ++{u}) {{"
-        self.line(f"if ({cond}) {{  // {names}: 128-bit vector loads/stores over {inner.var.name}, "
-                  f"checked once for every {f.var.name}")
-        self.ind += 1
-        self.line("#pragma unroll")
-        self.line(head)
-        self.ind += 1
-        self.forward.append({})
-        self._vector_emit(inner.var, outs, vec_loads)
-        self.forward.pop()
-        self.ind -= 1
-        self.line("}")
-        self.ind -= 1
-        self.line("} else {")
-        self.ind += 1
-        self.line("#pragma unroll")
-        self.line(head)
-        self.ind += 1
-        vn = self.var(inner.var)
-        self.line("#pragma unroll")
-        self.line(f"for (long long {vn} = 0; {vn} < 4; ++{vn}) {{")
-        self.block(inner.body, False)
-        self.line("}")
-        self.ind -= 1
         self.line("}")
         self.ind -= 1
         self.line("}")
@@ -1037,7 +1197,8 @@ class _KernelGen:
             nm = self.names.fresh(f"{ld.buffer.name}_v")
             lane_names[ld] = nm
             addr = f"&{self.buf(ld.buffer)}[{self.expr(lbase)}]"
-            self.line(f"const float4 {nm} = *reinterpret_cast<const float4*>({addr});")
+            ptr = f"reinterpret_cast<const float4*>({addr})"
+            self.line(f"const float4 {nm} = {f'LOOPIR_LD4({ptr})' if ld.buffer.scope == 'global' else '*' + ptr};")
         for st, base, value in outs:
             out = self.names.fresh(f"{st.name}_v")
             self.line(f"float4 {out};  // {st.name}")
@@ -1049,7 +1210,8 @@ class _KernelGen:
                 self.line(f"{out}.{comp} = {self.expr(lane_value)};")
             self.vec_lanes = {}
             self.pre = {}
-            self.line(f"*reinterpret_cast<float4*>(&{self.buf(st.buffer)}[{self.expr(base)}]) = {out};")
+            ptr = f"reinterpret_cast<float4*>(&{self.buf(st.buffer)}[{self.expr(base)}])"
+            self.line(f"LOOPIR_ST4({ptr}, {out});" if st.buffer.scope == "global" else f"*{ptr} = {out};")
             self._invalidate(st.buffer)
 
     def _aligned_base(self, flat: N.Expr, v: N.Var, checks: list[str]) -> N.Expr | None:
@@ -1102,12 +1264,17 @@ class _KernelGen:
             nm = self.var(s)
             params.append(f"const long long {nm}")
             args.append(KernelArg(nm, var=s))
+        self.ix = "int" if not sizes and _fits_int32(self.nest) else "long long"
         self.lines = []
         self.ind = 1
         body_start = len(self.lines)
         self.stmt(self.nest, True)
         body = self.lines[body_start:]
-        head = [f'extern "C" __global__ void {self.kname}(' + ", ".join(params) + ") {"]
+        bounds = ""
+        nthreads = [e for e in plan.block]
+        if self.uses_async and LAUNCH_MIN_BLOCKS and all(_is_const(e) for e in nthreads):
+            bounds = f"__launch_bounds__({math.prod(int(e.value) for e in nthreads)}, {LAUNCH_MIN_BLOCKS}) "  # type: ignore[attr-defined]
+        head = [f'extern "C" __global__ void {bounds}{self.kname}(' + ", ".join(params) + ") {"]
         stmts = ", ".join(dict.fromkeys(_stmt_names(self.nest)))
         launch = (f"  // statements: {stmts}; grid ({', '.join(str(e) for e in plan.grid)}), "
                   f"block ({', '.join(str(e) for e in plan.block)})")
@@ -1122,7 +1289,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
     names = _Names()
     texts: list[str] = []
     kernels: list[Kernel] = []
-    half = reduce_ = False
+    half = reduce_ = async_ = False
     for k, nest in enumerate(nests):
         loops = _loops(nest)
         if loops and not any(f.kind == "thread" for f in loops):
@@ -1138,6 +1305,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
         text, kern = gen.generate()
         half |= gen.uses_half
         reduce_ |= gen.uses_reduce
+        async_ |= gen.uses_async
         texts.append(text)
         kernels.append(kern)
     parts = [PRELUDE]
@@ -1145,6 +1313,8 @@ def generate_cuda(program: N.Program) -> CudaSource:
         parts.append(PRELUDE_HALF)
     if reduce_:
         parts.append(PRELUDE_REDUCE)
+    if async_:
+        parts.append(PRELUDE_ASYNC)
     source = "\n".join(parts) + "\n" + "\n\n".join(texts) + "\n"
     return CudaSource(source, tuple(kernels), program)
 

@@ -1,6 +1,9 @@
 """C = relu(A @ B + bias) as ONE kernel: a hand-written tiled-GEMM schedule, read like a recipe.
 
-    python examples/matmul_bias_relu.py [n m p]
+    python examples/matmul_bias_relu.py [n m p] [--small] [--cpu]
+
+--small: 257 x 129 x 65 (sizes the tiles do not divide); --cpu: run on the CPU only (the CUDA kernel is
+still generated, compiled with NVRTC and printed). Default sizes: 1024 x 1024 x 1024.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from codegen import build
 from loopir import te
 from schedules import Schedule
 
+import schedules.primitives.cache  # noqa: F401  (registers s.cache_read)
 import schedules.primitives.cache_write  # noqa: F401  (registers s.cache_write)
 
 
@@ -28,18 +32,20 @@ def matmul_bias_relu(n: int, m: int, p: int):
 
 def gpu_recipe(s: Schedule) -> None:
     i, j, k = s.loops("matmul")
-    bi, ir = s.split(i, 64)          # 1. a block computes a 64 x 64 tile of C ...
-    ii, ty = s.split(ir, 16)         # 2. ... with 16 x 16 threads, each owning 4 x 4 strided elements
-    bj, jr = s.split(j, 64)
-    jj, tx = s.split(jr, 16)
+    bi, ir = s.split(i, 128)         # 1. a block computes a 128 x 128 tile of C ...
+    ty, ii = s.split(ir, 8)          # 2. ... with 16 x 16 threads, each owning 8 x 8 elements
+    bj, jr = s.split(j, 128)
+    tx, jj = s.split(jr, 8)
     s.reorder(bi, bj, ty, tx, ii, jj)
     s.bind(bi, "blockIdx.y").bind(bj, "blockIdx.x").bind(ty, "threadIdx.y").bind(tx, "threadIdx.x")
     s.cache_write("matmul", "local", tx, epilogue=["C"])   # 3. accumulate in registers; bias + relu on them
     ii, jj, k = s.loops("matmul")[-3:]
-    ko, ki = s.split(k, 8)           # 4. march over k in steps of 8 ...
+    ko, ki = s.split(k, 16)          # 4. march over k in steps of 16 ...
     s.reorder(ko, ki, ii, jj)        # ... updating the whole register tile at each k
-    for lp in (ki, ii, jj):
-        s.unroll(lp)                 # 5. unroll the register tile
+    s.cache_read("A", "shared", ko)  # 5. stage the block's 128 x 16 tile of A and 16 x 128 tile of B in shared
+    s.cache_read("B", "shared", ko)  #    memory (copied by the whole block; the CUDA target double-buffers it)
+    for lp in s.loops("matmul")[-3:]:
+        s.unroll(lp)                 # 6. unroll the register tile (and k inside the shared tile)
     for stmt in ("matmul_init", "C"):
         for lp in s.loops(stmt)[-2:]:
             s.unroll(lp)
@@ -57,7 +63,7 @@ def cpu_recipe(s: Schedule) -> None:
     s.vectorize(ji)                  # ... vectorised along j
 
 
-def main(n: int = 257, m: int = 129, p: int = 65) -> None:
+def main(n: int = 1024, m: int = 1024, p: int = 1024, cpu_only: bool = False) -> None:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, p)).astype(np.float32)
     b = rng.standard_normal((p, m)).astype(np.float32)
@@ -65,6 +71,8 @@ def main(n: int = 257, m: int = 129, p: int = 65) -> None:
     ref = np.maximum(a.astype(np.float64) @ b + bias, 0.0)
     targets = ["cpu"]
     try:
+        if cpu_only:
+            raise RuntimeError("--cpu")
         from tests.conftest import cuda_device_available
 
         if cuda_device_available():
@@ -89,4 +97,7 @@ def main(n: int = 257, m: int = 129, p: int = 65) -> None:
 
 
 if __name__ == "__main__":
-    main(*(int(x) for x in sys.argv[1:4]))
+    sizes = [int(x) for x in sys.argv[1:] if not x.startswith("--")]
+    if "--small" in sys.argv:
+        sizes = [257, 129, 65]
+    main(*sizes[:3], cpu_only="--cpu" in sys.argv)

@@ -1,6 +1,6 @@
 """The tiled GEMM on the GPU as a sequence of checked Schedule steps (tile sizes are the tuning handle).
 
-    plan = schedule_gemm_cuda(s, "matmul", epilogue="auto", block=(128, 128), thread_tile=(8, 8), k_tile=8)
+    plan = schedule_gemm_cuda(s, "matmul", epilogue="auto", block=(128, 128), thread_tile=(8, 8), k_tile=16)
 
 The nest it produces for C = relu(A @ B + bias) (one kernel):
 
@@ -37,7 +37,7 @@ __all__ = ["schedule_gemm_cuda"]
 
 
 def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", block: tuple[int, int] = (128, 128),
-                       thread_tile: tuple[int, int] = (8, 8), k_tile: int = 8, shared: bool = True,
+                       thread_tile: tuple[int, int] = (8, 8), k_tile: int = 16, shared: bool = True,
                        strided: bool = False, unroll_k: bool = True) -> GemmPlan:
     """Apply the tiled-GEMM recipe for the CUDA target to the matmul-shaped reduction `stage` of Schedule `s`.
 

@@ -3,6 +3,8 @@ interpreter, NVRTC compilation of the CUDA mapping (no GPU needed), and the GPU 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from test_fusion import five, gelu_chain
@@ -166,7 +168,6 @@ def test_constant_sizes_vectorize_and_interpret_correctly(case):
     assert "float4" in src  # 128-bit accesses: flat kernels, several outputs, the row copy and epilogue
     if "horizontal" in case:
         assert "y_relu, y_sigmoid, y_tanh: 128-bit vector" in src
-        assert "checked once for every" in src  # the unrolled chunks share one alignment check
     if case in ("softmax", "layernorm"):
         assert "x_shared: 128-bit vector" in src and "y: 128-bit vector" in src
     if "sincos" in case:
@@ -187,7 +188,8 @@ def test_per_thread_chunks_are_coalesced_and_validated():
     s = auto_schedule(list(wl.outputs), target="cuda", per_thread=4)
     assert [t["primitive"] for t in s.trace].count("reorder") == 1
     src = build(s, list(wl.args), target="cuda").source
-    assert "#pragma unroll" in src and "* 4LL) + i_o_o_i) * 128LL) + " in src  # chunk u of thread t: ((b*4+u)*128+t)*4
+    # chunk u of thread t in block b starts at ((b * 4 + u) * 128 + t) * 4: coalesced across the block
+    assert "#pragma unroll" in src and re.search(r"\* 4(LL)?\) \+ i_o_o_i\) \* 128(LL)?\) \+ i_o_i\)", src)
     for bad in (0, 17, 2.0, True):
         with pytest.raises(ValueError, match="per_thread"):
             auto_schedule(list(wl.outputs), target="cuda", per_thread=bad)

@@ -65,8 +65,10 @@ def test_size_specialised_kernel_is_guard_free_with_float4_copies():
     mod = build(s, list(wl.inputs) + list(wl.outputs), target="cuda")
     src = mod.source
     assert len(mod.kernels) == 1
-    assert src.count("cooperative copy") == 2
-    assert "reinterpret_cast<const float4*>(&A[" in src and "reinterpret_cast<const float4*>(&B[" in src
+    # software-pipelined: the first tiles before the k loop, the next ones inside it, by 16-byte cp.async
+    assert src.count("cooperative copy") == 4 and "software-pipelined" in src
+    assert src.count("loopir_cp_async16(&A_shared_st") == 2 and src.count("loopir_cp_async16(&B_shared_st") == 2
+    assert "cp.async.wait_group 1;" in src
     body = src[src.index("__syncthreads();"):]
     assert "if (" not in body.split("__syncthreads();")[1]  # the unrolled inner product has no guard
 
@@ -77,7 +79,7 @@ def test_non_dividing_sizes_compile_with_nvrtc():
     wl, s, plan = _sched(257, 129, 65)
     mod = build(s, list(wl.inputs) + list(wl.outputs), target="cuda")
     assert len(mod.kernels) == 1 and plan.staged == ["A", "B"]
-    assert "__shared__ __align__(16) float A_shared[1024]" in mod.source
+    assert "__shared__ __align__(16) float A_shared_stages[2048];  // 2 stages of A_shared" in mod.source
 
 
 def test_symbolic_sizes_keep_guards_and_numerics():
