@@ -54,12 +54,13 @@ def build_ours(n: int, m: int, p: int, pipeline: bool = True, min_blocks: int | 
         cg.PIPELINE_SHARED_COPIES, cg.LAUNCH_MIN_BLOCKS = saved
 
 
-_T = dict(block=(128, 128), thread_tile=(8, 8))
-SWEEP = ([dict(_T, k_tile=k) for k in (8, 16, 32)]                       # pipelined where 2 stages fit (k <= 16)
-         + [dict(_T, k_tile=k, min_blocks=2) for k in (8, 16)]           # __launch_bounds__(256, 2)
-         + [dict(_T, k_tile=16, pipeline=False), dict(_T, k_tile=16, strided=True),
-            dict(_T, k_tile=8, strided=True), dict(_T, k_tile=16, unroll_k=False)]
-         + [dict(block=(64, 128), thread_tile=(8, 8), k_tile=16), dict(block=(128, 64), thread_tile=(8, 8), k_tile=16)])
+_T = dict(thread_tile=(8, 8))
+_B1, _B2 = dict(_T, block=(64, 128)), dict(_T, block=(128, 128))
+SWEEP = ([dict(_B1, k_tile=k) for k in (8, 16, 32)]                  # the default block; pipelined where 2 stages fit
+         + [dict(_B1, k_tile=8, min_blocks=3), dict(_B1, k_tile=16, strided=True), dict(_B1, k_tile=16, pipeline=False)]
+         + [dict(_B2, k_tile=16), dict(_B2, k_tile=16, min_blocks=2), dict(_B2, k_tile=32)]
+         + [dict(_T, block=(64, 256), k_tile=16), dict(_T, block=(64, 64), k_tile=16),
+            dict(_T, block=(128, 64), k_tile=16, min_blocks=2)])
 
 
 def gemm_entries(n: int = 4096, reps: int = 20, configs: list[dict[str, Any]] | None = None,
@@ -119,7 +120,7 @@ def gemm_entries(n: int = 4096, reps: int = 20, configs: list[dict[str, Any]] | 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("n", type=int, nargs="?", default=4096)
-    ap.add_argument("--block", type=int, nargs=2, default=(128, 128))
+    ap.add_argument("--block", type=int, nargs=2, default=(64, 128))
     ap.add_argument("--thread-tile", type=int, nargs=2, default=(8, 8))
     ap.add_argument("--k-tile", type=int, default=16)
     ap.add_argument("--reps", type=int, default=20)

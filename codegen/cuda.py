@@ -114,6 +114,15 @@ __device__ __forceinline__ float loopir_min(float a, float b) { return fminf(a, 
 __device__ __forceinline__ double loopir_min(double a, double b) { return fmin(a, b); }
 __device__ __forceinline__ int loopir_min(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ long long loopir_min(long long a, long long b) { return a < b ? a : b; }
+// a 32-bit index variable meets a 64-bit value (int64 data): compute in 64 bits
+__device__ __forceinline__ long long loopir_floordiv(long long a, int b) { return loopir_floordiv(a, (long long)b); }
+__device__ __forceinline__ long long loopir_floordiv(int a, long long b) { return loopir_floordiv((long long)a, b); }
+__device__ __forceinline__ long long loopir_mod(long long a, int b) { return loopir_mod(a, (long long)b); }
+__device__ __forceinline__ long long loopir_mod(int a, long long b) { return loopir_mod((long long)a, b); }
+__device__ __forceinline__ long long loopir_max(long long a, int b) { return loopir_max(a, (long long)b); }
+__device__ __forceinline__ long long loopir_max(int a, long long b) { return loopir_max((long long)a, b); }
+__device__ __forceinline__ long long loopir_min(long long a, int b) { return loopir_min(a, (long long)b); }
+__device__ __forceinline__ long long loopir_min(int a, long long b) { return loopir_min((long long)a, b); }
 // 128-bit accesses; NVRTC options -DLOOPIR_STREAMING_LOADS / -DLOOPIR_STREAMING_STORES make them evict-first
 #ifdef LOOPIR_STREAMING_LOADS
 #define LOOPIR_LD4(p) __ldcs(p)
@@ -393,10 +402,9 @@ def _fits_int32(nest: N.Stmt) -> bool:
             return False
         if math.prod(int(d.value) + _INT32_SLACK for d in b.shape) >= 2**31:  # type: ignore[attr-defined]
             return False
-    for f in _loops(nest):
-        for e in (f.lo, f.hi):
-            if not (isinstance(e, N.Const) or free_vars(e)) or (isinstance(e, N.Const) and abs(int(e.value)) >= 2**30):
-                return False
+    for f in _loops(nest):  # constant loop bounds too (bounds in enclosing loops follow the tiles of the buffers)
+        if any(isinstance(e, N.Const) and abs(int(e.value)) >= 2**30 for e in (f.lo, f.hi)):
+            return False
     return True
 
 

@@ -1,6 +1,6 @@
 """The tiled GEMM on the GPU as a sequence of checked Schedule steps (tile sizes are the tuning handle).
 
-    plan = schedule_gemm_cuda(s, "matmul", epilogue="auto", block=(128, 128), thread_tile=(8, 8), k_tile=16)
+    plan = schedule_gemm_cuda(s, "matmul", epilogue="auto", block=(64, 128), thread_tile=(8, 8), k_tile=16)
 
 The nest it produces for C = relu(A @ B + bias) (one kernel):
 
@@ -20,7 +20,9 @@ The nest it produces for C = relu(A @ B + bias) (one kernel):
 A thread's rows are ty, ty + 16, ...: a warp's reads of B_shared and its final stores touch consecutive
 addresses, and its reads of A_shared are broadcasts. Sizes the tiles do not divide keep guards (the
 shared tiles are the constant box hull, their copy clipped to the matrices); sizes known at build time
-that divide give a guard-free kernel. Every step is a Schedule primitive, checked as usual.
+that divide give a guard-free kernel. Every step is a Schedule primitive, checked as usual. The CUDA
+target then copies tile ko+1 with cp.async into a second shared stage while tile ko is computed on
+(codegen/cuda.py `pipelined`), and uses 32-bit indices when every size is known and small enough.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache
 __all__ = ["schedule_gemm_cuda"]
 
 
-def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", block: tuple[int, int] = (128, 128),
+def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", block: tuple[int, int] = (64, 128),
                        thread_tile: tuple[int, int] = (8, 8), k_tile: int = 16, shared: bool = True,
                        strided: bool = False, unroll_k: bool = True) -> GemmPlan:
     """Apply the tiled-GEMM recipe for the CUDA target to the matmul-shaped reduction `stage` of Schedule `s`.
@@ -96,8 +98,9 @@ def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", 
                 continue
             plan.staged.append(b.name)
             plan.steps.append(f"cache_read({b.name}, 'shared', ko): the block's tile, copied cooperatively")
-    # unrolling ki too: fastest measured (4096^3, k_tile 32: 27.2 TFLOP/s vs 20.3 without), though it needs
-    # ~255 registers (one block per SM); a software-pipelined copy would be the next step
+    # unrolling ki too: fastest measured (H200, 4096^3: 37.7 TFLOP/s at block 64 x 128, k_tile 16, vs 26.5 without;
+    # see benchmarks/RESULTS_gemm.md); the CUDA target double-buffers the shared tiles with cp.async (two stages
+    # of 2 x 12 KiB), and 32-bit indices keep it at ~245 registers: two blocks of 128 threads per SM
     _unroll_tail(s, name, 3 if unroll_k else 2, plan)
     for st in [c.store.name for c in statements(s.program)
                if c.store.buffer.name == f"{upd.buffer.name}_local" and c.store.name != name]:

@@ -57,8 +57,24 @@ def test_int_indices_refused_when_a_padded_size_passes_2_pow_31():
     assert cg._fits_int32(b2.finish([small]).body)
 
 
+def test_int_indices_mixed_with_int64_data_compile():
+    from loopir.nodes import binary
+
+    b = ir.Builder("mix")
+    x = ir.buffer((1000,), "int64", "X")
+    y = ir.buffer((1000,), "int64", "Y")
+    with b.loop("i", 0, 1000) as i:
+        b.store(y, (i,), binary("max", x[i], i) + binary("floordiv", x[i], i + 1) + binary("mod", i, x[i]), name="S")
+    s = Schedule(b.finish([x, y]))
+    io, ii = s.split(s.loops("S")[0], 128)
+    s.bind(io, "blockIdx.x").bind(ii, "threadIdx.x")
+    src = cg.generate_cuda(s.program).source
+    assert "const int i = ((i_o * 128) + i_i);" in src and "loopir_max(X[i], i)" in src
+    _compile(src)  # (long long, int) overloads: no ambiguity
+
+
 def test_shared_tiles_are_double_buffered_with_cp_async():
-    _, s = _program(256, 256, 64, k_tile=16)
+    _, s = _program(256, 256, 64, block=(128, 128), k_tile=16)
     src = cg.generate_cuda(s.program).source
     assert "software-pipelined" in src and src.count("cooperative copy") == 4
     assert "__shared__ __align__(16) float A_shared_stages[4096];  // 2 stages of A_shared" in src
@@ -70,7 +86,8 @@ def test_shared_tiles_are_double_buffered_with_cp_async():
 
 
 def test_pipelining_off_and_too_large_stages_give_the_plain_copy(monkeypatch):
-    _, s = _program(256, 256, 64, k_tile=32)  # 2 stages of 2 x 16 KiB would pass 48 KiB of static shared memory
+    # 2 stages of 2 x 16 KiB would pass the 48 KiB of static shared memory
+    _, s = _program(256, 256, 64, block=(128, 128), k_tile=32)
     src = cg.generate_cuda(s.program).source
     assert "software-pipelined" not in src and "cp_async16(" not in src.split("extern")[1]
     assert "__shared__ __align__(16) float A_shared[4096]" in src
@@ -83,7 +100,7 @@ def test_pipelining_off_and_too_large_stages_give_the_plain_copy(monkeypatch):
 
 def test_launch_bounds_knob(monkeypatch):
     monkeypatch.setattr(cg, "LAUNCH_MIN_BLOCKS", 2)
-    _, s = _program(257, 129, 65)
+    _, s = _program(257, 129, 65, block=(128, 128))
     src = cg.generate_cuda(s.program).source
     assert '__global__ void __launch_bounds__(256, 2) C_matmul_init(' in src
     _compile(src)
