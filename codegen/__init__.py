@@ -5,4 +5,14 @@ from __future__ import annotations
 from .build import build, cache_clear, structural_key
 from .module import CpuModule, Module
 
-__all__ = ["build", "Module", "CpuModule", "structural_key", "cache_clear"]
+__all__ = ["build", "Module", "CpuModule", "structural_key", "cache_clear", "gpu_available"]
+
+
+def gpu_available() -> bool:
+    """True when the CUDA driver loads and reports a device; never raises (no driver, no device,
+    no cuda-python: all mean False). The examples and the test suite's `gpu` marker use it."""
+    try:
+        from .cuda_runtime import gpu_available as probe
+    except Exception:  # noqa: BLE001 - cuda-python itself missing: no GPU either
+        return False
+    return probe()

@@ -73,9 +73,9 @@ def main(n: int = 1024, m: int = 1024, p: int = 1024, cpu_only: bool = False) ->
     try:
         if cpu_only:
             raise RuntimeError("--cpu")
-        from tests.conftest import cuda_device_available
+        from codegen import gpu_available
 
-        if cuda_device_available():
+        if gpu_available():
             targets.append("cuda")
     except Exception:  # noqa: BLE001 - no GPU stack: CPU only
         pass

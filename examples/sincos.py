@@ -22,22 +22,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run from a plain checkout
 
-from codegen import build  # noqa: E402
+from codegen import build, gpu_available  # noqa: E402
 from loopir import te  # noqa: E402
 from schedules import auto_schedule  # noqa: E402
 
 
-def gpu_available() -> bool:
-    try:
-        from cuda.bindings import driver
-
-        (err,) = driver.cuInit(0)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            return False
-        err, count = driver.cuDeviceGetCount()
-        return err == driver.CUresult.CUDA_SUCCESS and count > 0
-    except Exception:  # no driver / no cuda-python: use the CPU
-        return False
 
 
 def _excerpt(source: str, lines: int = 40) -> str:

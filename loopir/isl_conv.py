@@ -156,27 +156,11 @@ def cond(e: Expr, names: _Names, negate: bool = False) -> str:
 
 
 def eval_index(e: Expr, env: dict[Var, int]) -> int:
-    """Value of an integer index expression at concrete values of its variables."""
-    if isinstance(e, Const):
-        return int(e.value)
-    if isinstance(e, Var):
-        if e not in env:
-            raise KeyError(f"no value for variable {e.name!r}")
-        return env[e]
-    if isinstance(e, Cast):
-        return eval_index(e.a, env)
-    if isinstance(e, Unary) and e.op == "neg":
-        return -eval_index(e.a, env)
-    if isinstance(e, Binary):
-        a, b = eval_index(e.a, env), eval_index(e.b, env)
-        ops = {"add": a + b, "sub": a - b, "mul": a * b, "max": max(a, b), "min": min(a, b)}
-        if e.op in ops:
-            return ops[e.op]
-        if e.op == "floordiv":
-            return a // b
-        if e.op == "mod":
-            return a % b
-    raise ValueError(f"cannot evaluate {e!r} as an integer index")
+    """Value of an integer index expression at concrete values of its variables (ValueError naming
+    a variable without a value): `loopir.args.eval_expr`, as an int."""
+    from .args import eval_expr
+
+    return int(eval_expr(e, env))
 
 
 # ----------------------------------------------------------------------------- affine normal form

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import te
-from .nodes import Binary, Buffer, Const, Expr, Program, Unary, Var
+from .args import eval_expr
+from .nodes import Buffer, Expr, Program, Var
 from .te import Tensor
 
 Size = int | Var
@@ -64,7 +65,7 @@ class Workload:
     def shape_of(self, x: Tensor | Buffer, sizes: dict[str, int]) -> tuple[int, ...]:
         """The concrete shape of an input or output at the given sizes (by variable name)."""
         env = {v: sizes[v.name] for v in self.sizes}
-        return tuple(_eval_int(e, env) for e in x.shape)
+        return tuple(int(eval_expr(e, env)) for e in x.shape)
 
     def random_inputs(self, sizes: dict[str, int], rng: np.random.Generator | int | None = None) -> list[Array]:
         """Fresh random inputs (standard normal, never zeros) at the given sizes."""
@@ -78,30 +79,6 @@ class Workload:
     def call_args(self, inputs: Sequence[Array], outputs: Sequence[Array]) -> list[Array]:
         """The arrays in the program's argument order (an in-place workload takes its inputs only)."""
         return list(inputs) if self.in_place else list(inputs) + list(outputs)
-
-
-def _eval_int(e: Expr, env: dict[Var, int]) -> int:
-    if isinstance(e, Const):
-        return int(e.value)
-    if isinstance(e, Var):
-        if e not in env:
-            raise ValueError(f"size variable {e.name!r} has no value")
-        return env[e]
-    if isinstance(e, Unary) and e.op == "neg":
-        return -_eval_int(e.a, env)
-    if isinstance(e, Binary):
-        a, b = _eval_int(e.a, env), _eval_int(e.b, env)
-        ops = {
-            "add": a + b, "sub": a - b, "mul": a * b,
-            "max": max(a, b), "min": min(a, b),
-        }
-        if e.op in ops:
-            return ops[e.op]
-        if e.op == "floordiv":
-            return a // b
-        if e.op == "mod":
-            return a % b
-    raise TypeError(f"cannot evaluate the size expression {e!r}")
 
 
 def _size(x: Size | None, name: str) -> Size:

@@ -15,17 +15,10 @@ if ROOT not in sys.path:  # lets the tests run from a plain checkout, without `p
 
 @functools.cache
 def cuda_device_available() -> bool:
-    """True when the CUDA driver loads and reports at least one device."""
-    try:
-        from cuda.bindings import driver
+    """True when the CUDA driver loads and reports at least one device (codegen's own probe)."""
+    from codegen import gpu_available
 
-        (err,) = driver.cuInit(0)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            return False
-        err, count = driver.cuDeviceGetCount()
-        return err == driver.CUresult.CUDA_SUCCESS and count > 0
-    except Exception:  # no libcuda, no cuda-python, a broken driver: all mean "no GPU here"
-        return False
+    return gpu_available()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
