@@ -32,6 +32,10 @@ from typing import TYPE_CHECKING, Any
 from loopir.nodes import Allocate, Binary, Compare, Const, Expr, For, If, Load, Logical, Seq, Stmt, Store, Unary, Var
 from loopir.visit import substitute, walk
 
+from .llvm_math import vector_bits
+from .llvm_passes import _const_extent, _linear, is_reduction
+from .llvm_types import ITEMSIZE, fconst
+
 if TYPE_CHECKING:
     from .llvm import _FnEmitter
 
@@ -117,8 +121,6 @@ def version_loops(s: Stmt, budget: int = 8) -> Stmt:
 
 def _linear_last(idx: tuple[Expr, ...], v: Var) -> str | None:
     """'uniform' if no index uses v; 'contig' if only the last does, as v + (free of v); else None."""
-    from .llvm import _linear
-
     uses = [any(n is v for n in walk(e)) for e in idx]
     if not any(uses):
         return "uniform"
@@ -178,8 +180,6 @@ class _VecEmitter:
     """Vector code for one statement of one chunk: values are (text, is_vector)."""
 
     def __init__(self, fe: _FnEmitter, plan: _Plan, vl: int, st: Store) -> None:
-        from .llvm import is_reduction
-
         self.fe, self.plan, self.vl = fe, plan, vl
         self.t = VEC_DTYPES[plan.dtype]
         self.vt = f"<{vl} x {self.t}>"
@@ -205,8 +205,6 @@ class _VecEmitter:
         return self.memo[id(e)]
 
     def _expr(self, e: Expr) -> tuple[str, bool]:
-        from .llvm import ITEMSIZE, fconst
-
         fe, t, vt = self.fe, self.t, self.vt
         if isinstance(e, Const):
             return fconst(e.value, self.plan.dtype), False
@@ -237,8 +235,6 @@ class _VecEmitter:
 
 def emit_vector_loop(fe: _FnEmitter, f: For) -> bool:
     """Emit constant-extent `vectorize` loop `f` as explicit vector code; False if not applicable."""
-    from .llvm import ITEMSIZE, _const_extent, vector_bits
-
     ext = _const_extent(f)
     if ext is None or ext == 0:
         return False

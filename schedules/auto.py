@@ -19,7 +19,14 @@ Per kernel of the plan (`schedules.fusion`):
      and by the block size, the inner part bound to threadIdx.x;
    * cuda "thread": the shared outer loops collapsed, one thread per point, inner loops serial;
    * cpu: the outer loop `parallel`, the innermost spatial loop of each elementwise phase
-     `vectorize`d when it carries nothing.
+     `vectorize`d when it carries nothing;
+   * "gemm" (a matmul-shaped reduction with its elementwise epilogue chain, e.g. relu(A @ B + bias)):
+     the tiled GEMM recipe of `schedules.gemm` instead of loop fusion — on cuda `schedule_gemm_cuda`
+     (block tiles staged in shared memory, a register tile per thread; defaults block 64x128,
+     thread_tile 8x8, k_tile 16, the measured best on an H200), on cpu the register-tiled CPU recipe —
+     with the epilogue computed on the register tile before the single store. The tile sizes are
+     parameters: `auto_schedule(outs, "cuda", gemm={"block": (128, 128), "k_tile": 8})` (keys:
+     `schedules.gemm.GEMM_KEYS`); `gemm=False` maps matmuls like any other reduction.
 `fuse=False` maps each stage as its own kernel (no inlining), for comparison.
 """
 
@@ -50,26 +57,34 @@ def auto_schedule(
     plan: FusionPlan | None = None,
     check: bool = True,
     per_thread: int = PER_THREAD,
+    gemm: dict[str, Any] | bool | None = None,
 ) -> Schedule:
     """A Schedule of `outputs` fused as `plan_fusion` decides and mapped to `target` ("cuda" or "cpu").
 
     The plan is kept as `schedule.plan` (`schedule.plan.explain()` is the readable log). `sizes`
     are the sizes the cost model assumes; `threads` the block size of the CUDA mappings;
-    `per_thread` how many 16-byte chunks each thread of a vectorized flat kernel handles."""
+    `per_thread` how many 16-byte chunks each thread of a vectorized flat kernel handles.
+    `gemm`: tile parameters of the GEMM kernels of matmul-shaped reductions (cuda: "block",
+    "thread_tile", "k_tile", "shared", "strided", "unroll_k"; cpu: "cpu_tile"; the recipe's defaults
+    for those not given); False: no GEMM mapping. ValueError naming an unknown key or a tile size
+    the device cannot hold."""
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 32 or threads > 1024 or threads % 32:
         raise ValueError(f"auto_schedule: threads must be a multiple of 32 in [32, 1024], got {threads!r}")
     if isinstance(per_thread, bool) or not isinstance(per_thread, int) or not 1 <= per_thread <= 16:
         raise ValueError(f"auto_schedule: per_thread must be an int in [1, 16], got {per_thread!r}")
-    plan = plan or plan_fusion(outs, target=target, fuse=fuse, sizes=sizes)
+    plan = plan or plan_fusion(outs, target=target, fuse=fuse, sizes=sizes, gemm=gemm)
     s = Schedule(outs, check=check)
     s.plan = plan  # type: ignore[attr-defined]
     for t in plan.inlined:
         s.compute_inline(t)
     for g in plan.groups:
-        _fuse_group(s, g)
+        if g.mapping != "gemm":  # the GEMM recipe fuses its epilogue itself (cache_write ... epilogue=)
+            _fuse_group(s, g)
     for g in plan.groups:
-        if target == "cuda":
+        if g.mapping == "gemm":
+            _map_gemm(s, g, target)
+        elif target == "cuda":
             _map_cuda(s, g, threads, per_thread)
         else:
             _map_cpu(s, g)
@@ -86,6 +101,25 @@ def _fuse_group(s: Schedule, g: FusionGroup) -> None:
             la, lb = s.loops(first)[d], s.loops(t.name)[d]
             if la.var is not lb.var:
                 s.fuse(la, lb)
+
+
+# ----------------------------------------------------------------------------- GEMM
+
+
+def _map_gemm(s: Schedule, g: FusionGroup, target: str) -> None:
+    """The tiled GEMM recipe on the group's matmul, its other stages as the epilogue (in order)."""
+    from .gemm import matmul_stage, schedule_gemm
+    from .gemm_cuda import schedule_gemm_cuda
+
+    mm, eps = g.stages[0].name, [t.name for t in g.stages[1:]]
+    if mm not in matmul_stage(s.program):
+        raise ValueError(f"auto_schedule: the plan maps {mm!r} as a GEMM but its lowered update statement is not "
+                         "matmul-shaped")
+    prm = dict(g.gemm or {})
+    if target == "cuda":
+        g.gemm_plan = schedule_gemm_cuda(s, mm, epilogue=eps, **prm)
+    else:
+        g.gemm_plan = schedule_gemm(s, mm, epilogue=eps, target="cpu", cpu_tile=prm.get("cpu_tile"))
 
 
 # ----------------------------------------------------------------------------- CUDA

@@ -19,6 +19,13 @@ roofline model of `schedules.cost`:
 * **horizontal** — independent kernels over the same iteration space (no path between them)
   merge into one loop, which reads a shared input once and saves launches.
 
+* **GEMM** — a matmul-shaped reduction (`C[i, j] = sum_k X[i, k] * Y[k, j]`) gets a kernel of its own
+  with the tiled GEMM recipe (`schedules.gemm`): its elementwise consumer chain (bias add, ReLU) is fused
+  as the epilogue, computed on the register tile before the single store (the matmul result is never
+  written); its operands' producers and other stages stay in separate kernels (they would give up the
+  tiling). Tile sizes are parameters (`gemm=`); tiles that exceed the device's shared memory, threads
+  per block or registers are refused with a ValueError.
+
 A reduction is never inlined: recomputing it at each point where it is read multiplies its work
 by its extent; the log says so. On `cuda`, a row kept for several phases of a row kernel is
 considered for shared memory and refused when it does not fit (or its length is symbolic).
@@ -34,6 +41,7 @@ from loopir.te import ComputeOp, Reduce, Tensor, tensor_of
 from loopir.visit import substitute, walk
 
 from . import cost as C
+from .gemm import gemm_params, gemm_resources, is_matmul_tensor
 
 THREADS = 128  # threads per block of the CUDA mappings (gpu_suite.py --sweep: best or tied on the H200)
 ROW_MIN_EXTENT = 1024  # a reduction at least this long gets a block per row (else a thread per row)
@@ -198,6 +206,8 @@ class FusionGroup:
     log: list[Decision] = field(default_factory=list)
     caches: list[RowCache] = field(default_factory=list)
     cost: C.KernelCost = field(default_factory=C.KernelCost)
+    gemm: dict[str, Any] | None = None  # "gemm" mapping: the recipe's tile parameters
+    gemm_plan: Any = None  # the GemmPlan auto_schedule applied (its steps are part of explain())
 
     @property
     def kind(self) -> str:
@@ -275,6 +285,11 @@ class FusionPlan:
                 lines.append(f"  inlined: {', '.join(t.name for t in g.inlined)}")
             for d in g.log:
                 lines.append(f"  {d}")
+            if g.gemm_plan is not None:
+                lines.append(f"  recipe applied to {g.gemm_plan.stage} (epilogue: "
+                             f"{', '.join(g.gemm_plan.epilogue) or 'none'}):")
+                lines += [f"    {k + 1}. {st}" for k, st in enumerate(g.gemm_plan.steps)]
+                lines += [f"    skipped: {st}" for st in g.gemm_plan.skipped]
             c = g.cost
             reads = ", ".join(f"{k} {C.fmt_bytes(v)}" for k, v in c.reads.items()) or "nothing"
             writes = ", ".join(f"{k} {C.fmt_bytes(v)}" for k, v in c.writes.items()) or "nothing"
@@ -305,6 +320,7 @@ _MAPPINGS = {
     "row": "one block per row, threads across each phase's inner loop",
     "thread": "one thread per output point",
     "cpu": "parallel outer loop, vectorized inner loop",
+    "gemm": "tiled GEMM (schedules.gemm: block / register tiles, epilogue on the register tile)",
     "serial": "serial",
 }
 
@@ -330,15 +346,19 @@ def plan_fusion(
     fuse: bool = True,
     sizes: dict[Any, int] | None = None,
     device: C.Device | None = None,
+    gemm: dict[str, Any] | bool | None = None,
 ) -> FusionPlan:
     """Plan the kernels computing `outputs` on `target` ("cuda" or "cpu").
 
     `sizes` ({size Var or name: int}) are the sizes the cost model evaluates at (others:
-    `cost.DEFAULT_SIZE`); `fuse=False` plans one kernel per stage, for comparison."""
+    `cost.DEFAULT_SIZE`); `fuse=False` plans one kernel per stage, for comparison. `gemm`: the
+    tile parameters of matmul-shaped reductions' GEMM kernels (`schedules.gemm.gemm_params`: on cuda
+    block, thread_tile, k_tile; on cpu cpu_tile; None or True: the defaults; False: no GEMM mapping)."""
     outs = _as_list(outputs)
     if target not in ("cuda", "cpu"):
         raise ValueError(f"plan_fusion: unknown target {target!r}; expected 'cuda' or 'cpu'")
     dev = device or C.device_info(target)
+    gparams = None if gemm is False else gemm_params(target, None if gemm is True else gemm)
     order, inputs = _topo(outs)
     out_ids = {id(t) for t in outs}
     stages = {id(t): Stage(t, k, id(t) in out_ids) for k, t in enumerate(order)}
@@ -353,6 +373,7 @@ def plan_fusion(
 
     unfused = [_unfused_cost(t, ev) for t in order]
     pl = _Planner(outs, order, stages, dev, ev, target)
+    pl.gemm = gparams
     if fuse:
         pl.decide_inlining()
     pl.make_groups()
@@ -407,6 +428,35 @@ class _Planner:
         self.groups: list[FusionGroup] = []
         self.group_of: dict[int, FusionGroup] = {}
         self.log: list[Decision] = []
+        self.gemm: dict[str, Any] | None = None
+
+    # ---- GEMM groups
+    def _is_gemm(self, t: Tensor) -> bool:
+        return self.gemm is not None and is_matmul_tensor(t)
+
+    def _gemm_chain(self, stages: list[Tensor], depth: int) -> bool:
+        """A matmul first, then elementwise stages each reading only its predecessor's value at its own
+        point (and the predecessor read by nothing else, not an output): the GEMM recipe's epilogue."""
+        if not stages or not self._is_gemm(stages[0]) or (len(stages) > 1 and depth != 2):
+            return False
+        for prev, t in zip(stages, stages[1:]):
+            if isinstance(t.op.body, Reduce) or len(t.shape) != 2 or self.stages[id(prev)].is_output:
+                return False
+            readers = [c for c in self.order if id(c) not in self.inlined
+                       and any(p is prev for p, _ in _effective_loads(c, self.inlined))]
+            if readers != [t] or any(idx != tuple(t.op.axis) for p, idx in _effective_loads(t, self.inlined)
+                                     if p is prev):
+                return False
+        return True
+
+    def _gemm_refusal(self, a: FusionGroup, b: FusionGroup, depth: int) -> str:
+        """Why merging a and b would give up a GEMM group's tiled kernel ("" when it would not)."""
+        merged = sorted(a.stages + b.stages, key=lambda t: self.order.index(t))
+        mms = [t.name for t in merged if self._is_gemm(t)]
+        if not mms or self._gemm_chain(merged, depth):
+            return ""
+        return (f"{', '.join(mms)} is matmul-shaped and keeps its own tiled GEMM kernel (block tiles in fast "
+                "memory, a register tile per thread); only an elementwise epilogue chain joins it")
 
     # ---- inlining
     def decide_inlining(self) -> None:
@@ -527,6 +577,12 @@ class _Planner:
                     d_edge = min(_shared_prefix(pp, cc, [idx]) for pp, cc, idx in self._edges(gp, gc))
                     depth = min(gp.depth, gc.depth, d_edge)
                     shown = ", ".join(sorted({_fmt_idx(p, i) for i in idxs}))
+                    gemm_why = self._gemm_refusal(gp, gc, depth)
+                    if gemm_why:
+                        d = Decision("vertical", (p.name, t.name), False, gemm_why)
+                        if all(str(d) != str(x) for x in gc.log):
+                            gc.log.append(d)
+                        continue
                     if depth >= 1 and not self._reaches(gp, gc, skip_direct=True):
                         loops = ", ".join(v.name for v in t.op.axis[:depth])
                         why = (f"{t.name} reads {shown} at its own outer loop value{'s' if depth > 1 else ''} "
@@ -594,6 +650,8 @@ class _Planner:
             return False, 0, ""  # dependent: vertical fusion's business
         if self._reaches(a, b, False) or self._reaches(b, a, False):
             return False, 0, "a third kernel lies between them (fusing would form a cycle)"
+        if any(self._is_gemm(t) for t in a.stages + b.stages):
+            return False, 0, self._gemm_refusal(a, b, 0)
         ta, tb = a.stages[0], b.stages[0]
         depth = min(a.depth, b.depth)
         while depth > 0 and not all(_same(x, y) for x, y in zip(ta.shape[:depth], tb.shape[:depth])):
@@ -630,11 +688,15 @@ class _Planner:
                          and any(h is s for h in self._hosts(t) for s in g.stages)]
             g.inlined.sort(key=lambda t: pos[id(t)])
             g.mapping = self._mapping(g)
+            if g.mapping == "gemm":
+                self._plan_gemm(g)
             if self.target == "cuda" and g.mapping == "row":
                 self._plan_row_cache(g)
             g.cost = self._group_cost(g)
 
     def _mapping(self, g: FusionGroup) -> str:
+        if self._gemm_chain(g.stages, g.depth):
+            return "gemm"
         if self.target == "cpu":
             return "cpu"
         flat = all(len(t.shape) == g.depth and not isinstance(t.op.body, Reduce) for t in g.stages)
@@ -678,6 +740,45 @@ class _Planner:
                 self._cache_note(g, p, True, f"its row ({C.fmt_bytes(nbytes)}) is read by {users_s}; it fits in "
                                  f"shared memory ({C.fmt_bytes(limit)} per block): loaded once per row")
 
+    def _plan_gemm(self, g: FusionGroup) -> None:
+        mm, eps = g.stages[0], g.stages[1:]
+        prm = dict(self.gemm or {})
+        g.gemm = prm
+        a, b = (", ".join(n.buffer.name for n in walk(x) if isinstance(n, Load)) for x in (mm.op.body.body.a,
+                                                                                          mm.op.body.body.b))
+        k = mm.op.reduce_axis[0].name
+        i, j = (v.name for v in mm.op.axis)
+        what = f"{mm.name}[{i}, {j}] = sum over {k} of {a}[..] * {b}[..] is matmul-shaped"
+        if self.target == "cpu":
+            t0, t1 = prm["cpu_tile"]
+            how = (f"tiled GEMM recipe for the CPU: {t0}x{t1} register tile (cache_write local), column panels "
+                   "of the right operand on parallel threads, the tile loops unrolled and vectorized")
+        else:
+            import numpy as np
+
+            itemsize = max(np.dtype(n.buffer.dtype).itemsize for n in walk(mm.op.body.body) if isinstance(n, Load))
+            threads, smem, acc = gemm_resources(prm, itemsize)
+            (b0, b1), (t0, t1), kt = prm["block"], prm["thread_tile"], prm["k_tile"]
+            limits = [(threads, self.dev.max_threads_per_block, "threads per block"),
+                      (smem, self.dev.smem_per_block, "bytes of shared memory per block"),
+                      (acc + t0 + t1, self.dev.regs_per_thread or 255, "registers per thread")]
+            for need, limit, what_l in limits:
+                # refuse tiles the device cannot hold: need <= limit
+                if limit and need > limit:
+                    raise ValueError(f"auto_schedule: gemm tiles of {mm.name} (block {prm['block']}, thread_tile "
+                                     f"{prm['thread_tile']}, k_tile {kt}) need {need:,} {what_l}; the device has "
+                                     f"{limit:,}")
+            how = (f"tiled GEMM recipe (schedules.gemm_cuda): block {b0}x{b1} on blockIdx.y/x, {threads} threads "
+                   f"each a {t0}x{t1} register tile (cache_write local), k in steps of k_tile {kt}"
+                   + (f", the block's tiles of the operands staged in shared memory ({C.fmt_bytes(smem)} per stage, "
+                      f"of {C.fmt_bytes(self.dev.smem_per_block)})" if prm.get("shared", True) else ""))
+        g.log.append(Decision("note", (mm.name,), None, f"GEMM group: {what}; {how}"))
+        if eps:
+            g.log.append(Decision("note", tuple(t.name for t in eps), None,
+                                  f"epilogue fused: computed on the register tile before the single store of "
+                                  f"{eps[-1].name}; {mm.name} is never written to memory (saves writing and "
+                                  f"re-reading {C.fmt_bytes(_tensor_bytes(mm, self.ev))})"))
+
     def _cache_note(self, g: FusionGroup, p: Tensor, ok: bool, why: str) -> None:
         g.log.append(Decision("cache", (p.name,), ok, why))
 
@@ -688,8 +789,10 @@ class _Planner:
             for p, _ in _effective_loads(t, self.inlined):
                 if id(p) not in ids:
                     c.add_read(p.name, _tensor_bytes(p, self.ev))
+        kept = {id(t) for t in g.stages[:-1]} if g.mapping == "gemm" else set()  # registers, never written
         for t in g.stages:
-            c.add_write(t.name, _tensor_bytes(t, self.ev))
+            if id(t) not in kept:
+                c.add_write(t.name, _tensor_bytes(t, self.ev))
             c.flops += _flops_per_point(t, self.inlined) * C.elements(_domain(t), self.ev)
         return c
 

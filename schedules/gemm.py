@@ -1,20 +1,11 @@
 """The classic tiled GEMM as a sequence of checked Schedule steps (the handle for tuning later).
 
-    schedule_gemm(s, "matmul", epilogue=["C"], target="cuda", block=(128, 128), thread_tile=(8, 8), k_tile=8)
+    schedule_gemm(s, "matmul", epilogue=["C"], target="cuda", block=(64, 128), thread_tile=(8, 8), k_tile=16)
+    schedule_gemm(s, "matmul", epilogue=["C"], target="cpu", cpu_tile=(6, 64))
 
-On "cuda" (C = A @ B with a fused elementwise epilogue such as relu(C + bias)):
-
-    for bi in blockIdx.y, bj in blockIdx.x:            # one block computes a block[0] x block[1] tile
-      for ty in threadIdx.y, tx in threadIdx.x:        # each thread a thread_tile, strided by the thread count
-        allocate C_local[8, 8] local                   # cache_write: register accumulation
-        C_local[:, :] = 0                              # (unrolled)
-        for ko:                                        # k in steps of k_tile
-          A_shared, B_shared <- A, B tiles; barrier     # cache_read "shared" (when it applies)
-          for ki, ii, jj (unrolled): C_local[ii, jj] += A[.., k] * B[k, ..]
-        for q0, q1 (unrolled): out[..] = epilogue(C_local[q0, q1])   # the single store
-
-A thread's rows are ty, ty + T, ty + 2T... (not a contiguous strip): loads from shared memory
-and the final stores of a warp then touch consecutive addresses. On "cpu" (cpu_tile=(6, 64) on
+On "cuda" this is `schedules.gemm_cuda.schedule_gemm_cuda` (one CUDA GEMM recipe: block tiles staged in
+shared memory, a register tile per thread, the elementwise epilogue on the register tile; tile sizes
+not given take that recipe's defaults, the measured best on an H200). On "cpu" (cpu_tile=(6, 64) on
 AVX-512, see `default_cpu_tile`):
 
     for jo in parallel:                                # a column panel of B (n x 64) stays in L2
@@ -24,7 +15,7 @@ AVX-512, see `default_cpu_tile`):
         for k: for ii (unroll): for ji (vectorize): C_local[ii, ji] += A[.., k] * B[k, ..]   # FMAs
         for q0 (unroll), q1 (vectorize): out[..] = epilogue(C_local[q0, q1])
 
-`matmul_stage(program)` finds matmul-shaped reductions (what auto_schedule should call this on):
+`matmul_stage(program)` finds matmul-shaped reductions (`auto_schedule` schedules each with this recipe):
 a statement `C[i, j] = C[i, j] + X * Y` inside loops (i, j, k) with an initialising statement.
 """
 
@@ -121,11 +112,15 @@ def _walk(e: Any) -> list[Any]:
     return list(walk(e))
 
 
+def _pos_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
 def _check_tiles(block: tuple[int, int], thread_tile: tuple[int, int], k_tile: int) -> None:
     for name, v in (("block", block), ("thread_tile", thread_tile)):
-        if not (isinstance(v, tuple) and len(v) == 2 and all(isinstance(x, int) and x >= 1 for x in v)):
+        if not (isinstance(v, tuple) and len(v) == 2 and all(_pos_int(x) for x in v)):
             raise ValueError(f"schedule_gemm: {name} must be two positive ints, got {v!r}")
-    if not isinstance(k_tile, int) or k_tile < 1:
+    if not _pos_int(k_tile):
         raise ValueError(f"schedule_gemm: k_tile must be a positive int, got {k_tile!r}")
     for d in range(2):
         if block[d] % thread_tile[d]:
@@ -135,20 +130,30 @@ def _check_tiles(block: tuple[int, int], thread_tile: tuple[int, int], k_tile: i
 
 
 def schedule_gemm(s: Any, stage: str | Any = None, epilogue: Any = "auto", target: str = "cuda",
-                  block: tuple[int, int] = (128, 128), thread_tile: tuple[int, int] = (8, 8), k_tile: int = 8,
-                  shared: bool = True, cpu_tile: tuple[int, int] | None = None) -> GemmPlan:
+                  block: tuple[int, int] | None = None, thread_tile: tuple[int, int] | None = None,
+                  k_tile: int | None = None, shared: bool = True, cpu_tile: tuple[int, int] | None = None,
+                  **cuda_opts: Any) -> GemmPlan:
     """Apply the tiled-GEMM recipe to the matmul-shaped reduction `stage` of Schedule `s`.
 
     `stage`: the update statement's name (or tensor); None picks the only matmul-shaped one.
     `epilogue`: elementwise consumers fused into the single store ("auto": every elementwise
-    consumer chain found by `elementwise_consumers`; [] for none). Tile sizes are parameters.
+    consumer chain found by `elementwise_consumers`; [] for none). Tile sizes are parameters:
+    on "cuda" `block`, `thread_tile`, `k_tile`, `shared` and `cuda_opts` (`strided`, `unroll_k`) go to
+    `schedule_gemm_cuda` (None: its defaults); on "cpu" `cpu_tile` (None: `default_cpu_tile()`).
     Returns a GemmPlan (`.explain()`); the schedule `s` is modified in place.
     """
     if target not in ("cuda", "cpu"):
         raise ValueError(f"schedule_gemm: target must be 'cuda' or 'cpu', got {target!r}")
-    _check_tiles(tuple(block), tuple(thread_tile), k_tile)
+    if target == "cuda":
+        from schedules.gemm_cuda import schedule_gemm_cuda
+
+        tiles = {k: v for k, v in (("block", block), ("thread_tile", thread_tile), ("k_tile", k_tile))
+                 if v is not None}
+        return schedule_gemm_cuda(s, stage, epilogue, shared=shared, **tiles, **cuda_opts)
+    if cuda_opts:
+        raise ValueError(f"schedule_gemm: {', '.join(sorted(cuda_opts))} only apply to target 'cuda'")
     if cpu_tile is not None and not (isinstance(cpu_tile, tuple) and len(cpu_tile) == 2 and all(
-            isinstance(x, int) and x >= 1 for x in cpu_tile)):
+            _pos_int(x) for x in cpu_tile)):
         raise ValueError(f"schedule_gemm: cpu_tile must be two positive ints, got {cpu_tile!r}")
     if stage is None:
         found = matmul_stage(s.program)
@@ -158,15 +163,16 @@ def schedule_gemm(s: Any, stage: str | Any = None, epilogue: Any = "auto", targe
     if not isinstance(stage, str):
         stage = stage.name
     upd = _update(s.program, stage)
-    stage = upd.name
-    eps = elementwise_consumers(s.program, stage) if epilogue == "auto" else [
-        e if isinstance(e, str) else e.name for e in ([epilogue] if isinstance(epilogue, str) else epilogue)]
-    plan = GemmPlan(stage, list(eps), target)
-    if target == "cuda":
-        _cuda(s, upd, eps, tuple(block), tuple(thread_tile), k_tile, shared, plan)
-    else:
-        _cpu(s, upd, eps, None if cpu_tile is None else tuple(cpu_tile), k_tile, plan)
+    eps = _epilogue_names(s.program, upd.name, epilogue)
+    plan = GemmPlan(upd.name, list(eps), target)
+    _cpu(s, upd, eps, cpu_tile, plan)
     return plan
+
+
+def _epilogue_names(program: Program, stage: str, epilogue: Any) -> list[str]:
+    if epilogue == "auto":
+        return elementwise_consumers(program, stage)
+    return [e if isinstance(e, str) else e.name for e in ([epilogue] if isinstance(epilogue, str) else epilogue)]
 
 
 def _operands(upd: Store) -> list[Buffer]:
@@ -175,51 +181,6 @@ def _operands(upd: Store) -> list[Buffer]:
         if isinstance(n, Load) and n.buffer not in out and n.buffer is not upd.buffer:
             out.append(n.buffer)
     return out
-
-
-def _cuda(s: Any, upd: Store, eps: list[str], block: tuple[int, int], tt: tuple[int, int], k_tile: int,
-          shared: bool, plan: GemmPlan) -> None:
-    name = upd.name
-    i, j, k = s.loops(name)[-3:]
-    nty, ntx = block[0] // tt[0], block[1] // tt[1]
-    bi, ir = s.split(i, block[0])
-    ii, ty = s.split(ir, nty)
-    bj, jr = s.split(j, block[1])
-    jj, tx = s.split(jr, ntx)
-    s.reorder(bi, bj, ty, tx, ii, jj)
-    plan.steps.append(f"split i by {block[0]} then {nty} threads, j by {block[1]} then {ntx}; "
-                      "reorder(bi, bj, ty, tx, ii, jj)")
-    s.bind(bi, "blockIdx.y").bind(bj, "blockIdx.x").bind(ty, "threadIdx.y").bind(tx, "threadIdx.x")
-    plan.steps.append("bind bi, bj to blockIdx.y/x and ty, tx to threadIdx.y/x")
-    s.cache_write(upd.buffer.name, "local", tx, epilogue=eps)
-    plan.steps.append(f"cache_write({upd.buffer.name}, 'local', tx, epilogue={eps}): {tt[0]}x{tt[1]} register tile")
-    ii, jj, k = s.loops(name)[-3:]
-    ko, ki = s.split(k, k_tile)
-    s.reorder(ko, ki, ii, jj)
-    plan.steps.append(f"split k by {k_tile}; reorder(ko, ki, ii, jj)")
-    if shared:
-        for b in _operands(upd):
-            try:
-                s.cache_read(b.name, "shared", ko)
-                plan.staged.append(b.name)
-                plan.steps.append(f"cache_read({b.name}, 'shared', ko)")
-            except (ValueError, TypeError, AttributeError) as e:  # staging is an optimisation: keep going
-                plan.skipped.append(f"cache_read({b.name}, 'shared', ko): {e}")
-    _unroll_tail(s, name, 3, plan)
-    init = [c.store.name for c in statements(s.program) if c.store.buffer.name == f"{upd.buffer.name}_local"
-            and c.store.name != name]
-    for st in init:
-        _unroll_tail(s, st, 2, plan)
-    for st in eps or [f"{upd.buffer.name}_copy"]:
-        if any(c.store.name == st for c in statements(s.program)):
-            _unroll_tail(s, st, 2, plan)
-
-
-def _unroll_tail(s: Any, stmt: str, n: int, plan: GemmPlan) -> None:
-    loops = s.loops(stmt)[-n:]
-    for lp in loops:
-        s.unroll(lp)
-    plan.steps.append(f"unroll the {n} innermost loops of {stmt}")
 
 
 def default_cpu_tile() -> tuple[int, int]:
@@ -236,7 +197,7 @@ def default_cpu_tile() -> tuple[int, int]:
     return (6, 4 * lanes) if regs == 32 else (6, 2 * lanes)
 
 
-def _cpu(s: Any, upd: Store, eps: list[str], tile: tuple[int, int] | None, k_tile: int, plan: GemmPlan) -> None:
+def _cpu(s: Any, upd: Store, eps: list[str], tile: tuple[int, int] | None, plan: GemmPlan) -> None:
     """for jo (parallel): for io: C_local[tile] = 0; for k: for ii (unroll): for ji (vectorize): C_local += A*B;
     then the copy-out / epilogue. B's column panel (n x tile[1]) stays in L2 while every row strip of A
     streams past it; the tile lives in vector registers (the code generator keeps `local` scratch that is
@@ -268,3 +229,59 @@ def _cpu(s: Any, upd: Store, eps: list[str], tile: tuple[int, int] | None, k_til
         s.unroll(a)
         s.vectorize(b)
     plan.steps.append(f"unroll + vectorize the tile loops of {', '.join(others)}")
+
+
+# ----------------------------------------------------------------------------- for the fusion planner
+
+
+def is_matmul_tensor(t: Any) -> bool:
+    """The te mirror of `matmul_stage`: t = sum over one reduce axis of (X * Y), X and Y reading tensors,
+    with a 2-d output (what lowers to a matmul-shaped update statement)."""
+    from loopir.te import ComputeOp, Reduce
+
+    op = getattr(t, "op", None)
+    if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce) or op.body.op != "sum":
+        return False
+    body = op.body.body
+    return (len(t.shape) == 2 and len(op.reduce_axis) == 1 and isinstance(body, Binary) and body.op == "mul"
+            and _loads(body.a) and _loads(body.b))
+
+
+GEMM_KEYS = {"cuda": ("block", "thread_tile", "k_tile", "shared", "strided", "unroll_k"), "cpu": ("cpu_tile",)}
+
+
+def gemm_params(target: str, gemm: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The tile parameters of the GEMM recipe for `target`: the recipe's defaults, overridden by `gemm`.
+    cuda: block, thread_tile, k_tile (and shared, strided, unroll_k) of `schedule_gemm_cuda`;
+    cpu: cpu_tile (default `default_cpu_tile()`). ValueError naming an unknown key or a bad size."""
+    import inspect
+
+    if target not in GEMM_KEYS:
+        raise ValueError(f"gemm_params: target must be 'cuda' or 'cpu', got {target!r}")
+    given = dict(gemm or {})
+    bad = [k for k in given if k not in GEMM_KEYS[target]]
+    if bad:
+        raise ValueError(f"auto_schedule: unknown gemm parameter {', '.join(map(repr, bad))} for target {target!r}; "
+                         f"expected some of {', '.join(GEMM_KEYS[target])}")
+    for k in ("block", "thread_tile", "cpu_tile"):
+        if isinstance(given.get(k), list):
+            given[k] = tuple(given[k])
+    if target == "cpu":
+        tile = given.get("cpu_tile") or default_cpu_tile()
+        if not (isinstance(tile, tuple) and len(tile) == 2 and all(_pos_int(x) for x in tile)):
+            raise ValueError(f"auto_schedule: gemm cpu_tile must be two positive ints, got {tile!r}")
+        return {"cpu_tile": tile}
+    from schedules.gemm_cuda import schedule_gemm_cuda
+
+    sig = inspect.signature(schedule_gemm_cuda).parameters
+    out = {k: given.get(k, sig[k].default) for k in GEMM_KEYS["cuda"]}
+    _check_tiles(out["block"], out["thread_tile"], out["k_tile"])
+    return out
+
+
+def gemm_resources(params: dict[str, Any], itemsize: int = 4) -> tuple[int, int, int]:
+    """(threads per block, bytes of one stage of the shared A and B tiles, accumulator registers per thread)
+    of the CUDA recipe with `params` (from `gemm_params`)."""
+    (b0, b1), (t0, t1), kt = params["block"], params["thread_tile"], params["k_tile"]
+    smem = (b0 * kt + kt * b1) * itemsize if params.get("shared", True) else 0
+    return (b0 // t0) * (b1 // t1), smem, t0 * t1

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from loopir.visit import statements
-from schedules.gemm import GemmPlan, _check_tiles, _operands, _update, elementwise_consumers, matmul_stage
+from schedules.gemm import GemmPlan, _check_tiles, _epilogue_names, _operands, _update, matmul_stage
 
 import schedules.primitives.cache  # noqa: F401  (registers Schedule.cache_read)
 import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache_write)
@@ -52,7 +52,8 @@ def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", 
     the k_tile loop to the compiler (fewer registers; slower as measured on an H200).
     Returns a GemmPlan (`.explain()`); `s` is modified in place. ValueError on bad tile sizes.
     """
-    block, thread_tile = tuple(block), tuple(thread_tile)
+    block = tuple(block) if isinstance(block, (list, tuple)) else block  # type: ignore[assignment]
+    thread_tile = tuple(thread_tile) if isinstance(thread_tile, (list, tuple)) else thread_tile  # type: ignore[assignment]
     _check_tiles(block, thread_tile, k_tile)  # type: ignore[arg-type]
     if stage is None:
         found = matmul_stage(s.program)
@@ -62,8 +63,7 @@ def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", 
     if not isinstance(stage, str):
         stage = stage.name
     upd = _update(s.program, stage)
-    eps = elementwise_consumers(s.program, upd.name) if epilogue == "auto" else [
-        e if isinstance(e, str) else e.name for e in ([epilogue] if isinstance(epilogue, str) else epilogue)]
+    eps = _epilogue_names(s.program, upd.name, epilogue)
     plan = GemmPlan(upd.name, list(eps), "cuda")
     name = upd.name
     i, j, k = s.loops(name)[-3:]

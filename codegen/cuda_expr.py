@@ -1,0 +1,290 @@
+"""Scalar expressions and indices of the CUDA generator: dtype -> C type maps, C names, host-side evaluation of
+launch sizes, affine (polynomial) forms of index expressions, the choice of 32-bit index arithmetic, and the
+rendering of loopir expressions as C text (`_ExprEmitter`, a part of `codegen.cuda._KernelGen`).
+
+Index arithmetic is 64-bit (`long long`) unless `_fits_int32` proves every index of the kernel fits 32 bits.
+`//` and `%` follow Python (floor), through the prelude's `loopir_floordiv` / `loopir_mod`. float16 values
+are computed in float: loads go through `loopir_h2f`, casts to float16 round through `loopir_round_half`."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from loopir import nodes as N
+from loopir.dtypes import is_int
+from loopir.visit import substitute, walk
+
+
+class CudaCodegenError(ValueError):
+    """A program that cannot be mapped to CUDA kernels as scheduled."""
+
+
+class UnboundLoopError(CudaCodegenError):
+    """A top-level nest with loops but no loop bound to a GPU axis."""
+
+
+_CTYPE = {"float16": "float", "float32": "float", "float64": "double", "int32": "int", "int64": "long long",
+          "bool": "bool"}
+_STORAGE = {**_CTYPE, "float16": "unsigned short"}
+_NPTYPE = {"float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+_AXES = ("x", "y", "z")
+_C_KEYWORDS = frozenset(
+    "auto bool break case char const continue default do double else enum extern float for goto if inline int "
+    "long register return short signed sizeof static struct switch typedef union unsigned void volatile while "
+    "class new delete this template typename namespace operator private public protected virtual friend "
+    "true false nullptr half float4 dim3 threadIdx blockIdx blockDim gridDim warpSize".split())
+
+
+# ----------------------------------------------------------------------------- index evaluation
+
+
+def eval_index(e: N.Expr, env: dict[N.Var, int]) -> int:
+    """Evaluate an integer expression of size parameters (Python floor semantics)."""
+    if isinstance(e, N.Const):
+        return int(e.value)
+    if isinstance(e, N.Var):
+        if e not in env:
+            raise CudaCodegenError(f"launch size uses {e.name!r}, which no argument's shape determines")
+        return int(env[e])
+    if isinstance(e, N.Unary) and e.op == "neg":
+        return -eval_index(e.a, env)
+    if isinstance(e, N.Cast):
+        return int(eval_index(e.a, env))
+    if isinstance(e, N.Binary):
+        a, b = eval_index(e.a, env), eval_index(e.b, env)
+        ops = {"add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b, "floordiv": lambda: a // b,
+               "mod": lambda: a % b, "max": lambda: max(a, b), "min": lambda: min(a, b)}
+        if e.op in ops:
+            return ops[e.op]()
+    raise CudaCodegenError(f"cannot evaluate launch expression {e} on the host")
+
+
+# ----------------------------------------------------------------------------- affine forms
+
+
+def _poly(e: N.Expr) -> dict[tuple, int] | None:
+    """e as a polynomial: {sorted tuple of var ids (monomial): integer coefficient}; None if not one."""
+    if isinstance(e, N.Const) and is_int(e.dtype):
+        return {(): int(e.value)} if e.value else {}
+    if isinstance(e, N.Var):
+        return {(id(e),): 1}
+    if isinstance(e, N.Cast) and is_int(e.dtype) and is_int(e.a.dtype):
+        return _poly(e.a)
+    if isinstance(e, N.Unary) and e.op == "neg":
+        p = _poly(e.a)
+        return None if p is None else {k: -c for k, c in p.items()}
+    if isinstance(e, N.Binary) and e.op in ("add", "sub", "mul"):
+        pa, pb = _poly(e.a), _poly(e.b)
+        if pa is None or pb is None:
+            return None
+        out: dict[tuple, int] = {}
+        if e.op == "mul":
+            for ka, ca in pa.items():
+                for kb, cb in pb.items():
+                    k = tuple(sorted(ka + kb))
+                    out[k] = out.get(k, 0) + ca * cb
+        else:
+            sign = 1 if e.op == "add" else -1
+            out = dict(pa)
+            for k, c in pb.items():
+                out[k] = out.get(k, 0) + sign * c
+        return {k: c for k, c in out.items() if c}
+    return None
+
+
+# ----------------------------------------------------------------------------- C names, nest queries
+
+
+def _sanitize(name: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9_]", "_", name) or "v"
+    if s[0].isdigit():
+        s = "v" + s
+    if s in _C_KEYWORDS or s.startswith("loopir_") or s.startswith("__"):
+        s = s + "_"
+    return s
+
+
+@dataclass
+class _Names:
+    used: set[str] = field(default_factory=set)
+    of: dict[int, str] = field(default_factory=dict)
+
+    def fresh(self, base: str) -> str:
+        base = _sanitize(base)
+        name, k = base, 1
+        while name in self.used:
+            name = f"{base}_{k}"
+            k += 1
+        self.used.add(name)
+        return name
+
+    def get(self, obj: object, base: str) -> str:
+        if id(obj) not in self.of:
+            self.of[id(obj)] = self.fresh(base)
+        return self.of[id(obj)]
+
+
+def _body_list(s: N.Stmt) -> list[N.Stmt]:
+    return list(s.body) if isinstance(s, N.Seq) else [s]
+
+
+def _loops(s: N.Stmt) -> list[N.For]:
+    return [n for n in walk(s) if isinstance(n, N.For)]
+
+
+def _stmt_names(s: N.Stmt) -> list[str]:
+    return [n.name for n in walk(s) if isinstance(n, N.Store)]
+
+
+def _is_const(e: N.Expr) -> bool:
+    return isinstance(e, N.Const)
+
+
+
+def _subst_coords(st: N.Store) -> dict[N.Var, N.Expr]:
+    return {it: c for it, c in zip(st.iters, st.coords) if c is not it}
+
+
+_INT32_SLACK = 2048  # a guarded access may run a tile past a dimension's end before its guard is tested
+
+
+def _fits_int32(nest: N.Stmt) -> bool:
+    """Every buffer of the nest has a constant shape whose padded element count, prod(d + _INT32_SLACK),
+    stays below 2**31: then every index the kernel computes (flat offsets of guarded, possibly out-of-range
+    tile elements included) fits a 32-bit int, and index arithmetic may be `int` (fewer registers)."""
+    seen: dict[int, N.Buffer] = {}
+    for n in walk(nest):
+        b = getattr(n, "buffer", None)
+        if isinstance(b, N.Buffer):
+            seen[id(b)] = b
+    for b in seen.values():
+        if not all(isinstance(d, N.Const) for d in b.shape):
+            return False
+        if math.prod(int(d.value) + _INT32_SLACK for d in b.shape) >= 2**31:  # type: ignore[attr-defined]
+            return False
+    for f in _loops(nest):  # constant loop bounds too (bounds in enclosing loops follow the tiles of the buffers)
+        if any(isinstance(e, N.Const) and abs(int(e.value)) >= 2**30 for e in (f.lo, f.hi)):
+            return False
+    return True
+
+
+class _ExprEmitter:
+    """Line output, C names and expression rendering of `_KernelGen` (codegen/cuda.py), whose `__init__` sets
+    the state used here: names, lines, ind, ix, forward, vec_lanes, cur_sub, pre, uses_half."""
+
+    # ---------------------------------------------------------------- emission helpers
+    def line(self, text: str) -> None:
+        self.lines.append("  " * self.ind + text)
+
+    def var(self, v: N.Var) -> str:
+        return self.names.get(v, v.name)
+
+    def buf(self, b: N.Buffer) -> str:
+        return self.names.get(b, b.name)
+
+    def flat(self, b: N.Buffer, idx: tuple[N.Expr, ...]) -> N.Expr:
+        if not idx:
+            return N.const(0)
+        e = idx[0]
+        for s, i in zip(b.shape[1:], idx[1:]):
+            e = N.binary("add", N.binary("mul", e, s), i)
+        return e
+
+    # ---------------------------------------------------------------- expressions
+    def expr(self, e: N.Expr) -> str:
+        if isinstance(e, N.Const):
+            return self.const(e)
+        if isinstance(e, N.Var):
+            return self.var(e)
+        if isinstance(e, N.Load):
+            if e in self.vec_lanes:
+                return self.vec_lanes[e]
+            flat = self.flat(e.buffer, e.indices)
+            key = (id(e.buffer), substitute(flat, self.cur_sub))
+            for scope in reversed(self.forward):
+                if key in scope:
+                    return scope[key]
+            ref = f"{self.buf(e.buffer)}[{self.expr(flat)}]"
+            if e.buffer.dtype == "float16":
+                self.uses_half = True
+                return f"loopir_h2f({ref})"
+            return ref
+        if isinstance(e, N.Binary):
+            a, b = self.expr(e.a), self.expr(e.b)
+            if e.op in ("add", "sub", "mul", "div"):
+                return f"({a} {dict(add='+', sub='-', mul='*', div='/')[e.op]} {b})"
+            return f"loopir_{e.op}({a}, {b})"
+        if isinstance(e, N.Unary):
+            return f"(-{self.expr(e.a)})"
+        if isinstance(e, N.Call):
+            if e in self.pre:
+                return self.pre[e]
+            return self.call(e)
+        if isinstance(e, N.Compare):
+            op = dict(lt="<", le="<=", gt=">", ge=">=", eq="==", ne="!=")[e.op]
+            return f"({self.expr(e.a)} {op} {self.expr(e.b)})"
+        if isinstance(e, N.Logical):
+            if e.op == "not":
+                return f"(!{self.expr(e.a)})"
+            return f"({self.expr(e.a)} {'&&' if e.op == 'and' else '||'} {self.expr(e.b)})"  # type: ignore[arg-type]
+        if isinstance(e, N.Select):
+            return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
+        if isinstance(e, N.Cast):
+            inner = self.expr(e.a)
+            if e.dtype == "float16":
+                self.uses_half = True
+                return f"loopir_round_half((float)({inner}))"
+            if e.dtype == "bool":
+                return f"({inner} != 0)"
+            return f"(({_CTYPE[e.dtype]})({inner}))"
+        raise CudaCodegenError(f"cannot emit expression {e!r} in CUDA")
+
+    def const(self, c: N.Const) -> str:
+        if c.dtype == "bool":
+            return "true" if c.value else "false"
+        if c.dtype == "int64":
+            return str(int(c.value)) if self.ix == "int" and abs(int(c.value)) < 2**31 else f"{int(c.value)}LL"
+        if c.dtype == "int32":
+            return str(int(c.value))
+        f = float(c.value)
+        single = _CTYPE[c.dtype] == "float"
+        if math.isnan(f):
+            return "__int_as_float(0x7fc00000)" if single else "__longlong_as_double(0x7ff8000000000000LL)"
+        if math.isinf(f):
+            inf = "LOOPIR_INF_F" if single else "LOOPIR_INF_D"
+            return inf if f > 0 else f"(-{inf})"
+        text = repr(f)
+        if "e" not in text and "." not in text:
+            text += ".0"
+        return text + ("f" if single else "")
+
+    def call(self, e: N.Call) -> str:
+        args = [self.expr(a) for a in e.args]
+        single = _CTYPE[e.dtype] == "float"
+        x = args[0]
+        if e.fn == "abs":
+            if is_int(e.dtype):
+                return f"llabs({x})" if e.dtype == "int64" else f"abs({x})"
+            return f"fabsf({x})" if single else f"fabs({x})"
+        if e.fn == "sigmoid":
+            return f"(1.0f / (1.0f + expf(-({x}))))" if single else f"(1.0 / (1.0 + exp(-({x}))))"
+        fn = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin", "cos": "cos",
+              "tanh": "tanh", "erf": "erf"}[e.fn]
+        return f"{fn}f({x})" if single else f"{fn}({x})"
+
+    def sincos(self, value: N.Expr) -> None:
+        """sin(a) and cos(a) of the same argument: one sincosf call shares the range reduction."""
+        calls = {}
+        for n in walk(value):
+            if isinstance(n, N.Call) and n.fn in ("sin", "cos"):
+                calls.setdefault(n.args[0], {})[n.fn] = n
+        for arg, fns in calls.items():
+            if len(fns) == 2:
+                single = _CTYPE[fns["sin"].dtype] == "float"
+                ct = "float" if single else "double"
+                sn, cn = self.names.fresh("sin_v"), self.names.fresh("cos_v")
+                self.line(f"{ct} {sn}, {cn};")
+                self.line(f"{'sincosf' if single else 'sincos'}({self.expr(arg)}, &{sn}, &{cn});")
+                self.pre[fns["sin"]], self.pre[fns["cos"]] = sn, cn

@@ -1,0 +1,163 @@
+"""Cross-thread reductions of the CUDA generator (`_ReductionEmitter`, a part of `codegen.cuda._KernelGen`).
+
+Pattern: a loop T bound to `threadIdx.x`, containing a Store `C[idx] = C[idx] op e` (op in add, max,
+min, mul; operands in either order) whose index, written in the loops around it, does NOT use T's
+variable or any loop inside T. Such a statement is computed as:
+
+    acc = identity(op)                       // one register per reduction statement
+    if (t < hi) { ...loops inside T...  acc = acc op e; }   // each thread's strided share
+    acc = loopir_block_allreduce(acc)        // warp shuffles, then shared memory across warps
+    if (threadIdx.x == 0) C[idx] = C[idx] op acc;
+    __syncthreads();                         // when more statements of the block follow
+
+Every thread ends with the total (all-reduce), so later loads of exactly `C[idx]` in the same
+block read the register instead of memory (forwarding); when the init `C[idx] = identity` was
+emitted just before in the same scope (nothing stored to C since), the share starts from that
+constant instead of reading C[idx] back from global memory. Preconditions, refused otherwise: T is
+not inside another thread-bound loop nor under a condition that uses a thread index (every thread
+of the block must reach the shuffles); a T-invariant store inside T that is not of this form is
+refused. The block's x extent is rounded up to a multiple of 32 so that warps are full.
+"""
+
+from __future__ import annotations
+
+from loopir import nodes as N
+from loopir.dtypes import is_int
+from loopir.visit import free_vars, substitute, walk
+
+from .cuda_expr import _CTYPE, CudaCodegenError, _loops, _subst_coords
+
+_RED_OPS = ("add", "mul", "max", "min")
+
+
+def _reduction_parts(st: N.Store) -> tuple[str, N.Expr] | None:
+    """(op, e) when st is `C[idx] = C[idx] op e` (either operand order), else None."""
+    v = st.value
+    if not isinstance(v, N.Binary) or v.op not in _RED_OPS:
+        return None
+    self_load = N.Load(st.buffer, st.indices)
+    if v.a == self_load:
+        return v.op, v.b
+    if v.b == self_load:
+        return v.op, v.a
+    return None
+
+
+def _identity(op: str, dtype: str) -> str:
+    if op == "add":
+        return "0" if is_int(dtype) else ("0.0f" if _CTYPE[dtype] == "float" else "0.0")
+    if op == "mul":
+        return "1" if is_int(dtype) else ("1.0f" if _CTYPE[dtype] == "float" else "1.0")
+    neg = op == "max"
+    if dtype == "int32":
+        return "(-2147483647 - 1)" if neg else "2147483647"
+    if dtype == "int64":
+        return "(-9223372036854775807LL - 1)" if neg else "9223372036854775807LL"
+    inf = "LOOPIR_INF_F" if _CTYPE[dtype] == "float" else "LOOPIR_INF_D"
+    return f"(-{inf})" if neg else inf
+
+
+
+class _ReductionEmitter:
+    """Finds and emits cross-thread reductions; uses `_KernelGen`'s state (nest, names, forward, init_consts,
+    red_targets, red_smem) and its statement emission (bound_loop, stmt)."""
+
+    def _reductions_in(self, f: N.For) -> list[N.Store]:
+        """Stores inside f whose index does not use f's var nor loops inside f."""
+        inner = {x.var for x in _loops(f)}
+        out = []
+        for n in walk(f.body):
+            if isinstance(n, N.Store):
+                idx = tuple(substitute(i, _subst_coords(n)) for i in n.indices)
+                used = set().union(*(free_vars(i) for i in idx)) if idx else set()
+                if not (used & inner):
+                    out.append(n)
+        return out
+
+    def _is_reduction_loop(self, f: N.For) -> bool:
+        return f.kind == "thread" and f.thread == "threadIdx.x" and bool(self._reductions_in(f))
+
+    @staticmethod
+    def red_combine(op: str, a: str, b: str) -> str:
+        if op in ("add", "mul"):
+            return f"{a} {'+' if op == 'add' else '*'} {b}"
+        return f"loopir_{op}({a}, {b})"
+
+    # ---------------------------------------------------------------- cross-thread reduction
+    def reduction_loop(self, f: N.For, last: bool) -> None:
+        reds = self._reductions_in(f)
+        for st in reds:
+            if _reduction_parts(st) is None:
+                raise CudaCodegenError(
+                    f"statement {st.name!r} inside loop {f.var.name!r} (bound to threadIdx.x) writes the same "
+                    f"element of {st.buffer.name!r} from every thread, and is not a reduction C = C op e "
+                    f"(op in {', '.join(_RED_OPS)})")
+        self.uses_reduce = True
+        accs: dict[int, str] = {}
+        for st in reds:
+            op, _ = _reduction_parts(st)  # type: ignore[misc]
+            ct = _CTYPE[st.buffer.dtype]
+            acc = self.names.fresh(f"{st.name}_acc")
+            accs[id(st)] = acc
+            self.line(f"{ct} {acc} = {_identity(op, st.buffer.dtype)};  // {st.name}: this thread's share")
+        saved = self.red_targets
+        self.red_targets = {**saved, **accs}
+        self.bound_loop(f, lambda: self.stmt(f.body, last))
+        self.red_targets = saved
+        for st in reds:
+            op, _ = _reduction_parts(st)  # type: ignore[misc]
+            ct = _CTYPE[st.buffer.dtype]
+            acc = accs[id(st)]
+            smem = self.red_smem.setdefault(ct, self.names.fresh(f"loopir_red_{ct.replace(' ', '_')}"))
+            idx = tuple(substitute(i, _subst_coords(st)) for i in st.indices)
+            flat = self.flat(st.buffer, idx)
+            ref = f"{self.buf(st.buffer)}[{self.expr(flat)}]"
+            # read the current value BEFORE the barriers of the all-reduce: thread 0 overwrites it after them
+            cur = self.names.fresh(f"{st.name}_before")
+            init = self.init_consts.get((id(st.buffer), flat))
+            if init is not None and init[0] is self.forward[-1]:  # written in this scope, nothing since
+                self.line(f"const {ct} {cur} = {init[1]};  // {st.buffer.name}[...] as initialized above")
+            else:
+                self.line(f"const {ct} {cur} = {f'loopir_h2f({ref})' if st.buffer.dtype == 'float16' else ref};")
+            self.line(f"{acc} = loopir_block_allreduce({acc}, loopir_op_{op}(), "
+                      f"({ct}){_identity(op, st.buffer.dtype)}, {smem});  // {st.name}: across threads")
+            total = self.names.fresh(f"{st.name}_total")
+            self.line(f"const {ct} {total} = {self.red_combine(op, cur, acc)};")
+            val = f"loopir_f2h({total})" if st.buffer.dtype == "float16" else total
+            self.line(f"if (threadIdx.x == 0) {ref} = {val};")
+            self._invalidate(st.buffer)
+            self.forward[-1][(id(st.buffer), flat)] = total
+        if not last:
+            self.line("__syncthreads();  // the reduced values are visible to the whole block")
+        return None
+
+    def _check_uniform_context(self, f: N.For, path: list[N.Stmt]) -> None:
+        for p in path:
+            if isinstance(p, N.For) and p.kind == "thread" and p.thread.startswith("threadIdx"):
+                raise CudaCodegenError(
+                    f"loop {f.var.name!r} is a cross-thread reduction bound to threadIdx.x inside loop "
+                    f"{p.var.name!r} bound to {p.thread}; every thread of the block must reach the reduction")
+            if isinstance(p, N.If):
+                tv = {x.var for x in _loops(self.nest) if x.kind == "thread" and x.thread.startswith("threadIdx")}
+                if free_vars(p.cond) & tv:
+                    raise CudaCodegenError(
+                        f"loop {f.var.name!r} is a cross-thread reduction under condition {p.cond}, which depends "
+                        "on a thread index; every thread of the block must reach the reduction")
+
+    def check_reductions(self) -> None:
+        def go(s: N.Stmt, path: list[N.Stmt]) -> None:
+            if isinstance(s, N.For):
+                if self._is_reduction_loop(s):
+                    self._check_uniform_context(s, path)
+                go(s.body, path + [s])
+            elif isinstance(s, N.Seq):
+                for c in s.body:
+                    go(c, path)
+            elif isinstance(s, N.If):
+                go(s.then, path + [s])
+                if s.orelse is not None:
+                    go(s.orelse, path + [s])
+            elif isinstance(s, N.Allocate):
+                go(s.body, path)
+
+        go(self.nest, [])

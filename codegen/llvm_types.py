@@ -1,0 +1,48 @@
+"""The LLVM types and constant literals of loopir dtypes, shared by the CPU code generator's modules.
+
+float16 is stored as `half` but computed as `float` (VALUE_T vs STORE_T); bool is stored as a byte.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from loopir.nodes import Const
+
+VALUE_T = {"float16": "float", "float32": "float", "float64": "double",
+           "int32": "i32", "int64": "i64", "bool": "i1"}
+STORE_T = {"float16": "half", "float32": "float", "float64": "double",
+           "int32": "i32", "int64": "i64", "bool": "i8"}
+ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+FLT = {"float16", "float32", "float64"}
+INTS = {"int32", "int64"}
+
+
+class CodegenError(ValueError):
+    """The program cannot be compiled for the CPU (names the offending thing)."""
+
+
+
+# ----------------------------------------------------------------------------- constants
+
+
+def fconst(value: float, dtype: str) -> str:
+    if dtype == "float16":
+        value = float(np.float16(value))
+    elif dtype == "float32":
+        value = float(np.float32(value))
+    return f"0x{struct.unpack('<Q', struct.pack('<d', float(value)))[0]:016X}"
+
+
+def const_text(c: Const) -> str:
+    if c.dtype in FLT:
+        return fconst(c.value, c.dtype)
+    if c.dtype == "bool":
+        return "true" if c.value else "false"
+    v = int(c.value)
+    if c.dtype == "int32":
+        v = (v + 2**31) % 2**32 - 2**31
+    return str(v)
+
