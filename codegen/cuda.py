@@ -144,8 +144,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.has_threads = False
         self.ix = "long long"  # the C type of index arithmetic: "int" when every size provably fits
         self.uses_async = False
-
-        self.pipeline_copies = PIPELINE_SHARED_COPIES  # read at generation: callers set codegen.cuda's
+        self.pipeline_copies = PIPELINE_SHARED_COPIES  # read per kernel: setting codegen.cuda.X works
 
     # ---------------------------------------------------------------- analysis
     def analyse(self) -> LaunchPlan:

@@ -76,6 +76,25 @@ def test_bad_tiles():
         _sched(16, 16, 16, "tpu")
 
 
+@pytest.mark.parametrize("tiles", [{}, {"block": (32, 32), "thread_tile": (4, 4), "k_tile": 4, "strided": True}])
+def test_cuda_is_the_one_recipe_of_schedule_gemm_cuda(tiles):
+    from schedules.gemm_cuda import schedule_gemm_cuda
+
+    wl, s, plan = _sched(257, 129, 65, "cuda", **tiles)
+    s2 = Schedule(lower(list(wl.outputs), list(wl.inputs) + list(wl.outputs)))
+    plan2 = schedule_gemm_cuda(s2, **tiles)
+    assert str(s.program) == str(s2.program) and plan.steps == plan2.steps and plan.staged == ["A", "B"]
+    if not tiles:  # the measured-best defaults: block 64 x 128, k_tile 16
+        assert "split i by 64, j by 128" in plan.explain() and "split k by 16" in plan.explain()
+
+
+def test_cuda_options_refused_on_cpu_and_bad_cpu_tile():
+    with pytest.raises(ValueError, match="strided"):
+        _sched(16, 16, 16, "cpu", strided=True)
+    with pytest.raises(ValueError, match="cpu_tile"):
+        _sched(16, 16, 16, "cpu", cpu_tile=(0, 8))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(257, 129, 65), (1000, 1000, 1000)])
 def test_gpu_numerics_non_dividing(shape):
