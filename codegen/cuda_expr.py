@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from loopir import nodes as N
+from loopir.args import eval_expr
 from loopir.dtypes import is_int
 from loopir.visit import substitute, walk
 
@@ -41,24 +42,11 @@ _C_KEYWORDS = frozenset(
 
 
 def eval_index(e: N.Expr, env: dict[N.Var, int]) -> int:
-    """Evaluate an integer expression of size parameters (Python floor semantics)."""
-    if isinstance(e, N.Const):
-        return int(e.value)
-    if isinstance(e, N.Var):
-        if e not in env:
-            raise CudaCodegenError(f"launch size uses {e.name!r}, which no argument's shape determines")
-        return int(env[e])
-    if isinstance(e, N.Unary) and e.op == "neg":
-        return -eval_index(e.a, env)
-    if isinstance(e, N.Cast):
-        return int(eval_index(e.a, env))
-    if isinstance(e, N.Binary):
-        a, b = eval_index(e.a, env), eval_index(e.b, env)
-        ops = {"add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b, "floordiv": lambda: a // b,
-               "mod": lambda: a % b, "max": lambda: max(a, b), "min": lambda: min(a, b)}
-        if e.op in ops:
-            return ops[e.op]()
-    raise CudaCodegenError(f"cannot evaluate launch expression {e} on the host")
+    """Evaluate an integer launch expression of size parameters (Python floor semantics)."""
+    try:
+        return int(eval_expr(e, env))
+    except (ValueError, TypeError, ZeroDivisionError) as err:
+        raise CudaCodegenError(f"cannot evaluate launch expression {e} on the host: {err}") from err
 
 
 # ----------------------------------------------------------------------------- affine forms
