@@ -23,7 +23,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
-EXAMPLES = ["sincos", "gelu", "horizontal", "softmax", "layernorm", "quickstart"]
+EXAMPLES = ["sincos", "gelu", "horizontal", "softmax", "layernorm", "quickstart", "matmul_bias_relu"]
 
 
 def small_suite() -> int:
