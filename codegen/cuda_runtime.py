@@ -364,6 +364,8 @@ class CudaModule(Module):
         return float(statistics.median(times))
 
     def __del__(self) -> None:
+        if not any(getattr(self, a, None) for a in ("_loaded", "_host_bufs", "_temps")):
+            return  # never touched a device: don't import the driver just to free nothing (~75 ms)
         try:
             cu = _driver()
             for ptr in list(self._host_bufs.values()) + [x for v in self._temps.values() for x in v]:
