@@ -122,30 +122,37 @@ def fresh_name(program: Program, base: str, taken: set[str] | None = None) -> st
     return f"{base}{k}"
 
 
-def loop_path(program: Program, var: Var) -> list[Stmt] | None:
-    """The chain of statements from the body root down to the For of `var` (inclusive), or None."""
+Path = tuple[tuple[Stmt, int], ...]  # (ancestor, child index in it; -1 for a single body)
 
-    def go(s: Stmt, path: list[Stmt]) -> list[Stmt] | None:
-        path = path + [s]
-        if isinstance(s, For):
-            if s.var is var:
-                return path
-            return go(s.body, path)
+
+def find_path(body: Stmt, match: Callable[[Stmt], bool]) -> tuple[Stmt, Path] | None:
+    """The first statement (pre-order) for which `match` holds, with the path of (ancestor, child
+    index) down to it; the child index is -1 for the body of a For or Allocate."""
+
+    def go(s: Stmt, path: Path) -> tuple[Stmt, Path] | None:
+        if match(s):
+            return s, path
         if isinstance(s, Seq):
-            for c in s.body:
-                r = go(c, path)
+            for k, c in enumerate(s.body):
+                r = go(c, path + ((s, k),))
                 if r is not None:
                     return r
         elif isinstance(s, If):
-            r = go(s.then, path)
+            r = go(s.then, path + ((s, 0),))
             if r is None and s.orelse is not None:
-                r = go(s.orelse, path)
+                r = go(s.orelse, path + ((s, 1),))
             return r
-        elif isinstance(s, Allocate):
-            return go(s.body, path)
+        elif isinstance(s, (For, Allocate)):
+            return go(s.body, path + ((s, -1),))
         return None
 
-    return go(program.body, [])
+    return go(body, ())
+
+
+def loop_path(program: Program, var: Var) -> list[Stmt] | None:
+    """The chain of statements from the body root down to the For of `var` (inclusive), or None."""
+    found = find_path(program.body, lambda s: isinstance(s, For) and s.var is var)
+    return None if found is None else [a for a, _ in found[1]] + [found[0]]
 
 
 def find_loop(program: Program, var: Var) -> For:

@@ -26,7 +26,7 @@ from loopir.nodes import Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt,
 from loopir.visit import StmtContext, Transformer, buffers_of, seq, statements, substitute, walk
 
 from . import fresh_name
-from .loop_fusion import affine, find_loop, replace_at, same_value, simplify
+from .loop_fusion import affine, find_loop, find_path, replace_at, same_value, simplify
 
 # ----------------------------------------------------------------------------- producer lookup
 
@@ -176,25 +176,8 @@ def compute_inline(program: Program, producer: Any) -> tuple[Program, InlinePlan
 
 def _find_node(body: Stmt, node: Stmt) -> tuple | None:
     """The path (ancestor, child index) from `body` down to `node` (by identity)."""
-
-    def go(s: Stmt, path: tuple) -> tuple | None:
-        if s is node:
-            return path
-        if isinstance(s, Seq):
-            for k, c in enumerate(s.body):
-                r = go(c, path + ((s, k),))
-                if r is not None:
-                    return r
-        elif isinstance(s, If):
-            r = go(s.then, path + ((s, 0),))
-            if r is None and s.orelse is not None:
-                r = go(s.orelse, path + ((s, 1),))
-            return r
-        elif hasattr(s, "body") and isinstance(s.body, Stmt):
-            return go(s.body, path + ((s, -1),))
-        return None
-
-    return go(body, ())
+    found = find_path(body, lambda s: s is node)
+    return None if found is None else found[1]
 
 
 # ----------------------------------------------------------------------------- compute_at

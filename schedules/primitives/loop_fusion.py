@@ -18,9 +18,10 @@ from typing import Any
 from loopir.nodes import Allocate, Expr, For, If, Program, Seq, Stmt, Store, Var
 from loopir.visit import Transformer, seq, substitute
 
+from . import Path, find_path
+
 # ----------------------------------------------------------------------------- tree helpers
 
-Path = tuple[tuple[Stmt, int], ...]  # (ancestor, child index in it; -1 for a single body)
 
 
 def affine(e: Expr) -> dict[Any, int] | None:
@@ -97,27 +98,7 @@ def simplify(e: Expr) -> Expr:
 
 def find_loop(body: Stmt, var: Var) -> tuple[For, Path] | None:
     """The For whose variable is `var`, with the path of (ancestor, child index) down to it."""
-
-    def go(s: Stmt, path: Path) -> tuple[For, Path] | None:
-        if isinstance(s, For):
-            if s.var is var:
-                return s, path
-            return go(s.body, path + ((s, -1),))
-        if isinstance(s, Seq):
-            for k, c in enumerate(s.body):
-                r = go(c, path + ((s, k),))
-                if r is not None:
-                    return r
-        elif isinstance(s, If):
-            r = go(s.then, path + ((s, 0),))
-            if r is None and s.orelse is not None:
-                r = go(s.orelse, path + ((s, 1),))
-            return r
-        elif isinstance(s, Allocate):
-            return go(s.body, path + ((s, -1),))
-        return None
-
-    return go(body, ())
+    return find_path(body, lambda s: isinstance(s, For) and s.var is var)  # type: ignore[return-value]
 
 
 def replace_at(path: Path, new: Stmt | None) -> Stmt | None:
