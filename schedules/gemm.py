@@ -155,18 +155,24 @@ def schedule_gemm(s: Any, stage: str | Any = None, epilogue: Any = "auto", targe
     if cpu_tile is not None and not (isinstance(cpu_tile, tuple) and len(cpu_tile) == 2 and all(
             _pos_int(x) for x in cpu_tile)):
         raise ValueError(f"schedule_gemm: cpu_tile must be two positive ints, got {cpu_tile!r}")
-    if stage is None:
-        found = matmul_stage(s.program)
-        if len(found) != 1:
-            raise ValueError(f"schedule_gemm: expected one matmul-shaped reduction, found {found or 'none'}")
-        stage = found[0]
-    if not isinstance(stage, str):
-        stage = stage.name
-    upd = _update(s.program, stage)
-    eps = _epilogue_names(s.program, upd.name, epilogue)
+    upd, eps = resolve_stage(s.program, stage, epilogue, "schedule_gemm")
     plan = GemmPlan(upd.name, list(eps), target)
     _cpu(s, upd, eps, cpu_tile, plan)
     return plan
+
+
+def resolve_stage(program: Program, stage: Any, epilogue: Any, who: str) -> tuple[Store, list[str]]:
+    """The matmul's update statement (`stage`: a name, a tensor, or None for the only matmul-shaped
+    reduction) and the names of its epilogue stages; ValueError naming `who` otherwise."""
+    if stage is None:
+        found = matmul_stage(program)
+        if len(found) != 1:
+            raise ValueError(f"{who}: expected one matmul-shaped reduction, found {found or 'none'}")
+        stage = found[0]
+    if not isinstance(stage, str):
+        stage = stage.name
+    upd = _update(program, stage)
+    return upd, _epilogue_names(program, upd.name, epilogue)
 
 
 def _epilogue_names(program: Program, stage: str, epilogue: Any) -> list[str]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from loopir.visit import statements
-from schedules.gemm import GemmPlan, _check_tiles, _epilogue_names, _operands, _update, matmul_stage
+from schedules.gemm import GemmPlan, _check_tiles, _operands, resolve_stage
 
 import schedules.primitives.cache  # noqa: F401  (registers Schedule.cache_read)
 import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache_write)
@@ -55,15 +55,7 @@ def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", 
     block = tuple(block) if isinstance(block, (list, tuple)) else block  # type: ignore[assignment]
     thread_tile = tuple(thread_tile) if isinstance(thread_tile, (list, tuple)) else thread_tile  # type: ignore[assignment]
     _check_tiles(block, thread_tile, k_tile)  # type: ignore[arg-type]
-    if stage is None:
-        found = matmul_stage(s.program)
-        if len(found) != 1:
-            raise ValueError(f"schedule_gemm_cuda: expected one matmul-shaped reduction, found {found or 'none'}")
-        stage = found[0]
-    if not isinstance(stage, str):
-        stage = stage.name
-    upd = _update(s.program, stage)
-    eps = _epilogue_names(s.program, upd.name, epilogue)
+    upd, eps = resolve_stage(s.program, stage, epilogue, "schedule_gemm_cuda")
     plan = GemmPlan(upd.name, list(eps), "cuda")
     name = upd.name
     i, j, k = s.loops(name)[-3:]
