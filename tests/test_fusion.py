@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 
 import numpy as np
@@ -13,9 +12,6 @@ from schedules import cost as C
 from schedules.fusion import plan_fusion
 
 # ----------------------------------------------------------------------------- the five workloads as stage chains
-
-GELU_C = math.sqrt(2.0 / math.pi)
-
 
 def sincos_chain(n=None):
     """sin(x)^2 + cos(x)^2 as five stages (the unfused baseline runs five kernels)."""
@@ -35,20 +31,8 @@ def sincos_chain(n=None):
 
 
 def gelu_chain(m=None, n=None):
-    """The tanh GELU over a (m, n) matrix as four stages."""
-    m = te.var("m") if m is None else m
-    n = te.var("n") if n is None else n
-    x = te.placeholder((m, n), name="x")
-    cube = te.compute((m, n), lambda i, j: x[i, j] * x[i, j] * x[i, j], name="cube")
-    inner = te.compute((m, n), lambda i, j: GELU_C * (x[i, j] + 0.044715 * cube[i, j]), name="inner")
-    th = te.compute((m, n), lambda i, j: te.tanh(inner[i, j]), name="th")
-    y = te.compute((m, n), lambda i, j: 0.5 * x[i, j] * (1.0 + th[i, j]), name="y")
-
-    def ref(xa):
-        x64 = xa.astype(np.float64)
-        return ((0.5 * x64 * (1.0 + np.tanh(GELU_C * (x64 + 0.044715 * x64**3)))).astype(np.float32),)
-
-    return [x], [y], ref
+    """The tanh GELU over a (m, n) matrix as four stages (workloads.gelu in 2-D)."""
+    return from_workload(workloads.gelu(n, m=te.var("m") if m is None else m))
 
 
 def horizontal2d(m=None, n=None):
