@@ -266,12 +266,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
 
     def store(self, st: N.Store, target: str | None = None) -> None:
         """Emit st; with `target`, emit `target = value` into a register instead."""
-        self.line(f"{{  // {st.name}")
-        self.ind += 1
-        self.cur_sub = _subst_coords(st)
-        for it, c in zip(st.iters, st.coords):
-            if c is not it:
-                self.line(f"const {self.ix} {self.var(it)} = {self.expr(c)};")
+        self.open_store(st)
         self.sincos(st.value)
         if target is not None:
             op, e = _reduction_parts(st)  # type: ignore[misc]

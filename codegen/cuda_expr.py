@@ -166,6 +166,16 @@ class _ExprEmitter:
     def line(self, text: str) -> None:
         self.lines.append("  " * self.ind + text)
 
+    def open_store(self, st: N.Store) -> None:
+        """Open a statement's C block: `{  // name`, then its original iteration variables bound to their
+        coordinates in the current loops (the caller closes the block)."""
+        self.line(f"{{  // {st.name}")
+        self.ind += 1
+        self.cur_sub = _subst_coords(st)
+        for it, c in zip(st.iters, st.coords):
+            if c is not it:
+                self.line(f"const {self.ix} {self.var(it)} = {self.expr(c)};")
+
     def var(self, v: N.Var) -> str:
         return self.names.get(v, v.name)
 

@@ -81,12 +81,7 @@ class _StagingEmitter:
 
     def _async_scalar(self, st: N.Store, guard: N.Expr | None) -> None:
         """One element of a pipelined cooperative copy: a 4-byte cp.async (skipped where the copy's clip fails)."""
-        self.line(f"{{  // {st.name}")
-        self.ind += 1
-        self.cur_sub = _subst_coords(st)
-        for it, c in zip(st.iters, st.coords):
-            if c is not it:
-                self.line(f"const {self.ix} {self.var(it)} = {self.expr(c)};")
+        self.open_store(st)
         ld = st.value
         assert isinstance(ld, N.Load)
         call = (f"loopir_cp_async4(&{self.buf(st.buffer)}[{self.expr(self.flat(st.buffer, st.indices))}], "
