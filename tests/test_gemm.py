@@ -108,3 +108,19 @@ def test_gpu_numerics_non_dividing(shape):
     mod(a, b, bias, out)
     ref = wl.reference(a, b, bias)[0]
     assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-4
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_no_matmul_stage_is_refused_naming_the_recipe(target):
+    """A program without a matmul-shaped reduction: both recipes refuse, naming themselves and what they found."""
+    from loopir import workloads
+    from schedules import Schedule
+    from schedules.gemm import schedule_gemm
+    from schedules.gemm_cuda import schedule_gemm_cuda
+
+    s = Schedule(list(workloads.softmax().outputs))
+    with pytest.raises(ValueError, match=r"schedule_gemm(_cuda)?: expected one matmul-shaped reduction, found none"):
+        if target == "cpu":
+            schedule_gemm(s, target="cpu")
+        else:
+            schedule_gemm_cuda(s)
