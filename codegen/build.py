@@ -22,6 +22,7 @@ from loopir.nodes import Allocate, Buffer, Node, Program, Var
 from loopir.visit import buffers_of, walk
 
 from .module import CpuModule, Module
+from .passes import lower
 
 TARGETS = ("cpu", "cuda")
 _cache: dict[tuple, Any] = {}
@@ -138,10 +139,15 @@ def structural_key(program: Program) -> tuple:
 
 
 def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", **opts: Any) -> Module:
-    """Compile a Schedule / Program / Tensor(s) for `target` ("cpu" or "cuda"); see the module doc."""
+    """Compile a Schedule / Program / Tensor(s) for `target` ("cpu" or "cuda"); see the module doc.
+
+    `dump_passes=True` prints the program after each pass of the target's lowering pipeline
+    (`codegen.passes.pipeline(target)`); a callable receives the text instead."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; loopir targets: {', '.join(TARGETS)}")
+    dump = opts.pop("dump_passes", False)
     program = with_args(to_program(obj, target, args), args)
+    program = lower(program, target, dump=dump)
     if target == "cuda":
         from .cuda_build import build_cuda
 

@@ -1,0 +1,65 @@
+"""The lowering pipeline: a flat, named list of passes between the scheduled loop IR and a renderer.
+
+    scheduled Program --pass--> ... --pass--> lowered Program --render--> CUDA C / LLVM IR
+
+Each pass is a pure function `Program -> Program` (returning the same object means "unchanged"),
+with a docstring that states what it does and a one-line formal condition. A target names its
+pipeline as a tuple of `Pass`es; `lower(program, target)` runs it, and `build(..., dump_passes=True)`
+prints the program after every pass. Renderers read only what the passes left in the IR (Barrier
+nodes, versioned loops, ...): they make no legality or layout decision of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from loopir.nodes import Program
+
+PassFn = Callable[[Program], Program]
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """One named step of a target's pipeline."""
+
+    name: str
+    fn: PassFn
+
+    @property
+    def doc(self) -> str:
+        return (self.fn.__doc__ or "").strip().splitlines()[0] if self.fn.__doc__ else ""
+
+    def __call__(self, program: Program) -> Program:
+        return self.fn(program)
+
+
+def _pipelines() -> dict[str, tuple[Pass, ...]]:
+    from .barriers import place_barriers
+
+    cuda = (Pass("place_barriers", place_barriers),)
+    cpu: tuple[Pass, ...] = ()
+    return {"cuda": cuda, "cpu": cpu}
+
+
+def pipeline(target: str) -> tuple[Pass, ...]:
+    """The passes `build` runs for `target`, in order."""
+    pipes = _pipelines()
+    if target not in pipes:
+        raise ValueError(f"no lowering pipeline for target {target!r}; known: {', '.join(pipes)}")
+    return pipes[target]
+
+
+def lower(program: Program, target: str, dump: bool | Callable[[str], None] = False) -> Program:
+    """Run `target`'s pipeline over `program`; with `dump`, print (or hand to `dump`) the program after each pass."""
+    out = print if dump is True else dump or None
+    for p in pipeline(target):
+        new = p(program)
+        if out is not None:
+            changed = "" if new is program else " (changed)"
+            out(f"# ---- after pass {p.name}{changed}: {p.doc}\n{new}")
+        program = new
+    return program
+
+
+__all__ = ["Pass", "PassFn", "pipeline", "lower"]
