@@ -67,9 +67,9 @@ def to_program(obj: Any, target: str, args: Sequence[Any] | None = None) -> Prog
         if isinstance(p, Program):
             return p
         raise TypeError(f"auto_schedule returned {type(s).__name__}, not a Schedule or Program")
-    from loopir.lower import lower
+    from loopir.lower import lower as lower_tensors
 
-    return lower(tensors)
+    return lower_tensors(tensors)
 
 
 def with_args(program: Program, args: Sequence[Any] | None) -> Program:
