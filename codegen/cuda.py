@@ -236,8 +236,6 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
                 self.store(s)
                 self.ind -= 1
                 self.line("}")
-                if not last:
-                    self.line("__syncthreads();")
             else:
                 self.store(s, target)
         else:

@@ -8,7 +8,7 @@ variable or any loop inside T. Such a statement is computed as:
     if (t < hi) { ...loops inside T...  acc = acc op e; }   // each thread's strided share
     acc = loopir_block_allreduce(acc)        // warp shuffles, then shared memory across warps
     if (threadIdx.x == 0) C[idx] = C[idx] op acc;
-    __syncthreads();                         // when more statements of the block follow
+    (the barrier after it, where other threads read C, is placed by codegen.passes.barriers)
 
 Every thread ends with the total (all-reduce), so later loads of exactly `C[idx]` in the same
 block read the register instead of memory (forwarding); when the init `C[idx] = identity` was
@@ -127,8 +127,7 @@ class _ReductionEmitter:
             self.line(f"if (threadIdx.x == 0) {ref} = {val};")
             self._invalidate(st.buffer)
             self.forward[-1][(id(st.buffer), flat)] = total
-        if not last:
-            self.line("__syncthreads();  // the reduced values are visible to the whole block")
+        # the barrier that makes the total visible to other threads is placed by codegen.passes.barriers
         return None
 
     def _check_uniform_context(self, f: N.For, path: list[N.Stmt]) -> None:
