@@ -1,0 +1,241 @@
+"""codegen.passes.barriers: exact block-barrier placement, and the refusals it owes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codegen import build
+from codegen.passes import lower, pipeline
+from codegen.passes.barriers import BarrierError, CrossBlockRaceError, place_barriers
+from loopir import interp, ir, te
+from loopir import nodes as N
+from loopir.visit import walk
+from schedules import Schedule, ScheduleError, auto_schedule
+from tests.witness_check import verify_witness
+
+
+def _barriers(s: N.Stmt | N.Program) -> int:
+    body = s.body if isinstance(s, N.Program) else s
+    return sum(isinstance(n, N.Barrier) for n in walk(body))
+
+
+def _two_phase(read: str, n: int = 4, m: int = 64) -> tuple[N.Program, N.Buffer, N.Buffer]:
+    """Per block i: phase 1 writes t[i, j] on thread j, phase 2 reads t at another thread's position."""
+    x = ir.buffer((n, m), name="x")
+    y = ir.buffer((n, m), name="y")
+    b = ir.Builder("two_phase")
+    t = b.temp((n, m), name="t")
+    with b.loop("i", 0, n) as i:
+        with b.loop("j", 0, m) as j:
+            b.store(t, (i, j), x[i, j] * 2.0 + 1.0, name="P")
+        with b.loop("k", 0, m) as k:
+            idx = {"same": k, "reversed": m - 1 - k, "shifted": (k + 1) % m}[read]
+            b.store(y, (i, k), t[i, idx] + x[i, k], name="C")
+    return b.finish([x, y]), x, y
+
+
+def _bind_two_phase(read: str) -> tuple[Schedule, N.Buffer, N.Buffer]:
+    p, x, y = _two_phase(read)
+    s = Schedule(p)
+    s.bind(s.loop("i"), "blockIdx.x").bind(s.loop("j"), "threadIdx.x").bind(s.loop("k"), "threadIdx.x")
+    return s, x, y
+
+
+@pytest.mark.parametrize("read", ["reversed", "shifted"])
+def test_consumer_reading_other_threads_gets_one_barrier(read: str) -> None:
+    s, _, _ = _bind_two_phase(read)
+    assert _barriers(s.program) == 0
+    low = place_barriers(s.program)
+    assert _barriers(low) == 1
+    # the barrier stands between the producer's thread loop and the consumer's
+    blk = low.body
+    assert isinstance(blk, N.For) and isinstance(blk.body, N.Seq)
+    kinds = [type(c).__name__ for c in blk.body.body]
+    assert kinds == ["For", "Barrier", "For"]
+
+
+def test_same_thread_consumer_needs_no_barrier() -> None:
+    """Exact, not conservative: thread k reads only what thread k wrote."""
+    s, _, _ = _bind_two_phase("same")
+    assert place_barriers(s.program) is s.program
+
+
+def test_cuda_source_has_the_barrier_and_compiles() -> None:
+    s, x, y = _bind_two_phase("reversed")
+    mod = build(s, [x, y], target="cuda")
+    src = mod.source
+    k1 = src.index("// P")
+    k2 = src.index("// C")
+    assert "__syncthreads();" in src[k1:k2]
+
+
+def test_numerics_match_after_lowering_on_cpu() -> None:
+    s, x, y = _bind_two_phase("reversed")
+    rng = np.random.default_rng(1)
+    xa = rng.standard_normal((4, 64)).astype(np.float32)
+    want = np.full((4, 64), np.nan, np.float32)
+    interp.run(_two_phase("reversed")[0], xa, want)
+    got = np.full((4, 64), np.nan, np.float32)
+    interp.run(lower(s.program, "cuda"), xa, got)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(got, (xa * 2 + 1)[:, ::-1] + xa, rtol=1e-6)
+
+
+def _looped_shared(m: int = 32, steps: int = 3) -> Schedule:
+    """A serial loop inside the block: each step a shared row is written by thread j and read shifted by k."""
+    x = ir.buffer((steps, m), name="x")
+    y = ir.buffer((steps, m), name="y")
+    b = ir.Builder("looped")
+    with b.loop("i", 0, 1):
+        with b.loop("s", 0, steps) as st:
+            with b.allocate((m,), name="sh", scope="shared") as sh:
+                with b.loop("j", 0, m) as j:
+                    b.store(sh, (j,), x[st, j] + 1.0, name="W")
+                with b.loop("k", 0, m) as k:
+                    b.store(y, (st, k), sh[(k + 1) % m], name="R")
+    s = Schedule(b.finish([x, y]))
+    s.bind(s.loop("i"), "blockIdx.x").bind(s.loop("j"), "threadIdx.x").bind(s.loop("k"), "threadIdx.x")
+    return s
+
+
+def test_loop_carried_reuse_of_shared_memory_gets_a_trailing_barrier() -> None:
+    """Iteration s+1 overwrites `sh` while slow threads of iteration s may still read it (WAR)."""
+    low = place_barriers(_looped_shared().program)
+    loop_s = next(n for n in walk(low.body) if isinstance(n, N.For) and n.var.name == "s")
+    items = _flat(loop_s.body)
+    # between the write and the read (flow), and after the read (the next step's write)
+    assert items == ["For", "Barrier", "For", "Barrier"], items
+
+
+def _flat(s: N.Stmt) -> list[str]:
+    """The kinds of a body's children, looking through Seq and Allocate."""
+    if isinstance(s, N.Seq):
+        return [k for c in s.body for k in _flat(c)]
+    if isinstance(s, N.Allocate):
+        return _flat(s.body)
+    return [type(s).__name__]
+
+
+def test_existing_barriers_are_counted() -> None:
+    s = _looped_shared()
+    low = place_barriers(s.program)
+    assert place_barriers(low) is low
+
+
+def test_attention_fused_gets_exact_barriers_and_compiles() -> None:
+    ins, y = _attention(2, 8, 40, 8)
+    s = auto_schedule([y], target="cuda")
+    low = lower(s.program, "cuda")
+    assert _barriers(low) > _barriers(s.program)
+    build(s, [*ins, y], target="cuda")
+
+
+def _attention(bs: int, n: int, m: int, d: int) -> tuple[list[te.Tensor], te.Tensor]:
+    """Attention written naively, as a user would (the race-free issue's repro)."""
+    q = te.placeholder((bs, n, d), "float32", name="Q")
+    k = te.placeholder((bs, m, d), "float32", name="K")
+    v = te.placeholder((bs, m, d), "float32", name="V")
+    r = te.reduce_axis(d, "r")
+    sc = te.compute((bs, n, m), lambda b, i, j: te.sum(q[b, i, r] * k[b, j, r], axis=r), name="scores")
+    r2 = te.reduce_axis(m, "r2")
+    mx = te.compute((bs, n), lambda b, i: te.max(sc[b, i, r2], axis=r2), name="mx")
+    p = te.compute((bs, n, m), lambda b, i, j: te.exp(sc[b, i, j] - mx[b, i]) * 0.125, name="p")
+    r3 = te.reduce_axis(m, "r3")
+    sm = te.compute((bs, n), lambda b, i: te.sum(p[b, i, r3], axis=r3), name="sm")
+    r4 = te.reduce_axis(m, "r4")
+    o = te.compute((bs, n, d), lambda b, i, c: te.sum(p[b, i, r4] * v[b, r4, c], axis=r4), name="o")
+    y = te.compute((bs, n, d), lambda b, i, c: o[b, i, c] / sm[b, i], name="y")
+    return [q, k, v], y
+
+
+def test_guarded_thread_loop_cannot_hold_a_barrier() -> None:
+    """A phase that needs a barrier inside a thread loop whose threads diverge is refused, never emitted."""
+    x = ir.buffer((40,), name="x")
+    y = ir.buffer((40,), name="y")
+    b = ir.Builder("diverge")
+    with b.loop("i", 0, 1):
+        with b.loop("t", 0, 40) as t:  # bound to threadIdx.x beside a 64-wide loop: guarded `t < 40`
+            with b.loop("s", 0, 2):
+                with b.allocate((64,), name="sh", scope="shared") as sh:
+                    with b.loop("j", 0, 64) as j:
+                        b.store(sh, (j,), x[t] + 1.0, name="W")
+                    b.store(y, (t,), sh[(t + 1) % 64], name="R")
+        with b.loop("u", 0, 64) as u:
+            b.store(x, (u % 40,), x[u % 40] * 1.0, name="Z")
+    p = b.finish([x, y])
+    s = Schedule(p, check=False)  # the point is the pass's own refusal
+    s.bind(s.loop("i"), "blockIdx.x").bind(s.loop("t"), "threadIdx.x").bind(s.loop("u"), "threadIdx.x")
+    with pytest.raises(BarrierError, match="threads may not all reach"):
+        place_barriers(s.program)
+
+
+def _cross_block_program() -> N.Program:
+    """Block i writes A[i]; the same kernel's block i then reads A[i + 1], which block i + 1 writes."""
+    n = 8
+    x = ir.buffer((n + 1,), name="x")
+    y = ir.buffer((n,), name="y")
+    a = ir.buffer((n + 1,), name="a")
+    b = ir.Builder("cross")
+    with b.loop("i", 0, n) as i:
+        with b.loop("j", 0, 1):
+            b.store(a, (i,), x[i] * 2.0, name="P")
+        with b.loop("k", 0, 1):
+            b.store(y, (i,), a[i + 1], name="C")
+    return b.finish([x, a, y])
+
+
+def test_bind_to_blocks_refuses_a_cross_block_dependence_with_a_witness() -> None:
+    p = _cross_block_program()
+    s = Schedule(p)
+    with pytest.raises(ScheduleError) as ei:
+        s.bind(s.loop("i"), "blockIdx.x")
+    verify_witness(p, _forced(p), ei.value)
+
+
+def _forced(p: N.Program) -> N.Program:
+    s = Schedule(p, check=False)
+    s.bind(s.loop("i"), "blockIdx.x")
+    return s.program
+
+
+def test_the_pass_refuses_a_cross_block_race_it_is_handed() -> None:
+    """Even a schedule forced past the checks never becomes a racing kernel."""
+    p = _forced(_cross_block_program())
+    s = Schedule(p)
+    s.bind(s.loop("j"), "threadIdx.x").bind(s.loop("k"), "threadIdx.x")
+    with pytest.raises(CrossBlockRaceError) as ei:
+        place_barriers(s.program)
+    e = ei.value
+    assert e.buffer == "a"
+    (sn, si), (tn, ti) = e.source, e.sink
+    assert {sn, tn} == {"P", "C"}
+    # the witness is real: the two instances touch one element of `a`, in different blocks
+    wi = si["i"] if sn == "P" else ti["i"]
+    ri = ti["i"] if tn == "C" else si["i"]
+    assert wi == ri + 1
+    assert e.blocks[0] != e.blocks[1]
+
+
+def test_dump_passes_prints_each_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    s, x, y = _bind_two_phase("reversed")
+    build(s, [x, y], target="cuda", dump_passes=True)
+    out = capsys.readouterr().out
+    for p in pipeline("cuda"):
+        assert f"after pass {p.name}" in out
+    assert "sync_threads()" in out
+
+
+def test_te_softmax_keeps_one_barrier_per_reduction() -> None:
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), "float32", name="x")
+    k = te.reduce_axis(m, "k")
+    mx = te.compute((n,), lambda i: te.max(x[i, k], axis=k), name="mx")
+    e = te.compute((n, m), lambda i, j: te.exp(x[i, j] - mx[i]), name="e")
+    k2 = te.reduce_axis(m, "k2")
+    sm = te.compute((n,), lambda i: te.sum(e[i, k2], axis=k2), name="sm")
+    y = te.compute((n, m), lambda i, j: e[i, j] / sm[i], name="y")
+    s = auto_schedule([y], target="cuda")
+    low = lower(s.program, "cuda")
+    assert _barriers(low) >= 2
+    build(s, [x, y], target="cuda")
