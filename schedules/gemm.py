@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loopir.nodes import Binary, Buffer, Load, Program, Store
+from loopir.target import vector_bits, vector_registers
 from loopir.visit import statements
 
 import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache_write)
@@ -193,10 +194,8 @@ def default_cpu_tile() -> tuple[int, int]:
     """The register tile of this host: 6 rows x 4 vector registers (6x64 floats on AVX-512, 6x32 on AVX2):
     24 accumulators + 4 row-of-B vectors + 1 broadcast fit in the 32 (16 on AVX2: 6x16) vector registers."""
     try:
-        from codegen.llvm import host_features, vector_bits
-
         bits = vector_bits()
-        regs = 32 if "avx512f" in host_features() else 16
+        regs = vector_registers()
     except ImportError:  # no LLVM: a tile that is reasonable anywhere
         bits, regs = 256, 16
     lanes = bits // 32
