@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from loopir.errors import LoopirError
 from loopir.nodes import Program, Var
 
 __all__ = ["ScheduleError", "InexactCheckError", "describe_witness", "nest_str"]
 
 
-class ScheduleError(Exception):
+class ScheduleError(LoopirError):
     """A schedule step refused because it would change the program's result.
 
     Attributes: `primitive` (its name), `kind` ("flow", "anti" or "output"), `buffer` (name),
@@ -58,7 +59,7 @@ class ScheduleError(Exception):
         return cls(primitive, w.kind, w.buffer, w.source, w.sink, w.params, "\n".join(lines), w.element, hint)
 
 
-class InexactCheckError(ValueError):
+class InexactCheckError(LoopirError, ValueError):
     """A checked step refused because the new nest cannot be analysed exactly (non-affine loop
     bounds, guards or statement coords, e.g. after `collapse` of a loop with a symbolic extent):
     the analysis found a possible conflict that may not be real, so there is no witness to show.
