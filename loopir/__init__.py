@@ -21,6 +21,7 @@ from .errors import (
 )
 
 _SUBMODULES = (
+    "affine",
     "args",
     "dtypes",
     "errors",
