@@ -6,6 +6,7 @@ from typing import Any
 
 from loopir.errors import LoopirError
 from loopir.nodes import Program, Var
+from loopir.printer import program_str
 
 __all__ = ["ScheduleError", "InexactCheckError", "describe_witness", "nest_str"]
 
@@ -112,47 +113,5 @@ def describe_witness(kind: str, buffer: str, source: tuple[str, dict[str, int]],
 
 
 def nest_str(program: Program, marks: dict[Var, str] | None = None) -> str:
-    """The printed nest; falls back to a minimal printer while loopir.printer is unavailable."""
-    try:
-        from loopir.printer import program_str
-
-        return program_str(program, marks=marks)
-    except ImportError:
-        return _fallback_str(program, marks or {})
-
-
-def _fallback_str(program: Program, marks: dict[Var, str]) -> str:
-    from loopir.nodes import Allocate, For, If, Seq, Store
-
-    out: list[str] = []
-
-    def go(s: Any, ind: str) -> None:
-        if isinstance(s, Seq):
-            for c in s.body:
-                go(c, ind)
-        elif isinstance(s, For):
-            mark = f"  {marks[s.var]}" if s.var in marks else ""
-            kind = "" if s.kind == "serial" else f"  # {s.thread or s.kind}"
-            out.append(f"{ind}for {s.var.name} in range({_e(s.lo)}, {_e(s.hi)}):{kind}{mark}")
-            go(s.body, ind + "    ")
-        elif isinstance(s, If):
-            out.append(f"{ind}if {_e(s.cond)}:")
-            go(s.then, ind + "    ")
-            if s.orelse is not None:
-                out.append(f"{ind}else:")
-                go(s.orelse, ind + "    ")
-        elif isinstance(s, Allocate):
-            out.append(f"{ind}allocate {s.buffer.name}")
-            go(s.body, ind + "    ")
-        elif isinstance(s, Store):
-            out.append(f"{ind}{s.name}: {s.buffer.name}[{', '.join(_e(i) for i in s.indices)}] = ...")
-
-    go(program.body, "")
-    return "\n".join(out)
-
-
-def _e(e: Any) -> str:
-    try:
-        return str(e)
-    except Exception:  # noqa: BLE001 - the printer may be missing; this is only for messages
-        return repr(e)
+    """The printed nest, with `marks` at the loops involved."""
+    return program_str(program, marks=marks)
