@@ -28,7 +28,7 @@ from codegen.cpu_runtime import default_threads  # noqa: E402
 from loopir import te  # noqa: E402
 from loopir.lower import lower  # noqa: E402
 from schedules import Schedule  # noqa: E402
-from schedules.gemm import schedule_gemm  # noqa: E402
+from schedules.recipes import schedule_gemm  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 REPS = 3 if QUICK else 9

@@ -46,7 +46,7 @@ def build_ours(n: int, m: int, p: int, pipeline: bool = True, min_blocks: int | 
     from loopir import workloads as w
     from loopir.lower import lower
     from schedules import Schedule
-    from schedules.gemm_cuda import schedule_gemm_cuda
+    from schedules.recipes import schedule_gemm_cuda
 
     wl = w.matmul_bias_relu(n=n, m=m, p=p)
     if tiles.pop("auto", False):  # the default GEMM mapping of auto_schedule (the same recipe)

@@ -20,6 +20,7 @@ from typing import Any
 
 from loopir.nodes import Allocate, Buffer, Node, Program, Var
 from loopir.visit import buffers_of, walk
+from schedules.auto import auto_schedule
 
 from .module import CpuModule, Module
 from .passes import lower
@@ -57,19 +58,11 @@ def to_program(obj: Any, target: str, args: Sequence[Any] | None = None) -> Prog
         raise TypeError(
             f"build takes a Schedule, a Program, a te Tensor or a list of Tensors, got {type(obj).__name__}"
         )
-    try:
-        from schedules import auto_schedule  # type: ignore[attr-defined]
-    except ImportError:
-        auto_schedule = None
-    if auto_schedule is not None:
-        s = auto_schedule(tensors, target=target)
-        p = s if isinstance(s, Program) else getattr(s, "program", None)
-        if isinstance(p, Program):
-            return p
-        raise TypeError(f"auto_schedule returned {type(s).__name__}, not a Schedule or Program")
-    from loopir.lower import lower as lower_tensors
-
-    return lower_tensors(tensors)
+    s = auto_schedule(tensors, target=target)
+    p = s if isinstance(s, Program) else getattr(s, "program", None)
+    if isinstance(p, Program):
+        return p
+    raise TypeError(f"auto_schedule returned {type(s).__name__}, not a Schedule or Program")
 
 
 def with_args(program: Program, args: Sequence[Any] | None) -> Program:

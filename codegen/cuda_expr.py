@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from loopir import nodes as N
 from loopir.args import eval_expr
 from loopir.dtypes import is_int
+from loopir.errors import CodegenError
 from loopir.visit import substitute, walk
 
 
-class CudaCodegenError(ValueError):
+class CudaCodegenError(CodegenError):
     """A program that cannot be mapped to CUDA kernels as scheduled."""
 
 

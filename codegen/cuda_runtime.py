@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from loopir.args import bind_shapes, size_of
+from loopir.errors import RuntimeLaunchError
 from loopir.nodes import Buffer, Var
 
 from .cuda import CudaSource
@@ -28,11 +29,11 @@ from .module import Module
 from .nvrtc import compile_cubin
 
 
-class CudaError(RuntimeError):
+class CudaError(RuntimeLaunchError):
     """A CUDA driver call failed; the message names the call."""
 
 
-class NoGpuError(RuntimeError):
+class NoGpuError(RuntimeLaunchError):
     """No usable CUDA GPU (driver library missing or no device)."""
 
 

@@ -1,5 +1,6 @@
-"""Host facts the CPU code generator depends on: the CPU's vector features and glibc's vector
-math library (libmvec), whose variants of libm functions the loop vectorizer may call."""
+"""glibc's vector math library (libmvec) for the CPU code generator: which vector variants of libm
+functions the loop vectorizer may call on this host. The host's features themselves are target facts
+(`loopir.target`), re-exported here for the code generator."""
 
 from __future__ import annotations
 
@@ -7,19 +8,9 @@ import ctypes
 import ctypes.util
 from functools import cache
 
+from loopir.target import host_features, vector_bits
 
-@cache
-def host_features() -> frozenset[str]:
-    import llvmlite.binding as llvm
-
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    return frozenset(f[1:] for f in llvm.get_host_cpu_features().flatten().split(",") if f.startswith("+"))
-
-
-def vector_bits() -> int:
-    f = host_features()
-    return 512 if "avx512f" in f else 256 if "avx2" in f or "avx" in f else 128
+__all__ = ["host_features", "libm_name", "libmvec", "vector_bits", "vector_variants"]
 
 
 @cache

@@ -1,5 +1,6 @@
 """Loop-IR rewrites and queries the LLVM emitter runs before and during emission: guard
-tightening (`tighten`), linear forms of index expressions, reduction updates, size variables."""
+tightening (`tighten`, which reads index expressions through `loopir.affine`), reduction updates,
+size variables."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from loopir.nodes import (
     Store,
     Var,
 )
+from loopir.affine import linear_in
 from loopir.visit import walk
 
 from .llvm_types import FLT, INTS
@@ -85,26 +87,6 @@ def _const_extent(f: For) -> int | None:
 
 
 
-def _linear(e: Expr, v: Var) -> tuple[int, Expr] | None:
-    """(c, rest) with e == c*v + rest, rest free of v; None if not of that form."""
-    if e is v:
-        return 1, Const(0, "int64")
-    if not any(n is v for n in walk(e)):
-        return 0, e
-    if isinstance(e, Binary) and e.op in ("add", "sub"):
-        a, b = _linear(e.a, v), _linear(e.b, v)
-        if a is None or b is None:
-            return None
-        return (a[0] + b[0], a[1] + b[1]) if e.op == "add" else (a[0] - b[0], a[1] - b[1])
-    if isinstance(e, Binary) and e.op == "mul":
-        for x, y in ((e.a, e.b), (e.b, e.a)):
-            if isinstance(y, Const) and isinstance(y.value, int):
-                lx = _linear(x, v)
-                if lx is not None:
-                    return lx[0] * y.value, lx[1] * y.value
-    return None
-
-
 def _conjuncts(c: Expr) -> list[Expr]:
     if isinstance(c, Logical) and c.op == "and":
         return _conjuncts(c.a) + _conjuncts(c.b)  # type: ignore[arg-type]
@@ -137,7 +119,7 @@ def tighten(s: Stmt) -> Stmt:
         if isinstance(c, Compare) and c.op in ("gt", "ge"):  # a > b  <=>  b < a
             c = Compare({"gt": "lt", "ge": "le"}[c.op], c.b, c.a)
         if isinstance(c, Compare) and c.op in ("lt", "le") and c.a.dtype in INTS and not _loads(c):
-            la, lb = _linear(c.a, s.var), _linear(c.b, s.var)
+            la, lb = linear_in(c.a, s.var), linear_in(c.b, s.var)
             if la is not None and lb is not None and la[0] - lb[0] > 0:
                 k = la[0] - lb[0]
                 bound = lb[1] - la[1] + (1 if c.op == "le" else 0)  # k*v < bound

@@ -9,6 +9,7 @@ import struct
 
 import numpy as np
 
+from loopir import errors
 from loopir.nodes import Const
 
 VALUE_T = {"float16": "float", "float32": "float", "float64": "double",
@@ -20,7 +21,7 @@ FLT = {"float16", "float32", "float64"}
 INTS = {"int32", "int64"}
 
 
-class CodegenError(ValueError):
+class CodegenError(errors.CodegenError):
     """The program cannot be compiled for the CPU (names the offending thing)."""
 
 

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from loopir.affine import access_pattern
 from loopir.nodes import Allocate, Binary, Compare, Const, Expr, For, If, Load, Logical, Seq, Stmt, Store, Unary, Var
 from loopir.visit import substitute, walk
 
 from .llvm_math import vector_bits
-from .llvm_passes import _const_extent, _linear, is_reduction
+from .llvm_passes import _const_extent, is_reduction
 from .llvm_types import ITEMSIZE, fconst
 
 if TYPE_CHECKING:
@@ -119,17 +120,6 @@ def version_loops(s: Stmt, budget: int = 8) -> Stmt:
 # ----------------------------------------------------------------------------- vector emission
 
 
-def _linear_last(idx: tuple[Expr, ...], v: Var) -> str | None:
-    """'uniform' if no index uses v; 'contig' if only the last does, as v + (free of v); else None."""
-    uses = [any(n is v for n in walk(e)) for e in idx]
-    if not any(uses):
-        return "uniform"
-    if any(uses[:-1]):
-        return None
-    lin = _linear(idx[-1], v)
-    return "contig" if lin is not None and lin[0] == 1 else None
-
-
 class _Plan:
     def __init__(self, stores: list[Store], kinds: dict[int, str], dtype: str) -> None:
         self.stores, self.kinds, self.dtype = stores, kinds, dtype
@@ -146,7 +136,7 @@ def _plan(f: For) -> _Plan | None:
         assert isinstance(st, Store)
         dtypes.add(st.buffer.dtype)
         sub = dict(zip(st.iters, st.coords))
-        k = _linear_last(tuple(substitute(e, sub) for e in st.indices), f.var)
+        k = access_pattern(tuple(substitute(e, sub) for e in st.indices), f.var)
         if k != "contig":
             return None
         kinds[id(st)] = k
@@ -158,7 +148,7 @@ def _plan(f: For) -> _Plan | None:
             if isinstance(e, Const):
                 continue
             if isinstance(e, Load):
-                k = _linear_last(tuple(substitute(x, sub) for x in e.indices), f.var)
+                k = access_pattern(tuple(substitute(x, sub) for x in e.indices), f.var)
                 if k is None:
                     return None
                 kinds[id(e)] = k

@@ -23,12 +23,14 @@ import struct
 import tempfile
 from functools import cache
 
+from loopir.errors import RuntimeLaunchError
+
 MAGIC = b"LOOPIRCUBIN1"
 _HEADER = struct.Struct("<12sQ32s")
 DEFAULT_OPTIONS: tuple[str, ...] = ("--std=c++17", "-default-device")
 
 
-class NvrtcError(RuntimeError):
+class NvrtcError(RuntimeLaunchError):
     """NVRTC refused the source; `log` is NVRTC's log, `source` the CUDA C."""
 
     def __init__(self, message: str, log: str = "", source: str = ""):

@@ -1,7 +1,8 @@
 """loopir: tensor expressions, the affine loop IR, and its analysis.
 
 Submodules load on first use (`loopir.te`, `loopir.ir`, `loopir.interp`, ...), so importing
-the package is cheap and a module's absence only matters to whoever asks for it.
+the package is cheap and a module's absence only matters to whoever asks for it. The error tree
+(`loopir.errors`, rooted at `LoopirError`) is exported here: it imports nothing.
 """
 
 from __future__ import annotations
@@ -9,21 +10,44 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    CodegenError,
+    LoopirError,
+    NotFoundError,
+    NotNestedError,
+    RuntimeLaunchError,
+)
+
 _SUBMODULES = (
+    "affine",
     "args",
     "dtypes",
+    "errors",
     "interp",
     "ir",
     "lower",
     "nodes",
     "poly",
     "printer",
+    "target",
     "te",
     "visit",
     "workloads",
 )
 
-__all__ = list(_SUBMODULES)
+__all__ = [
+    *_SUBMODULES,
+    # the error tree (loopir.errors)
+    "ArgumentError",
+    "ArgumentTypeError",
+    "CodegenError",
+    "LoopirError",
+    "NotFoundError",
+    "NotNestedError",
+    "RuntimeLaunchError",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -27,6 +27,7 @@ from typing import Any
 
 import islpy as isl
 
+from .errors import LoopirError
 from .footprint import _union_box, footprint
 from .isl_conv import (
     _CMP,
@@ -205,7 +206,7 @@ def instance_mismatch(deps: Deps, program: Program) -> str | None:
 # ----------------------------------------------------------------------------- scratch buffers
 
 
-class PrivateScopeError(ValueError):
+class PrivateScopeError(LoopirError, ValueError):
     """A step would change which statement instances share one allocation of a scratch buffer
     (e.g. move a loop from outside an `Allocate` to inside it): the dependences computed with
     the old allocations would no longer describe the new program, so the step is refused."""

@@ -3,12 +3,23 @@
 `Schedule(tensor | [tensors] | program, check=True)` holds the current program; primitives are
 methods (`split`, `tile`, `reorder`, `collapse`, `skew`, `unroll`, `vectorize`, `parallel`,
 `bind`, and those other modules register). An illegal step raises `ScheduleError` with a
-witness. `check=False` skips every dependence check and is UNSAFE.
+witness. `check=False` skips every dependence check and is UNSAFE. `auto_schedule` and the
+fusion planner (`plan_fusion`) schedule whole programs; `schedules.recipes` holds the GEMM recipes.
 """
 
 from __future__ import annotations
 
+from loopir.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    LoopirError,
+    NotFoundError,
+    NotNestedError,
+)
+
+from .auto import auto_schedule
 from .errors import InexactCheckError, ScheduleError
+from .fusion import FusionPlan, plan_fusion
 from .primitives import primitive
 from .schedule import LoopHandle, Schedule
 
@@ -21,16 +32,10 @@ __all__ = [
     "auto_schedule",
     "plan_fusion",
     "FusionPlan",
+    # the error tree (loopir.errors) a schedule's user catches
+    "LoopirError",
+    "ArgumentError",
+    "ArgumentTypeError",
+    "NotFoundError",
+    "NotNestedError",
 ]
-
-# The fusion planner and auto_schedule pull in the cost model (and, on a GPU machine, the driver):
-# load them on first use so that `import schedules` stays cheap.
-_LAZY = {"auto_schedule": ".auto", "plan_fusion": ".fusion", "FusionPlan": ".fusion"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module 'schedules' has no attribute {name!r}")

@@ -36,11 +36,13 @@ from typing import Any
 
 from loopir.nodes import Allocate, Const, Expr, For, If, Seq, Store, Var
 from loopir.te import Tensor
-from loopir.visit import walk
+from loopir.visit import substitute, walk
 
+from .errors import ScheduleError
 from .fusion import THREADS, FusionGroup, FusionPlan, plan_fusion
 from .primitives.cache import reduction_parts
-from .errors import ScheduleError
+from .primitives.loop_fusion import simplify
+from .recipes import matmul_stage, schedule_gemm, schedule_gemm_cuda
 from .schedule import Schedule
 
 __all__ = ["auto_schedule"]
@@ -108,9 +110,6 @@ def _fuse_group(s: Schedule, g: FusionGroup) -> None:
 
 def _map_gemm(s: Schedule, g: FusionGroup, target: str) -> None:
     """The tiled GEMM recipe on the group's matmul, its other stages as the epilogue (in order)."""
-    from .gemm import matmul_stage, schedule_gemm
-    from .gemm_cuda import schedule_gemm_cuda
-
     mm, eps = g.stages[0].name, [t.name for t in g.stages[1:]]
     if mm not in matmul_stage(s.program):
         raise ValueError(f"auto_schedule: the plan maps {mm!r} as a GEMM but its lowered update statement is not "
@@ -131,8 +130,6 @@ def _group_root(s: Schedule, g: FusionGroup) -> list[Any]:
 
 
 def _is_const(e: Expr, v: int) -> bool:
-    from .primitives.loop_fusion import simplify
-
     e = simplify(e)
     return isinstance(e, Const) and e.value == v
 
@@ -259,8 +256,6 @@ def _is_reduction_loop(f: For) -> bool:
     for st in stores:
         if reduction_parts(st) is None:
             return False
-        from loopir.visit import substitute
-
         sub = dict(zip(st.iters, st.coords))
         used = {n for ix in st.indices for n in walk(substitute(ix, sub)) if isinstance(n, Var)}
         if used & inner:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from loopir.errors import LoopirError
 from loopir.nodes import Program, Var
+from loopir.printer import program_str
 
 __all__ = ["ScheduleError", "InexactCheckError", "describe_witness", "nest_str"]
 
 
-class ScheduleError(Exception):
+class ScheduleError(LoopirError):
     """A schedule step refused because it would change the program's result.
 
     Attributes: `primitive` (its name), `kind` ("flow", "anti" or "output"), `buffer` (name),
@@ -58,7 +60,7 @@ class ScheduleError(Exception):
         return cls(primitive, w.kind, w.buffer, w.source, w.sink, w.params, "\n".join(lines), w.element, hint)
 
 
-class InexactCheckError(ValueError):
+class InexactCheckError(LoopirError, ValueError):
     """A checked step refused because the new nest cannot be analysed exactly (non-affine loop
     bounds, guards or statement coords, e.g. after `collapse` of a loop with a symbolic extent):
     the analysis found a possible conflict that may not be real, so there is no witness to show.
@@ -111,47 +113,5 @@ def describe_witness(kind: str, buffer: str, source: tuple[str, dict[str, int]],
 
 
 def nest_str(program: Program, marks: dict[Var, str] | None = None) -> str:
-    """The printed nest; falls back to a minimal printer while loopir.printer is unavailable."""
-    try:
-        from loopir.printer import program_str
-
-        return program_str(program, marks=marks)
-    except ImportError:
-        return _fallback_str(program, marks or {})
-
-
-def _fallback_str(program: Program, marks: dict[Var, str]) -> str:
-    from loopir.nodes import Allocate, For, If, Seq, Store
-
-    out: list[str] = []
-
-    def go(s: Any, ind: str) -> None:
-        if isinstance(s, Seq):
-            for c in s.body:
-                go(c, ind)
-        elif isinstance(s, For):
-            mark = f"  {marks[s.var]}" if s.var in marks else ""
-            kind = "" if s.kind == "serial" else f"  # {s.thread or s.kind}"
-            out.append(f"{ind}for {s.var.name} in range({_e(s.lo)}, {_e(s.hi)}):{kind}{mark}")
-            go(s.body, ind + "    ")
-        elif isinstance(s, If):
-            out.append(f"{ind}if {_e(s.cond)}:")
-            go(s.then, ind + "    ")
-            if s.orelse is not None:
-                out.append(f"{ind}else:")
-                go(s.orelse, ind + "    ")
-        elif isinstance(s, Allocate):
-            out.append(f"{ind}allocate {s.buffer.name}")
-            go(s.body, ind + "    ")
-        elif isinstance(s, Store):
-            out.append(f"{ind}{s.name}: {s.buffer.name}[{', '.join(_e(i) for i in s.indices)}] = ...")
-
-    go(program.body, "")
-    return "\n".join(out)
-
-
-def _e(e: Any) -> str:
-    try:
-        return str(e)
-    except Exception:  # noqa: BLE001 - the printer may be missing; this is only for messages
-        return repr(e)
+    """The printed nest, with `marks` at the loops involved."""
+    return program_str(program, marks=marks)

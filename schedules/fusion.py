@@ -41,7 +41,7 @@ from loopir.te import ComputeOp, Reduce, Tensor, tensor_of
 from loopir.visit import substitute, walk
 
 from . import cost as C
-from .gemm import gemm_params, gemm_resources, is_matmul_tensor
+from .recipes import gemm_params, gemm_resources, is_matmul_tensor
 
 THREADS = 128  # threads per block of the CUDA mappings (gpu_suite.py --sweep: best or tied on the H200)
 ROW_MIN_EXTENT = 1024  # a reduction at least this long gets a block per row (else a thread per row)

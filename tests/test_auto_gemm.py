@@ -70,7 +70,7 @@ def test_cuda_default_tiles_are_the_measured_best_and_tiles_are_parameters():
 def test_cuda_auto_kernel_is_the_hand_applied_recipe():
     from loopir.lower import lower
     from schedules import Schedule
-    from schedules.gemm_cuda import schedule_gemm_cuda
+    from schedules.recipes import schedule_gemm_cuda
 
     wl, outs, args = _wl(257, 129, 65)
     s = Schedule(lower(outs, args))

@@ -13,7 +13,7 @@ from codegen.llvm_vec import version_loops
 from loopir import te
 from loopir.nodes import Const, For, If
 from schedules import Schedule
-from schedules.gemm import default_cpu_tile, schedule_gemm
+from schedules.recipes import default_cpu_tile, schedule_gemm
 
 RNG = np.random.default_rng(7)
 LANES = vector_bits() // 32

@@ -9,7 +9,7 @@ from loopir import interp
 from loopir import workloads as w
 from loopir.lower import lower
 from schedules import Schedule
-from schedules.gemm import elementwise_consumers, matmul_stage, schedule_gemm
+from schedules.recipes import elementwise_consumers, matmul_stage, schedule_gemm
 
 
 def _sched(n, m, p, target, **kw):
@@ -78,7 +78,7 @@ def test_bad_tiles():
 
 @pytest.mark.parametrize("tiles", [{}, {"block": (32, 32), "thread_tile": (4, 4), "k_tile": 4, "strided": True}])
 def test_cuda_is_the_one_recipe_of_schedule_gemm_cuda(tiles):
-    from schedules.gemm_cuda import schedule_gemm_cuda
+    from schedules.recipes import schedule_gemm_cuda
 
     wl, s, plan = _sched(257, 129, 65, "cuda", **tiles)
     s2 = Schedule(lower(list(wl.outputs), list(wl.inputs) + list(wl.outputs)))
@@ -115,8 +115,8 @@ def test_no_matmul_stage_is_refused_naming_the_recipe(target):
     """A program without a matmul-shaped reduction: both recipes refuse, naming themselves and what they found."""
     from loopir import workloads
     from schedules import Schedule
-    from schedules.gemm import schedule_gemm
-    from schedules.gemm_cuda import schedule_gemm_cuda
+    from schedules.recipes import schedule_gemm
+    from schedules.recipes import schedule_gemm_cuda
 
     s = Schedule(list(workloads.softmax().outputs))
     with pytest.raises(ValueError, match=r"schedule_gemm(_cuda)?: expected one matmul-shaped reduction, found none"):

@@ -12,7 +12,7 @@ from loopir.lower import lower
 from loopir.nodes import Barrier, For
 from loopir.visit import walk
 from schedules import Schedule
-from schedules.gemm_cuda import schedule_gemm_cuda
+from schedules.recipes import schedule_gemm_cuda
 
 
 def _sched(n, m, p, **kw):

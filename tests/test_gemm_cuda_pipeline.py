@@ -11,7 +11,7 @@ from loopir import ir
 from loopir import workloads as w
 from loopir.lower import lower
 from schedules import Schedule
-from schedules.gemm_cuda import schedule_gemm_cuda
+from schedules.recipes import schedule_gemm_cuda
 
 
 def _program(n=None, m=None, p=None, **kw):

@@ -30,12 +30,13 @@ from __future__ import annotations
 from typing import Any
 
 from loopir.visit import statements
-from schedules.gemm import GemmPlan, _check_tiles, _operands, resolve_stage
 
 import schedules.primitives.cache  # noqa: F401  (registers Schedule.cache_read)
 import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache_write)
 
-__all__ = ["schedule_gemm_cuda"]
+from .gemm import GemmPlan, check_tiles, matmul_operands, resolve_stage
+
+__all__ = ["gemm_resources", "schedule_gemm_cuda"]
 
 
 def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", block: tuple[int, int] = (64, 128),
@@ -54,7 +55,7 @@ def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", 
     """
     block = tuple(block) if isinstance(block, (list, tuple)) else block  # type: ignore[assignment]
     thread_tile = tuple(thread_tile) if isinstance(thread_tile, (list, tuple)) else thread_tile  # type: ignore[assignment]
-    _check_tiles(block, thread_tile, k_tile)  # type: ignore[arg-type]
+    check_tiles(block, thread_tile, k_tile)  # type: ignore[arg-type]
     upd, eps = resolve_stage(s.program, stage, epilogue, "schedule_gemm_cuda")
     plan = GemmPlan(upd.name, list(eps), "cuda")
     name = upd.name
@@ -82,7 +83,7 @@ def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", 
     s.reorder(ko, ki, ii, jj)
     plan.steps.append(f"split k by {k_tile}; reorder(ko, ki, ii, jj)")
     if shared:
-        for b in _operands(upd):
+        for b in matmul_operands(upd):
             try:
                 s.cache_read(b.name, "shared", ko)
             except (ValueError, TypeError) as e:  # staging is an optimisation: say why, keep going
@@ -107,3 +108,11 @@ def _unroll_tail(s: Any, stmt: str, n: int, plan: GemmPlan) -> None:
     for lp in s.loops(stmt)[-n:]:
         s.unroll(lp)
     plan.steps.append(f"unroll the {n} innermost loops of {stmt}")
+
+
+def gemm_resources(params: dict[str, Any], itemsize: int = 4) -> tuple[int, int, int]:
+    """(threads per block, bytes of one stage of the shared A and B tiles, accumulator registers per thread)
+    of the CUDA recipe with `params` (from `gemm_params`)."""
+    (b0, b1), (t0, t1), kt = params["block"], params["thread_tile"], params["k_tile"]
+    smem = (b0 * kt + kt * b1) * itemsize if params.get("shared", True) else 0
+    return (b0 // t0) * (b1 // t1), smem, t0 * t1

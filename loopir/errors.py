@@ -1,0 +1,70 @@
+"""The project's error tree: one root, `LoopirError`, so a caller can catch everything loopir refuses.
+
+    LoopirError(Exception)
+    ├── ScheduleError                       schedules.errors: a step refused, with a witness
+    ├── InexactCheckError (ValueError)      schedules.errors: a step the checker cannot decide exactly
+    ├── PrivateScopeError (ValueError)      loopir.poly: a step that would change a scratch buffer's sharing
+    ├── ArgumentError (ValueError)          a bad argument (a factor, a size, a dtype, an option)
+    │   └── ArgumentTypeError (TypeError)   ... of the wrong type
+    ├── NotFoundError (LookupError, ValueError)   a name or handle that names nothing (here)
+    ├── NotNestedError (ValueError)         loops that should be nested (perfectly) are not
+    ├── CodegenError (ValueError)           a program a target cannot compile as scheduled
+    │   ├── codegen.llvm_types.CodegenError       the CPU (LLVM) target
+    │   └── codegen.cuda_expr.CudaCodegenError    the CUDA target (UnboundLoopError below it)
+    └── RuntimeLaunchError (RuntimeError)   the toolchain or device below the generated code failed
+        ├── codegen.nvrtc.NvrtcError              NVRTC refused the source
+        ├── codegen.cuda_runtime.CudaError        a CUDA driver call failed
+        └── codegen.cuda_runtime.NoGpuError       no usable GPU
+
+Each class is also a subclass of the built-in exception the same failure raised before the tree
+existed, so `except ValueError` (or `TypeError`, `RuntimeError`) around a call keeps working.
+`ScheduleError` alone is not a ValueError: it is a refusal of a legal request, not a bad argument,
+and code that catches ValueError to probe arguments must not swallow it.
+
+`NotFoundError` is a `LookupError` (the base of KeyError and IndexError: "this name or handle
+names nothing" is a failed lookup) rather than a `KeyError`, because KeyError prints its message
+through repr(), which mangles the multi-line, hand-worded messages the project gives; it is also a
+`ValueError` because every not-found failure raised ValueError before.
+
+This module imports nothing from the project, so every layer may import it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
+    "CodegenError",
+    "LoopirError",
+    "NotFoundError",
+    "NotNestedError",
+    "RuntimeLaunchError",
+]
+
+
+class LoopirError(Exception):
+    """The root of every error loopir raises on purpose (a refusal, a bad argument, a failed launch)."""
+
+
+class ArgumentError(LoopirError, ValueError):
+    """An argument outside what the call accepts (a split factor < 1, an unknown option, a bad size)."""
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of the wrong type (a factor that is not an int, a tensor where a loop is expected)."""
+
+
+class NotFoundError(LoopirError, LookupError, ValueError):
+    """A name or handle that names nothing here: a statement, a tensor, a loop, a stale loop handle."""
+
+
+class NotNestedError(LoopirError, ValueError):
+    """Loops a step needs nested (perfectly, or in a given order) are not."""
+
+
+class CodegenError(LoopirError, ValueError):
+    """A program that a target cannot compile as scheduled; the message names the offending thing."""
+
+
+class RuntimeLaunchError(LoopirError, RuntimeError):
+    """The toolchain or device below the generated code failed: compiling, loading or launching."""

@@ -1,0 +1,87 @@
+"""The GEMM recipes: the classic tiled GEMM as a sequence of checked Schedule steps, one recipe per target.
+
+    schedule_gemm(s, "matmul", epilogue=["C"], target="cuda", block=(64, 128), thread_tile=(8, 8), k_tile=16)
+    schedule_gemm(s, "matmul", epilogue=["C"], target="cpu", cpu_tile=(6, 64))
+
+`gemm` holds what the targets share (finding the matmul-shaped reduction and its epilogue, `GemmPlan`),
+`gemm_cpu` and `gemm_cuda` the recipes (their docstrings show the nest each produces); this module
+dispatches on the target (`schedule_gemm`) and resolves the tile parameters `auto_schedule` and the
+fusion planner pass (`gemm_params`). `auto_schedule` schedules every matmul-shaped reduction
+(`matmul_stage`) with these recipes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from .gemm import (
+    GemmPlan,
+    check_tiles,
+    elementwise_consumers,
+    is_matmul_tensor,
+    matmul_operands,
+    matmul_stage,
+    pos_int,
+    resolve_stage,
+)
+from .gemm_cpu import default_cpu_tile, schedule_gemm_cpu
+from .gemm_cuda import gemm_resources, schedule_gemm_cuda
+
+__all__ = [
+    "GEMM_KEYS", "GemmPlan", "check_tiles", "default_cpu_tile", "elementwise_consumers", "gemm_params",
+    "gemm_resources", "is_matmul_tensor", "matmul_operands", "matmul_stage", "resolve_stage", "schedule_gemm",
+    "schedule_gemm_cpu", "schedule_gemm_cuda",
+]
+
+
+def schedule_gemm(s: Any, stage: str | Any = None, epilogue: Any = "auto", target: str = "cuda",
+                  block: tuple[int, int] | None = None, thread_tile: tuple[int, int] | None = None,
+                  k_tile: int | None = None, shared: bool = True, cpu_tile: tuple[int, int] | None = None,
+                  **cuda_opts: Any) -> GemmPlan:
+    """Apply the tiled-GEMM recipe to the matmul-shaped reduction `stage` of Schedule `s`.
+
+    `stage`: the update statement's name (or tensor); None picks the only matmul-shaped one.
+    `epilogue`: elementwise consumers fused into the single store ("auto": every elementwise
+    consumer chain found by `elementwise_consumers`; [] for none). Tile sizes are parameters:
+    on "cuda" `block`, `thread_tile`, `k_tile`, `shared` and `cuda_opts` (`strided`, `unroll_k`) go to
+    `schedule_gemm_cuda` (None: its defaults); on "cpu" `cpu_tile` (None: `default_cpu_tile()`).
+    Returns a GemmPlan (`.explain()`); the schedule `s` is modified in place.
+    """
+    if target not in ("cuda", "cpu"):
+        raise ValueError(f"schedule_gemm: target must be 'cuda' or 'cpu', got {target!r}")
+    if target == "cuda":
+        tiles = {k: v for k, v in (("block", block), ("thread_tile", thread_tile), ("k_tile", k_tile))
+                 if v is not None}
+        return schedule_gemm_cuda(s, stage, epilogue, shared=shared, **tiles, **cuda_opts)
+    if cuda_opts:
+        raise ValueError(f"schedule_gemm: {', '.join(sorted(cuda_opts))} only apply to target 'cuda'")
+    return schedule_gemm_cpu(s, stage, epilogue, cpu_tile, who="schedule_gemm")
+
+
+GEMM_KEYS = {"cuda": ("block", "thread_tile", "k_tile", "shared", "strided", "unroll_k"), "cpu": ("cpu_tile",)}
+
+
+def gemm_params(target: str, gemm: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The tile parameters of the GEMM recipe for `target`: the recipe's defaults, overridden by `gemm`.
+    cuda: block, thread_tile, k_tile (and shared, strided, unroll_k) of `schedule_gemm_cuda`;
+    cpu: cpu_tile (default `default_cpu_tile()`). ValueError naming an unknown key or a bad size."""
+    if target not in GEMM_KEYS:
+        raise ValueError(f"gemm_params: target must be 'cuda' or 'cpu', got {target!r}")
+    given = dict(gemm or {})
+    bad = [k for k in given if k not in GEMM_KEYS[target]]
+    if bad:
+        raise ValueError(f"auto_schedule: unknown gemm parameter {', '.join(map(repr, bad))} for target {target!r}; "
+                         f"expected some of {', '.join(GEMM_KEYS[target])}")
+    for k in ("block", "thread_tile", "cpu_tile"):
+        if isinstance(given.get(k), list):
+            given[k] = tuple(given[k])
+    if target == "cpu":
+        tile = given.get("cpu_tile") or default_cpu_tile()
+        if not (isinstance(tile, tuple) and len(tile) == 2 and all(pos_int(x) for x in tile)):
+            raise ValueError(f"auto_schedule: gemm cpu_tile must be two positive ints, got {tile!r}")
+        return {"cpu_tile": tile}
+    sig = inspect.signature(schedule_gemm_cuda).parameters
+    out = {k: given.get(k, sig[k].default) for k in GEMM_KEYS["cuda"]}
+    check_tiles(out["block"], out["thread_tile"], out["k_tile"])
+    return out

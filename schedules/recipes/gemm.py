@@ -1,0 +1,153 @@
+"""The part of the GEMM recipes every target shares: finding the matmul-shaped reduction of a program
+(`matmul_stage`, `resolve_stage`), its elementwise epilogue (`elementwise_consumers`), tile-size checks,
+and `GemmPlan`, the record of what a recipe did. The per-target recipes are `gemm_cpu` and `gemm_cuda`.
+
+A matmul-shaped reduction is a statement `C[i, j] = C[i, j] + X * Y` inside loops (i, j, k) with an
+initialising statement; `is_matmul_tensor` is its mirror on te tensors (for the fusion planner).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from loopir.nodes import Binary, Buffer, Load, Program, Store
+from loopir.te import ComputeOp, Reduce
+from loopir.visit import statements, walk
+
+__all__ = [
+    "GemmPlan", "check_tiles", "elementwise_consumers", "is_matmul_tensor", "matmul_operands", "matmul_stage",
+    "pos_int", "resolve_stage",
+]
+
+
+@dataclass
+class GemmPlan:
+    """What schedule_gemm did: the steps in words (and the shared-memory staging that applied)."""
+
+    stage: str
+    epilogue: list[str]
+    target: str
+    steps: list[str] = field(default_factory=list)
+    staged: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def explain(self) -> str:
+        lines = [f"gemm schedule of {self.stage!r} for {self.target} (epilogue: {', '.join(self.epilogue) or 'none'})"]
+        lines += [f"  {k + 1}. {s}" for k, s in enumerate(self.steps)]
+        lines += [f"  skipped: {s}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def _update(program: Program, stage: str) -> Store:
+    for c in statements(program):
+        if c.store.name == stage or (c.store.buffer.name == stage and _is_update(c.store)):
+            if _is_update(c.store):
+                return c.store
+    raise ValueError(f"schedule_gemm: no matmul-shaped reduction statement named {stage!r} in {program.name!r}")
+
+
+def _is_update(st: Store) -> bool:
+    v = st.value
+    return (
+        isinstance(v, Binary)
+        and v.op == "add"
+        and isinstance(v.a, Load)
+        and v.a.buffer is st.buffer
+        and v.a.indices == st.indices
+    )
+
+
+def matmul_stage(program: Program) -> list[str]:
+    """Names of the statements of `program` that are matmul-shaped: C[i, j] += X[.., k] * Y[k, ..]
+    (2-d accumulator, one more loop than the output rank, product of two loads)."""
+    out = []
+    for c in statements(program):
+        st = c.store
+        if not _is_update(st) or len(st.indices) != 2 or len(st.iters) != 3:
+            continue
+        rhs = st.value.b  # type: ignore[attr-defined]
+        if isinstance(rhs, Binary) and rhs.op == "mul" and _loads(rhs.a) and _loads(rhs.b):
+            out.append(st.name)
+    return out
+
+
+def _loads(e: Any) -> bool:
+    return any(isinstance(n, Load) for n in walk(e))
+
+
+def elementwise_consumers(program: Program, stage: str) -> list[str]:
+    """The statements that read the stage's buffer at their own iteration (epilogue candidates),
+    in program order, followed transitively while each is the only reader of its producer."""
+    buf = _update(program, stage).buffer
+    out: list[str] = []
+    while True:
+        rd = [c.store for c in statements(program) if c.store.buffer is not buf and any(
+            isinstance(n, Load) and n.buffer is buf for n in _walk(c.store.value))]
+        if len(rd) != 1 or any(isinstance(n, Load) and n.buffer is buf and n.indices != rd[0].iters
+                               for n in _walk(rd[0].value)):
+            return out
+        out.append(rd[0].name)
+        if rd[0].buffer in program.args:
+            return out
+        buf = rd[0].buffer
+
+
+def _walk(e: Any) -> list[Any]:
+    return list(walk(e))
+
+
+def pos_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+def check_tiles(block: tuple[int, int], thread_tile: tuple[int, int], k_tile: int) -> None:
+    for name, v in (("block", block), ("thread_tile", thread_tile)):
+        if not (isinstance(v, tuple) and len(v) == 2 and all(pos_int(x) for x in v)):
+            raise ValueError(f"schedule_gemm: {name} must be two positive ints, got {v!r}")
+    if not pos_int(k_tile):
+        raise ValueError(f"schedule_gemm: k_tile must be a positive int, got {k_tile!r}")
+    for d in range(2):
+        if block[d] % thread_tile[d]:
+            raise ValueError(f"schedule_gemm: block {block} is not a multiple of thread_tile {thread_tile}")
+    if (block[0] // thread_tile[0]) * (block[1] // thread_tile[1]) > 1024:
+        raise ValueError(f"schedule_gemm: block {block} / thread_tile {thread_tile} needs more than 1024 threads")
+
+
+def resolve_stage(program: Program, stage: Any, epilogue: Any, who: str) -> tuple[Store, list[str]]:
+    """The matmul's update statement (`stage`: a name, a tensor, or None for the only matmul-shaped
+    reduction) and the names of its epilogue stages; ValueError naming `who` otherwise."""
+    if stage is None:
+        found = matmul_stage(program)
+        if len(found) != 1:
+            raise ValueError(f"{who}: expected one matmul-shaped reduction, found {found or 'none'}")
+        stage = found[0]
+    if not isinstance(stage, str):
+        stage = stage.name
+    upd = _update(program, stage)
+    return upd, _epilogue_names(program, upd.name, epilogue)
+
+
+def _epilogue_names(program: Program, stage: str, epilogue: Any) -> list[str]:
+    if epilogue == "auto":
+        return elementwise_consumers(program, stage)
+    return [e if isinstance(e, str) else e.name for e in ([epilogue] if isinstance(epilogue, str) else epilogue)]
+
+
+def matmul_operands(upd: Store) -> list[Buffer]:
+    out: list[Buffer] = []
+    for n in _walk(upd.value.b):  # type: ignore[attr-defined]
+        if isinstance(n, Load) and n.buffer not in out and n.buffer is not upd.buffer:
+            out.append(n.buffer)
+    return out
+
+
+def is_matmul_tensor(t: Any) -> bool:
+    """The te mirror of `matmul_stage`: t = sum over one reduce axis of (X * Y), X and Y reading tensors,
+    with a 2-d output (what lowers to a matmul-shaped update statement)."""
+    op = getattr(t, "op", None)
+    if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce) or op.body.op != "sum":
+        return False
+    body = op.body.body
+    return (len(t.shape) == 2 and len(op.reduce_axis) == 1 and isinstance(body, Binary) and body.op == "mul"
+            and _loads(body.a) and _loads(body.b))

@@ -1,0 +1,171 @@
+"""The error tree (loopir.errors): one root, each class also its old built-in, and real failures land in it.
+
+Representative failures are raised by the real code paths (a stale loop handle, a bad split
+factor, a refusal of each code generator, an illegal schedule step, a failed NVRTC compile) and
+caught twice: as `LoopirError` and as the built-in exception the same failure raised before the
+tree existed, so `except ValueError` around a call keeps working.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import codegen.cuda_expr
+import codegen.cuda_runtime
+import codegen.llvm_types
+import codegen.nvrtc
+import loopir
+import schedules
+from codegen.cuda_build import build_cuda
+from codegen.llvm import generate
+from loopir import errors as E
+from loopir import nodes as N
+from loopir import poly, te
+from loopir import workloads as W
+from schedules import Schedule
+from schedules.errors import InexactCheckError, ScheduleError
+
+# (class, the built-ins it must also be): the whole tree, wherever each class is defined
+TREE = [
+    (E.ArgumentError, (ValueError,)),
+    (E.ArgumentTypeError, (E.ArgumentError, ValueError, TypeError)),
+    (E.NotFoundError, (LookupError, ValueError)),
+    (E.NotNestedError, (ValueError,)),
+    (E.CodegenError, (ValueError,)),
+    (E.RuntimeLaunchError, (RuntimeError,)),
+    (ScheduleError, ()),
+    (InexactCheckError, (ValueError,)),
+    (poly.PrivateScopeError, (ValueError,)),
+    (codegen.llvm_types.CodegenError, (E.CodegenError, ValueError)),
+    (codegen.cuda_expr.CudaCodegenError, (E.CodegenError, ValueError)),
+    (codegen.cuda_expr.UnboundLoopError, (E.CodegenError, ValueError)),
+    (codegen.nvrtc.NvrtcError, (E.RuntimeLaunchError, RuntimeError)),
+    (codegen.cuda_runtime.CudaError, (E.RuntimeLaunchError, RuntimeError)),
+    (codegen.cuda_runtime.NoGpuError, (E.RuntimeLaunchError, RuntimeError)),
+]
+
+
+@pytest.mark.parametrize("cls, parents", TREE, ids=[c.__qualname__ for c, _ in TREE])
+def test_hierarchy(cls, parents):
+    assert issubclass(cls, E.LoopirError) and issubclass(E.LoopirError, Exception)
+    for p in parents:
+        assert issubclass(cls, p), f"{cls.__name__} is not a {p.__name__}"
+
+
+def test_schedule_error_is_not_a_value_error():
+    # a refusal is not a bad argument: code probing arguments with `except ValueError` must not swallow it
+    assert not issubclass(ScheduleError, ValueError)
+
+
+def test_exported_from_loopir_and_schedules():
+    for name in E.__all__:
+        assert getattr(loopir, name) is getattr(E, name)
+    for name in ("LoopirError", "ArgumentError", "ArgumentTypeError", "NotFoundError", "NotNestedError"):
+        assert getattr(schedules, name) is getattr(E, name)
+    assert schedules.ScheduleError is ScheduleError and schedules.InexactCheckError is InexactCheckError
+
+
+def test_messages_are_kept_verbatim():
+    msg = "line one\n  line two: 'quoted'"
+    for cls in (E.ArgumentError, E.NotFoundError, E.CodegenError, E.RuntimeLaunchError):
+        assert str(cls(msg)) == msg  # NotFoundError is no KeyError: its message is not repr()-quoted
+
+
+# ----------------------------------------------------------------------------- real failures
+
+
+def _caught_both(fn, builtin: type[BaseException]) -> BaseException:
+    """Run the failing call twice: it must be caught as LoopirError, and as `builtin`."""
+    with pytest.raises(E.LoopirError):
+        fn()
+    with pytest.raises(builtin) as info:
+        fn()
+    return info.value
+
+
+def _elementwise():
+    n = te.var("n")
+    x = te.placeholder((n,), dtype="float32", name="x")
+    return te.compute((n,), lambda i: x[i] + 1.0, name="y")
+
+
+def _stencil():
+    from loopir import ir
+
+    n = te.var("n")
+    A = ir.buffer((n, n), dtype="float32", name="A")
+    b = ir.Builder("stencil")
+    with b.loop("i", 1, n) as i, b.loop("j", 0, n - 1) as j:
+        b.store(A, (i, j), A[i - 1, j + 1] + A[i, j], name="S")
+    return b.finish([A])
+
+
+# The two raise sites below (schedules/schedule.py `_resolve`, schedules/primitives/loops.py `split`) still
+# raise plain ValueError; they are typed by the argument-checking work (ArgumentError / NotFoundError).
+# Until then only their built-in is checked strictly.
+_UNTYPED = pytest.mark.xfail(reason="raise site not yet typed (schedule.py / primitives argument checks)",
+                             raises=ValueError, strict=False)
+
+
+@_UNTYPED
+def test_stale_loop_handle():
+    y = _elementwise()
+    s = Schedule(y)
+    (i,) = s.loops(y)
+    s.split(i, 4)  # replaces i: the handle is stale now
+    _caught_both(lambda: s.split(i, 4), ValueError)
+
+
+def test_stale_loop_handle_is_still_a_value_error():
+    y = _elementwise()
+    s = Schedule(y)
+    (i,) = s.loops(y)
+    s.split(i, 4)
+    with pytest.raises(ValueError, match="no longer exists"):
+        s.split(i, 4)
+
+
+@_UNTYPED
+def test_bad_split_factor():
+    y = _elementwise()
+    s = Schedule(y)
+    (i,) = s.loops(y)
+    _caught_both(lambda: s.split(i, 0), ValueError)
+
+
+def test_bad_split_factor_is_still_a_value_error():
+    y = _elementwise()
+    s = Schedule(y)
+    (i,) = s.loops(y)
+    with pytest.raises(ValueError, match="factor"):
+        s.split(i, 0)
+
+
+def test_schedule_error():
+    s = Schedule(_stencil())
+    i, j = s.loops("S")
+    err = _caught_both(lambda: s.reorder(j, i), ScheduleError)
+    assert err.kind in ("flow", "anti", "output") and err.buffer == "A"
+
+
+def test_llvm_codegen_refusal():
+    x = N.Buffer("x", (N.const(4),), "float32")
+    i = N.Var("i")
+    body = N.For(i, N.const(0), N.const(4), N.Store("S", x, (i,), N.const(1.0, "float32"), (i,), (i,)))
+    prog = N.Program("twice", (x, x), body)  # one buffer listed twice among the arguments
+    err = _caught_both(lambda: generate(prog, "twice"), ValueError)
+    assert isinstance(err, E.CodegenError) and "twice" in str(err)
+
+
+def test_cuda_codegen_refusal():
+    p = W.sincos().program()  # no loop bound to a GPU axis
+    err = _caught_both(lambda: build_cuda(p), ValueError)
+    assert isinstance(err, E.CodegenError) and "bind" in str(err)
+
+
+def test_nvrtc_refusal(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOOPIR_CACHE_DIR", str(tmp_path))
+    bad = 'extern "C" __global__ void k(float* y) { y[0] = +* ; }\n'
+    err = _caught_both(lambda: codegen.nvrtc.compile_cubin(bad, "sm_90", use_cache=False, name="bad.cu"),
+                       RuntimeError)
+    assert isinstance(err, E.RuntimeLaunchError)
