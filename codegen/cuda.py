@@ -2,10 +2,14 @@
 
 How a program maps to kernels
 -----------------------------
-* Each top-level statement of `program.body` is one nest. A nest with at least one loop of
-  kind "thread" becomes one kernel; a nest without any loop (a scalar statement) becomes a
-  one-thread kernel; a nest with loops but none bound is refused (`UnboundLoopError`, naming
-  the loop and saying to `bind` it or use `auto_schedule`).
+* Each kernel of the program (`codegen.passes.kernels.kernels`: each statement at host level, i.e.
+  each top-level statement of `program.body` and each statement of a host loop's body) is one nest.
+  A nest with at least one loop of kind "thread" becomes one kernel; a nest without any loop (a
+  scalar statement) becomes a one-thread kernel; a nest with loops but none bound is refused
+  (`UnboundLoopError`, naming the loop and saying to `bind` it or use `auto_schedule`).
+* A host loop (kind "host", made by the pass `split_kernels` from a serial loop around grid-bound
+  loops) is a loop of launches on the host (`CudaSource.launches`: `HostLoop` / `HostIf` / `Launch`);
+  its variable is a `long long` parameter of the kernels inside it, and their launch dims may use it.
 * A bound loop `for v in lo..hi bound to threadIdx.x` becomes `const long long v = lo + threadIdx.x;`
   and, when the launch extent may exceed `hi - lo`, `if (v < hi) {...}`. Several loops may be
   bound to the same axis in one block (phases of a row softmax): the launch extent of an axis is
@@ -102,10 +106,42 @@ class Kernel:
 
 
 @dataclass(frozen=True)
+class Launch:
+    """Launch `CudaSource.kernels[kernel]`."""
+
+    kernel: int
+
+
+@dataclass(frozen=True)
+class HostLoop:
+    """for var in range(lo, hi) on the host: run `body` (launches, loops) once per iteration."""
+
+    var: N.Var
+    lo: N.Expr
+    hi: N.Expr
+    body: tuple[HostStep, ...]
+
+
+@dataclass(frozen=True)
+class HostIf:
+    """if cond (sizes and host loop variables only) on the host."""
+
+    cond: N.Expr
+    then: tuple[HostStep, ...]
+    orelse: tuple[HostStep, ...] = ()
+
+
+HostStep = Launch | HostLoop | HostIf
+
+
+@dataclass(frozen=True)
 class CudaSource:
+    """The generated source, its kernels, and the launch sequence one call runs (in order)."""
+
     source: str
     kernels: tuple[Kernel, ...]
     program: N.Program
+    launches: tuple[HostStep, ...] = ()
 
 
 def _upper_extent(ext: N.Expr, allowed: set[N.Var]) -> N.Expr | None:
@@ -124,9 +160,11 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
     """Emits one kernel for one top-level nest: launch planning and statements here; expressions, float4
     accesses, cross-thread reductions and shared-memory staging in the mixins (see the module docstring)."""
 
-    def __init__(self, program: N.Program, nest: N.Stmt, name: str, is_last_kernel_stmt: bool = True):
+    def __init__(self, program: N.Program, nest: N.Stmt, name: str, is_last_kernel_stmt: bool = True,
+                 host_vars: tuple[N.Var, ...] = ()):
         self.program = program
         self.nest = nest
+        self.host_vars = frozenset(host_vars)  # variables of the host loops around the kernel: parameters
         self.kname = name
         self.names = _Names()
         self.lines: list[str] = []
@@ -187,7 +225,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         defined = {f.var for f in _loops(self.nest)}
         for n in walk(self.nest):
             if isinstance(n, N.Store):
-                defined.update(n.iters)
+                # an iteration variable that is a host loop's own variable (coordinate t = t) is a parameter
+                defined.update(v for v in n.iters if v not in self.host_vars)
         return free_vars(self.nest) - defined
 
     def _check_nesting(self, s: N.Stmt, seen: set[str]) -> None:
@@ -399,14 +438,25 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         return text, Kernel(self.kname, tuple(args), plan, tuple(dict.fromkeys(_stmt_names(self.nest))))
 
 
+def _host_expr(e: N.Expr, what: str) -> N.Expr:
+    if any(isinstance(n, N.Load) for n in walk(e)):
+        raise CudaCodegenError(f"{what} {e} reads a buffer; a host loop's bounds and the conditions around it "
+                               "are evaluated on the host and may use only sizes and host loop variables")
+    return e
+
+
 def generate_cuda(program: N.Program) -> CudaSource:
-    """CUDA C for `program`: one kernel per top-level nest (see the module docstring)."""
-    nests = _body_list(program.body)
+    """CUDA C for `program`: one kernel per nest at host level, launched as `CudaSource.launches` says
+    (see the module docstring)."""
+    from .passes.kernels import has_host_loops
+
     names = _Names()
     texts: list[str] = []
     kernels: list[Kernel] = []
-    half = reduce_ = async_ = False
-    for k, nest in enumerate(nests):
+    flags = {"half": False, "reduce": False, "async": False}
+
+    def kernel(nest: N.Stmt, host_vars: tuple[N.Var, ...]) -> int:
+        k = len(kernels)
         loops = _loops(nest)
         if loops and not any(f.kind == "thread" for f in loops):
             outer = loops[0]
@@ -417,23 +467,48 @@ def generate_cuda(program: N.Program) -> CudaSource:
                 "s.bind(outer, 'blockIdx.x').bind(inner, 'threadIdx.x')) or use auto_schedule")
         first = (_stmt_names(nest) or [f"nest{k}"])[0]
         kname = names.fresh(f"{program.name}_{first}")
-        gen = _KernelGen(program, nest, kname)
+        gen = _KernelGen(program, nest, kname, host_vars=host_vars)
         text, kern = gen.generate()
-        half |= gen.uses_half
-        reduce_ |= gen.uses_reduce
-        async_ |= gen.uses_async
+        if host_vars:  # say where it runs: the source alone shows the time loop is not inside the kernel
+            head, rest = text.split("\n", 1)
+            loops_ = ", ".join(v.name for v in host_vars)
+            text = f"{head}\n  // launched once per iteration of the host loop(s) {loops_}\n{rest}"
+        flags["half"] |= gen.uses_half
+        flags["reduce"] |= gen.uses_reduce
+        flags["async"] |= gen.uses_async
         texts.append(text)
         kernels.append(kern)
+        return k
+
+    def host(s: N.Stmt, top: bool, host_vars: tuple[N.Var, ...]) -> tuple[HostStep, ...]:
+        if isinstance(s, N.Seq) and (top or has_host_loops(s)):
+            return tuple(x for c in s.body for x in host(c, False, host_vars))
+        if isinstance(s, N.For) and s.kind == "host":
+            lo = _host_expr(s.lo, f"the lower bound of host loop {s.var.name!r}")
+            hi = _host_expr(s.hi, f"the upper bound of host loop {s.var.name!r}")
+            return (HostLoop(s.var, lo, hi, host(s.body, True, (*host_vars, s.var))),)
+        if isinstance(s, N.If) and has_host_loops(s):
+            cond = _host_expr(s.cond, "the condition")
+            orelse = () if s.orelse is None else host(s.orelse, True, host_vars)
+            return (HostIf(cond, host(s.then, True, host_vars), orelse),)
+        if isinstance(s, N.Allocate) and has_host_loops(s):
+            raise CudaCodegenError(
+                f"{s.buffer.scope} buffer {s.buffer.name!r} is allocated around a host loop (a loop of kernel "
+                "launches); a shared or local buffer lives inside one kernel: allocate it inside the bound loops")
+        return (Launch(kernel(s, host_vars)),)
+
+    launches = host(program.body, True, ())
     parts = [PRELUDE]
-    if half:
+    if flags["half"]:
         parts.append(PRELUDE_HALF)
-    if reduce_:
+    if flags["reduce"]:
         parts.append(PRELUDE_REDUCE)
-    if async_:
+    if flags["async"]:
         parts.append(PRELUDE_ASYNC)
     source = "\n".join(parts) + "\n" + "\n\n".join(texts) + "\n"
-    return CudaSource(source, tuple(kernels), program)
+    return CudaSource(source, tuple(kernels), program, launches)
 
 
-__all__ = ["generate_cuda", "CudaSource", "Kernel", "KernelArg", "LaunchPlan", "CudaCodegenError",
+__all__ = ["generate_cuda", "CudaSource", "Kernel", "KernelArg", "LaunchPlan", "Launch", "HostLoop", "HostIf",
+           "HostStep", "CudaCodegenError",
            "UnboundLoopError", "eval_index"]
