@@ -13,9 +13,11 @@ How a program maps to kernels
 * A bound loop `for v in lo..hi bound to threadIdx.x` becomes `const long long v = lo + threadIdx.x;`
   and, when the launch extent may exceed `hi - lo`, `if (v < hi) {...}`. Several loops may be
   bound to the same axis in one block (phases of a row softmax): the launch extent of an axis is
-  the max of their extents and each is guarded. Extents may use size parameters only; an extent
-  that varies with another loop (the block index) is refused, except `min(c, ...)` whose constant
-  side bounds it (the loop keeps its exact guard).
+  the max of their extents and each is guarded. A launch extent uses size parameters (and host loop
+  variables) only: an extent that varies with another loop (the block index of a compute_at'd
+  producer's clipped tile) is launched at its exact maximum over the loops around it, found by isl
+  (`isl_upper_extent`; `min(c, ...)` whose constant side bounds it first), and the loop keeps its
+  exact guard; an extent isl cannot bound (non-affine, unbounded) is refused.
 * The launch plan (grid and block per kernel) is kept as loopir expressions over the size
   parameters, evaluated at call time (`LaunchPlan.dims(sizes)`).
 * Serial/parallel/unroll loops inside a kernel are plain `for` loops (`#pragma unroll` for unroll).
@@ -50,6 +52,7 @@ from .cuda_expr import (  # noqa: F401  (re-exported: tests and callers import t
     CudaCodegenError,
     UnboundLoopError,
     _body_list,
+    _bound_paths,
     _ExprEmitter,
     _fits_int32,
     _is_const,
@@ -60,6 +63,8 @@ from .cuda_expr import (  # noqa: F401  (re-exported: tests and callers import t
     _stmt_names,
     _subst_coords,
     eval_index,
+    isl_max,
+    isl_upper_extent,
 )
 from .cuda_prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE
 from .cuda_reduce import _RED_OPS, _identity, _reduction_parts, _ReductionEmitter  # noqa: F401
@@ -182,6 +187,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.has_threads = False
         self.ix = "long long"  # the C type of index arithmetic: "int" when every size provably fits
         self.uses_async = False
+        self.pred: str | None = None  # C condition: does this thread really run the statements here (predication)
+        self.uniform_memo: dict[int, bool] = {}
         self.pipeline_copies = PIPELINE_SHARED_COPIES  # read per kernel: setting codegen.cuda.X works
 
     # ---------------------------------------------------------------- analysis
@@ -191,15 +198,27 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         params = set(self.program.params) | self._size_vars()
         ext: dict[str, list[N.Expr]] = {}
         self.extent: dict[int, N.Expr] = {}
+        paths = None
+        varying: set[str] = set()  # axes with an extent bounded by isl: their launch max is simplified by isl too
         for f in bound:
             if f.thread not in N.GPU_AXES:
                 raise CudaCodegenError(f"loop {f.var.name!r} is bound to unknown GPU axis {f.thread!r}; "
                                        f"use one of {', '.join(N.GPU_AXES)}")
             e = _upper_extent(N.binary("sub", f.hi, f.lo), params)
             if e is None:
+                # an extent that varies with the block index (a compute_at'd producer's clipped tile): launch
+                # its exact maximum over the loops around it; the loop keeps its exact guard
+                if paths is None:
+                    paths = _bound_paths(self.nest)
+                e = isl_upper_extent(f, *paths[id(f)])
+                if e is not None and not free_vars(e) <= params:
+                    e = None
+                varying.add(f.thread)
+            if e is None:
                 raise CudaCodegenError(
                     f"loop {f.var.name!r} bound to {f.thread} has extent {f.hi} - {f.lo}, which varies with "
-                    "another loop; a GPU launch extent may depend only on the sizes "
+                    "another loop and has no maximum isl can find over those loops (non-affine or unbounded); "
+                    "a GPU launch extent may depend only on the sizes "
                     f"({', '.join(sorted(p.name for p in params)) or 'none'})")
             self.extent[id(f)] = e
             lst = ext.setdefault(f.thread, [])
@@ -212,6 +231,9 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             m = lst[0]
             for x in lst[1:]:
                 m = N.binary("max", m, x)
+            if axis in varying and len(lst) > 1:
+                simpler = isl_max(m)
+                m = m if simpler is None else simpler
             if axis == "threadIdx.x" and self.has_reduction:
                 m = N.binary("mul", N.binary("floordiv", N.binary("add", m, 31), 32), 32)
             launch[axis] = m
@@ -250,11 +272,15 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
 
     # ---------------------------------------------------------------- statements
     def stmt(self, s: N.Stmt, last: bool) -> None:
-        if isinstance(s, N.Seq):
+        if self.pred is not None and not self._needs_uniform(s):
+            self.under_pred(s, last)  # a thread whose guard failed skips it (codegen.cuda_reduce)
+        elif isinstance(s, N.Seq):
             for k, c in enumerate(s.body):
                 self.stmt(c, last and k == len(s.body) - 1)
         elif isinstance(s, N.For):
             self.loop(s, last)
+        elif isinstance(s, N.If) and self._needs_uniform(s) and self._thread_dependent(s.cond):
+            self.predicated_if(s, last)
         elif isinstance(s, N.If):
             self.line(f"if ({self.expr(s.cond)}) {{")
             self.block(s.then, last)
@@ -374,7 +400,10 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.thread_depth += is_thread
         needs_guard = not (self.extent[id(f)] == self.launch[axis]) or self.extent[id(f)] != N.binary("sub", f.hi, f.lo)
         self.forward.append({})
-        if needs_guard:
+        if needs_guard and is_thread and self._needs_uniform(f.body):
+            # a cross-thread reduction inside: every thread must reach it, so the guard becomes a predicate
+            self.with_pred(f"({v} < {self.expr(f.hi)})", body)
+        elif needs_guard:
             self.line(f"if ({v} < {self.expr(f.hi)}) {{")
             self.ind += 1
             body()
