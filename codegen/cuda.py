@@ -2,16 +2,22 @@
 
 How a program maps to kernels
 -----------------------------
-* Each top-level statement of `program.body` is one nest. A nest with at least one loop of
-  kind "thread" becomes one kernel; a nest without any loop (a scalar statement) becomes a
-  one-thread kernel; a nest with loops but none bound is refused (`UnboundLoopError`, naming
-  the loop and saying to `bind` it or use `auto_schedule`).
+* Each kernel of the program (`codegen.passes.kernels.kernels`: each statement at host level, i.e.
+  each top-level statement of `program.body` and each statement of a host loop's body) is one nest.
+  A nest with at least one loop of kind "thread" becomes one kernel; a nest without any loop (a
+  scalar statement) becomes a one-thread kernel; a nest with loops but none bound is refused
+  (`UnboundLoopError`, naming the loop and saying to `bind` it or use `auto_schedule`).
+* A host loop (kind "host", made by the pass `split_kernels` from a serial loop around grid-bound
+  loops) is a loop of launches on the host (`CudaSource.launches`: `HostLoop` / `HostIf` / `Launch`);
+  its variable is a `long long` parameter of the kernels inside it, and their launch dims may use it.
 * A bound loop `for v in lo..hi bound to threadIdx.x` becomes `const long long v = lo + threadIdx.x;`
   and, when the launch extent may exceed `hi - lo`, `if (v < hi) {...}`. Several loops may be
   bound to the same axis in one block (phases of a row softmax): the launch extent of an axis is
-  the max of their extents and each is guarded. Extents may use size parameters only; an extent
-  that varies with another loop (the block index) is refused, except `min(c, ...)` whose constant
-  side bounds it (the loop keeps its exact guard).
+  the max of their extents and each is guarded. A launch extent uses size parameters (and host loop
+  variables) only: an extent that varies with another loop (the block index of a compute_at'd
+  producer's clipped tile) is launched at its exact maximum over the loops around it, found by isl
+  (`isl_upper_extent`; `min(c, ...)` whose constant side bounds it first), and the loop keeps its
+  exact guard; an extent isl cannot bound (non-affine, unbounded) is refused.
 * The launch plan (grid and block per kernel) is kept as loopir expressions over the size
   parameters, evaluated at call time (`LaunchPlan.dims(sizes)`).
 * Serial/parallel/unroll loops inside a kernel are plain `for` loops (`#pragma unroll` for unroll).
@@ -46,6 +52,7 @@ from .cuda_expr import (  # noqa: F401  (re-exported: tests and callers import t
     CudaCodegenError,
     UnboundLoopError,
     _body_list,
+    _bound_paths,
     _ExprEmitter,
     _fits_int32,
     _is_const,
@@ -56,6 +63,8 @@ from .cuda_expr import (  # noqa: F401  (re-exported: tests and callers import t
     _stmt_names,
     _subst_coords,
     eval_index,
+    isl_max,
+    isl_upper_extent,
 )
 from .cuda_prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE
 from .cuda_reduce import _RED_OPS, _identity, _reduction_parts, _ReductionEmitter  # noqa: F401
@@ -102,10 +111,42 @@ class Kernel:
 
 
 @dataclass(frozen=True)
+class Launch:
+    """Launch `CudaSource.kernels[kernel]`."""
+
+    kernel: int
+
+
+@dataclass(frozen=True)
+class HostLoop:
+    """for var in range(lo, hi) on the host: run `body` (launches, loops) once per iteration."""
+
+    var: N.Var
+    lo: N.Expr
+    hi: N.Expr
+    body: tuple[HostStep, ...]
+
+
+@dataclass(frozen=True)
+class HostIf:
+    """if cond (sizes and host loop variables only) on the host."""
+
+    cond: N.Expr
+    then: tuple[HostStep, ...]
+    orelse: tuple[HostStep, ...] = ()
+
+
+HostStep = Launch | HostLoop | HostIf
+
+
+@dataclass(frozen=True)
 class CudaSource:
+    """The generated source, its kernels, and the launch sequence one call runs (in order)."""
+
     source: str
     kernels: tuple[Kernel, ...]
     program: N.Program
+    launches: tuple[HostStep, ...] = ()
 
 
 def _upper_extent(ext: N.Expr, allowed: set[N.Var]) -> N.Expr | None:
@@ -124,9 +165,11 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
     """Emits one kernel for one top-level nest: launch planning and statements here; expressions, float4
     accesses, cross-thread reductions and shared-memory staging in the mixins (see the module docstring)."""
 
-    def __init__(self, program: N.Program, nest: N.Stmt, name: str, is_last_kernel_stmt: bool = True):
+    def __init__(self, program: N.Program, nest: N.Stmt, name: str, is_last_kernel_stmt: bool = True,
+                 host_vars: tuple[N.Var, ...] = ()):
         self.program = program
         self.nest = nest
+        self.host_vars = frozenset(host_vars)  # variables of the host loops around the kernel: parameters
         self.kname = name
         self.names = _Names()
         self.lines: list[str] = []
@@ -144,6 +187,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.has_threads = False
         self.ix = "long long"  # the C type of index arithmetic: "int" when every size provably fits
         self.uses_async = False
+        self.pred: str | None = None  # C condition: does this thread really run the statements here (predication)
+        self.uniform_memo: dict[int, bool] = {}
         self.pipeline_copies = PIPELINE_SHARED_COPIES  # read per kernel: setting codegen.cuda.X works
 
     # ---------------------------------------------------------------- analysis
@@ -153,15 +198,27 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         params = set(self.program.params) | self._size_vars()
         ext: dict[str, list[N.Expr]] = {}
         self.extent: dict[int, N.Expr] = {}
+        paths = None
+        varying: set[str] = set()  # axes with an extent bounded by isl: their launch max is simplified by isl too
         for f in bound:
             if f.thread not in N.GPU_AXES:
                 raise CudaCodegenError(f"loop {f.var.name!r} is bound to unknown GPU axis {f.thread!r}; "
                                        f"use one of {', '.join(N.GPU_AXES)}")
             e = _upper_extent(N.binary("sub", f.hi, f.lo), params)
             if e is None:
+                # an extent that varies with the block index (a compute_at'd producer's clipped tile): launch
+                # its exact maximum over the loops around it; the loop keeps its exact guard
+                if paths is None:
+                    paths = _bound_paths(self.nest)
+                e = isl_upper_extent(f, *paths[id(f)])
+                if e is not None and not free_vars(e) <= params:
+                    e = None
+                varying.add(f.thread)
+            if e is None:
                 raise CudaCodegenError(
                     f"loop {f.var.name!r} bound to {f.thread} has extent {f.hi} - {f.lo}, which varies with "
-                    "another loop; a GPU launch extent may depend only on the sizes "
+                    "another loop and has no maximum isl can find over those loops (non-affine or unbounded); "
+                    "a GPU launch extent may depend only on the sizes "
                     f"({', '.join(sorted(p.name for p in params)) or 'none'})")
             self.extent[id(f)] = e
             lst = ext.setdefault(f.thread, [])
@@ -174,6 +231,9 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             m = lst[0]
             for x in lst[1:]:
                 m = N.binary("max", m, x)
+            if axis in varying and len(lst) > 1:
+                simpler = isl_max(m)
+                m = m if simpler is None else simpler
             if axis == "threadIdx.x" and self.has_reduction:
                 m = N.binary("mul", N.binary("floordiv", N.binary("add", m, 31), 32), 32)
             launch[axis] = m
@@ -187,7 +247,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         defined = {f.var for f in _loops(self.nest)}
         for n in walk(self.nest):
             if isinstance(n, N.Store):
-                defined.update(n.iters)
+                # an iteration variable that is a host loop's own variable (coordinate t = t) is a parameter
+                defined.update(v for v in n.iters if v not in self.host_vars)
         return free_vars(self.nest) - defined
 
     def _check_nesting(self, s: N.Stmt, seen: set[str]) -> None:
@@ -211,11 +272,15 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
 
     # ---------------------------------------------------------------- statements
     def stmt(self, s: N.Stmt, last: bool) -> None:
-        if isinstance(s, N.Seq):
+        if self.pred is not None and not self._needs_uniform(s):
+            self.under_pred(s, last)  # a thread whose guard failed skips it (codegen.cuda_reduce)
+        elif isinstance(s, N.Seq):
             for k, c in enumerate(s.body):
                 self.stmt(c, last and k == len(s.body) - 1)
         elif isinstance(s, N.For):
             self.loop(s, last)
+        elif isinstance(s, N.If) and self._needs_uniform(s) and self._thread_dependent(s.cond):
+            self.predicated_if(s, last)
         elif isinstance(s, N.If):
             self.line(f"if ({self.expr(s.cond)}) {{")
             self.block(s.then, last)
@@ -333,7 +398,10 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.thread_depth += is_thread
         needs_guard = not (self.extent[id(f)] == self.launch[axis]) or self.extent[id(f)] != N.binary("sub", f.hi, f.lo)
         self.forward.append({})
-        if needs_guard:
+        if needs_guard and is_thread and self._needs_uniform(f.body):
+            # a cross-thread reduction inside: every thread must reach it, so the guard becomes a predicate
+            self.with_pred(f"({v} < {self.expr(f.hi)})", body)
+        elif needs_guard:
             self.line(f"if ({v} < {self.expr(f.hi)}) {{")
             self.ind += 1
             body()
@@ -397,14 +465,25 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         return text, Kernel(self.kname, tuple(args), plan, tuple(dict.fromkeys(_stmt_names(self.nest))))
 
 
+def _host_expr(e: N.Expr, what: str) -> N.Expr:
+    if any(isinstance(n, N.Load) for n in walk(e)):
+        raise CudaCodegenError(f"{what} {e} reads a buffer; a host loop's bounds and the conditions around it "
+                               "are evaluated on the host and may use only sizes and host loop variables")
+    return e
+
+
 def generate_cuda(program: N.Program) -> CudaSource:
-    """CUDA C for `program`: one kernel per top-level nest (see the module docstring)."""
-    nests = _body_list(program.body)
+    """CUDA C for `program`: one kernel per nest at host level, launched as `CudaSource.launches` says
+    (see the module docstring)."""
+    from .passes.kernels import has_host_loops
+
     names = _Names()
     texts: list[str] = []
     kernels: list[Kernel] = []
-    half = reduce_ = async_ = False
-    for k, nest in enumerate(nests):
+    flags = {"half": False, "reduce": False, "async": False}
+
+    def kernel(nest: N.Stmt, host_vars: tuple[N.Var, ...]) -> int:
+        k = len(kernels)
         loops = _loops(nest)
         if loops and not any(f.kind == "thread" for f in loops):
             outer = loops[0]
@@ -415,23 +494,48 @@ def generate_cuda(program: N.Program) -> CudaSource:
                 "s.bind(outer, 'blockIdx.x').bind(inner, 'threadIdx.x')) or use auto_schedule")
         first = (_stmt_names(nest) or [f"nest{k}"])[0]
         kname = names.fresh(f"{program.name}_{first}")
-        gen = _KernelGen(program, nest, kname)
+        gen = _KernelGen(program, nest, kname, host_vars=host_vars)
         text, kern = gen.generate()
-        half |= gen.uses_half
-        reduce_ |= gen.uses_reduce
-        async_ |= gen.uses_async
+        if host_vars:  # say where it runs: the source alone shows the time loop is not inside the kernel
+            head, rest = text.split("\n", 1)
+            loops_ = ", ".join(v.name for v in host_vars)
+            text = f"{head}\n  // launched once per iteration of the host loop(s) {loops_}\n{rest}"
+        flags["half"] |= gen.uses_half
+        flags["reduce"] |= gen.uses_reduce
+        flags["async"] |= gen.uses_async
         texts.append(text)
         kernels.append(kern)
+        return k
+
+    def host(s: N.Stmt, top: bool, host_vars: tuple[N.Var, ...]) -> tuple[HostStep, ...]:
+        if isinstance(s, N.Seq) and (top or has_host_loops(s)):
+            return tuple(x for c in s.body for x in host(c, False, host_vars))
+        if isinstance(s, N.For) and s.kind == "host":
+            lo = _host_expr(s.lo, f"the lower bound of host loop {s.var.name!r}")
+            hi = _host_expr(s.hi, f"the upper bound of host loop {s.var.name!r}")
+            return (HostLoop(s.var, lo, hi, host(s.body, True, (*host_vars, s.var))),)
+        if isinstance(s, N.If) and has_host_loops(s):
+            cond = _host_expr(s.cond, "the condition")
+            orelse = () if s.orelse is None else host(s.orelse, True, host_vars)
+            return (HostIf(cond, host(s.then, True, host_vars), orelse),)
+        if isinstance(s, N.Allocate) and has_host_loops(s):
+            raise CudaCodegenError(
+                f"{s.buffer.scope} buffer {s.buffer.name!r} is allocated around a host loop (a loop of kernel "
+                "launches); a shared or local buffer lives inside one kernel: allocate it inside the bound loops")
+        return (Launch(kernel(s, host_vars)),)
+
+    launches = host(program.body, True, ())
     parts = [PRELUDE]
-    if half:
+    if flags["half"]:
         parts.append(PRELUDE_HALF)
-    if reduce_:
+    if flags["reduce"]:
         parts.append(PRELUDE_REDUCE)
-    if async_:
+    if flags["async"]:
         parts.append(PRELUDE_ASYNC)
     source = "\n".join(parts) + "\n" + "\n\n".join(texts) + "\n"
-    return CudaSource(source, tuple(kernels), program)
+    return CudaSource(source, tuple(kernels), program, launches)
 
 
-__all__ = ["generate_cuda", "CudaSource", "Kernel", "KernelArg", "LaunchPlan", "CudaCodegenError",
+__all__ = ["generate_cuda", "CudaSource", "Kernel", "KernelArg", "LaunchPlan", "Launch", "HostLoop", "HostIf",
+           "HostStep", "CudaCodegenError",
            "UnboundLoopError", "eval_index"]

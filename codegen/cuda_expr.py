@@ -287,3 +287,84 @@ class _ExprEmitter:
                 self.line(f"{ct} {sn}, {cn};")
                 self.line(f"{'sincosf' if single else 'sincos'}({self.expr(arg)}, &{sn}, &{cn});")
                 self.pre[fns["sin"]], self.pre[fns["cos"]] = sn, cn
+
+
+# ----------------------------------------------------------------------------- launch extents (isl)
+
+
+def _bound_paths(nest: N.Stmt) -> dict[int, tuple[tuple[N.For, ...], tuple[N.Expr, ...]]]:
+    """For each loop of the nest (by id): the loops around it (outermost first) and the If conditions
+    around it (an `else` branch contributes the negated condition)."""
+    out: dict[int, tuple[tuple[N.For, ...], tuple[N.Expr, ...]]] = {}
+
+    def go(s: N.Stmt, loops: tuple[N.For, ...], conds: tuple[N.Expr, ...]) -> None:
+        if isinstance(s, N.For):
+            out[id(s)] = (loops, conds)
+            go(s.body, (*loops, s), conds)
+        elif isinstance(s, N.Seq):
+            for c in s.body:
+                go(c, loops, conds)
+        elif isinstance(s, N.If):
+            go(s.then, loops, (*conds, s.cond))
+            if s.orelse is not None:
+                go(s.orelse, loops, (*conds, N.Logical("not", s.cond, None)))
+        elif isinstance(s, N.Allocate):
+            go(s.body, loops, conds)
+
+    go(nest, (), ())
+    return out
+
+
+def isl_upper_extent(f: N.For, loops: tuple[N.For, ...], conds: tuple[N.Expr, ...]) -> N.Expr | None:
+    """The exact maximum of `f.hi - f.lo` over the iterations of the loops around `f`; see `isl_max`."""
+    return isl_max(N.binary("sub", f.hi, f.lo), loops, conds)
+
+
+def isl_max(expr: N.Expr, loops: tuple[N.For, ...] = (), conds: tuple[N.Expr, ...] = ()) -> N.Expr | None:
+    """The exact maximum of the integer expression `expr` over the iterations of `loops` (bounds and
+    affine guards `conds`; a non-affine guard is left out, which only loosens the bound), as an
+    expression of the other variables (sizes, host loop variables); None when isl cannot give one.
+    With no loops it is `expr` itself, simplified (`max(min(8, w), 8)` is 8).
+
+    Found with isl: project the loops out of { [loops..., e] : e = hi - lo, their bounds, the guards }
+    and take `dim_max` of e. When the maximum is piecewise but no max/min of its pieces, the max of
+    every piece's affine function bounds it (each piece's value is one of them)."""
+    import islpy as isl
+
+    from loopir.isl_conv import NonAffine, _Names, aff, aff_to_expr, cond, pw_to_expr
+
+    names = _Names({})
+    dims = [names.bind(lp.var) for lp in loops]
+    try:
+        ext = aff(expr, names)
+        cons = [f"e = {ext}"]
+        for lp, nm in zip(loops, dims):
+            try:
+                cons.append(f"({aff(lp.lo, names)}) <= {nm} and {nm} < ({aff(lp.hi, names)})")
+            except NonAffine:
+                pass  # that loop's variable stays unconstrained: a looser bound, or none
+        for c in conds:
+            try:
+                cons.append(cond(c, names))
+            except NonAffine:
+                pass
+    except NonAffine:
+        return None
+    ev = names.bind(N.Var("e"))
+    cons[0] = cons[0].replace("e = ", f"{ev} = ", 1)
+    text = f"[{', '.join(names.params)}] -> {{ [{', '.join([*dims, ev])}] : {' and '.join(cons)} }}"
+    try:
+        pw = isl.Set(text).project_out(isl.dim_type.set, 0, len(dims)).dim_max(0)  # isl.Error when unbounded
+        pieces = pw.get_pieces()
+        if not pieces or any(a.is_nan() for _, a in pieces):
+            return None
+        try:
+            return pw_to_expr(pw, names.params, "launch extent")
+        except ValueError:
+            affs = list(dict.fromkeys(aff_to_expr(a, names.params) for _, a in pieces))
+            out = affs[0]
+            for a in affs[1:]:
+                out = N.binary("max", out, a)
+            return out
+    except isl.Error:
+        return None

@@ -13,10 +13,20 @@ variable or any loop inside T. Such a statement is computed as:
 Every thread ends with the total (all-reduce), so later loads of exactly `C[idx]` in the same
 block read the register instead of memory (forwarding); when the init `C[idx] = identity` was
 emitted just before in the same scope (nothing stored to C since), the share starts from that
-constant instead of reading C[idx] back from global memory. Preconditions, refused otherwise: T is
-not inside another thread-bound loop nor under a condition that uses a thread index (every thread
-of the block must reach the shuffles); a T-invariant store inside T that is not of this form is
-refused. The block's x extent is rounded up to a multiple of 32 so that warps are full.
+constant instead of reading C[idx] back from global memory. The all-reduce is per row
+(threadIdx.y, threadIdx.z), so T may sit inside loops bound to threadIdx.y / threadIdx.z (TVM's
+reduction layout: rows on threadIdx.y, the reduction on threadIdx.x).
+
+Every thread of the block must reach the shuffles and barriers of the all-reduce. A guard that
+depends on a thread index around T (the guard of a threadIdx.y loop shorter than the block, the
+`if i < n` of a split row loop) is therefore not emitted as an `if` around it but as a predicate
+(predication): `const bool p = (i < n);`, every statement in that region runs under `if (p)`, the
+reduction's share and its final store too, while the all-reduce itself runs on every thread (a
+thread whose predicate is false contributes the identity). Refused: a serial loop whose bounds
+depend on a thread index around T (threads would reach the all-reduce different numbers of times);
+a T-invariant store inside T that is not of the form C = C op e, except to a "local" buffer
+(registers are per thread). The block's x extent is rounded up to a multiple of 32 so that warps
+are full.
 """
 
 from __future__ import annotations
@@ -63,11 +73,12 @@ class _ReductionEmitter:
     red_targets, red_smem) and its statement emission (bound_loop, stmt)."""
 
     def _reductions_in(self, f: N.For) -> list[N.Store]:
-        """Stores inside f whose index does not use f's var nor loops inside f."""
+        """Stores inside f whose index does not use f's var nor loops inside f (a "local" buffer is
+        per thread: every thread writing element 0 of its own registers is no cross-thread reduction)."""
         inner = {x.var for x in _loops(f)}
         out = []
         for n in walk(f.body):
-            if isinstance(n, N.Store):
+            if isinstance(n, N.Store) and n.buffer.scope != "local":
                 idx = tuple(substitute(i, _subst_coords(n)) for i in n.indices)
                 used = set().union(*(free_vars(i) for i in idx)) if idx else set()
                 if not (used & inner):
@@ -82,6 +93,57 @@ class _ReductionEmitter:
         if op in ("add", "mul"):
             return f"{a} {'+' if op == 'add' else '*'} {b}"
         return f"loopir_{op}({a}, {b})"
+
+    # ---------------------------------------------------------------- predication
+    def _thread_vars(self) -> set[N.Var]:
+        return {x.var for x in _loops(self.nest) if x.kind == "thread" and x.thread.startswith("threadIdx")}
+
+    def _thread_dependent(self, e: N.Expr) -> bool:
+        return bool(free_vars(e) & self._thread_vars())
+
+    def _needs_uniform(self, s: N.Stmt) -> bool:
+        """True when every thread of the block must reach `s` (it holds a cross-thread reduction or a
+        barrier), so a thread-dependent guard around it must become a predicate."""
+        hit = self.uniform_memo.get(id(s))
+        if hit is None:
+            hit = any(isinstance(n, N.Barrier) or (isinstance(n, N.For) and self._is_reduction_loop(n))
+                      for n in walk(s))
+            self.uniform_memo[id(s)] = hit
+        return hit
+
+    def with_pred(self, cond: str, body) -> None:
+        """Run `body()` (emission) with the predicate `self.pred && cond`."""
+        p = self.names.fresh("pred")
+        self.line(f"const bool {p} = {cond if self.pred is None else f'{self.pred} && {cond}'};")
+        saved, self.pred = self.pred, p
+        body()
+        self.pred = saved
+
+    def under_pred(self, s: N.Stmt, last: bool) -> None:
+        """`s` (no reduction, no barrier inside) only on the threads whose predicate holds."""
+        self.line(f"if ({self.pred}) {{")
+        saved, self.pred = self.pred, None
+        if isinstance(s, N.Store):
+            # a store declares no register the code after it reads, so it keeps the scope of forwarded
+            # values: a reduction's init constant stays known to the reduction after it
+            self.ind += 1
+            self.stmt(s, last)
+            self.ind -= 1
+        else:
+            self.block(s, last)
+        self.pred = saved
+        self.line("}")
+
+    def predicated_if(self, s: N.If, last: bool) -> None:
+        c = self.names.fresh("cond")
+        self.line(f"const bool {c} = {self.expr(s.cond)};")
+        self.forward.append({})
+        self.with_pred(c, lambda: self.stmt(s.then, last))
+        self.forward.pop()
+        if s.orelse is not None:
+            self.forward.append({})
+            self.with_pred(f"!{c}", lambda: self.stmt(s.orelse, last))
+            self.forward.pop()
 
     # ---------------------------------------------------------------- cross-thread reduction
     def reduction_loop(self, f: N.For, last: bool) -> None:
@@ -115,33 +177,36 @@ class _ReductionEmitter:
             # read the current value BEFORE the barriers of the all-reduce: thread 0 overwrites it after them
             cur = self.names.fresh(f"{st.name}_before")
             init = self.init_consts.get((id(st.buffer), flat))
+            load = f"loopir_h2f({ref})" if st.buffer.dtype == "float16" else ref
             if init is not None and init[0] is self.forward[-1]:  # written in this scope, nothing since
                 self.line(f"const {ct} {cur} = {init[1]};  // {st.buffer.name}[...] as initialized above")
+            elif self.pred is not None:  # a thread outside the guard must not read C[idx] (out of bounds)
+                self.line(f"const {ct} {cur} = {self.pred} ? {load} : ({ct}){_identity(op, st.buffer.dtype)};")
             else:
-                self.line(f"const {ct} {cur} = {f'loopir_h2f({ref})' if st.buffer.dtype == 'float16' else ref};")
+                self.line(f"const {ct} {cur} = {load};")
             self.line(f"{acc} = loopir_block_allreduce({acc}, loopir_op_{op}(), "
                       f"({ct}){_identity(op, st.buffer.dtype)}, {smem});  // {st.name}: across threads")
             total = self.names.fresh(f"{st.name}_total")
             self.line(f"const {ct} {total} = {self.red_combine(op, cur, acc)};")
             val = f"loopir_f2h({total})" if st.buffer.dtype == "float16" else total
-            self.line(f"if (threadIdx.x == 0) {ref} = {val};")
+            self.line(f"if ({'' if self.pred is None else self.pred + ' && '}threadIdx.x == 0) {ref} = {val};")
             self._invalidate(st.buffer)
             self.forward[-1][(id(st.buffer), flat)] = total
         # the barrier that makes the total visible to other threads is placed by codegen.passes.barriers
         return None
 
     def _check_uniform_context(self, f: N.For, path: list[N.Stmt]) -> None:
+        # thread-bound loops and thread-dependent guards around f become predicates (see the module
+        # docstring); a loop that is not bound must run the same iterations on every thread
+        tv = self._thread_vars()
         for p in path:
-            if isinstance(p, N.For) and p.kind == "thread" and p.thread.startswith("threadIdx"):
-                raise CudaCodegenError(
-                    f"loop {f.var.name!r} is a cross-thread reduction bound to threadIdx.x inside loop "
-                    f"{p.var.name!r} bound to {p.thread}; every thread of the block must reach the reduction")
-            if isinstance(p, N.If):
-                tv = {x.var for x in _loops(self.nest) if x.kind == "thread" and x.thread.startswith("threadIdx")}
-                if free_vars(p.cond) & tv:
+            if isinstance(p, N.For) and p.kind != "thread":
+                used = (free_vars(p.lo) | free_vars(p.hi)) & tv
+                if used:
                     raise CudaCodegenError(
-                        f"loop {f.var.name!r} is a cross-thread reduction under condition {p.cond}, which depends "
-                        "on a thread index; every thread of the block must reach the reduction")
+                        f"loop {f.var.name!r} is a cross-thread reduction inside loop {p.var.name!r}, whose bounds "
+                        f"{p.lo}..{p.hi} depend on the thread index {', '.join(sorted(v.name for v in used))}; "
+                        "every thread of the block must reach the reduction equally often")
 
     def check_reductions(self) -> None:
         def go(s: N.Stmt, path: list[N.Stmt]) -> None:

@@ -7,6 +7,8 @@
   arrays (PyTorch tensors, CuPy arrays, anything with `__cuda_array_interface__` or a CUDA DLPack
   capsule) are used in place (zero copy) and the kernels run on the caller's current stream
   (PyTorch's / CuPy's current stream, the CAI producer stream, else the legacy default stream).
+* A host loop (`codegen.passes.kernels`) is a Python loop of launches on that one stream: the stream
+  runs them in order, so each iteration's kernels start after the previous iteration's have finished.
 * No GPU (no libcuda, no device): a `NoGpuError` (a RuntimeError) at the first call, never a crash.
 """
 
@@ -20,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from loopir.args import bind_shapes, size_of
+from loopir.args import bind_shapes, eval_expr, size_of
 from loopir.errors import RuntimeLaunchError
 from loopir.nodes import Buffer, Var
 
-from .cuda import CudaSource
+from .cuda import CudaSource, HostIf, HostLoop, HostStep, Kernel, Launch, eval_index
 from .module import Module
 from .nvrtc import compile_cubin
 
@@ -306,25 +308,46 @@ class CudaModule(Module):
         return p
 
     def launch(self, p: _Prepared) -> None:
-        cu = _driver()
+        """Run the launch sequence: kernels in order, host loops as Python loops of launches."""
         fns = self._functions(p.dev)
-        for k in self.gen.kernels:
-            grid, block = k.launch.dims(p.sizes)
-            if min(grid) <= 0 or min(block) <= 0:
-                continue  # empty iteration space
-            if block[0] * block[1] * block[2] > 1024 or grid[1] > 65535 or grid[2] > 65535 or grid[0] >= 2**31:
-                raise ValueError(f"kernel {k.name!r} needs grid {grid} and block {block}, beyond CUDA's limits "
-                                 "(block <= 1024 threads, grid.y/z <= 65535); split the bound loops differently")
-            values, types = [], []
-            for a in k.args:
-                if a.buffer is not None:
-                    values.append(p.ptrs[a.buffer])
-                    types.append(ctypes.c_void_p)
-                else:
-                    values.append(int(p.sizes[a.var]))
-                    types.append(ctypes.c_longlong)
-            check(cu.cuLaunchKernel(fns[k.name], *grid, *block, 0, p.stream, (tuple(values), tuple(types)), 0),
-                  f"cuLaunchKernel({k.name})")
+        launches = self.gen.launches or tuple(Launch(k) for k in range(len(self.gen.kernels)))
+        self._run_steps(launches, dict(p.sizes), fns, p)
+
+    def _run_steps(self, steps: tuple[HostStep, ...], env: dict[Var, int], fns: dict[str, Any], p: _Prepared) -> None:
+        for st in steps:
+            if isinstance(st, Launch):
+                self._launch_kernel(self.gen.kernels[st.kernel], env, fns, p)
+            elif isinstance(st, HostLoop):
+                # one iteration's launches are queued on the stream before the next iteration's: the stream
+                # orders them, so step t + 1 sees every block of step t finished
+                lo, hi = eval_index(st.lo, env), eval_index(st.hi, env)
+                for v in range(lo, hi):
+                    env[st.var] = v
+                    self._run_steps(st.body, env, fns, p)
+                env.pop(st.var, None)
+            elif isinstance(st, HostIf):
+                self._run_steps(st.then if eval_expr(st.cond, env) else st.orelse, env, fns, p)
+            else:  # pragma: no cover - the generator makes only these three
+                raise TypeError(f"unknown launch step {st!r}")
+
+    def _launch_kernel(self, k: Kernel, env: dict[Var, int], fns: dict[str, Any], p: _Prepared) -> None:
+        cu = _driver()
+        grid, block = k.launch.dims(env)
+        if min(grid) <= 0 or min(block) <= 0:
+            return  # empty iteration space
+        if block[0] * block[1] * block[2] > 1024 or grid[1] > 65535 or grid[2] > 65535 or grid[0] >= 2**31:
+            raise ValueError(f"kernel {k.name!r} needs grid {grid} and block {block}, beyond CUDA's limits "
+                             "(block <= 1024 threads, grid.y/z <= 65535); split the bound loops differently")
+        values, types = [], []
+        for a in k.args:
+            if a.buffer is not None:
+                values.append(p.ptrs[a.buffer])
+                types.append(ctypes.c_void_p)
+            else:
+                values.append(int(env[a.var]))
+                types.append(ctypes.c_longlong)
+        check(cu.cuLaunchKernel(fns[k.name], *grid, *block, 0, p.stream, (tuple(values), tuple(types)), 0),
+              f"cuLaunchKernel({k.name})")
 
     def finish(self, p: _Prepared) -> None:
         cu = _driver()

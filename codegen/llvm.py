@@ -193,7 +193,7 @@ class _FnEmitter(_ExprEmitter):
             return ['!"llvm.loop.vectorize.enable", i1 true', f'!"llvm.loop.vectorize.width", i32 {width}']
         if f.kind == "unroll":
             return ['!"llvm.loop.unroll.full"'] if _const_extent(f) is not None else ['!"llvm.loop.unroll.enable"']
-        return ['!"llvm.loop.mustprogress"']
+        return ['!"llvm.loop.mustprogress"']  # serial, and "host" (a GPU loop of launches): a plain loop here
 
     def loop(self, f: For, lo_hi: tuple[str, str] | None = None) -> None:
         self.memo = {}

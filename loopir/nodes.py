@@ -34,8 +34,10 @@ UNARY_OPS = ("neg",)
 CALL_FNS = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "abs")
 COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
 LOGICAL_OPS = ("and", "or", "not")
-LoopKind = Literal["serial", "parallel", "unroll", "vectorize", "thread"]
-LOOP_KINDS = ("serial", "parallel", "unroll", "vectorize", "thread")
+# "host": a serial loop of kernel launches (GPU), made by the lowering pass codegen.passes.kernels from a
+# serial loop that encloses grid-bound loops; targets without kernels run it as "serial"
+LoopKind = Literal["serial", "parallel", "unroll", "vectorize", "thread", "host"]
+LOOP_KINDS = ("serial", "parallel", "unroll", "vectorize", "thread", "host")
 GPU_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
 SCOPES = ("global", "shared", "local")
 

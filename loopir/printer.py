@@ -4,9 +4,9 @@
         for i in range(1, n):
             A[i] = A[i - 1] + A[i]  # S
 
-Loops show their kind (`range` for serial, `parallel`, `unroll`, `vectorize`; a GPU-bound
-loop is `range` with its axis in a comment), each Store ends with `# name`, followed by its
-instance binding `(i = io * 256 + ii)` when its coordinates are not its own iteration
+Loops show their kind (`range` for serial, `parallel`, `unroll`, `vectorize`, `host` for a loop of
+GPU kernel launches; a GPU-bound loop is `range` with its axis in a comment), each Store ends
+with `# name`, followed by its instance binding `(i = io * 256 + ii)` when its coordinates are not its own iteration
 variables. `marks` (a dict from loop Var to text) appends that text to the loop's line; schedule
 errors use it to point at loops. Expressions get the fewest parentheses Python's precedence
 needs, except that a right operand of equal precedence keeps them: `a - (b - c)`, and

@@ -183,11 +183,13 @@ def test_unbound_nest_names_the_loop():
 
 
 def test_extent_varying_with_block_index_is_refused():
+    # a non-affine extent has no maximum isl can find (an affine one is launched at its maximum: test_cuda_refusals)
     n = N.Var("n")
     x = N.Buffer("x", (n, n), "float32")
     i, j = N.Var("i"), N.Var("j")
     st = N.Store("tri", x, (i, j), N.const(1.0, "float32"), (i, j), (i, j))
-    body = N.For(i, N.const(0), n, N.For(j, N.const(0), i + 1, st, "thread", "threadIdx.x"), "thread", "blockIdx.x")
+    body = N.For(i, N.const(0), n, N.For(j, N.const(0), i * i + 1, st, "thread", "threadIdx.x"), "thread",
+                 "blockIdx.x")
     with pytest.raises(CudaCodegenError) as e:
         build_cuda(N.Program("tri", (x,), body, (), (n,)))
     assert "'j'" in str(e.value) and "varies" in str(e.value)
@@ -221,13 +223,15 @@ def test_reduction_under_thread_dependent_condition_is_refused():
     f = p.body.body[0]
     import dataclasses
 
-    ty = N.Var("ty")
+    ty, r = N.Var("ty"), N.Var("r")
     red = f.body.body[1]  # the threadIdx.x reduction loop
-    wrapped = N.For(ty, N.const(0), N.const(2), red, "thread", "threadIdx.y")
+    # a thread-bound loop or guard around it is predicated (test_cuda_refusals); a serial loop whose trip
+    # count depends on the thread index would make threads reach the all-reduce unequally often
+    wrapped = N.For(ty, N.const(0), N.const(2), N.For(r, N.const(0), ty + 1, red), "thread", "threadIdx.y")
     nf = dataclasses.replace(f, body=N.Seq((f.body.body[0], wrapped)))
     with pytest.raises(CudaCodegenError) as e:
         build_cuda(dataclasses.replace(p, body=N.Seq((nf,))))
-    assert "every thread" in str(e.value) and "'ty'" in str(e.value)
+    assert "every thread" in str(e.value) and "'r'" in str(e.value) and "ty" in str(e.value)
 
 
 # ----------------------------------------------------------------------------- NVRTC errors + cache

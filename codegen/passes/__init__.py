@@ -36,8 +36,9 @@ class Pass:
 
 def _pipelines() -> dict[str, tuple[Pass, ...]]:
     from .barriers import place_barriers
+    from .kernels import split_kernels
 
-    cuda = (Pass("place_barriers", place_barriers),)
+    cuda = (Pass("split_kernels", split_kernels), Pass("place_barriers", place_barriers))
     cpu: tuple[Pass, ...] = ()
     return {"cuda": cuda, "cpu": cpu}
 
