@@ -66,6 +66,7 @@ from .cuda_expr import (  # noqa: F401  (re-exported: tests and callers import t
     isl_max,
     isl_upper_extent,
 )
+from .passes.kernels import has_host_loops
 from .cuda_prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE
 from .cuda_reduce import _RED_OPS, _identity, _reduction_parts, _ReductionEmitter  # noqa: F401
 from .cuda_staging import _StagingEmitter
@@ -475,8 +476,6 @@ def _host_expr(e: N.Expr, what: str) -> N.Expr:
 def generate_cuda(program: N.Program) -> CudaSource:
     """CUDA C for `program`: one kernel per nest at host level, launched as `CudaSource.launches` says
     (see the module docstring)."""
-    from .passes.kernels import has_host_loops
-
     names = _Names()
     texts: list[str] = []
     kernels: list[Kernel] = []

@@ -12,10 +12,14 @@ import math
 import re
 from dataclasses import dataclass, field
 
+import islpy as isl
+
 from loopir import nodes as N
 from loopir.args import eval_expr
 from loopir.dtypes import is_int
 from loopir.errors import CodegenError
+from loopir.isl_conv import NonAffine, aff, aff_to_expr, cond, pw_to_expr
+from loopir.isl_conv import _Names as _IslNames
 from loopir.visit import substitute, walk
 
 
@@ -329,11 +333,7 @@ def isl_max(expr: N.Expr, loops: tuple[N.For, ...] = (), conds: tuple[N.Expr, ..
     Found with isl: project the loops out of { [loops..., e] : e = hi - lo, their bounds, the guards }
     and take `dim_max` of e. When the maximum is piecewise but no max/min of its pieces, the max of
     every piece's affine function bounds it (each piece's value is one of them)."""
-    import islpy as isl
-
-    from loopir.isl_conv import NonAffine, _Names, aff, aff_to_expr, cond, pw_to_expr
-
-    names = _Names({})
+    names = _IslNames({})
     dims = [names.bind(lp.var) for lp in loops]
     try:
         ext = aff(expr, names)

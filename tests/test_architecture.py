@@ -41,7 +41,6 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
     ("codegen/cuda_build.py", "codegen.cuda_runtime"): "the driver is asked only for the default arch",
     ("codegen/module.py", "codegen.cpu_runtime"): "per-target loading",
     ("codegen/module.py", "codegen.llvm"): "per-target loading",
-    ("codegen/passes/__init__.py", "codegen.passes.barriers"): _IN_FLIGHT,
     # loopir
     ("loopir/nodes.py", "loopir.printer"): "a real circle: printer imports nodes, str() of a node prints it",
     ("loopir/args.py", "loopir.visit"): _IN_FLIGHT,

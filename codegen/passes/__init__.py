@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 from loopir.nodes import Program
 
+from .barriers import place_barriers
+from .kernels import split_kernels
+
 PassFn = Callable[[Program], Program]
 
 
@@ -35,9 +38,6 @@ class Pass:
 
 
 def _pipelines() -> dict[str, tuple[Pass, ...]]:
-    from .barriers import place_barriers
-    from .kernels import split_kernels
-
     cuda = (Pass("split_kernels", split_kernels), Pass("place_barriers", place_barriers))
     cpu: tuple[Pass, ...] = ()
     return {"cuda": cuda, "cpu": cpu}
