@@ -20,13 +20,13 @@ the vectorizer may reorder the sum: float results then differ from a sequential 
 (relative ~n*eps worst case), never by more — the same freedom numpy's pairwise sum takes. A sum's
 update and the product feeding it also carry `contract` (one rounding instead of two: an FMA).
 
-Before emission, `tighten` turns tiling guards into loop bounds and `llvm_vec.version_loops` gives
+The CPU pipeline (`codegen.passes`) has already turned tiling guards into loop bounds and given
 tile loops a full-tile version with constant bounds; constant `vectorize` loops in the simple
 subset become explicit vector code (`llvm_vec.emit_vector_loop`), the rest go to LLVM's vectorizer.
 
 Layout: `llvm_types` (dtype -> LLVM type tables, constants, CodegenError), `llvm_math` (host
-features, libmvec), `llvm_passes` (tighten and the IR queries), `llvm_expr` (expression lowering),
-`llvm_vec` (versioning, explicit vectors); this module emits statements, functions and the module.
+features, libmvec), `llvm_passes` (IR queries), `llvm_expr` (expression lowering),
+`llvm_vec` (explicit vectors); this module emits statements, functions and the module.
 """
 
 from __future__ import annotations
@@ -38,15 +38,15 @@ from loopir.visit import walk
 
 from .llvm_expr import _ExprEmitter
 from .llvm_math import host_features, libm_name, libmvec, vector_bits, vector_variants
-from .llvm_passes import _const_extent, _is_parallel_top, _top_level, is_reduction, size_vars, tighten
+from .llvm_passes import _const_extent, _is_parallel_top, _top_level, is_reduction, size_vars
 from .llvm_types import FLT, INTS, ITEMSIZE, STORE_T, VALUE_T, CodegenError, const_text, fconst
-from .llvm_vec import emit_vector_loop, version_loops
+from .llvm_vec import emit_vector_loop
 
 # The public names of the CPU code generator, importable from here as before the split.
 __all__ = [
     "FLT", "INTS", "ITEMSIZE", "STACK_LIMIT", "STORE_T", "UNROLL_EMIT_LIMIT", "VALUE_T", "CodegenError",
     "Generated", "Segment", "const_text", "fconst", "generate", "host_features", "is_reduction", "libmvec",
-    "size_vars", "tighten", "vector_bits", "vector_variants",
+    "size_vars", "vector_bits", "vector_variants",
 ]
 
 STACK_LIMIT = 64 * 1024  # bytes: a constant-size scratch up to this lives on the stack
@@ -303,7 +303,7 @@ def generate(program: Program, fn_name: str) -> Generated:
 
     # group top-level statements: runs of serial statements, and each parallel loop alone
     groups: list[tuple[bool, list[Stmt]]] = []
-    for s in _top_level(version_loops(tighten(program.body))):
+    for s in _top_level(program.body):
         if _is_parallel_top(s):
             groups.append((True, [s]))
         elif groups and not groups[-1][0]:

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from codegen import build
-from codegen.llvm import tighten, vector_bits
-from codegen.llvm_vec import version_loops
+from codegen.llvm import vector_bits
+from codegen.passes.guards import tighten
+from codegen.passes.versioning import version_loops
 from loopir import te
 from loopir.nodes import Const, For, If
 from schedules import Schedule

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from loopir.nodes import Program
 
 from .barriers import place_barriers
+from .guards import tighten_guards
 from .kernels import split_kernels
+from .versioning import version_tiles
 
 PassFn = Callable[[Program], Program]
 
@@ -39,7 +41,7 @@ class Pass:
 
 def _pipelines() -> dict[str, tuple[Pass, ...]]:
     cuda = (Pass("split_kernels", split_kernels), Pass("place_barriers", place_barriers))
-    cpu: tuple[Pass, ...] = ()
+    cpu = (Pass("tighten_guards", tighten_guards), Pass("version_tiles", version_tiles))
     return {"cuda": cuda, "cpu": cpu}
 
 
