@@ -8,6 +8,7 @@ are computed in float: loads go through `loopir_h2f`, casts to float16 round thr
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
@@ -358,13 +359,35 @@ def isl_max(expr: N.Expr, loops: tuple[N.For, ...] = (), conds: tuple[N.Expr, ..
         pieces = pw.get_pieces()
         if not pieces or any(a.is_nan() for _, a in pieces):
             return None
+        pw = pw.coalesce()
         try:
             return pw_to_expr(pw, names.params, "launch extent")
         except ValueError:
-            affs = list(dict.fromkeys(aff_to_expr(a, names.params) for _, a in pieces))
-            out = affs[0]
-            for a in affs[1:]:
-                out = N.binary("max", out, a)
-            return out
+            pass
+        # the pieces' functions agree where the pieces meet: look for the fewest of them whose max or min
+        # is the function (`min(8, w)` out of 8, w and 8*((7*w + 7)//8) - 7*w, each exact on its piece)
+        affs: list[isl.Aff] = []
+        for _, a in pw.get_pieces():
+            if not any(a.plain_is_equal(b) for b in affs):
+                affs.append(a)
+        dom = pw.domain()
+        if len(affs) <= 6:
+            for size in range(1, len(affs) + 1):
+                for sub in itertools.combinations(affs, size):
+                    for op in ("min", "max"):
+                        acc = isl.PwAff.from_aff(sub[0])
+                        for a in sub[1:]:
+                            acc = acc.min(isl.PwAff.from_aff(a)) if op == "min" else acc.max(isl.PwAff.from_aff(a))
+                        if acc.intersect_domain(dom).is_equal(pw):
+                            out = aff_to_expr(sub[0], names.params)
+                            for a in sub[1:]:
+                                out = N.binary(op, out, aff_to_expr(a, names.params))
+                            return out
+        # no exact form: the max of every piece's function still bounds it (each piece's value is one of them)
+        exprs = list(dict.fromkeys(aff_to_expr(a, names.params) for a in affs))
+        out = exprs[0]
+        for e in exprs[1:]:
+            out = N.binary("max", out, e)
+        return out
     except isl.Error:
         return None

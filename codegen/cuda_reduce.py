@@ -138,7 +138,8 @@ class _ReductionEmitter:
         c = self.names.fresh("cond")
         self.line(f"const bool {c} = {self.expr(s.cond)};")
         self.forward.append({})
-        self.with_pred(c, lambda: self.stmt(s.then, last))
+        # both branches run on every thread (each predicated): the `then` branch is last only without `else`
+        self.with_pred(c, lambda: self.stmt(s.then, last and s.orelse is None))
         self.forward.pop()
         if s.orelse is not None:
             self.forward.append({})
