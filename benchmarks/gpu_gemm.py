@@ -39,9 +39,10 @@ def _median_ms(fn: Any, sync: Any, reps: int = 20, warmup: int = 3) -> float:
 
 
 def build_ours(n: int, m: int, p: int, pipeline: bool = True, min_blocks: int | None = None, **tiles: Any) -> Any:
-    """Build the one-kernel GEMM; `pipeline` / `min_blocks`: codegen.cuda's PIPELINE_SHARED_COPIES (cp.async
+    """Build the one-kernel GEMM; `pipeline` / `min_blocks`: codegen.passes.staging's PIPELINE_SHARED_COPIES (cp.async
     double buffering of the shared tiles) and LAUNCH_MIN_BLOCKS (__launch_bounds__(threads, min_blocks))."""
     import codegen.cuda as cg
+    import codegen.passes.staging as staging
     from codegen import build
     from loopir import workloads as w
     from loopir.lower import lower
@@ -57,12 +58,12 @@ def build_ours(n: int, m: int, p: int, pipeline: bool = True, min_blocks: int | 
     else:
         s = Schedule(lower(list(wl.outputs), list(wl.inputs) + list(wl.outputs)))
         plan = schedule_gemm_cuda(s, **tiles)
-    saved = cg.PIPELINE_SHARED_COPIES, cg.LAUNCH_MIN_BLOCKS
-    cg.PIPELINE_SHARED_COPIES, cg.LAUNCH_MIN_BLOCKS = pipeline, min_blocks
+    saved = staging.PIPELINE_SHARED_COPIES, cg.LAUNCH_MIN_BLOCKS
+    staging.PIPELINE_SHARED_COPIES, cg.LAUNCH_MIN_BLOCKS = pipeline, min_blocks
     try:
         return build(s, list(wl.inputs) + list(wl.outputs), target="cuda"), plan
     finally:
-        cg.PIPELINE_SHARED_COPIES, cg.LAUNCH_MIN_BLOCKS = saved
+        staging.PIPELINE_SHARED_COPIES, cg.LAUNCH_MIN_BLOCKS = saved
 
 
 _T = dict(thread_tile=(8, 8))

@@ -1,29 +1,25 @@
-"""Loop IR -> CUDA C: one `extern "C" __global__` kernel per top-level nest bound to GPU axes.
+"""Lowered loop IR -> CUDA C: one `extern "C" __global__` kernel per `Kernel` node.
+
+This module renders: every decision it prints was made by the CUDA pipeline (`codegen.passes`) and
+recorded in the IR — the kernels and their launch (`Kernel.grid`/`block`), host loops, barriers, the
+index width, which bound loops keep a guard, which thread loops are cross-thread reductions, which
+copies are cooperative or software-pipelined, which statements run on thread 0 only. What is left here
+is instruction selection (float4 lanes with their alignment checks, warp shuffles, `cp.async`).
 
 How a program maps to kernels
 -----------------------------
-* Each kernel of the program (`codegen.passes.kernels.kernels`: each statement at host level, i.e.
-  each top-level statement of `program.body` and each statement of a host loop's body) is one nest.
-  A nest with at least one loop of kind "thread" becomes one kernel; a nest without any loop (a
-  scalar statement) becomes a one-thread kernel; a nest with loops but none bound is refused
-  (`UnboundLoopError`, naming the loop and saying to `bind` it or use `auto_schedule`).
+* Each `Kernel` node at host level (the program body, host loops' bodies) is one kernel; a kernel
+  without any loop (a scalar statement) is a one-thread kernel.
 * A host loop (kind "host", made by the pass `split_kernels` from a serial loop around grid-bound
   loops) is a loop of launches on the host (`CudaSource.launches`: `HostLoop` / `HostIf` / `Launch`);
   its variable is a `long long` parameter of the kernels inside it, and their launch dims may use it.
 * A bound loop `for v in lo..hi bound to threadIdx.x` becomes `const long long v = lo + threadIdx.x;`
-  and, when the launch extent may exceed `hi - lo`, `if (v < hi) {...}`. Several loops may be
-  bound to the same axis in one block (phases of a row softmax): the launch extent of an axis is
-  the max of their extents and each is guarded. A launch extent uses size parameters (and host loop
-  variables) only: an extent that varies with another loop (the block index of a compute_at'd
-  producer's clipped tile) is launched at its exact maximum over the loops around it, found by isl
-  (`isl_upper_extent`; `min(c, ...)` whose constant side bounds it first), and the loop keeps its
-  exact guard; an extent isl cannot bound (non-affine, unbounded) is refused.
+  and, when the pass marked it `guarded`, `if (v < hi) {...}` (a predicate instead, when a barrier or a
+  cross-thread reduction inside must be reached by every thread).
 * The launch plan (grid and block per kernel) is kept as loopir expressions over the size
   parameters, evaluated at call time (`LaunchPlan.dims(sizes)`).
 * Serial/parallel/unroll loops inside a kernel are plain `for` loops (`#pragma unroll` for unroll).
-* Index arithmetic is 64-bit (`long long`), except in a kernel whose sizes are all known at build time and
-  small enough (`_fits_int32`: every buffer's padded element count below 2**31): there it is 32-bit `int`,
-  which saves registers. Symbolic sizes keep 64-bit (a size may pass 2**31). `//` and `%` follow Python (floor).
+* Index arithmetic is `int` or `long long` as `Kernel.index_dtype` says. `//` and `%` follow Python (floor).
 * float16 is stored as 16-bit words and computed in float, converted with the PTX `cvt`
   instructions (no `cuda_fp16.h`: the pip NVRTC ships without CUDA headers).
 
@@ -46,15 +42,12 @@ from .cuda_expr import (  # noqa: F401  (re-exported: tests and callers import t
     _AXES,
     _C_KEYWORDS,
     _CTYPE,
-    _INT32_SLACK,
     _NPTYPE,
     _STORAGE,
     CudaCodegenError,
     UnboundLoopError,
     _body_list,
-    _bound_paths,
     _ExprEmitter,
-    _fits_int32,
     _is_const,
     _loops,
     _Names,
@@ -63,17 +56,12 @@ from .cuda_expr import (  # noqa: F401  (re-exported: tests and callers import t
     _stmt_names,
     _subst_coords,
     eval_index,
-    isl_max,
-    isl_upper_extent,
 )
-from .passes.kernels import has_host_loops
 from .cuda_prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE
 from .cuda_reduce import _RED_OPS, _identity, _reduction_parts, _ReductionEmitter  # noqa: F401
 from .cuda_staging import _StagingEmitter
 from .cuda_vector import _VEC_SCOPES, _monotone_guard, _VectorEmitter  # noqa: F401
 
-# software pipelining of shared block-tile copies (`_KernelGen.pipelined`); off: the plain copy, barrier, compute
-PIPELINE_SHARED_COPIES = True
 # __launch_bounds__(threads, LAUNCH_MIN_BLOCKS) on kernels with pipelined copies and a constant block size
 LAUNCH_MIN_BLOCKS: int | None = None
 
@@ -150,26 +138,14 @@ class CudaSource:
     launches: tuple[HostStep, ...] = ()
 
 
-def _upper_extent(ext: N.Expr, allowed: set[N.Var]) -> N.Expr | None:
-    """An upper bound of `ext` using only `allowed` vars (min(a, b) -> a side that qualifies)."""
-    if free_vars(ext) <= allowed:
-        return ext
-    if isinstance(ext, N.Binary) and ext.op == "min":
-        for side in (ext.a, ext.b):
-            ub = _upper_extent(side, allowed)
-            if ub is not None:
-                return ub
-    return None
-
-
 class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitter):
     """Emits one kernel for one top-level nest: launch planning and statements here; expressions, float4
     accesses, cross-thread reductions and shared-memory staging in the mixins (see the module docstring)."""
 
-    def __init__(self, program: N.Program, nest: N.Stmt, name: str, is_last_kernel_stmt: bool = True,
-                 host_vars: tuple[N.Var, ...] = ()):
+    def __init__(self, program: N.Program, kernel: N.Kernel, name: str, host_vars: tuple[N.Var, ...] = ()):
         self.program = program
-        self.nest = nest
+        self.kern = kernel
+        self.nest = kernel.body
         self.host_vars = frozenset(host_vars)  # variables of the host loops around the kernel: parameters
         self.kname = name
         self.names = _Names()
@@ -185,64 +161,17 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.pre: dict[N.Expr, str] = {}  # sin/cos of one argument computed once by sincosf
         self.cur_sub: dict[N.Var, N.Expr] = {}
         self.thread_depth = 0
-        self.has_threads = False
         self.ix = "long long"  # the C type of index arithmetic: "int" when every size provably fits
         self.uses_async = False
         self.pred: str | None = None  # C condition: does this thread really run the statements here (predication)
         self.uniform_memo: dict[int, bool] = {}
-        self.pipeline_copies = PIPELINE_SHARED_COPIES  # read per kernel: setting codegen.cuda.X works
 
-    # ---------------------------------------------------------------- analysis
+    # ---------------------------------------------------------------- the launch, as planned
     def analyse(self) -> LaunchPlan:
-        loops = _loops(self.nest)
-        bound = [f for f in loops if f.kind == "thread"]
-        params = set(self.program.params) | self._size_vars()
-        ext: dict[str, list[N.Expr]] = {}
-        self.extent: dict[int, N.Expr] = {}
-        paths = None
-        varying: set[str] = set()  # axes with an extent bounded by isl: their launch max is simplified by isl too
-        for f in bound:
-            if f.thread not in N.GPU_AXES:
-                raise CudaCodegenError(f"loop {f.var.name!r} is bound to unknown GPU axis {f.thread!r}; "
-                                       f"use one of {', '.join(N.GPU_AXES)}")
-            e = _upper_extent(N.binary("sub", f.hi, f.lo), params)
-            if e is None:
-                # an extent that varies with the block index (a compute_at'd producer's clipped tile): launch
-                # its exact maximum over the loops around it; the loop keeps its exact guard
-                if paths is None:
-                    paths = _bound_paths(self.nest)
-                e = isl_upper_extent(f, *paths[id(f)])
-                if e is not None and not free_vars(e) <= params:
-                    e = None
-                varying.add(f.thread)
-            if e is None:
-                raise CudaCodegenError(
-                    f"loop {f.var.name!r} bound to {f.thread} has extent {f.hi} - {f.lo}, which varies with "
-                    "another loop and has no maximum isl can find over those loops (non-affine or unbounded); "
-                    "a GPU launch extent may depend only on the sizes "
-                    f"({', '.join(sorted(p.name for p in params)) or 'none'})")
-            self.extent[id(f)] = e
-            lst = ext.setdefault(f.thread, [])
-            if not any(e == x for x in lst):
-                lst.append(e)
-        self._check_nesting(self.nest, set())
-        self.has_reduction = any(self._is_reduction_loop(f) for f in bound)
-        launch: dict[str, N.Expr] = {}
-        for axis, lst in ext.items():
-            m = lst[0]
-            for x in lst[1:]:
-                m = N.binary("max", m, x)
-            if axis in varying and len(lst) > 1:
-                simpler = isl_max(m)
-                m = m if simpler is None else simpler
-            if axis == "threadIdx.x" and self.has_reduction:
-                m = N.binary("mul", N.binary("floordiv", N.binary("add", m, 31), 32), 32)
-            launch[axis] = m
-        self.launch = launch
-        one = N.const(1)
-        grid = tuple(launch.get("blockIdx." + a, one) for a in _AXES)
-        block = tuple(launch.get("threadIdx." + a, one) for a in _AXES)
-        return LaunchPlan(grid, block)  # type: ignore[arg-type]
+        k = self.kern
+        self.launch = {f"{kind}.{a}": e for kind, dims in (("blockIdx", k.grid), ("threadIdx", k.block))
+                       for a, e in zip(_AXES, dims)}
+        return LaunchPlan(k.grid, k.block)
 
     def _size_vars(self) -> set[N.Var]:
         defined = {f.var for f in _loops(self.nest)}
@@ -251,25 +180,6 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
                 # an iteration variable that is a host loop's own variable (coordinate t = t) is a parameter
                 defined.update(v for v in n.iters if v not in self.host_vars)
         return free_vars(self.nest) - defined
-
-    def _check_nesting(self, s: N.Stmt, seen: set[str]) -> None:
-        if isinstance(s, N.For):
-            if s.kind == "thread":
-                if s.thread in seen:
-                    raise CudaCodegenError(f"loop {s.var.name!r} is bound to {s.thread} inside another loop bound "
-                                           f"to {s.thread}; an axis can be bound once per nesting path")
-                seen = seen | {s.thread}
-            self._check_nesting(s.body, seen)
-        elif isinstance(s, N.Seq):
-            for c in s.body:
-                self._check_nesting(c, seen)
-        elif isinstance(s, N.If):
-            self._check_nesting(s.then, seen)
-            if s.orelse is not None:
-                self._check_nesting(s.orelse, seen)
-        elif isinstance(s, N.Allocate):
-            self._check_nesting(s.body, seen)
-
 
     # ---------------------------------------------------------------- statements
     def stmt(self, s: N.Stmt, last: bool) -> None:
@@ -295,7 +205,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             self.line("__syncthreads();")
         elif isinstance(s, N.Store):
             target = self.red_targets.get(id(s))
-            if target is None and self.thread_depth == 0 and self.has_threads and self._reads_itself(s):
+            if target is None and s.name in self.kern.single_thread:
                 # every thread of the block would apply a read-modify-write: let one thread do it
                 self.line("if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {")
                 self.ind += 1
@@ -356,9 +266,6 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.line("}")
 
 
-    def _reads_itself(self, st: N.Store) -> bool:
-        return any(isinstance(n, N.Load) and n.buffer is st.buffer for n in walk(st.value))
-
     def _invalidate(self, b: N.Buffer) -> None:
         for scope in self.forward:
             for k in [k for k in scope if k[0] == id(b)]:
@@ -370,15 +277,17 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
     def loop(self, f: N.For, last: bool) -> None:
         v = self.var(f.var)
         if f.kind == "thread":
-            if self._is_reduction_loop(f):
+            if f.var in self.kern.reductions:
                 return self.reduction_loop(f, last)
             self.bound_loop(f, lambda: self.stmt(f.body, last))
             return None
         if f.kind == "vectorize" and self.try_vector(f):
             return None
-        if f.kind == "parallel" and self.thread_depth > 0 and self.cooperative(f):
+        if f.var in self.kern.cooperative:
+            self.cooperative(f)
             return None
-        if f.kind == "serial" and self.thread_depth > 0 and self.pipelined(f, last):
+        if f.var in self.kern.pipelined:
+            self.pipelined(f, last)
             return None
         if f.kind in ("unroll", "vectorize"):
             self.line("#pragma unroll")
@@ -397,7 +306,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.line(f"const {self.ix} {v} = {idx}" + ("" if zero_lo else f" + {self.expr(f.lo)}") + ";")
         is_thread = axis.startswith("threadIdx")
         self.thread_depth += is_thread
-        needs_guard = not (self.extent[id(f)] == self.launch[axis]) or self.extent[id(f)] != N.binary("sub", f.hi, f.lo)
+        needs_guard = f.var in self.kern.guarded
         self.forward.append({})
         if needs_guard and is_thread and self._needs_uniform(f.body):
             # a cross-thread reduction inside: every thread must reach it, so the guard becomes a predicate
@@ -419,8 +328,6 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
     # ---------------------------------------------------------------- the kernel
     def generate(self) -> tuple[str, Kernel]:
         plan = self.analyse()
-        self.has_threads = any(f.kind == "thread" and f.thread.startswith("threadIdx") for f in _loops(self.nest))
-        self.check_reductions()
         reads, writes = set(), set()
         for n in walk(self.nest):
             if isinstance(n, N.Load):
@@ -447,7 +354,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             nm = self.var(s)
             params.append(f"const long long {nm}")
             args.append(KernelArg(nm, var=s))
-        self.ix = "int" if not sizes and _fits_int32(self.nest) else "long long"
+        self.ix = "int" if self.kern.index_dtype == "int32" else "long long"
         self.lines = []
         self.ind = 1
         body_start = len(self.lines)
@@ -481,19 +388,11 @@ def generate_cuda(program: N.Program) -> CudaSource:
     kernels: list[Kernel] = []
     flags = {"half": False, "reduce": False, "async": False}
 
-    def kernel(nest: N.Stmt, host_vars: tuple[N.Var, ...]) -> int:
+    def kernel(kn: N.Kernel, host_vars: tuple[N.Var, ...]) -> int:
         k = len(kernels)
-        loops = _loops(nest)
-        if loops and not any(f.kind == "thread" for f in loops):
-            outer = loops[0]
-            stmts = ", ".join(dict.fromkeys(_stmt_names(nest)))
-            raise UnboundLoopError(
-                f"loop {outer.var.name!r} (statements {stmts}) is not bound to a GPU axis; on target 'cuda' "
-                f"every top-level nest must be bound: bind it (e.g. s.split({outer.var.name}, 256) then "
-                "s.bind(outer, 'blockIdx.x').bind(inner, 'threadIdx.x')) or use auto_schedule")
-        first = (_stmt_names(nest) or [f"nest{k}"])[0]
+        first = (_stmt_names(kn.body) or [f"nest{k}"])[0]
         kname = names.fresh(f"{program.name}_{first}")
-        gen = _KernelGen(program, nest, kname, host_vars=host_vars)
+        gen = _KernelGen(program, kn, kname, host_vars=host_vars)
         text, kern = gen.generate()
         if host_vars:  # say where it runs: the source alone shows the time loop is not inside the kernel
             head, rest = text.split("\n", 1)
@@ -506,24 +405,28 @@ def generate_cuda(program: N.Program) -> CudaSource:
         kernels.append(kern)
         return k
 
-    def host(s: N.Stmt, top: bool, host_vars: tuple[N.Var, ...]) -> tuple[HostStep, ...]:
-        if isinstance(s, N.Seq) and (top or has_host_loops(s)):
-            return tuple(x for c in s.body for x in host(c, False, host_vars))
+    def host(s: N.Stmt, host_vars: tuple[N.Var, ...]) -> tuple[HostStep, ...]:
+        if isinstance(s, N.Kernel):
+            return (Launch(kernel(s, host_vars)),)
+        if isinstance(s, N.Seq):
+            return tuple(x for c in s.body for x in host(c, host_vars))
         if isinstance(s, N.For) and s.kind == "host":
             lo = _host_expr(s.lo, f"the lower bound of host loop {s.var.name!r}")
             hi = _host_expr(s.hi, f"the upper bound of host loop {s.var.name!r}")
-            return (HostLoop(s.var, lo, hi, host(s.body, True, (*host_vars, s.var))),)
-        if isinstance(s, N.If) and has_host_loops(s):
+            return (HostLoop(s.var, lo, hi, host(s.body, (*host_vars, s.var))),)
+        if isinstance(s, N.If):
             cond = _host_expr(s.cond, "the condition")
-            orelse = () if s.orelse is None else host(s.orelse, True, host_vars)
-            return (HostIf(cond, host(s.then, True, host_vars), orelse),)
-        if isinstance(s, N.Allocate) and has_host_loops(s):
+            orelse = () if s.orelse is None else host(s.orelse, host_vars)
+            return (HostIf(cond, host(s.then, host_vars), orelse),)
+        if isinstance(s, N.Allocate):
             raise CudaCodegenError(
                 f"{s.buffer.scope} buffer {s.buffer.name!r} is allocated around a host loop (a loop of kernel "
                 "launches); a shared or local buffer lives inside one kernel: allocate it inside the bound loops")
-        return (Launch(kernel(s, host_vars)),)
+        raise CudaCodegenError(
+            f"statement {type(s).__name__} at host level is not in a kernel: generate_cuda renders a lowered "
+            "program; lower it first with codegen.passes.lower(program, 'cuda') (build does)")
 
-    launches = host(program.body, True, ())
+    launches = host(program.body, ())
     parts = [PRELUDE]
     if flags["half"]:
         parts.append(PRELUDE_HALF)

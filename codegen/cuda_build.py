@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from loopir.nodes import Program
+from loopir.nodes import Kernel, Program
+from loopir.visit import walk
 
 from .cuda import generate_cuda
 from .cuda_runtime import CudaModule
 from .nvrtc import compile_cubin, normalize_arch
+from .passes import lower
 
 _OPTS = ("arch", "options", "cache")
 
@@ -31,6 +33,8 @@ def build_cuda(program: Program, arch: str | int | None = None, **opts: Any) -> 
 
         arch = default_arch()
     arch = normalize_arch(arch)
+    if not any(isinstance(n, Kernel) for n in walk(program.body)):
+        program = lower(program, "cuda")  # called directly, not through build: lower it here
     gen = generate_cuda(program)
     cubin = compile_cubin(gen.source, arch, options, name=f"{program.name}.cu", use_cache=opts.get("cache", True))
     return CudaModule(gen, cubin, arch, options)

@@ -8,28 +8,16 @@ are computed in float: loads go through `loopir_h2f`, casts to float16 round thr
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 from dataclasses import dataclass, field
 
-import islpy as isl
 
 from loopir import nodes as N
 from loopir.args import eval_expr
 from loopir.dtypes import is_int
-from loopir.errors import CodegenError
-from loopir.isl_conv import NonAffine, aff, aff_to_expr, cond, pw_to_expr
-from loopir.isl_conv import _Names as _IslNames
+from loopir.errors import CodegenError, CudaCodegenError, UnboundLoopError  # noqa: F401
 from loopir.visit import substitute, walk
-
-
-class CudaCodegenError(CodegenError):
-    """A program that cannot be mapped to CUDA kernels as scheduled."""
-
-
-class UnboundLoopError(CudaCodegenError):
-    """A top-level nest with loops but no loop bound to a GPU axis."""
 
 
 _CTYPE = {"float16": "float", "float32": "float", "float64": "double", "int32": "int", "int64": "long long",
@@ -139,29 +127,6 @@ def _is_const(e: N.Expr) -> bool:
 
 def _subst_coords(st: N.Store) -> dict[N.Var, N.Expr]:
     return {it: c for it, c in zip(st.iters, st.coords) if c is not it}
-
-
-_INT32_SLACK = 2048  # a guarded access may run a tile past a dimension's end before its guard is tested
-
-
-def _fits_int32(nest: N.Stmt) -> bool:
-    """Every buffer of the nest has a constant shape whose padded element count, prod(d + _INT32_SLACK),
-    stays below 2**31: then every index the kernel computes (flat offsets of guarded, possibly out-of-range
-    tile elements included) fits a 32-bit int, and index arithmetic may be `int` (fewer registers)."""
-    seen: dict[int, N.Buffer] = {}
-    for n in walk(nest):
-        b = getattr(n, "buffer", None)
-        if isinstance(b, N.Buffer):
-            seen[id(b)] = b
-    for b in seen.values():
-        if not all(isinstance(d, N.Const) for d in b.shape):
-            return False
-        if math.prod(int(d.value) + _INT32_SLACK for d in b.shape) >= 2**31:  # type: ignore[attr-defined]
-            return False
-    for f in _loops(nest):  # constant loop bounds too (bounds in enclosing loops follow the tiles of the buffers)
-        if any(isinstance(e, N.Const) and abs(int(e.value)) >= 2**30 for e in (f.lo, f.hi)):
-            return False
-    return True
 
 
 class _ExprEmitter:
@@ -292,102 +257,3 @@ class _ExprEmitter:
                 self.line(f"{ct} {sn}, {cn};")
                 self.line(f"{'sincosf' if single else 'sincos'}({self.expr(arg)}, &{sn}, &{cn});")
                 self.pre[fns["sin"]], self.pre[fns["cos"]] = sn, cn
-
-
-# ----------------------------------------------------------------------------- launch extents (isl)
-
-
-def _bound_paths(nest: N.Stmt) -> dict[int, tuple[tuple[N.For, ...], tuple[N.Expr, ...]]]:
-    """For each loop of the nest (by id): the loops around it (outermost first) and the If conditions
-    around it (an `else` branch contributes the negated condition)."""
-    out: dict[int, tuple[tuple[N.For, ...], tuple[N.Expr, ...]]] = {}
-
-    def go(s: N.Stmt, loops: tuple[N.For, ...], conds: tuple[N.Expr, ...]) -> None:
-        if isinstance(s, N.For):
-            out[id(s)] = (loops, conds)
-            go(s.body, (*loops, s), conds)
-        elif isinstance(s, N.Seq):
-            for c in s.body:
-                go(c, loops, conds)
-        elif isinstance(s, N.If):
-            go(s.then, loops, (*conds, s.cond))
-            if s.orelse is not None:
-                go(s.orelse, loops, (*conds, N.Logical("not", s.cond, None)))
-        elif isinstance(s, N.Allocate):
-            go(s.body, loops, conds)
-
-    go(nest, (), ())
-    return out
-
-
-def isl_upper_extent(f: N.For, loops: tuple[N.For, ...], conds: tuple[N.Expr, ...]) -> N.Expr | None:
-    """The exact maximum of `f.hi - f.lo` over the iterations of the loops around `f`; see `isl_max`."""
-    return isl_max(N.binary("sub", f.hi, f.lo), loops, conds)
-
-
-def isl_max(expr: N.Expr, loops: tuple[N.For, ...] = (), conds: tuple[N.Expr, ...] = ()) -> N.Expr | None:
-    """The exact maximum of the integer expression `expr` over the iterations of `loops` (bounds and
-    affine guards `conds`; a non-affine guard is left out, which only loosens the bound), as an
-    expression of the other variables (sizes, host loop variables); None when isl cannot give one.
-    With no loops it is `expr` itself, simplified (`max(min(8, w), 8)` is 8).
-
-    Found with isl: project the loops out of { [loops..., e] : e = hi - lo, their bounds, the guards }
-    and take `dim_max` of e. When the maximum is piecewise but no max/min of its pieces, the max of
-    every piece's affine function bounds it (each piece's value is one of them)."""
-    names = _IslNames({})
-    dims = [names.bind(lp.var) for lp in loops]
-    try:
-        ext = aff(expr, names)
-        cons = [f"e = {ext}"]
-        for lp, nm in zip(loops, dims):
-            try:
-                cons.append(f"({aff(lp.lo, names)}) <= {nm} and {nm} < ({aff(lp.hi, names)})")
-            except NonAffine:
-                pass  # that loop's variable stays unconstrained: a looser bound, or none
-        for c in conds:
-            try:
-                cons.append(cond(c, names))
-            except NonAffine:
-                pass
-    except NonAffine:
-        return None
-    ev = names.bind(N.Var("e"))
-    cons[0] = cons[0].replace("e = ", f"{ev} = ", 1)
-    text = f"[{', '.join(names.params)}] -> {{ [{', '.join([*dims, ev])}] : {' and '.join(cons)} }}"
-    try:
-        pw = isl.Set(text).project_out(isl.dim_type.set, 0, len(dims)).dim_max(0)  # isl.Error when unbounded
-        pieces = pw.get_pieces()
-        if not pieces or any(a.is_nan() for _, a in pieces):
-            return None
-        pw = pw.coalesce()
-        try:
-            return pw_to_expr(pw, names.params, "launch extent")
-        except ValueError:
-            pass
-        # the pieces' functions agree where the pieces meet: look for the fewest of them whose max or min
-        # is the function (`min(8, w)` out of 8, w and 8*((7*w + 7)//8) - 7*w, each exact on its piece)
-        affs: list[isl.Aff] = []
-        for _, a in pw.get_pieces():
-            if not any(a.plain_is_equal(b) for b in affs):
-                affs.append(a)
-        dom = pw.domain()
-        if len(affs) <= 6:
-            for size in range(1, len(affs) + 1):
-                for sub in itertools.combinations(affs, size):
-                    for op in ("min", "max"):
-                        acc = isl.PwAff.from_aff(sub[0])
-                        for a in sub[1:]:
-                            acc = acc.min(isl.PwAff.from_aff(a)) if op == "min" else acc.max(isl.PwAff.from_aff(a))
-                        if acc.intersect_domain(dom).is_equal(pw):
-                            out = aff_to_expr(sub[0], names.params)
-                            for a in sub[1:]:
-                                out = N.binary(op, out, aff_to_expr(a, names.params))
-                            return out
-        # no exact form: the max of every piece's function still bounds it (each piece's value is one of them)
-        exprs = list(dict.fromkeys(aff_to_expr(a, names.params) for a in affs))
-        out = exprs[0]
-        for e in exprs[1:]:
-            out = N.binary("max", out, e)
-        return out
-    except isl.Error:
-        return None

@@ -86,7 +86,7 @@ class _ReductionEmitter:
         return out
 
     def _is_reduction_loop(self, f: N.For) -> bool:
-        return f.kind == "thread" and f.thread == "threadIdx.x" and bool(self._reductions_in(f))
+        return f.var in self.kern.reductions  # decided by codegen.passes.launch
 
     @staticmethod
     def red_combine(op: str, a: str, b: str) -> str:
@@ -195,34 +195,3 @@ class _ReductionEmitter:
             self.forward[-1][(id(st.buffer), flat)] = total
         # the barrier that makes the total visible to other threads is placed by codegen.passes.barriers
         return None
-
-    def _check_uniform_context(self, f: N.For, path: list[N.Stmt]) -> None:
-        # thread-bound loops and thread-dependent guards around f become predicates (see the module
-        # docstring); a loop that is not bound must run the same iterations on every thread
-        tv = self._thread_vars()
-        for p in path:
-            if isinstance(p, N.For) and p.kind != "thread":
-                used = (free_vars(p.lo) | free_vars(p.hi)) & tv
-                if used:
-                    raise CudaCodegenError(
-                        f"loop {f.var.name!r} is a cross-thread reduction inside loop {p.var.name!r}, whose bounds "
-                        f"{p.lo}..{p.hi} depend on the thread index {', '.join(sorted(v.name for v in used))}; "
-                        "every thread of the block must reach the reduction equally often")
-
-    def check_reductions(self) -> None:
-        def go(s: N.Stmt, path: list[N.Stmt]) -> None:
-            if isinstance(s, N.For):
-                if self._is_reduction_loop(s):
-                    self._check_uniform_context(s, path)
-                go(s.body, path + [s])
-            elif isinstance(s, N.Seq):
-                for c in s.body:
-                    go(c, path)
-            elif isinstance(s, N.If):
-                go(s.then, path + [s])
-                if s.orelse is not None:
-                    go(s.orelse, path + [s])
-            elif isinstance(s, N.Allocate):
-                go(s.body, path)
-
-        go(self.nest, [])

@@ -1,15 +1,17 @@
 """Shared-memory staging of the CUDA generator (`_StagingEmitter`, a part of `codegen.cuda._KernelGen`):
 cooperative block-tile copies (the block's threads share a cache_read "shared" copy, with 128-bit accesses
-where alignment allows) and their software pipelining with `cp.async` into two stages (`pipelined`)."""
+where alignment allows) and their software pipelining with `cp.async` into two stages (`pipelined`).
+Which copies are cooperative and which loops are pipelined is decided by the CUDA pipeline
+(`codegen.passes.launch`, `codegen.passes.staging`) and read here from the `Kernel` node."""
 
 from __future__ import annotations
 
 import math
 
 from loopir import nodes as N
-from loopir.visit import free_vars, substitute, walk
+from loopir.visit import substitute
 
-from .cuda_expr import _AXES, _NPTYPE, _is_const, _loops, _subst_coords
+from .cuda_expr import _AXES, _is_const, _subst_coords
 
 
 class _StagingEmitter:
@@ -17,31 +19,20 @@ class _StagingEmitter:
     its emission helpers; `_coop_vector` uses `_aligned_base` of `codegen.cuda_vector`."""
 
     def cooperative(self, f: N.For, async_: bool = False) -> bool:
-        """A "parallel" nest inside thread-bound loops whose one statement fills a shared buffer with values that
-        do not depend on the thread (cache_read "shared" of a block tile): every thread would write the same
-        values, so the block's threads share the iterations (thread t: flat iterations t, t + T, ...), with
-        128-bit loads and stores where the alignment is proven (else checked at run time). Requires every thread
-        of the block to reach the nest (no thread-dependent guard around it); otherwise plain loops.
-        `async_`: the copies are `cp.async` (16 or 4 bytes), completed by the caller (see `pipelined`)."""
+        """A "parallel" nest the pass marked cooperative (its one statement fills a shared buffer with values
+        free of the thread, and every thread reaches it): the block's threads share the iterations (thread t:
+        flat iterations t, t + T, ...), with 128-bit loads and stores where the alignment is proven (else
+        checked at run time). `async_`: the copies are `cp.async` (16 or 4 bytes), completed by the caller."""
         loops: list[N.For] = []
         inner: N.Stmt = f
         while isinstance(inner, N.For) and inner.kind == "parallel":
-            if not (_is_const(inner.lo) and _is_const(inner.hi)) or inner.lo.value != 0:  # type: ignore[attr-defined]
-                return False
             loops.append(inner)
             inner = inner.body
         guard = None
         if isinstance(inner, N.If) and inner.orelse is None:
             guard, inner = inner.cond, inner.then
-        if not isinstance(inner, N.Store) or inner.buffer.scope != "shared":
-            return False
-        tvars = {x.var for x in _loops(self.nest) if x.kind == "thread" and (x.thread or "").startswith("threadIdx")}
+        assert isinstance(inner, N.Store), "codegen.passes.launch marks only copy nests cooperative"
         sub = _subst_coords(inner)
-        used = free_vars(substitute(inner.value, sub)) | free_vars(guard if guard is not None else N.const(0))
-        for i in inner.indices:
-            used |= free_vars(substitute(i, sub))
-        if used & tvars or not self._uniform_path(f, tvars):
-            return False
         dims = [int(x.hi.value) for x in loops]  # type: ignore[attr-defined]
         total = math.prod(dims)
         ext = [self.launch.get(f"threadIdx.{a}", N.const(1)) for a in _AXES]
@@ -91,20 +82,6 @@ class _StagingEmitter:
         self.ind -= 1
         self.line("}")
 
-    def _copy_store(self, c: N.Stmt) -> N.Store | None:
-        """The Store of a cooperative block-tile copy nest (parallel loops, an optional clip, one Store of a
-        global float32 load into a float32 shared buffer), else None."""
-        inner = c
-        while isinstance(inner, N.For) and inner.kind == "parallel":
-            inner = inner.body
-        if isinstance(inner, N.If) and inner.orelse is None:
-            inner = inner.then
-        if not (c is not inner and isinstance(inner, N.Store) and inner.buffer.scope == "shared"
-                and inner.buffer.dtype == "float32" and isinstance(inner.value, N.Load)
-                and inner.value.buffer.scope == "global" and inner.value.buffer.dtype == "float32"):
-            return None
-        return inner
-
     def pipelined(self, f: N.For, last: bool) -> bool:
         """Software pipelining of a loop that stages block tiles (cache_read "shared"): the body is
         `allocate S1.. shared: copies into S1..; barrier; REST; barrier`. Emitted with two stages per shared
@@ -121,48 +98,15 @@ class _StagingEmitter:
         closing barrier; copy(k+2) is issued after iteration k's closing barrier; (3) wait_group + barrier
         make copy(k) complete and visible to every thread before REST, as the first barrier did. Elements a
         copy's clip skips stay unspecified, as before. Requires every thread to reach the loop (the copies are
-        cooperative) and sm_80+ (cp.async). Returns False (plain emission) when the loop has another shape."""
-        if not (self.pipeline_copies and f.kind == "serial" and self.thread_depth > 0):
-            return False
+        cooperative) and sm_80+ (cp.async); `codegen.passes.staging` checks the shape and marks the loop."""
         chain: list[N.Buffer] = []
         inner: N.Stmt = f.body
         while isinstance(inner, N.Allocate) and inner.buffer.scope == "shared":
             chain.append(inner.buffer)
             inner = inner.body
-        if not chain or not isinstance(inner, N.Seq):
-            return False
+        assert isinstance(inner, N.Seq), "codegen.passes.staging marks only staged loops pipelined"
         items = list(inner.body)
-        first = next((k for k, x in enumerate(items) if isinstance(x, N.Barrier)), None)
-        if first is None or first == 0 or first == len(items) - 1 or not isinstance(items[-1], N.Barrier):
-            return False
-        stores = [self._copy_store(c) for c in items[:first]]
-        if any(st is None for st in stores):
-            return False
-        ids = {id(b) for b in chain}
-        if sorted(id(st.buffer) for st in stores) != sorted(ids):  # type: ignore[union-attr]
-            return False
-        if any(math.prod(int(d.value) for d in b.shape) % 4 for b in chain):  # type: ignore[attr-defined]
-            return False  # each stage must start 16-byte aligned
-        others = sum(math.prod(int(d.value) for d in n.buffer.shape) * _NPTYPE[n.buffer.dtype]  # type: ignore[attr-defined]
-                     for n in walk(self.nest) if isinstance(n, N.Allocate) and n.buffer.scope == "shared")
-        if others + sum(4 * math.prod(int(d.value) for d in b.shape) for b in chain) > 48 * 1024:  # type: ignore[attr-defined]
-            return False  # a second stage would pass the 48 KiB of static shared memory
-        written = {id(n.buffer) for n in walk(self.nest) if isinstance(n, N.Store)}
-        if any(id(st.value.buffer) in written for st in stores):  # type: ignore[union-attr]
-            return False
-        if any(isinstance(n, N.Store) and id(n.buffer) in ids for r in items[first:] for n in walk(r)):
-            return False
-        tvars = {x.var for x in _loops(self.nest) if x.kind == "thread" and (x.thread or "").startswith("threadIdx")}
-        for c, st in zip(items[:first], stores):
-            sub = _subst_coords(st)  # type: ignore[arg-type]
-            used = free_vars(substitute(st.value, sub)).union(  # type: ignore[union-attr]
-                *(free_vars(substitute(i, sub)) for i in st.indices))  # type: ignore[union-attr]
-            if isinstance(c, N.For) and isinstance(c.body, N.If):
-                used |= free_vars(c.body.cond)
-            guards = [n.cond for n in walk(c) if isinstance(n, N.If)]
-            used = used.union(*(free_vars(g) for g in guards))
-            if used & tvars or not self._uniform_path(c, tvars):
-                return False
+        first = next(k for k, x in enumerate(items) if isinstance(x, N.Barrier))
         self.uses_async = True
         v, ix = self.var(f.var), self.ix
         lo, hi = self.expr(f.lo), self.expr(f.hi)
@@ -255,34 +199,3 @@ class _StagingEmitter:
             return None
         checks.append(f"(((unsigned long long){self.buf(ld.buffer)}) & 15) == 0")
         return list(dict.fromkeys(checks)), N.binary("add", src, v), N.binary("add", dst, v)
-
-    def _uniform_path(self, target: N.Stmt, tvars: set[N.Var]) -> bool:
-        """Every thread of the block reaches `target`: no guarded thread-bound loop, no thread-dependent If."""
-        def go(s: N.Stmt) -> bool | None:
-            if s is target:
-                return True
-            kids: list[N.Stmt] = []
-            if isinstance(s, N.For):
-                kids = [s.body]
-            elif isinstance(s, N.Seq):
-                kids = list(s.body)
-            elif isinstance(s, N.Allocate):
-                kids = [s.body]
-            elif isinstance(s, N.If):
-                kids = [s.then] + ([s.orelse] if s.orelse is not None else [])
-            for k in kids:
-                r = go(k)
-                if r is None:
-                    continue
-                if not r:
-                    return False
-                if isinstance(s, N.If) and free_vars(s.cond) & tvars:
-                    return False
-                if isinstance(s, N.For) and s.kind == "thread" and (s.thread or "").startswith("threadIdx"):
-                    ext = self.extent[id(s)]
-                    if not (ext == self.launch[s.thread] and ext == N.binary("sub", s.hi, s.lo)):
-                        return False
-                return True
-            return None
-
-        return bool(go(self.nest))

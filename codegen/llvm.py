@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loopir.nodes import Allocate, Barrier, Binary, Buffer, Const, For, If, Program, Seq, Stmt, Store, Var
+from loopir.nodes import Allocate, Barrier, Binary, Buffer, Const, For, If, Kernel, Program, Seq, Stmt, Store, Var
 from loopir.visit import walk
 
 from .llvm_expr import _ExprEmitter
@@ -157,6 +157,8 @@ class _FnEmitter(_ExprEmitter):
             self.allocate(s)
         elif isinstance(s, Barrier):
             pass  # every CPU "thread" loop runs serially; see gaps in the report
+        elif isinstance(s, Kernel):
+            self.stmt(s.body)  # a CUDA-lowered program run on the CPU: its launch is its body, serially
         else:
             raise CodegenError(f"cannot compile statement {type(s).__name__}")
 

@@ -14,10 +14,12 @@ from .errors import (
     ArgumentError,
     ArgumentTypeError,
     CodegenError,
+    CudaCodegenError,
     LoopirError,
     NotFoundError,
     NotNestedError,
     RuntimeLaunchError,
+    UnboundLoopError,
 )
 
 _SUBMODULES = (
@@ -43,10 +45,12 @@ __all__ = [
     "ArgumentError",
     "ArgumentTypeError",
     "CodegenError",
+    "CudaCodegenError",
     "LoopirError",
     "NotFoundError",
     "NotNestedError",
     "RuntimeLaunchError",
+    "UnboundLoopError",
 ]
 
 

@@ -32,6 +32,8 @@ This module imports nothing from the project, so every layer may import it.
 from __future__ import annotations
 
 __all__ = [
+    "CudaCodegenError",
+    "UnboundLoopError",
     "ArgumentError",
     "ArgumentTypeError",
     "CodegenError",
@@ -64,6 +66,14 @@ class NotNestedError(LoopirError, ValueError):
 
 class CodegenError(LoopirError, ValueError):
     """A program that a target cannot compile as scheduled; the message names the offending thing."""
+
+
+class CudaCodegenError(CodegenError):
+    """A program that cannot be mapped to CUDA kernels as scheduled."""
+
+
+class UnboundLoopError(CudaCodegenError):
+    """A top-level nest with loops but no loop bound to a GPU axis."""
 
 
 class RuntimeLaunchError(LoopirError, RuntimeError):

@@ -37,6 +37,7 @@ from .dtypes import is_float, is_int
 from .nodes import (
     Allocate,
     Barrier,
+    Kernel,
     Binary,
     Buffer,
     Call,
@@ -269,6 +270,8 @@ class _Compiler:
             del self.bufs[b]
         elif isinstance(s, Barrier):
             pass
+        elif isinstance(s, Kernel):
+            self.block(s.body, depth)
         elif isinstance(s, Store):
             self.store(s, depth)
         else:

@@ -6,6 +6,8 @@
     Stmt  ::= Store(name, buffer, indices, value, iters, coords)
             | For(var, lo, hi, body, kind, thread) | Seq(body) | If(cond, then, orelse)
             | Allocate(buffer, body) | Barrier()
+            | Kernel(name, body, grid, block, index_dtype, guarded, reductions, cooperative, pipelined,
+                     single_thread)                       (lowered programs only, made by codegen.passes)
     Program(name, args, temps, params, body)
 
 A `Store` is a *statement*: its `indices` and `value` are written in its original
@@ -331,6 +333,27 @@ class Allocate(Stmt):
 @dataclass(frozen=True, slots=True)
 class Barrier(Stmt):
     """__syncthreads(): every thread of a block reaches it before any passes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel(Stmt):
+    """One device launch of a lowered program (made by `codegen.passes`, never by a user): `body` runs on
+    `grid` blocks of `block` threads. The other fields are the lowering's decisions, which renderers print
+    and never remake: the index width, the bound loops that keep a `v < hi` guard, the threadIdx.x loops
+    lowered to cross-thread reductions, the parallel nests spread over the block's threads (cooperative
+    copies), the serial loops whose shared copies are double-buffered, the statements run by thread 0 only.
+    Loops are named by their (identity-compared) variables; sets are frozensets, which walks do not enter."""
+
+    name: str
+    body: Stmt
+    grid: tuple[Expr, Expr, Expr]
+    block: tuple[Expr, Expr, Expr]
+    index_dtype: str = "int64"
+    guarded: frozenset[Var] = frozenset()
+    reductions: frozenset[Var] = frozenset()
+    cooperative: frozenset[Var] = frozenset()
+    pipelined: frozenset[Var] = frozenset()
+    single_thread: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

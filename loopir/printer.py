@@ -20,6 +20,7 @@ import math
 from .nodes import (
     Allocate,
     Barrier,
+    Kernel,
     Binary,
     Buffer,
     Call,
@@ -171,6 +172,16 @@ def _lines(s: Stmt, depth: int, marks: dict[Var, str], out: list[str]) -> None:
         _lines(s.body, depth + 1, marks, out)
     elif isinstance(s, Barrier):
         out.append(f"{pad}sync_threads()")
+    elif isinstance(s, Kernel):
+        dims = lambda es: ", ".join(expr_str(e) for e in es)  # noqa: E731
+        names = lambda vs: ", ".join(sorted(v.name for v in vs))  # noqa: E731
+        notes = [f"index {s.index_dtype}"] + [f"{what}: {names(vs)}" for what, vs in (
+            ("guarded", s.guarded), ("reductions", s.reductions), ("cooperative", s.cooperative),
+            ("pipelined", s.pipelined)) if vs]
+        if s.single_thread:
+            notes.append(f"thread 0 only: {', '.join(sorted(s.single_thread))}")
+        out.append(f"{pad}kernel {s.name}<<<({dims(s.grid)}), ({dims(s.block)})>>>:  # {'; '.join(notes)}")
+        _lines(s.body, depth + 1, marks, out)
     else:
         raise TypeError(f"cannot print {type(s).__name__} {s!r} as a statement")
 

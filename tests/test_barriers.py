@@ -8,6 +8,8 @@ import pytest
 from codegen import build
 from codegen.passes import lower, pipeline
 from codegen.passes.barriers import BarrierError, CrossBlockRaceError, place_barriers
+from codegen.passes.kernels import split_kernels
+from codegen.passes.launch import plan_kernels
 from loopir import interp, ir, te
 from loopir import nodes as N
 from loopir.visit import walk
@@ -18,6 +20,11 @@ from tests.witness_check import verify_witness
 def _barriers(s: N.Stmt | N.Program) -> int:
     body = s.body if isinstance(s, N.Program) else s
     return sum(isinstance(n, N.Barrier) for n in walk(body))
+
+
+def _place(p: N.Program) -> N.Program:
+    """The CUDA pipeline up to and including barrier placement."""
+    return place_barriers(plan_kernels(split_kernels(p)))
 
 
 def _two_phase(read: str, n: int = 4, m: int = 64) -> tuple[N.Program, N.Buffer, N.Buffer]:
@@ -46,10 +53,11 @@ def _bind_two_phase(read: str) -> tuple[Schedule, N.Buffer, N.Buffer]:
 def test_consumer_reading_other_threads_gets_one_barrier(read: str) -> None:
     s, _, _ = _bind_two_phase(read)
     assert _barriers(s.program) == 0
-    low = place_barriers(s.program)
+    low = _place(s.program)
     assert _barriers(low) == 1
     # the barrier stands between the producer's thread loop and the consumer's
-    blk = low.body
+    assert isinstance(low.body, N.Kernel)
+    blk = low.body.body
     assert isinstance(blk, N.For) and isinstance(blk.body, N.Seq)
     kinds = [type(c).__name__ for c in blk.body.body]
     assert kinds == ["For", "Barrier", "For"]
@@ -58,7 +66,8 @@ def test_consumer_reading_other_threads_gets_one_barrier(read: str) -> None:
 def test_same_thread_consumer_needs_no_barrier() -> None:
     """Exact, not conservative: thread k reads only what thread k wrote."""
     s, _, _ = _bind_two_phase("same")
-    assert place_barriers(s.program) is s.program
+    low = _place(s.program)
+    assert _barriers(low) == 0 and isinstance(low.body, N.Kernel)
 
 
 def test_cuda_source_has_the_barrier_and_compiles() -> None:
@@ -101,7 +110,7 @@ def _looped_shared(m: int = 32, steps: int = 3) -> Schedule:
 
 def test_loop_carried_reuse_of_shared_memory_gets_a_trailing_barrier() -> None:
     """Iteration s+1 overwrites `sh` while slow threads of iteration s may still read it (WAR)."""
-    low = place_barriers(_looped_shared().program)
+    low = _place(_looped_shared().program)
     loop_s = next(n for n in walk(low.body) if isinstance(n, N.For) and n.var.name == "s")
     items = _flat(loop_s.body)
     # between the write and the read (flow), and after the read (the next step's write)
@@ -119,7 +128,7 @@ def _flat(s: N.Stmt) -> list[str]:
 
 def test_existing_barriers_are_counted() -> None:
     s = _looped_shared()
-    low = place_barriers(s.program)
+    low = _place(s.program)
     assert place_barriers(low) is low
 
 
@@ -149,25 +158,46 @@ def _attention(bs: int, n: int, m: int, d: int) -> tuple[list[te.Tensor], te.Ten
     return [q, k, v], y
 
 
-def test_guarded_thread_loop_cannot_hold_a_barrier() -> None:
-    """A phase that needs a barrier inside a thread loop whose threads diverge is refused, never emitted."""
-    x = ir.buffer((40,), name="x")
-    y = ir.buffer((40,), name="y")
+def test_thread_dependent_trip_count_cannot_hold_a_barrier() -> None:
+    """A barrier needed inside a loop whose trip count depends on the thread is refused, never emitted."""
+    m = 64
+    x = ir.buffer((m,), name="x")
+    y = ir.buffer((m,), name="y")
     b = ir.Builder("diverge")
     with b.loop("i", 0, 1):
-        with b.loop("t", 0, 40) as t:  # bound to threadIdx.x beside a 64-wide loop: guarded `t < 40`
-            with b.loop("s", 0, 2):
+        with b.loop("t", 0, m) as t:
+            with b.loop("s", 0, t % 2 + 1):  # thread t runs it once or twice
+                with b.allocate((m,), name="sh", scope="shared") as sh:
+                    b.store(sh, (t,), x[t] + 1.0, name="W")
+                    b.store(y, (t,), sh[(t + 1) % m], name="R")
+    s = Schedule(b.finish([x, y]), check=False)  # the point is the pass's own refusal
+    s.bind(s.loop("i"), "blockIdx.x").bind(s.loop("t"), "threadIdx.x")
+    with pytest.raises(BarrierError, match="threads may not all reach") as ei:
+        _place(s.program)
+    assert "'W'" in str(ei.value) and "'R'" in str(ei.value) and "'s'" in str(ei.value)
+
+
+def test_guarded_thread_loop_gets_a_predicated_barrier() -> None:
+    """Rows that do not fill the block: the guard around the barrier becomes a predicate in the source."""
+    # the producer's loop spans 64 threads, the consumer's only 40: the consumer is guarded
+    x2 = ir.buffer((4, 64), name="x")
+    y2 = ir.buffer((4, 64), name="y")
+    b = ir.Builder("guarded")
+    t = b.temp((4, 64), name="t")
+    with b.loop("i", 0, 4) as i:
+        with b.loop("j", 0, 64) as j:
+            b.store(t, (i, j), x2[i, j] * 2.0, name="P")
+        with b.loop("k", 0, 40) as k:
+            with b.loop("r", 0, 2):
                 with b.allocate((64,), name="sh", scope="shared") as sh:
-                    with b.loop("j", 0, 64) as j:
-                        b.store(sh, (j,), x[t] + 1.0, name="W")
-                    b.store(y, (t,), sh[(t + 1) % 64], name="R")
-        with b.loop("u", 0, 64) as u:
-            b.store(x, (u % 40,), x[u % 40] * 1.0, name="Z")
-    p = b.finish([x, y])
-    s = Schedule(p, check=False)  # the point is the pass's own refusal
-    s.bind(s.loop("i"), "blockIdx.x").bind(s.loop("t"), "threadIdx.x").bind(s.loop("u"), "threadIdx.x")
-    with pytest.raises(BarrierError, match="threads may not all reach"):
-        place_barriers(s.program)
+                    b.store(sh, (k,), t[i, 63 - k] + 1.0, name="W")
+                    b.store(y2, (i, k), sh[39 - k], name="R")
+    s2 = Schedule(b.finish([x2, y2]), check=False)
+    s2.bind(s2.loop("i"), "blockIdx.x").bind(s2.loop("j"), "threadIdx.x").bind(s2.loop("k"), "threadIdx.x")
+    low = _place(s2.program)
+    assert _barriers(low) >= 2
+    src = build(s2, [x2, y2], target="cuda").source
+    assert "pred" in src and "__syncthreads();" in src
 
 
 def _cross_block_program() -> N.Program:
@@ -205,7 +235,7 @@ def test_the_pass_refuses_a_cross_block_race_it_is_handed() -> None:
     s = Schedule(p)
     s.bind(s.loop("j"), "threadIdx.x").bind(s.loop("k"), "threadIdx.x")
     with pytest.raises(CrossBlockRaceError) as ei:
-        place_barriers(s.program)
+        _place(s.program)
     e = ei.value
     assert e.buffer == "a"
     (sn, si), (tn, ti) = e.source, e.sink

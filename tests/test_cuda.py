@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from codegen.cuda import CudaCodegenError, UnboundLoopError, eval_index, generate_cuda
+from codegen.passes import lower as lower_cuda
 from codegen.cuda_build import build_cuda
 from codegen.nvrtc import MAGIC, NvrtcError, cache_key, compile_cubin
 from loopir import nodes as N
@@ -254,7 +255,7 @@ def test_virtual_arch_is_refused():
 
 
 def test_cache_hit_and_key(tmp_path):
-    src = generate_cuda(_sincos_bound()).source
+    src = generate_cuda(lower_cuda(_sincos_bound(), "cuda")).source
     t = time.perf_counter()
     a = compile_cubin(src, "sm_90")
     cold = time.perf_counter() - t
@@ -271,7 +272,7 @@ def test_cache_hit_and_key(tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "empty"])
 def test_corrupt_cache_entry_is_recompiled(damage):
-    src = generate_cuda(_sincos_bound()).source
+    src = generate_cuda(lower_cuda(_sincos_bound(), "cuda")).source
     good = compile_cubin(src, "sm_90")
     d = os.environ["LOOPIR_CACHE_DIR"]
     (path,) = [os.path.join(d, f) for f in os.listdir(d)]

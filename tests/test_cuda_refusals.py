@@ -20,7 +20,7 @@ import pytest
 
 from codegen import build
 from codegen.cuda import CudaCodegenError
-from codegen.cuda_expr import isl_max
+from codegen.passes.launch import isl_max
 from loopir import interp, ir, te
 from loopir import nodes as N
 from schedules import Schedule

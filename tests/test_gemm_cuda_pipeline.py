@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 
 import codegen.cuda as cg
+import codegen.passes.staging as staging
+from codegen.passes import lower as lower_cuda
+from codegen.passes.launch import fits_int32
 from loopir import ir
 from loopir import workloads as w
 from loopir.lower import lower
@@ -29,11 +32,11 @@ def _compile(src):
 
 def test_constant_sizes_use_int_indices_symbolic_sizes_keep_64_bit():
     _, s = _program(257, 129, 65)
-    src = cg.generate_cuda(s.program).source
+    src = cg.generate_cuda(lower_cuda(s.program, "cuda")).source
     assert "const int i_o = (int)blockIdx.y;" in src and "long long i_o" not in src
     _compile(src)
     _, s = _program()
-    src = cg.generate_cuda(s.program).source
+    src = cg.generate_cuda(lower_cuda(s.program, "cuda")).source
     assert "const long long i_o = (long long)blockIdx.y;" in src and "const long long n" in src
     _compile(src)
 
@@ -44,17 +47,17 @@ def test_int_indices_refused_when_a_padded_size_passes_2_pow_31():
     with b.loop("i", 0, 46341) as i:
         b.store(x, (i, i), x[i, i] * 2.0, name="S")
     prog = b.finish([x])
-    assert not cg._fits_int32(prog.body)
+    assert not fits_int32(prog.body)
     s = Schedule(prog)
     io, ii = s.split(s.loops("S")[0], 128)
     s.bind(io, "blockIdx.x").bind(ii, "threadIdx.x")
-    src = cg.generate_cuda(s.program).source
+    src = cg.generate_cuda(lower_cuda(s.program, "cuda")).source
     assert "long long i_o" in src and "(int)" not in src
     small = ir.buffer((1000, 1000), "float32", "Y")
     b2 = ir.Builder("small")
     with b2.loop("i", 0, 1000) as i:
         b2.store(small, (i, i), small[i, i] * 2.0, name="S")
-    assert cg._fits_int32(b2.finish([small]).body)
+    assert fits_int32(b2.finish([small]).body)
 
 
 def test_int_indices_mixed_with_int64_data_compile():
@@ -68,14 +71,14 @@ def test_int_indices_mixed_with_int64_data_compile():
     s = Schedule(b.finish([x, y]))
     io, ii = s.split(s.loops("S")[0], 128)
     s.bind(io, "blockIdx.x").bind(ii, "threadIdx.x")
-    src = cg.generate_cuda(s.program).source
+    src = cg.generate_cuda(lower_cuda(s.program, "cuda")).source
     assert "const int i = ((i_o * 128) + i_i);" in src and "loopir_max(X[i], i)" in src
     _compile(src)  # (long long, int) overloads: no ambiguity
 
 
 def test_shared_tiles_are_double_buffered_with_cp_async():
     _, s = _program(256, 256, 64, block=(128, 128), k_tile=16)
-    src = cg.generate_cuda(s.program).source
+    src = cg.generate_cuda(lower_cuda(s.program, "cuda")).source
     assert "software-pipelined" in src and src.count("cooperative copy") == 4
     assert "__shared__ __align__(16) float A_shared_stages[4096];  // 2 stages of A_shared" in src
     assert "cp.async.wait_group 1;" in src and "loopir_cp_async16(" in src
@@ -88,20 +91,20 @@ def test_shared_tiles_are_double_buffered_with_cp_async():
 def test_pipelining_off_and_too_large_stages_give_the_plain_copy(monkeypatch):
     # 2 stages of 2 x 16 KiB would pass the 48 KiB of static shared memory
     _, s = _program(256, 256, 64, block=(128, 128), k_tile=32)
-    src = cg.generate_cuda(s.program).source
+    src = cg.generate_cuda(lower_cuda(s.program, "cuda")).source
     assert "software-pipelined" not in src and "cp_async16(" not in src.split("extern")[1]
     assert "__shared__ __align__(16) float A_shared[4096]" in src
     _compile(src)
-    monkeypatch.setattr(cg, "PIPELINE_SHARED_COPIES", False)
+    monkeypatch.setattr(staging, "PIPELINE_SHARED_COPIES", False)
     _, s = _program(256, 256, 64, k_tile=16)
-    src = cg.generate_cuda(s.program).source
+    src = cg.generate_cuda(lower_cuda(s.program, "cuda")).source
     assert "software-pipelined" not in src and "reinterpret_cast<const float4*>(&A[" in src
 
 
 def test_launch_bounds_knob(monkeypatch):
     monkeypatch.setattr(cg, "LAUNCH_MIN_BLOCKS", 2)
     _, s = _program(257, 129, 65, block=(128, 128))
-    src = cg.generate_cuda(s.program).source
+    src = cg.generate_cuda(lower_cuda(s.program, "cuda")).source
     assert '__global__ void __launch_bounds__(256, 2) C_matmul_init(' in src
     _compile(src)
 
@@ -123,10 +126,21 @@ def test_copy_source_written_in_the_kernel_is_not_pipelined():
             return dataclasses.replace(st, body=add_write(st.body))
         return st
 
+    from codegen.passes.barriers import CrossBlockRaceError
+    from codegen.passes.kernels import split_kernels
+    from codegen.passes.launch import plan_kernels
+    from codegen.passes.staging import plan_staging
+    from loopir.nodes import Kernel
+    from loopir.visit import walk
+
     prog = dataclasses.replace(s.program, body=add_write(s.program.body))
-    src = cg.generate_cuda(prog).source
-    assert "software-pipelined" not in src and "A[(j_i_o * 64)] = 1.0f;" in src
-    assert "software-pipelined" in cg.generate_cuda(s.program).source
+    planned = plan_staging(plan_kernels(split_kernels(prog)))
+    (k,) = [n for n in walk(planned.body) if isinstance(n, Kernel)]
+    assert not k.pipelined
+    # and the whole pipeline refuses the program: every block writes A while other blocks read it
+    with pytest.raises(CrossBlockRaceError, match="'A'"):
+        lower_cuda(prog, "cuda")
+    assert "software-pipelined" in cg.generate_cuda(lower_cuda(s.program, "cuda")).source
 
 
 @pytest.mark.gpu

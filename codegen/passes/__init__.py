@@ -19,6 +19,8 @@ from loopir.nodes import Program
 from .barriers import place_barriers
 from .guards import tighten_guards
 from .kernels import split_kernels
+from .launch import plan_kernels
+from .staging import plan_staging
 from .versioning import version_tiles
 
 PassFn = Callable[[Program], Program]
@@ -40,7 +42,8 @@ class Pass:
 
 
 def _pipelines() -> dict[str, tuple[Pass, ...]]:
-    cuda = (Pass("split_kernels", split_kernels), Pass("place_barriers", place_barriers))
+    cuda = (Pass("split_kernels", split_kernels), Pass("plan_kernels", plan_kernels),
+            Pass("place_barriers", place_barriers), Pass("plan_staging", plan_staging))
     cpu = (Pass("tighten_guards", tighten_guards), Pass("version_tiles", version_tiles))
     return {"cuda": cuda, "cpu": cpu}
 

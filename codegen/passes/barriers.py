@@ -30,6 +30,7 @@ from loopir.isl_conv import NonAffine, _Names, aff, eval_index
 from loopir.poly_model import StmtInfo, _accessed, _Builder
 from loopir.visit import walk
 
+from .kernels import map_kernels
 from .gpu_model import (
     BLOCK_AXES,
     THREAD_AXES,
@@ -37,7 +38,6 @@ from .gpu_model import (
     is_block_loop,
     is_thread_loop,
     kernel_model,
-    kernels,
     loops_of,
     reduction_parts,
     reduction_stores,
@@ -69,29 +69,13 @@ def place_barriers(program: N.Program) -> N.Program:
 
     legal iff every conflicting pair s, t of one block with BT(s) ≺ BT(t) on different threads has a barrier
     between them in lockstep control flow, and no conflicting pair spans two blocks of one kernel."""
-    ks = [k for k in kernels(program) if any(f.kind == "thread" for f in loops_of(k))]
-    if not ks:
-        return program
-    new: dict[int, N.Stmt] = {}
-    for k in ks:
-        placed = _Kernel(program, k).run()
-        if placed is not k:
-            new[id(k)] = placed
-    if not new:
-        return program
-    return dataclasses.replace(program, body=_replace_kernels(program.body, new))
+    def place(k: N.Stmt) -> N.Stmt:
+        if not isinstance(k, N.Kernel) or not any(f.kind == "thread" for f in loops_of(k.body)):
+            return k
+        body = _Kernel(program, k).run()
+        return k if body is k.body else dataclasses.replace(k, body=body)
 
-
-def _replace_kernels(s: N.Stmt, new: dict[int, N.Stmt]) -> N.Stmt:
-    if id(s) in new:
-        return new[id(s)]
-    if isinstance(s, N.Seq):
-        body = tuple(_replace_kernels(c, new) for c in s.body)
-        return s if all(a is b for a, b in zip(body, s.body)) else N.Seq(body)
-    if isinstance(s, N.For) and s.kind == "host":
-        b = _replace_kernels(s.body, new)
-        return s if b is s.body else dataclasses.replace(s, body=b)
-    return s
+    return map_kernels(program, place)
 
 
 @dataclass(frozen=True)
@@ -127,13 +111,13 @@ def _met(r: _Req, points: list[float]) -> bool:
 
 
 class _Kernel:
-    def __init__(self, program: N.Program, nest: N.Stmt) -> None:
+    def __init__(self, program: N.Program, kernel: N.Kernel) -> None:
         self.program = program
-        self.nest = nest
-        self.sub = dataclasses.replace(program, body=nest)
+        self.nest = kernel.body
+        self.sub = dataclasses.replace(program, body=self.nest)
         self.b = _Builder(self.sub)
-        self.model: KernelModel = kernel_model(nest, set(program.params))
-        self.loops_by_id = {id(f): f for f in loops_of(nest)}
+        self.model: KernelModel = kernel_model(kernel)
+        self.loops_by_id = {id(f): f for f in loops_of(self.nest)}
         self._rels: dict[str, isl.Map] = {}
         self._maps: dict[str, isl.UnionMap] = {}
         self._known: set[tuple[int, str, int, int]] = set()
@@ -143,7 +127,7 @@ class _Kernel:
     def _tuples(self) -> list[_Access]:
         red_of: dict[int, N.For] = {}
         for f in loops_of(self.nest):
-            if id(f) in self.model.reduction_loops:
+            if f.var in self.model.reduction_loops:
                 for st in reduction_stores(f):
                     if reduction_parts(st) is not None:
                         red_of[id(st)] = f
@@ -450,15 +434,11 @@ class _Kernel:
         for node in path:
             bad = None
             if isinstance(node, N.For):
-                if is_thread_loop(node) and id(node) in self.model.guarded:
-                    bad = f"loop {node.var.name!r} bound to {node.thread} is guarded (its extent is below the block's)"
-                elif not (self.model.uniform(node.lo) and self.model.uniform(node.hi)) and node.kind != "thread":
+                if not (self.model.uniform(node.lo) and self.model.uniform(node.hi)) and node.kind != "thread":
                     bad = f"the bounds of loop {node.var.name!r} depend on the thread"
                 elif self.model.is_coop(node, inside_thread):
                     bad = f"loop {node.var.name!r} spreads its iterations over the block's threads"
                 inside_thread = inside_thread or is_thread_loop(node)
-            elif isinstance(node, N.If) and not self.model.uniform(node.cond):
-                bad = f"the condition `{node.cond}` depends on the thread"
             if bad:
                 r = rs[0]
                 raise BarrierError(
@@ -520,7 +500,7 @@ def _sync_points(body: N.Stmt, model: KernelModel) -> tuple[int, list[float]]:
             if not in_if:
                 pts.append(ctr[0] - 0.5)
         elif isinstance(s, (N.Store, N.For)):
-            if isinstance(s, N.For) and id(s) in model.reduction_loops and not in_if:
+            if isinstance(s, N.For) and s.var in model.reduction_loops and not in_if:
                 pts.append(float(ctr[0]))
             ctr[0] += 1
 
@@ -547,9 +527,7 @@ def _insert(nest: N.Stmt, gaps: dict[int, set[int]], model: KernelModel) -> N.St
             if isinstance(s, N.Allocate):
                 return dataclasses.replace(s, body=go(s.body))
             if isinstance(s, N.If):
-                if not model.uniform(s.cond) and any(g in want and g not in done for g in _inner_gaps(s, ctr[0])):
-                    raise BarrierError(f"a block barrier would be needed under the thread-dependent condition "
-                                       f"`{s.cond}`; threads may not all reach it")
+                # a condition on the thread becomes a predicate around a barrier (every thread reaches it)
                 then = go(_as_seq(s.then))
                 orelse = go(_as_seq(s.orelse)) if s.orelse is not None else None
                 return dataclasses.replace(s, then=then, orelse=orelse)
@@ -602,26 +580,6 @@ def _unwrap(s: N.Stmt) -> N.Stmt:
 def _first_counted(s: N.Stmt) -> bool:
     """True when `s` holds a counted child (Store/For), i.e. a barrier before it precedes that child."""
     return any(isinstance(n, (N.Store, N.For)) for n in walk(s))
-
-
-def _inner_gaps(s: N.If, start: int) -> list[int]:
-    """Gap indices strictly inside the If (between two of its counted children)."""
-    n = 0
-    for part in (s.then, s.orelse):
-        if part is None:
-            continue
-        n += _count(part)
-    return list(range(start + 1, start + n))
-
-
-def _count(s: N.Stmt) -> int:
-    if isinstance(s, N.Seq):
-        return sum(_count(c) for c in s.body)
-    if isinstance(s, N.Allocate):
-        return _count(s.body)
-    if isinstance(s, N.If):
-        return _count(s.then) + (_count(s.orelse) if s.orelse is not None else 0)
-    return 1 if isinstance(s, (N.Store, N.For)) else 0
 
 
 __all__ = ["place_barriers", "BarrierError", "CrossBlockRaceError"]

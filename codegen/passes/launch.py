@@ -1,0 +1,439 @@
+"""Launch planning (CUDA pipeline): every kernel becomes a `Kernel` node that carries its decisions.
+
+    for bi in range(0, n):  # blockIdx.x            kernel y_x<<<(n, 1, 1), (128, 1, 1)>>>:  # index int64; ...
+        for t in range(0, 100):  # threadIdx.x  ==>     for bi in range(0, n):  # blockIdx.x
+            ...                                              for t in range(0, 100):  # threadIdx.x
+                                                                 ...
+
+Decided here, once, and only printed by the renderer (codegen.cuda):
+- grid and block: per axis the largest extent bound to it (an extent that varies with an outer loop is
+  launched at its exact maximum over those loops, found by isl; `threadIdx.x` rounded up to whole warps
+  when the kernel holds a cross-thread reduction);
+- `guarded`: the bound loops whose extent may fall short of the launch extent keep `v < hi`;
+- `index_dtype`: int32 when every size is known and every padded buffer stays below 2**31 elements;
+- `reductions`: the threadIdx.x loops holding `C[idx] = C[idx] op e` with idx free of them and of the
+  loops inside them (lowered to a block all-reduce); every thread must reach them;
+- `cooperative`: the "parallel" nests inside thread loops that fill a shared buffer with values free of
+  the thread, reached by every thread: the block's threads share their iterations;
+- `single_thread`: read-modify-writes outside every thread loop, which thread 0 alone applies.
+Refused here (CudaCodegenError): an unknown axis, an axis bound twice on one path, a nest with loops but
+none bound, a launch extent with no maximum, a reduction whose trip count depends on the thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import islpy as isl
+
+from loopir import nodes as N
+from loopir.errors import CudaCodegenError, UnboundLoopError
+from loopir.isl_conv import NonAffine, aff, aff_to_expr, cond, pw_to_expr
+from loopir.isl_conv import _Names as _IslNames
+from loopir.visit import free_vars, substitute, walk
+
+from .gpu_model import is_thread_loop, loops_of, reduction_stores, subst_coords
+from .kernels import kernels, map_kernels
+
+AXES = ("x", "y", "z")
+
+
+def plan_kernels(program: N.Program) -> N.Program:
+    """Wrap every kernel in a `Kernel` node with its launch, index width and lowering decisions.
+
+    identity on the executed instances: a Kernel runs its body once per block and thread of its launch."""
+    host_vars: dict[int, frozenset[N.Var]] = {}
+    for loops, k in kernels(program):
+        host_vars[id(k)] = frozenset(lp.var for lp in loops)
+    return map_kernels(program, lambda k: _plan(program, k, host_vars.get(id(k), frozenset())))
+
+
+def _plan(program: N.Program, nest: N.Stmt, host_vars: frozenset[N.Var]) -> N.Stmt:
+    if isinstance(nest, N.Kernel):
+        return nest
+    loops = loops_of(nest)
+    if loops and not any(f.kind == "thread" for f in loops):
+        outer = loops[0]
+        stmts = ", ".join(dict.fromkeys(n.name for n in walk(nest) if isinstance(n, N.Store)))
+        raise UnboundLoopError(
+            f"loop {outer.var.name!r} (statements {stmts}) is not bound to a GPU axis; on target 'cuda' "
+            f"every top-level nest must be bound: bind it (e.g. s.split({outer.var.name}, 256) then "
+            "s.bind(outer, 'blockIdx.x').bind(inner, 'threadIdx.x')) or use auto_schedule")
+    _check_nesting(nest, set())
+    sizes = size_vars(nest, host_vars)
+    params = set(program.params) | sizes
+    bound = [f for f in loops if f.kind == "thread"]
+    reductions = frozenset(f.var for f in bound if _is_reduction_loop(f))
+    extent, launch = _launch(nest, bound, params, bool(reductions))
+    one = N.const(1)
+    grid = tuple(launch.get("blockIdx." + a, one) for a in AXES)
+    block = tuple(launch.get("threadIdx." + a, one) for a in AXES)
+    guarded = frozenset(f.var for f in bound if not (extent[id(f)] == launch[f.thread])
+                        or extent[id(f)] != N.binary("sub", f.hi, f.lo))
+    _check_reductions(nest, reductions)
+    globals_sizes = {v for n in walk(nest) if isinstance(n, (N.Load, N.Store)) and n.buffer.scope == "global"
+                     for d in n.buffer.shape for v in free_vars(d)}
+    index = "int32" if not (sizes | globals_sizes) and fits_int32(nest) else "int64"
+    coop = _cooperative(nest, guarded)
+    single = _single_thread(nest)
+    return N.Kernel("", nest, grid, block, index, guarded, reductions, coop, frozenset(), single)  # type: ignore[arg-type]
+
+
+def size_vars(nest: N.Stmt, host_vars: frozenset[N.Var] = frozenset()) -> set[N.Var]:
+    """Free variables of the kernel that no loop or statement defines: sizes and host loop variables."""
+    defined = {f.var for f in loops_of(nest)}
+    for n in walk(nest):
+        if isinstance(n, N.Store):
+            # an iteration variable that is a host loop's own variable (coordinate t = t) is a parameter
+            defined.update(v for v in n.iters if v not in host_vars)
+    return free_vars(nest) - defined
+
+
+def _upper_extent(ext: N.Expr, allowed: set[N.Var]) -> N.Expr | None:
+    """An upper bound of `ext` using only `allowed` vars (min(a, b) -> a side that qualifies)."""
+    if free_vars(ext) <= allowed:
+        return ext
+    if isinstance(ext, N.Binary) and ext.op == "min":
+        for side in (ext.a, ext.b):
+            ub = _upper_extent(side, allowed)
+            if ub is not None:
+                return ub
+    return None
+
+
+def _launch(nest: N.Stmt, bound: list[N.For], params: set[N.Var],
+            has_reduction: bool) -> tuple[dict[int, N.Expr], dict[str, N.Expr]]:
+    ext: dict[str, list[N.Expr]] = {}
+    extent: dict[int, N.Expr] = {}
+    paths = None
+    varying: set[str] = set()  # axes with an extent bounded by isl: their launch max is simplified by isl too
+    for f in bound:
+        if f.thread not in N.GPU_AXES:
+            raise CudaCodegenError(f"loop {f.var.name!r} is bound to unknown GPU axis {f.thread!r}; "
+                                   f"use one of {', '.join(N.GPU_AXES)}")
+        e = _upper_extent(N.binary("sub", f.hi, f.lo), params)
+        if e is None:
+            # an extent that varies with the block index (a compute_at'd producer's clipped tile): launch
+            # its exact maximum over the loops around it; the loop keeps its exact guard
+            if paths is None:
+                paths = _bound_paths(nest)
+            e = isl_upper_extent(f, *paths[id(f)])
+            if e is not None and not free_vars(e) <= params:
+                e = None
+            varying.add(f.thread or "")
+        if e is None:
+            raise CudaCodegenError(
+                f"loop {f.var.name!r} bound to {f.thread} has extent {f.hi} - {f.lo}, which varies with "
+                "another loop and has no maximum isl can find over those loops (non-affine or unbounded); "
+                "a GPU launch extent may depend only on the sizes "
+                f"({', '.join(sorted(p.name for p in params)) or 'none'})")
+        extent[id(f)] = e
+        lst = ext.setdefault(f.thread or "", [])
+        if not any(e == x for x in lst):
+            lst.append(e)
+    launch: dict[str, N.Expr] = {}
+    for axis, lst in ext.items():
+        m = lst[0]
+        for x in lst[1:]:
+            m = N.binary("max", m, x)
+        if axis in varying and len(lst) > 1:
+            simpler = isl_max(m)
+            m = m if simpler is None else simpler
+        if axis == "threadIdx.x" and has_reduction:
+            m = N.binary("mul", N.binary("floordiv", N.binary("add", m, 31), 32), 32)
+        launch[axis] = m
+    return extent, launch
+
+
+def _check_nesting(s: N.Stmt, seen: set[str]) -> None:
+    if isinstance(s, N.For):
+        if s.kind == "thread":
+            if s.thread in seen:
+                raise CudaCodegenError(f"loop {s.var.name!r} is bound to {s.thread} inside another loop bound "
+                                       f"to {s.thread}; an axis can be bound once per nesting path")
+            seen = seen | {s.thread or ""}
+        _check_nesting(s.body, seen)
+    elif isinstance(s, N.Seq):
+        for c in s.body:
+            _check_nesting(c, seen)
+    elif isinstance(s, N.If):
+        _check_nesting(s.then, seen)
+        if s.orelse is not None:
+            _check_nesting(s.orelse, seen)
+    elif isinstance(s, N.Allocate):
+        _check_nesting(s.body, seen)
+
+
+def _is_reduction_loop(f: N.For) -> bool:
+    return f.kind == "thread" and f.thread == "threadIdx.x" and bool(reduction_stores(f))
+
+
+def _check_reductions(nest: N.Stmt, reductions: frozenset[N.Var]) -> None:
+    """A cross-thread reduction's trip count must be the same on every thread (its all-reduce synchronises);
+    thread-bound loops and thread-dependent guards around it become predicates in the renderer."""
+    tv = {x.var for x in loops_of(nest) if is_thread_loop(x)}
+
+    def go(s: N.Stmt, path: list[N.Stmt]) -> None:
+        if isinstance(s, N.For):
+            if s.var in reductions:
+                for p in path:
+                    if isinstance(p, N.For) and p.kind != "thread":
+                        used = (free_vars(p.lo) | free_vars(p.hi)) & tv
+                        if used:
+                            raise CudaCodegenError(
+                                f"loop {s.var.name!r} is a cross-thread reduction inside loop {p.var.name!r}, whose "
+                                f"bounds {p.lo}..{p.hi} depend on the thread index "
+                                f"{', '.join(sorted(v.name for v in used))}; every thread of the block must reach "
+                                "the reduction equally often")
+            go(s.body, path + [s])
+        elif isinstance(s, N.Seq):
+            for c in s.body:
+                go(c, path)
+        elif isinstance(s, N.If):
+            go(s.then, path + [s])
+            if s.orelse is not None:
+                go(s.orelse, path + [s])
+        elif isinstance(s, N.Allocate):
+            go(s.body, path)
+
+    go(nest, [])
+
+
+def _single_thread(nest: N.Stmt) -> frozenset[str]:
+    """Stores outside every threadIdx loop that read their own buffer: all threads would apply the update."""
+    if not any(is_thread_loop(f) for f in loops_of(nest)):
+        return frozenset()
+    out: set[str] = set()
+
+    def go(s: N.Stmt, depth: int) -> None:
+        if isinstance(s, N.Store):
+            if depth == 0 and any(isinstance(n, N.Load) and n.buffer is s.buffer for n in walk(s.value)):
+                out.add(s.name)
+        elif isinstance(s, N.For):
+            go(s.body, depth + is_thread_loop(s))
+        elif isinstance(s, N.Seq):
+            for c in s.body:
+                go(c, depth)
+        elif isinstance(s, N.If):
+            go(s.then, depth)
+            if s.orelse is not None:
+                go(s.orelse, depth)
+        elif isinstance(s, N.Allocate):
+            go(s.body, depth)
+
+    go(nest, 0)
+    return frozenset(out)
+
+
+# ----------------------------------------------------------------------------- cooperative copies
+
+
+def copy_nest(f: N.For) -> tuple[list[N.For], N.Expr | None, N.Store] | None:
+    """(the parallel loops, the guard, the store) of a constant "parallel" nest around one store into a
+    shared buffer (optionally guarded), else None."""
+    loops: list[N.For] = []
+    inner: N.Stmt = f
+    while isinstance(inner, N.For) and inner.kind == "parallel":
+        if not (isinstance(inner.lo, N.Const) and isinstance(inner.hi, N.Const)) or inner.lo.value != 0:
+            return None
+        loops.append(inner)
+        inner = inner.body
+    guard = None
+    if isinstance(inner, N.If) and inner.orelse is None:
+        guard, inner = inner.cond, inner.then
+    if not loops or not isinstance(inner, N.Store) or inner.buffer.scope != "shared":
+        return None
+    return loops, guard, inner
+
+
+def uniform_path(nest: N.Stmt, target: N.Stmt, guarded: frozenset[N.Var]) -> bool:
+    """Every thread of the block reaches `target`: no guarded thread-bound loop, no thread-dependent If."""
+    tvars = {x.var for x in loops_of(nest) if is_thread_loop(x)}
+
+    def go(s: N.Stmt) -> bool | None:
+        if s is target:
+            return True
+        kids: list[N.Stmt] = []
+        if isinstance(s, (N.For, N.Allocate)):
+            kids = [s.body]
+        elif isinstance(s, N.Seq):
+            kids = list(s.body)
+        elif isinstance(s, N.If):
+            kids = [s.then] + ([s.orelse] if s.orelse is not None else [])
+        for k in kids:
+            r = go(k)
+            if r is None:
+                continue
+            if not r:
+                return False
+            if isinstance(s, N.If) and free_vars(s.cond) & tvars:
+                return False
+            if isinstance(s, N.For) and is_thread_loop(s) and s.var in guarded:
+                return False
+            return True
+        return None
+
+    return bool(go(nest))
+
+
+def thread_free_copy(nest: N.Stmt, f: N.For, guarded: frozenset[N.Var]) -> bool:
+    """The copy nest at `f` stores values free of the thread indices and every thread reaches it."""
+    parts = copy_nest(f)
+    if parts is None:
+        return False
+    _, guard, st = parts
+    tvars = {x.var for x in loops_of(nest) if is_thread_loop(x)}
+    sub = subst_coords(st)
+    used = free_vars(substitute(st.value, sub)) | free_vars(guard if guard is not None else N.const(0))
+    for i in st.indices:
+        used |= free_vars(substitute(i, sub))
+    return not (used & tvars) and uniform_path(nest, f, guarded)
+
+
+def _cooperative(nest: N.Stmt, guarded: frozenset[N.Var]) -> frozenset[N.Var]:
+    """The outermost loops of the copy nests inside thread loops that the block's threads share."""
+    out: set[N.Var] = set()
+
+    def go(s: N.Stmt, depth: int) -> None:
+        if isinstance(s, N.For):
+            if s.kind == "parallel" and depth > 0 and thread_free_copy(nest, s, guarded):
+                out.add(s.var)
+                return
+            go(s.body, depth + is_thread_loop(s))
+        elif isinstance(s, N.Seq):
+            for c in s.body:
+                go(c, depth)
+        elif isinstance(s, N.If):
+            go(s.then, depth)
+            if s.orelse is not None:
+                go(s.orelse, depth)
+        elif isinstance(s, N.Allocate):
+            go(s.body, depth)
+
+    go(nest, 0)
+    return frozenset(out)
+
+
+# ----------------------------------------------------------------------------- index width
+
+
+INT32_SLACK = 2048  # a guarded access may run a tile past a dimension's end before its guard is tested
+
+
+def fits_int32(nest: N.Stmt) -> bool:
+    """Every buffer of the nest has a constant shape whose padded element count, prod(d + INT32_SLACK),
+    stays below 2**31: then every index the kernel computes (flat offsets of guarded, possibly out-of-range
+    tile elements included) fits a 32-bit int, and index arithmetic may be `int` (fewer registers)."""
+    seen: dict[int, N.Buffer] = {}
+    for n in walk(nest):
+        b = getattr(n, "buffer", None)
+        if isinstance(b, N.Buffer):
+            seen[id(b)] = b
+    for b in seen.values():
+        if not all(isinstance(d, N.Const) for d in b.shape):
+            return False
+        if math.prod(int(d.value) + INT32_SLACK for d in b.shape) >= 2**31:  # type: ignore[attr-defined]
+            return False
+    for f in loops_of(nest):  # constant loop bounds too (bounds in enclosing loops follow the tiles of the buffers)
+        if any(isinstance(e, N.Const) and abs(int(e.value)) >= 2**30 for e in (f.lo, f.hi)):
+            return False
+    return True
+
+
+# ----------------------------------------------------------------------------- launch extents (isl)
+
+def _bound_paths(nest: N.Stmt) -> dict[int, tuple[tuple[N.For, ...], tuple[N.Expr, ...]]]:
+    """For each loop of the nest (by id): the loops around it (outermost first) and the If conditions
+    around it (an `else` branch contributes the negated condition)."""
+    out: dict[int, tuple[tuple[N.For, ...], tuple[N.Expr, ...]]] = {}
+
+    def go(s: N.Stmt, loops: tuple[N.For, ...], conds: tuple[N.Expr, ...]) -> None:
+        if isinstance(s, N.For):
+            out[id(s)] = (loops, conds)
+            go(s.body, (*loops, s), conds)
+        elif isinstance(s, N.Seq):
+            for c in s.body:
+                go(c, loops, conds)
+        elif isinstance(s, N.If):
+            go(s.then, loops, (*conds, s.cond))
+            if s.orelse is not None:
+                go(s.orelse, loops, (*conds, N.Logical("not", s.cond, None)))
+        elif isinstance(s, N.Allocate):
+            go(s.body, loops, conds)
+
+    go(nest, (), ())
+    return out
+
+
+def isl_upper_extent(f: N.For, loops: tuple[N.For, ...], conds: tuple[N.Expr, ...]) -> N.Expr | None:
+    """The exact maximum of `f.hi - f.lo` over the iterations of the loops around `f`; see `isl_max`."""
+    return isl_max(N.binary("sub", f.hi, f.lo), loops, conds)
+
+
+def isl_max(expr: N.Expr, loops: tuple[N.For, ...] = (), conds: tuple[N.Expr, ...] = ()) -> N.Expr | None:
+    """The exact maximum of the integer expression `expr` over the iterations of `loops` (bounds and
+    affine guards `conds`; a non-affine guard is left out, which only loosens the bound), as an
+    expression of the other variables (sizes, host loop variables); None when isl cannot give one.
+    With no loops it is `expr` itself, simplified (`max(min(8, w), 8)` is 8).
+
+    Found with isl: project the loops out of { [loops..., e] : e = hi - lo, their bounds, the guards }
+    and take `dim_max` of e. When the maximum is piecewise but no max/min of its pieces, the max of
+    every piece's affine function bounds it (each piece's value is one of them)."""
+    names = _IslNames({})
+    dims = [names.bind(lp.var) for lp in loops]
+    try:
+        ext = aff(expr, names)
+        cons = [f"e = {ext}"]
+        for lp, nm in zip(loops, dims):
+            try:
+                cons.append(f"({aff(lp.lo, names)}) <= {nm} and {nm} < ({aff(lp.hi, names)})")
+            except NonAffine:
+                pass  # that loop's variable stays unconstrained: a looser bound, or none
+        for c in conds:
+            try:
+                cons.append(cond(c, names))
+            except NonAffine:
+                pass
+    except NonAffine:
+        return None
+    ev = names.bind(N.Var("e"))
+    cons[0] = cons[0].replace("e = ", f"{ev} = ", 1)
+    text = f"[{', '.join(names.params)}] -> {{ [{', '.join([*dims, ev])}] : {' and '.join(cons)} }}"
+    try:
+        pw = isl.Set(text).project_out(isl.dim_type.set, 0, len(dims)).dim_max(0)  # isl.Error when unbounded
+        pieces = pw.get_pieces()
+        if not pieces or any(a.is_nan() for _, a in pieces):
+            return None
+        pw = pw.coalesce()
+        try:
+            return pw_to_expr(pw, names.params, "launch extent")
+        except ValueError:
+            pass
+        # the pieces' functions agree where the pieces meet: look for the fewest of them whose max or min
+        # is the function (`min(8, w)` out of 8, w and 8*((7*w + 7)//8) - 7*w, each exact on its piece)
+        affs: list[isl.Aff] = []
+        for _, a in pw.get_pieces():
+            if not any(a.plain_is_equal(b) for b in affs):
+                affs.append(a)
+        dom = pw.domain()
+        if len(affs) <= 6:
+            for size in range(1, len(affs) + 1):
+                for sub in itertools.combinations(affs, size):
+                    for op in ("min", "max"):
+                        acc = isl.PwAff.from_aff(sub[0])
+                        for a in sub[1:]:
+                            acc = acc.min(isl.PwAff.from_aff(a)) if op == "min" else acc.max(isl.PwAff.from_aff(a))
+                        if acc.intersect_domain(dom).is_equal(pw):
+                            out = aff_to_expr(sub[0], names.params)
+                            for a in sub[1:]:
+                                out = N.binary(op, out, aff_to_expr(a, names.params))
+                            return out
+        # no exact form: the max of every piece's function still bounds it (each piece's value is one of them)
+        exprs = list(dict.fromkeys(aff_to_expr(a, names.params) for a in affs))
+        out = exprs[0]
+        for e in exprs[1:]:
+            out = N.binary("max", out, e)
+        return out
+    except isl.Error:
+        return None
