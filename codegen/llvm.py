@@ -24,9 +24,10 @@ The CPU pipeline (`codegen.passes`) has already turned tiling guards into loop b
 tile loops a full-tile version with constant bounds; constant `vectorize` loops in the simple
 subset become explicit vector code (`llvm_vec.emit_vector_loop`), the rest go to LLVM's vectorizer.
 
-Layout: `llvm_types` (dtype -> LLVM type tables, constants, CodegenError), `llvm_math` (host
-features, libmvec), `llvm_passes` (IR queries), `llvm_expr` (expression lowering),
-`llvm_vec` (explicit vectors); this module emits statements, functions and the module.
+Layout: `llvm_types` (dtype -> LLVM type tables, constants, CodegenError), `llvm_math` (libmvec;
+the host's features and vector width are target facts from `loopir.target`), `llvm_passes` (IR
+queries; index forms from `loopir.affine`), `llvm_expr` (expression lowering), `llvm_vec` (explicit
+vectors); this module emits statements, functions and the module.
 """
 
 from __future__ import annotations
