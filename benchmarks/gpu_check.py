@@ -7,7 +7,9 @@ Steps (each in its own process, with a time limit), then a short table, printed 
 2. `compute-sanitizer --tool memcheck` on the five fusion examples and the quickstart at small sizes
    (`--small`), and on this script's `--small` suite (every seed workload with a hand-written bound
    schedule once, at small sizes, checked against numpy);
-3. `benchmarks/gpu_suite.py` (JSON, markdown table and PNG under --out).
+3. `benchmarks/gpu_races.py` (kernels whose threads communicate, 5 runs each on fresh data against float64)
+   and `compute-sanitizer --tool racecheck` / `synccheck` on its `--small` cases;
+4. `benchmarks/gpu_suite.py` (JSON, markdown table and PNG under --out).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="directory for the suite's JSON/markdown/PNG")
     ap.add_argument("--no-suite", action="store_true")
     ap.add_argument("--no-memcheck", action="store_true")
+    ap.add_argument("--no-races", action="store_true", help="skip gpu_races.py and its racecheck/synccheck")
     ap.add_argument("--suite-args", nargs=argparse.REMAINDER, default=[], help="passed on to gpu_suite.py")
     a = ap.parse_args()
     if a.small:
@@ -112,6 +115,19 @@ def main() -> None:
             results.append((f"memcheck {os.path.basename(t[1])}", rc, summary, dt))
     else:
         results.append(("memcheck", -1, "compute-sanitizer not found", 0.0))
+    if not a.no_races:
+        races = os.path.join(ROOT, "benchmarks", "gpu_races.py")
+        rc, out, dt = _run([py, races, "--repeats", "5"] + (["--out", a.out] if a.out else []), 600)
+        print(out[-6000:], flush=True)
+        results.append(("gpu_races (5 runs each, fresh data)", rc, _last_line(out, "MISMATCH") or "all ok", dt))
+        if san:
+            for tool in ("racecheck", "synccheck"):
+                rc, out, dt = _run([san, "--tool", tool, "--error-exitcode", "99", py, races, "--small"], 300)
+                summary = _last_line(out, "ERROR SUMMARY") or _last_line(out, "RACECHECK SUMMARY") or "no summary"
+                if rc != 0:
+                    print(out[-3000:], flush=True)
+                print(f"{tool} gpu_races --small: rc {rc}, {summary}", flush=True)
+                results.append((f"{tool} gpu_races --small", rc, summary, dt))
     if not a.no_suite:
         cmd = [py, os.path.join(ROOT, "benchmarks", "gpu_suite.py")] + (["--quick"] if a.quick else [])
         cmd += (["--out", a.out] if a.out else []) + a.suite_args
