@@ -312,6 +312,34 @@ def test_host_if_is_evaluated_on_the_host(monkeypatch):
     assert _record(mod, {"n": 2}, monkeypatch) == []
 
 
+def test_scalar_store_between_kernels_of_a_host_loop_is_a_one_thread_kernel(monkeypatch):
+    """for t: (norm[t] = S[t-1, 0] (scalar); for b (blockIdx): S[t, b] = S[t-1, b] / norm[t]): two launches per step."""
+    n, T = N.Var("n"), N.Var("T")
+    S = N.Buffer("S", (T, n), "float32")
+    norm = N.Buffer("norm", (T,), "float32")
+    t, bx = N.Var("t"), N.Var("b")
+    scalar = N.Store("norm", norm, (t,), S[t - 1, 0] + 1.0, (t,), (t,))
+    st = N.Store("S", S, (t, bx), S[t - 1, bx] / norm[t], (t, bx), (t, bx))
+    body = N.For(t, N.const(1), T, N.Seq((scalar, N.For(bx, N.const(0), n, st, "thread", "blockIdx.x"))))
+    p = N.Program("norm", (S, norm), body, (), (T, n))
+    low = split_kernels(p)
+    assert "for t in host(1, T):" in str(low)
+    mod = build(p, target="cuda")
+    assert mod.kernels == ["norm_norm", "norm_S"]
+    calls = _record(mod, {"T": 3, "n": 5}, monkeypatch)
+    one = (1, 1, 1)
+    assert [(c[0], c[1], c[2]) for c in calls] == [("norm_norm", one, one), ("norm_S", (5, 1, 1), one)] * 2
+    s0 = np.random.default_rng(2).uniform(0.5, 1.5, (3, 5)).astype(np.float32)
+    ref = s0.astype(np.float64).copy()
+    nr = np.zeros(3)
+    for k in range(1, 3):
+        nr[k] = ref[k - 1, 0] + 1
+        ref[k] = ref[k - 1] / nr[k]
+    sc, nc = s0.copy(), np.full(3, np.nan, np.float32)
+    build(lower(p, "cuda"), target="cpu")(sc, nc)
+    np.testing.assert_allclose(sc, ref, rtol=1e-6)
+
+
 def test_shared_buffer_around_a_host_loop_is_refused():
     n = N.Var("n")
     A = N.Buffer("A", (n, n), "float32")
