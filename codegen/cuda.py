@@ -66,7 +66,7 @@ from .cuda_expr import (  # noqa: F401  (re-exported: tests and callers import t
     isl_max,
     isl_upper_extent,
 )
-from .cuda_prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE
+from .cuda_prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
 from .cuda_reduce import _RED_OPS, _identity, _reduction_parts, _ReductionEmitter  # noqa: F401
 from .cuda_staging import _StagingEmitter
 from .cuda_vector import _VEC_SCOPES, _monotone_guard, _VectorEmitter  # noqa: F401
@@ -176,6 +176,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.ind = 1
         self.uses_half = False
         self.uses_reduce = False
+        self.uses_subwarp = False
+        self.subwarp = 0  # > 0: cross-thread reductions are within segments of this many lanes of a warp
         self.red_smem: dict[str, str] = {}  # C type -> shared array name
         self.forward: list[dict[tuple, str]] = [{}]  # scoped: (buffer id, flat index expr) -> register
         self.vec_lanes: dict[N.Load, str] = {}
@@ -234,9 +236,11 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             if axis in varying and len(lst) > 1:
                 simpler = isl_max(m)
                 m = m if simpler is None else simpler
-            if axis == "threadIdx.x" and self.has_reduction:
-                m = N.binary("mul", N.binary("floordiv", N.binary("add", m, 31), 32), 32)
             launch[axis] = m
+        self.subwarp = self.subwarp_width(launch) if self.has_reduction else 0
+        if "threadIdx.x" in launch and self.has_reduction and not self.subwarp:
+            m = launch["threadIdx.x"]
+            launch["threadIdx.x"] = N.binary("mul", N.binary("floordiv", N.binary("add", m, 31), 32), 32)
         self.launch = launch
         one = N.const(1)
         grid = tuple(launch.get("blockIdx." + a, one) for a in _AXES)
@@ -482,7 +486,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
     names = _Names()
     texts: list[str] = []
     kernels: list[Kernel] = []
-    flags = {"half": False, "reduce": False, "async": False}
+    flags = {"half": False, "reduce": False, "subwarp": False, "async": False}
 
     def kernel(nest: N.Stmt, host_vars: tuple[N.Var, ...]) -> int:
         k = len(kernels)
@@ -504,6 +508,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
             text = f"{head}\n  // launched once per iteration of the host loop(s) {loops_}\n{rest}"
         flags["half"] |= gen.uses_half
         flags["reduce"] |= gen.uses_reduce
+        flags["subwarp"] |= gen.uses_subwarp
         flags["async"] |= gen.uses_async
         texts.append(text)
         kernels.append(kern)
@@ -532,6 +537,8 @@ def generate_cuda(program: N.Program) -> CudaSource:
         parts.append(PRELUDE_HALF)
     if flags["reduce"]:
         parts.append(PRELUDE_REDUCE)
+    if flags["subwarp"]:
+        parts.append(PRELUDE_SUBWARP)
     if flags["async"]:
         parts.append(PRELUDE_ASYNC)
     source = "\n".join(parts) + "\n" + "\n\n".join(texts) + "\n"

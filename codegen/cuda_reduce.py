@@ -31,6 +31,8 @@ are full.
 
 from __future__ import annotations
 
+import math
+
 from loopir import nodes as N
 from loopir.dtypes import is_int
 from loopir.visit import free_vars, substitute, walk
@@ -93,6 +95,26 @@ class _ReductionEmitter:
         if op in ("add", "mul"):
             return f"{a} {'+' if op == 'add' else '*'} {b}"
         return f"loopir_{op}({a}, {b})"
+
+    def subwarp_width(self, launch: dict[str, N.Expr]) -> int:
+        """W when every cross-thread reduction may use `loopir_subwarp_allreduce<W>`: the x extent is a constant
+        power of two W <= 16, the block a constant number of whole warps (so a row of W lanes lies in one warp
+        and every lane exists), and each reduction loop sits inside a threadIdx.y / threadIdx.z loop (TVM's
+        layout; other kernels keep the block all-reduce with x rounded up to a warp). 0 otherwise."""
+        from .cuda_expr import _bound_paths
+
+        dims = [launch.get(f"threadIdx.{a}", N.const(1)) for a in "xyz"]
+        if not all(isinstance(d, N.Const) for d in dims):
+            return 0
+        w, total = int(dims[0].value), math.prod(int(d.value) for d in dims)  # type: ignore[attr-defined]
+        if w not in (2, 4, 8, 16) or total % 32 or total > 1024:
+            return 0
+        paths = _bound_paths(self.nest)
+        for f in _loops(self.nest):
+            if self._is_reduction_loop(f) and not any(
+                    p.kind == "thread" and p.thread in ("threadIdx.y", "threadIdx.z") for p in paths[id(f)][0]):
+                return 0
+        return w
 
     # ---------------------------------------------------------------- predication
     def _thread_vars(self) -> set[N.Var]:
@@ -171,7 +193,8 @@ class _ReductionEmitter:
             op, _ = _reduction_parts(st)  # type: ignore[misc]
             ct = _CTYPE[st.buffer.dtype]
             acc = accs[id(st)]
-            smem = self.red_smem.setdefault(ct, self.names.fresh(f"loopir_red_{ct.replace(' ', '_')}"))
+            smem = None if self.subwarp else self.red_smem.setdefault(
+                ct, self.names.fresh(f"loopir_red_{ct.replace(' ', '_')}"))
             idx = tuple(substitute(i, _subst_coords(st)) for i in st.indices)
             flat = self.flat(st.buffer, idx)
             ref = f"{self.buf(st.buffer)}[{self.expr(flat)}]"
@@ -185,8 +208,13 @@ class _ReductionEmitter:
                 self.line(f"const {ct} {cur} = {self.pred} ? {load} : ({ct}){_identity(op, st.buffer.dtype)};")
             else:
                 self.line(f"const {ct} {cur} = {load};")
-            self.line(f"{acc} = loopir_block_allreduce({acc}, loopir_op_{op}(), "
-                      f"({ct}){_identity(op, st.buffer.dtype)}, {smem});  // {st.name}: across threads")
+            if self.subwarp:
+                self.uses_subwarp = True
+                self.line(f"{acc} = loopir_subwarp_allreduce<{self.subwarp}>({acc}, loopir_op_{op}());  "
+                          f"// {st.name}: across the {self.subwarp} threads of its row")
+            else:
+                self.line(f"{acc} = loopir_block_allreduce({acc}, loopir_op_{op}(), "
+                          f"({ct}){_identity(op, st.buffer.dtype)}, {smem});  // {st.name}: across threads")
             total = self.names.fresh(f"{st.name}_total")
             self.line(f"const {ct} {total} = {self.red_combine(op, cur, acc)};")
             val = f"loopir_f2h({total})" if st.buffer.dtype == "float16" else total
