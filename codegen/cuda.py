@@ -148,6 +148,32 @@ class CudaSource:
     program: N.Program
     launches: tuple[HostStep, ...] = ()
 
+    def launch_plan(self) -> str:
+        """The launch sequence as text: `launch scan_S0`, `for t in host(1, T):` with its launches indented."""
+        from loopir.printer import expr_str
+
+        lines: list[str] = []
+
+        def go(steps: tuple[HostStep, ...], ind: str) -> None:
+            for st in steps:
+                if isinstance(st, Launch):
+                    k = self.kernels[st.kernel]
+                    grid = ", ".join(str(e) for e in k.launch.grid)
+                    block = ", ".join(str(e) for e in k.launch.block)
+                    lines.append(f"{ind}launch {k.name} grid ({grid}) block ({block})")
+                elif isinstance(st, HostLoop):
+                    lines.append(f"{ind}for {st.var.name} in host({expr_str(st.lo)}, {expr_str(st.hi)}):")
+                    go(st.body, ind + "    ")
+                else:
+                    lines.append(f"{ind}if {expr_str(st.cond)}:")
+                    go(st.then, ind + "    ")
+                    if st.orelse:
+                        lines.append(f"{ind}else:")
+                        go(st.orelse, ind + "    ")
+
+        go(self.launches or tuple(Launch(k) for k in range(len(self.kernels))), "")
+        return "\n".join(lines)
+
 
 def _upper_extent(ext: N.Expr, allowed: set[N.Var]) -> N.Expr | None:
     """An upper bound of `ext` using only `allowed` vars (min(a, b) -> a side that qualifies)."""

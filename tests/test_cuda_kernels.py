@@ -236,6 +236,10 @@ def test_scan_cuda_source_has_no_time_loop_and_compiles():
     assert mod.cubin[:4] == b"\x7fELF"
     (first, loop) = mod.gen.launches
     assert first == Launch(0)
+    assert mod.gen.launch_plan() == (
+        "launch scan_S0 grid ((n + 63) // 64, 1, 1) block (64, 1, 1)\n"
+        "for t in host(1, T):\n"
+        "    launch scan_St grid ((n + 63) // 64, 1, 1) block (64, 1, 1)")
     assert isinstance(loop, HostLoop) and loop.var.name == "t" and loop.body == (Launch(1),)
 
 
