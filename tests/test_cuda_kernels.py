@@ -199,6 +199,13 @@ def test_serial_loop_above_a_host_loop_is_host_too_and_inner_serial_loops_stay()
     one_block = N.For(t, N.const(0), N.const(5), N.For(tx, N.const(0), n, st, "thread", "threadIdx.x"))
     p2 = dataclasses.replace(p, body=one_block)
     assert split_kernels(p2) is p2
+    # a parallel loop around grid-bound loops stays in its kernel, unless a serial loop inside it becomes host
+    par = N.For(r, N.const(0), N.const(2), inner, "parallel")
+    p3 = dataclasses.replace(p, body=par)
+    assert split_kernels(p3) is p3
+    p4 = dataclasses.replace(p, body=dataclasses.replace(par, body=N.For(t, N.const(0), N.const(5), inner)))
+    text = str(split_kernels(p4))
+    assert "for r in host(0, 2):" in text and "for t in host(0, 5):" in text
 
 
 def test_map_kernels_rewrites_kernels_only():
