@@ -388,5 +388,5 @@ def isl_max(expr: N.Expr, loops: tuple[N.For, ...] = (), conds: tuple[N.Expr, ..
         for e in exprs[1:]:
             out = N.binary("max", out, e)
         return out
-    except isl.Error:
+    except (isl.Error, ValueError):  # unbounded (isl), or a piece isl_conv cannot turn back into an expression
         return None

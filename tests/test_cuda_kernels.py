@@ -351,6 +351,17 @@ def test_scalar_store_between_kernels_of_a_host_loop_is_a_one_thread_kernel(monk
     np.testing.assert_allclose(sc, ref, rtol=1e-6)
 
 
+def test_host_loop_bound_that_reads_a_buffer_is_refused():
+    n = N.Var("n")
+    A = N.Buffer("A", (n, n), "float32")
+    L = N.Buffer("L", (N.const(1),), "int64")
+    t, bx = N.Var("t"), N.Var("b")
+    st = N.Store("S", A, (t, bx), A[t - 1, bx] * 2.0, (t, bx), (t, bx))
+    loop = N.For(t, N.const(1), L[0], N.For(bx, N.const(0), n, st, "thread", "blockIdx.x"))
+    with pytest.raises(ValueError, match="upper bound of host loop 't'.*reads a buffer"):
+        generate_cuda(split_kernels(N.Program("ld", (A, L), loop, (), (n,))))
+
+
 def test_shared_buffer_around_a_host_loop_is_refused():
     n = N.Var("n")
     A = N.Buffer("A", (n, n), "float32")
