@@ -15,9 +15,10 @@ How a program maps to kernels
   bound to the same axis in one block (phases of a row softmax): the launch extent of an axis is
   the max of their extents and each is guarded. A launch extent uses size parameters (and host loop
   variables) only: an extent that varies with another loop (the block index of a compute_at'd
-  producer's clipped tile) is launched at its exact maximum over the loops around it, found by isl
-  (`isl_upper_extent`; `min(c, ...)` whose constant side bounds it first), and the loop keeps its
-  exact guard; an extent isl cannot bound (non-affine, unbounded) is refused.
+  producer's clipped tile) is launched at its maximum over the loops around it, found by isl
+  (`isl_upper_extent`: exact when isl's piecewise maximum is a max / min of its pieces, else an upper
+  bound; `min(c, ...)` whose constant side bounds it first), and the loop keeps its exact guard; an
+  extent isl cannot bound (non-affine, unbounded) is refused.
 * The launch plan (grid and block per kernel) is kept as loopir expressions over the size
   parameters, evaluated at call time (`LaunchPlan.dims(sizes)`).
 * Serial/parallel/unroll loops inside a kernel are plain `for` loops (`#pragma unroll` for unroll).

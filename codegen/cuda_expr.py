@@ -316,15 +316,18 @@ def _bound_paths(nest: N.Stmt) -> dict[int, tuple[tuple[N.For, ...], tuple[N.Exp
 
 
 def isl_upper_extent(f: N.For, loops: tuple[N.For, ...], conds: tuple[N.Expr, ...]) -> N.Expr | None:
-    """The exact maximum of `f.hi - f.lo` over the iterations of the loops around `f`; see `isl_max`."""
+    """The maximum (or an upper bound) of `f.hi - f.lo` over the iterations of the loops around `f`; see `isl_max`."""
     return isl_max(N.binary("sub", f.hi, f.lo), loops, conds)
 
 
 def isl_max(expr: N.Expr, loops: tuple[N.For, ...] = (), conds: tuple[N.Expr, ...] = ()) -> N.Expr | None:
-    """The exact maximum of the integer expression `expr` over the iterations of `loops` (bounds and
-    affine guards `conds`; a non-affine guard is left out, which only loosens the bound), as an
-    expression of the other variables (sizes, host loop variables); None when isl cannot give one.
-    With no loops it is `expr` itself, simplified (`max(min(8, w), 8)` is 8).
+    """The maximum of the integer expression `expr` over the iterations of `loops` (bounds and affine
+    guards `conds`; a non-affine guard is left out, which only loosens the bound), as an expression of
+    the other variables (sizes, host loop variables); None when isl cannot bound it. Exact wherever the
+    loops run when isl's piecewise maximum is one affine piece or a max / min of some of its pieces
+    (`min(8, w)`); otherwise an upper bound (the max of each piece's bound), which is all a launch
+    extent needs (every loop whose extent is not the launch extent is guarded). With no loops it is
+    `expr` simplified (`max(min(8, w), 8)` is 8).
 
     Found with isl: project the loops out of { [loops..., e] : e = hi - lo, their bounds, the guards }
     and take `dim_max` of e. When the maximum is piecewise but no max/min of its pieces, the max of
@@ -382,8 +385,16 @@ def isl_max(expr: N.Expr, loops: tuple[N.For, ...] = (), conds: tuple[N.Expr, ..
                             for a in sub[1:]:
                                 out = N.binary(op, out, aff_to_expr(a, names.params))
                             return out
-        # no exact form: the max of every piece's function still bounds it (each piece's value is one of them)
-        exprs = list(dict.fromkeys(aff_to_expr(a, names.params) for a in affs))
+        # no exact form: an upper bound. Each piece contributes its function's maximum over the piece when that
+        # is finite (`8 : h <= 6; 9 : h = 7; 10 : h >= 8` gives 10; `w : 1 <= w <= 7` gives 7), else the
+        # function itself; the max of the contributions bounds every piece's value
+        exprs_: list[N.Expr] = []
+        for piece, a in pw.get_pieces():
+            top = piece.max_val(a)
+            exprs_.append(N.const(int(top.to_python())) if top.is_int() else aff_to_expr(a, names.params))
+        consts = [e for e in exprs_ if isinstance(e, N.Const)]
+        exprs = list(dict.fromkeys([e for e in exprs_ if not isinstance(e, N.Const)]
+                                   + ([max(consts, key=lambda c: c.value)] if consts else [])))
         out = exprs[0]
         for e in exprs[1:]:
             out = N.binary("max", out, e)

@@ -314,6 +314,8 @@ def test_isl_max_of_extents():
     ext = N.binary("min", 8 * xo + 8, w) - 8 * xo
     assert str(isl_max(ext, (tiles,))) == "min(8, w)"
     assert str(isl_max(N.binary("max", N.binary("min", N.const(8), w), N.const(8)))) == "8"
+    # isl's maximum is 8 / 9 / 10 by ranges of h, no max or min of its pieces: the bound is 10
+    assert str(isl_max(N.binary("max", N.binary("min", N.const(10), n + 2), N.const(8)))) == "10"
     assert isl_max(i * i, (tri,)) is None  # non-affine
     assert isl_max(i, (N.For(i, N.const(0), N.Load(N.Buffer("L", (), "int64"), ()), N.Barrier()),)) is None
 
