@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 
 from loopir import nodes as N
+from loopir.printer import expr_str
 from loopir.visit import free_vars, substitute, walk
 
 from .cuda_expr import (  # noqa: F401  (re-exported: tests and callers import them from codegen.cuda)
@@ -57,7 +58,7 @@ from .cuda_expr import (  # noqa: F401  (re-exported: tests and callers import t
     _subst_coords,
     eval_index,
 )
-from .cuda_prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE
+from .cuda_prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
 from .cuda_reduce import _RED_OPS, _identity, _reduction_parts, _ReductionEmitter  # noqa: F401
 from .cuda_staging import _StagingEmitter
 from .cuda_vector import _VEC_SCOPES, _monotone_guard, _VectorEmitter  # noqa: F401
@@ -137,6 +138,30 @@ class CudaSource:
     program: N.Program
     launches: tuple[HostStep, ...] = ()
 
+    def launch_plan(self) -> str:
+        """The launch sequence as text: `launch scan_S0`, `for t in host(1, T):` with its launches indented."""
+        lines: list[str] = []
+
+        def go(steps: tuple[HostStep, ...], ind: str) -> None:
+            for st in steps:
+                if isinstance(st, Launch):
+                    k = self.kernels[st.kernel]
+                    grid = ", ".join(str(e) for e in k.launch.grid)
+                    block = ", ".join(str(e) for e in k.launch.block)
+                    lines.append(f"{ind}launch {k.name} grid ({grid}) block ({block})")
+                elif isinstance(st, HostLoop):
+                    lines.append(f"{ind}for {st.var.name} in host({expr_str(st.lo)}, {expr_str(st.hi)}):")
+                    go(st.body, ind + "    ")
+                else:
+                    lines.append(f"{ind}if {expr_str(st.cond)}:")
+                    go(st.then, ind + "    ")
+                    if st.orelse:
+                        lines.append(f"{ind}else:")
+                        go(st.orelse, ind + "    ")
+
+        go(self.launches or tuple(Launch(k) for k in range(len(self.kernels))), "")
+        return "\n".join(lines)
+
 
 class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitter):
     """Emits one kernel for one top-level nest: launch planning and statements here; expressions, float4
@@ -153,6 +178,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.ind = 1
         self.uses_half = False
         self.uses_reduce = False
+        self.uses_subwarp = False
+        self.subwarp = kernel.subwarp  # > 0: cross-thread reductions are within segments of this many lanes
         self.red_smem: dict[str, str] = {}  # C type -> shared array name
         self.forward: list[dict[tuple, str]] = [{}]  # scoped: (buffer id, flat index expr) -> register
         self.vec_lanes: dict[N.Load, str] = {}
@@ -386,7 +413,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
     names = _Names()
     texts: list[str] = []
     kernels: list[Kernel] = []
-    flags = {"half": False, "reduce": False, "async": False}
+    flags = {"half": False, "reduce": False, "subwarp": False, "async": False}
 
     def kernel(kn: N.Kernel, host_vars: tuple[N.Var, ...]) -> int:
         k = len(kernels)
@@ -400,6 +427,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
             text = f"{head}\n  // launched once per iteration of the host loop(s) {loops_}\n{rest}"
         flags["half"] |= gen.uses_half
         flags["reduce"] |= gen.uses_reduce
+        flags["subwarp"] |= gen.uses_subwarp
         flags["async"] |= gen.uses_async
         texts.append(text)
         kernels.append(kern)
@@ -432,6 +460,8 @@ def generate_cuda(program: N.Program) -> CudaSource:
         parts.append(PRELUDE_HALF)
     if flags["reduce"]:
         parts.append(PRELUDE_REDUCE)
+    if flags["subwarp"]:
+        parts.append(PRELUDE_SUBWARP)
     if flags["async"]:
         parts.append(PRELUDE_ASYNC)
     source = "\n".join(parts) + "\n" + "\n\n".join(texts) + "\n"

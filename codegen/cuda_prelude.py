@@ -2,7 +2,8 @@
 
 `PRELUDE` always (floor division and modulo with Python semantics, min/max overloads, the 128-bit access
 macros `LOOPIR_LD4` / `LOOPIR_ST4`); `PRELUDE_HALF` when a kernel touches float16 (PTX `cvt` conversions);
-`PRELUDE_REDUCE` when a kernel has a cross-thread reduction (`codegen.cuda_reduce`); `PRELUDE_ASYNC` when a
+`PRELUDE_REDUCE` when a kernel has a cross-thread reduction (`codegen.cuda_reduce`), `PRELUDE_SUBWARP` when one
+reduces rows narrower than a warp (TVM's layout: rows on threadIdx.y, 16 threads on x); `PRELUDE_ASYNC` when a
 kernel has software-pipelined `cp.async` tile copies (`codegen.cuda_staging`)."""
 
 from __future__ import annotations
@@ -94,5 +95,17 @@ __device__ __forceinline__ T loopir_block_allreduce(T v, Op op, T identity, T* s
   }
   __syncthreads();
   return smem[row * warps_per_row];
+}
+"""
+
+PRELUDE_SUBWARP = r"""// All-reduce over the W (a power of two <= 16) lanes of each row when blockDim.x == W and
+// the block is whole warps: a row is W consecutive lanes of one warp, so a butterfly of shuffles
+// within segments of width W reduces every row at once, with no shared memory and no barrier;
+// every lane gets its row's total.
+template <int W, class T, class Op>
+__device__ __forceinline__ T loopir_subwarp_allreduce(T v, Op op) {
+  #pragma unroll
+  for (int o = W >> 1; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o, W));
+  return v;
 }
 """

@@ -26,10 +26,13 @@ thread whose predicate is false contributes the identity). Refused: a serial loo
 depend on a thread index around T (threads would reach the all-reduce different numbers of times);
 a T-invariant store inside T that is not of the form C = C op e, except to a "local" buffer
 (registers are per thread). The block's x extent is rounded up to a multiple of 32 so that warps
-are full.
+are full, except when the rows are narrower than a warp (x extent a constant power of two W <= 16,
+the block whole warps, the reductions inside a threadIdx.y / z loop): then `loopir_subwarp_allreduce<W>`
+reduces each row by shuffles within its W lanes, with no shared memory and no barrier (`subwarp_width`).
 """
 
 from __future__ import annotations
+
 
 from loopir import nodes as N
 from loopir.dtypes import is_int
@@ -171,7 +174,8 @@ class _ReductionEmitter:
             op, _ = _reduction_parts(st)  # type: ignore[misc]
             ct = _CTYPE[st.buffer.dtype]
             acc = accs[id(st)]
-            smem = self.red_smem.setdefault(ct, self.names.fresh(f"loopir_red_{ct.replace(' ', '_')}"))
+            smem = None if self.subwarp else self.red_smem.setdefault(
+                ct, self.names.fresh(f"loopir_red_{ct.replace(' ', '_')}"))
             idx = tuple(substitute(i, _subst_coords(st)) for i in st.indices)
             flat = self.flat(st.buffer, idx)
             ref = f"{self.buf(st.buffer)}[{self.expr(flat)}]"
@@ -185,8 +189,13 @@ class _ReductionEmitter:
                 self.line(f"const {ct} {cur} = {self.pred} ? {load} : ({ct}){_identity(op, st.buffer.dtype)};")
             else:
                 self.line(f"const {ct} {cur} = {load};")
-            self.line(f"{acc} = loopir_block_allreduce({acc}, loopir_op_{op}(), "
-                      f"({ct}){_identity(op, st.buffer.dtype)}, {smem});  // {st.name}: across threads")
+            if self.subwarp:
+                self.uses_subwarp = True
+                self.line(f"{acc} = loopir_subwarp_allreduce<{self.subwarp}>({acc}, loopir_op_{op}());  "
+                          f"// {st.name}: across the {self.subwarp} threads of its row")
+            else:
+                self.line(f"{acc} = loopir_block_allreduce({acc}, loopir_op_{op}(), "
+                          f"({ct}){_identity(op, st.buffer.dtype)}, {smem});  // {st.name}: across threads")
             total = self.names.fresh(f"{st.name}_total")
             self.line(f"const {ct} {total} = {self.red_combine(op, cur, acc)};")
             val = f"loopir_f2h({total})" if st.buffer.dtype == "float16" else total

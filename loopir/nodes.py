@@ -7,7 +7,7 @@
             | For(var, lo, hi, body, kind, thread) | Seq(body) | If(cond, then, orelse)
             | Allocate(buffer, body) | Barrier()
             | Kernel(name, body, grid, block, index_dtype, guarded, reductions, cooperative, pipelined,
-                     single_thread)                       (lowered programs only, made by codegen.passes)
+                     single_thread, subwarp)              (lowered programs only, made by codegen.passes)
     Program(name, args, temps, params, body)
 
 A `Store` is a *statement*: its `indices` and `value` are written in its original
@@ -354,6 +354,7 @@ class Kernel(Stmt):
     cooperative: frozenset[Var] = frozenset()
     pipelined: frozenset[Var] = frozenset()
     single_thread: frozenset[str] = frozenset()
+    subwarp: int = 0  # > 0: the cross-thread reductions combine rows of this many lanes of one warp
 
 
 @dataclass(frozen=True, slots=True)

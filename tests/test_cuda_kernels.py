@@ -199,6 +199,13 @@ def test_serial_loop_above_a_host_loop_is_host_too_and_inner_serial_loops_stay()
     one_block = N.For(t, N.const(0), N.const(5), N.For(tx, N.const(0), n, st, "thread", "threadIdx.x"))
     p2 = dataclasses.replace(p, body=one_block)
     assert split_kernels(p2) is p2
+    # a parallel loop around grid-bound loops stays in its kernel, unless a serial loop inside it becomes host
+    par = N.For(r, N.const(0), N.const(2), inner, "parallel")
+    p3 = dataclasses.replace(p, body=par)
+    assert split_kernels(p3) is p3
+    p4 = dataclasses.replace(p, body=dataclasses.replace(par, body=N.For(t, N.const(0), N.const(5), inner)))
+    text = str(split_kernels(p4))
+    assert "for r in host(0, 2):" in text and "for t in host(0, 5):" in text
 
 
 def test_map_kernels_rewrites_kernels_only():
@@ -236,6 +243,10 @@ def test_scan_cuda_source_has_no_time_loop_and_compiles():
     assert mod.cubin[:4] == b"\x7fELF"
     (first, loop) = mod.gen.launches
     assert first == Launch(0)
+    assert mod.gen.launch_plan() == (
+        "launch scan_S0 grid ((n + 63) // 64, 1, 1) block (64, 1, 1)\n"
+        "for t in host(1, T):\n"
+        "    launch scan_St grid ((n + 63) // 64, 1, 1) block (64, 1, 1)")
     assert isinstance(loop, HostLoop) and loop.var.name == "t" and loop.body == (Launch(1),)
 
 
@@ -310,6 +321,45 @@ def test_host_if_is_evaluated_on_the_host(monkeypatch):
     assert isinstance(mod.gen.launches[0], HostIf)
     assert len(_record(mod, {"n": 4}, monkeypatch)) == 3
     assert _record(mod, {"n": 2}, monkeypatch) == []
+
+
+def test_scalar_store_between_kernels_of_a_host_loop_is_a_one_thread_kernel(monkeypatch):
+    """for t: (norm[t] = S[t-1, 0] (scalar); for b (blockIdx): S[t, b] = S[t-1, b] / norm[t]): two launches per step."""
+    n, T = N.Var("n"), N.Var("T")
+    S = N.Buffer("S", (T, n), "float32")
+    norm = N.Buffer("norm", (T,), "float32")
+    t, bx = N.Var("t"), N.Var("b")
+    scalar = N.Store("norm", norm, (t,), S[t - 1, 0] + 1.0, (t,), (t,))
+    st = N.Store("S", S, (t, bx), S[t - 1, bx] / norm[t], (t, bx), (t, bx))
+    body = N.For(t, N.const(1), T, N.Seq((scalar, N.For(bx, N.const(0), n, st, "thread", "blockIdx.x"))))
+    p = N.Program("norm", (S, norm), body, (), (T, n))
+    low = split_kernels(p)
+    assert "for t in host(1, T):" in str(low)
+    mod = build(p, target="cuda")
+    assert mod.kernels == ["norm_norm", "norm_S"]
+    calls = _record(mod, {"T": 3, "n": 5}, monkeypatch)
+    one = (1, 1, 1)
+    assert [(c[0], c[1], c[2]) for c in calls] == [("norm_norm", one, one), ("norm_S", (5, 1, 1), one)] * 2
+    s0 = np.random.default_rng(2).uniform(0.5, 1.5, (3, 5)).astype(np.float32)
+    ref = s0.astype(np.float64).copy()
+    nr = np.zeros(3)
+    for k in range(1, 3):
+        nr[k] = ref[k - 1, 0] + 1
+        ref[k] = ref[k - 1] / nr[k]
+    sc, nc = s0.copy(), np.full(3, np.nan, np.float32)
+    build(lower(p, "cuda"), target="cpu")(sc, nc)
+    np.testing.assert_allclose(sc, ref, rtol=1e-6)
+
+
+def test_host_loop_bound_that_reads_a_buffer_is_refused():
+    n = N.Var("n")
+    A = N.Buffer("A", (n, n), "float32")
+    L = N.Buffer("L", (N.const(1),), "int64")
+    t, bx = N.Var("t"), N.Var("b")
+    st = N.Store("S", A, (t, bx), A[t - 1, bx] * 2.0, (t, bx), (t, bx))
+    loop = N.For(t, N.const(1), L[0], N.For(bx, N.const(0), n, st, "thread", "blockIdx.x"))
+    with pytest.raises(ValueError, match="upper bound of host loop 't'.*reads a buffer"):
+        generate_cuda(split_kernels(N.Program("ld", (A, L), loop, (), (n,))))
 
 
 def test_shared_buffer_around_a_host_loop_is_refused():

@@ -115,14 +115,15 @@ def test_reduction_inside_threadidx_y_builds_with_a_predicated_row_guard():
     _cubin(mod)
     src = mod.source
     (k,) = mod.gen.kernels
-    assert [str(e) for e in k.launch.block] == ["32", "32", "1"]  # 16 reduction threads rounded to a warp
+    # 16 reduction threads per row, 32 rows: two rows per warp, reduced by shuffles within 16 lanes
+    assert [str(e) for e in k.launch.block] == ["16", "32", "1"]
+    red = "B_acc = loopir_subwarp_allreduce<16>(B_acc, loopir_op_add());"
+    assert red in src and "__shfl_xor_sync(0xffffffffu, v, o, W)" in src and "__shared__" not in src
     # the row guard is a predicate: the all-reduce is outside every `if`, reached by every thread
     assert "const bool pred = cond;" in src
-    body = src[src.index("B_acc = loopir_block_allreduce"):]
-    depth = src[:src.index("B_acc = loopir_block_allreduce")].count("{") - src[:src.index(
-        "B_acc = loopir_block_allreduce")].count("}")
-    assert depth == 3  # kernel, block loop, threadIdx.y loop: no `if` around it
-    assert "if (pred && threadIdx.x == 0) B[" in body
+    before = src[:src.index(red)]
+    assert before.count("{") - before.count("}") == 3  # kernel, block loop, threadIdx.y loop: no `if` around it
+    assert "if (pred && threadIdx.x == 0) B[" in src[src.index(red):]
     assert "const float B_before = 0.0f;" in src  # the init constant, not a read of B
     assert re.search(r"if \(pred\) \{\s*\{  // B_init", src)
 
@@ -139,11 +140,21 @@ def test_reduction_inside_threadidx_y_without_a_guard_has_no_predicate():
     s2.bind_reduction(kk, "threadIdx.x", threads=64)
     mod = build(s2, [A, B], target="cuda")
     _cubin(mod)
+    # 64 threads per row: two warps, the block all-reduce per row (shared scratch indexed by the row)
     assert "pred" not in mod.source and "loopir_block_allreduce(B_acc, loopir_op_max()" in mod.source
+    assert [str(e) for e in mod.gen.kernels[0].launch.block] == ["64", "8", "1"]
     a = np.random.default_rng(2).standard_normal((64, 100)).astype(np.float32)
     out = _nan(64)
     build(s2, [A, B], target="cpu")(a, out)
     np.testing.assert_array_equal(out, a.max(1))
+
+
+def test_rows_narrower_than_a_warp_that_are_not_whole_warps_use_the_block_all_reduce():
+    s, bufs = row_sum(rows_per_block=3, threads=8)  # 8 x 3 = 24 threads: not whole warps
+    mod = build(s, list(bufs), target="cuda")
+    _cubin(mod)
+    assert [str(e) for e in mod.gen.kernels[0].launch.block] == ["32", "3", "1"]
+    assert "loopir_block_allreduce(B_acc" in mod.source and "subwarp" not in mod.source
 
 
 @pytest.mark.parametrize("shape", [(70, 100), (32, 16), (1, 3)])
@@ -303,6 +314,8 @@ def test_isl_max_of_extents():
     ext = N.binary("min", 8 * xo + 8, w) - 8 * xo
     assert str(isl_max(ext, (tiles,))) == "min(8, w)"
     assert str(isl_max(N.binary("max", N.binary("min", N.const(8), w), N.const(8)))) == "8"
+    # isl's maximum is 8 / 9 / 10 by ranges of h, no max or min of its pieces: the bound is 10
+    assert str(isl_max(N.binary("max", N.binary("min", N.const(10), n + 2), N.const(8)))) == "10"
     assert isl_max(i * i, (tri,)) is None  # non-affine
     assert isl_max(i, (N.For(i, N.const(0), N.Load(N.Buffer("L", (), "int64"), ()), N.Barrier()),)) is None
 
@@ -332,9 +345,10 @@ def test_cache_write_local_on_the_gpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", [(32, 16), (3, 8), (8, 64)], ids=["subwarp", "block-rounded", "two-warps"])
 @pytest.mark.parametrize("shape", [(70, 100), (1024, 1000), (5, 3)])
-def test_row_sum_on_the_gpu(shape):
-    s, bufs = row_sum()
+def test_row_sum_on_the_gpu(shape, layout):
+    s, bufs = row_sum(*layout)
     mod = build(s, list(bufs), target="cuda")
     a = np.random.default_rng(9).uniform(0.5, 1.5, shape).astype(np.float32)
     for _ in range(3):

@@ -240,14 +240,13 @@ class _Kernel:
                     reqs += self._pair(m, kind, scope, s, t, pos[s_tag], pos[t_tag])
         return self._place(reqs)
 
-    @staticmethod
-    def _synchronised(kind: str, s: _Access, t: _Access) -> bool:
+    def _synchronised(self, kind: str, s: _Access, t: _Access) -> bool:
         """Pairs ordered by a cross-thread reduction's own synchronisation (see gpu_model)."""
         if s.red_loop is not None and s.red_loop is t.red_loop:
             return True  # both inside one reduction: the all-reduce combines them
         if t.role == "final" and s.role == "plain" and _every_thread(s.info):
             return True  # each thread stored the same value itself; the total is stored after the all-reduce
-        if s.role == "share" and kind == "anti":
+        if s.role == "share" and kind == "anti" and self.model.block_sync:
             return True  # shares are read before the all-reduce that every later statement follows
         return False
 
@@ -500,7 +499,7 @@ def _sync_points(body: N.Stmt, model: KernelModel) -> tuple[int, list[float]]:
             if not in_if:
                 pts.append(ctr[0] - 0.5)
         elif isinstance(s, (N.Store, N.For)):
-            if isinstance(s, N.For) and s.var in model.reduction_loops and not in_if:
+            if isinstance(s, N.For) and s.var in model.reduction_loops and model.block_sync and not in_if:
                 pts.append(float(ctr[0]))
             ctr[0] += 1
 

@@ -87,6 +87,11 @@ class KernelModel:
     def reduction_loops(self) -> frozenset[N.Var]:
         return self.kernel.reductions
 
+    @property
+    def block_sync(self) -> bool:
+        """Cross-thread reductions synchronise the whole block (not so for sub-warp rows: shuffles only)."""
+        return self.kernel.subwarp == 0
+
     def is_coop(self, f: N.For, inside_thread: bool) -> bool:
         """A parallel nest inside thread loops: its iterations are spread over the block's threads (or, when
         not cooperative, every thread runs all of them): which thread runs an instance is not known here."""

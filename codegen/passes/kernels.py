@@ -48,11 +48,14 @@ def has_host_loops(s: Stmt) -> bool:
 def _split(s: Stmt) -> Stmt:
     """`s` at host level with its sequential loops that enclose grid-bound loops made host loops."""
     if isinstance(s, For):
-        if s.kind not in _SEQUENTIAL or not _encloses_grid(s.body):
+        if s.kind == "thread" or not _encloses_grid(s.body):
             return s  # a kernel (or a part of one): left as scheduled
         body = _split(s.body)
+        if s.kind not in _SEQUENTIAL and not has_host_loops(body):
+            return s  # a parallel loop around grid-bound loops: independent iterations, one kernel is fine
         if s.kind == "host" and body is s.body:
             return s
+        # a sequential loop, or any loop around a host loop (a kernel cannot hold a loop of launches)
         return dataclasses.replace(s, kind="host", body=body)
     if isinstance(s, Seq):
         body = tuple(_split(c) for c in s.body)
@@ -70,8 +73,8 @@ def _split(s: Stmt) -> Stmt:
 def split_kernels(program: Program) -> Program:
     """Turn every sequential loop that encloses loops bound to blockIdx.* into a host loop of launches.
 
-    Formal condition: after it, a loop outside every bound loop has kind "host" iff it was serial, unroll or
-    host and its body contains a loop bound to blockIdx.*; nothing else changes.
+    Formal condition: after it, a loop outside every bound loop has kind "host" iff its body contains a loop
+    bound to blockIdx.* and it was serial, unroll or host or encloses such a loop; nothing else changes.
     """
     body = _split(program.body)
     return program if body is program.body else dataclasses.replace(program, body=body)

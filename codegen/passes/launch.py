@@ -12,7 +12,8 @@ Decided here, once, and only printed by the renderer (codegen.cuda):
 - `guarded`: the bound loops whose extent may fall short of the launch extent keep `v < hi`;
 - `index_dtype`: int32 when every size is known and every padded buffer stays below 2**31 elements;
 - `reductions`: the threadIdx.x loops holding `C[idx] = C[idx] op e` with idx free of them and of the
-  loops inside them (lowered to a block all-reduce); every thread must reach them;
+  loops inside them (lowered to a block all-reduce); every thread must reach them; `subwarp` W > 0 when
+  rows of W lanes reduce by shuffles within a warp instead (no shared memory, no block synchronisation);
 - `cooperative`: the "parallel" nests inside thread loops that fill a shared buffer with values free of
   the thread, reached by every thread: the block's threads share their iterations;
 - `single_thread`: read-modify-writes outside every thread loop, which thread 0 alone applies.
@@ -65,7 +66,11 @@ def _plan(program: N.Program, nest: N.Stmt, host_vars: frozenset[N.Var]) -> N.St
     params = set(program.params) | sizes
     bound = [f for f in loops if f.kind == "thread"]
     reductions = frozenset(f.var for f in bound if _is_reduction_loop(f))
-    extent, launch = _launch(nest, bound, params, bool(reductions))
+    extent, launch = _launch(nest, bound, params)
+    subwarp = subwarp_width(nest, launch, reductions)
+    if "threadIdx.x" in launch and reductions and not subwarp:  # whole warps for the block all-reduce
+        m = launch["threadIdx.x"]
+        launch["threadIdx.x"] = N.binary("mul", N.binary("floordiv", N.binary("add", m, 31), 32), 32)
     one = N.const(1)
     grid = tuple(launch.get("blockIdx." + a, one) for a in AXES)
     block = tuple(launch.get("threadIdx." + a, one) for a in AXES)
@@ -77,7 +82,8 @@ def _plan(program: N.Program, nest: N.Stmt, host_vars: frozenset[N.Var]) -> N.St
     index = "int32" if not (sizes | globals_sizes) and fits_int32(nest) else "int64"
     coop = _cooperative(nest, guarded)
     single = _single_thread(nest)
-    return N.Kernel("", nest, grid, block, index, guarded, reductions, coop, frozenset(), single)  # type: ignore[arg-type]
+    return N.Kernel("", nest, grid, block, index, guarded, reductions, coop, frozenset(), single,  # type: ignore[arg-type]
+                    subwarp)
 
 
 def size_vars(nest: N.Stmt, host_vars: frozenset[N.Var] = frozenset()) -> set[N.Var]:
@@ -102,8 +108,7 @@ def _upper_extent(ext: N.Expr, allowed: set[N.Var]) -> N.Expr | None:
     return None
 
 
-def _launch(nest: N.Stmt, bound: list[N.For], params: set[N.Var],
-            has_reduction: bool) -> tuple[dict[int, N.Expr], dict[str, N.Expr]]:
+def _launch(nest: N.Stmt, bound: list[N.For], params: set[N.Var]) -> tuple[dict[int, N.Expr], dict[str, N.Expr]]:
     ext: dict[str, list[N.Expr]] = {}
     extent: dict[int, N.Expr] = {}
     paths = None
@@ -140,10 +145,29 @@ def _launch(nest: N.Stmt, bound: list[N.For], params: set[N.Var],
         if axis in varying and len(lst) > 1:
             simpler = isl_max(m)
             m = m if simpler is None else simpler
-        if axis == "threadIdx.x" and has_reduction:
-            m = N.binary("mul", N.binary("floordiv", N.binary("add", m, 31), 32), 32)
         launch[axis] = m
     return extent, launch
+
+
+def subwarp_width(nest: N.Stmt, launch: dict[str, N.Expr], reductions: frozenset[N.Var]) -> int:
+    """W when every cross-thread reduction may use `loopir_subwarp_allreduce<W>`: the x extent is a constant
+    power of two W <= 16, the block a constant number of whole warps (so a row of W lanes lies in one warp
+    and every lane exists), and each reduction loop sits inside a threadIdx.y / threadIdx.z loop (TVM's
+    layout; other kernels keep the block all-reduce with x rounded up to a warp). 0 otherwise."""
+    if not reductions:
+        return 0
+    dims = [launch.get(f"threadIdx.{a}", N.const(1)) for a in AXES]
+    if not all(isinstance(d, N.Const) for d in dims):
+        return 0
+    w, total = int(dims[0].value), math.prod(int(d.value) for d in dims)  # type: ignore[attr-defined]
+    if w not in (2, 4, 8, 16) or total % 32 or total > 1024:
+        return 0
+    paths = _bound_paths(nest)
+    for f in loops_of(nest):
+        if f.var in reductions and not any(
+                p.kind == "thread" and p.thread in ("threadIdx.y", "threadIdx.z") for p in paths[id(f)][0]):
+            return 0
+    return w
 
 
 def _check_nesting(s: N.Stmt, seen: set[str]) -> None:
@@ -367,15 +391,18 @@ def _bound_paths(nest: N.Stmt) -> dict[int, tuple[tuple[N.For, ...], tuple[N.Exp
 
 
 def isl_upper_extent(f: N.For, loops: tuple[N.For, ...], conds: tuple[N.Expr, ...]) -> N.Expr | None:
-    """The exact maximum of `f.hi - f.lo` over the iterations of the loops around `f`; see `isl_max`."""
+    """The maximum (or an upper bound) of `f.hi - f.lo` over the iterations of the loops around `f`; see `isl_max`."""
     return isl_max(N.binary("sub", f.hi, f.lo), loops, conds)
 
 
 def isl_max(expr: N.Expr, loops: tuple[N.For, ...] = (), conds: tuple[N.Expr, ...] = ()) -> N.Expr | None:
-    """The exact maximum of the integer expression `expr` over the iterations of `loops` (bounds and
-    affine guards `conds`; a non-affine guard is left out, which only loosens the bound), as an
-    expression of the other variables (sizes, host loop variables); None when isl cannot give one.
-    With no loops it is `expr` itself, simplified (`max(min(8, w), 8)` is 8).
+    """The maximum of the integer expression `expr` over the iterations of `loops` (bounds and affine
+    guards `conds`; a non-affine guard is left out, which only loosens the bound), as an expression of
+    the other variables (sizes, host loop variables); None when isl cannot bound it. Exact wherever the
+    loops run when isl's piecewise maximum is one affine piece or a max / min of some of its pieces
+    (`min(8, w)`); otherwise an upper bound (the max of each piece's bound), which is all a launch
+    extent needs (every loop whose extent is not the launch extent is guarded). With no loops it is
+    `expr` simplified (`max(min(8, w), 8)` is 8).
 
     Found with isl: project the loops out of { [loops..., e] : e = hi - lo, their bounds, the guards }
     and take `dim_max` of e. When the maximum is piecewise but no max/min of its pieces, the max of
@@ -429,11 +456,19 @@ def isl_max(expr: N.Expr, loops: tuple[N.For, ...] = (), conds: tuple[N.Expr, ..
                             for a in sub[1:]:
                                 out = N.binary(op, out, aff_to_expr(a, names.params))
                             return out
-        # no exact form: the max of every piece's function still bounds it (each piece's value is one of them)
-        exprs = list(dict.fromkeys(aff_to_expr(a, names.params) for a in affs))
+        # no exact form: an upper bound. Each piece contributes its function's maximum over the piece when that
+        # is finite (`8 : h <= 6; 9 : h = 7; 10 : h >= 8` gives 10; `w : 1 <= w <= 7` gives 7), else the
+        # function itself; the max of the contributions bounds every piece's value
+        exprs_: list[N.Expr] = []
+        for piece, a in pw.get_pieces():
+            top = piece.max_val(a)
+            exprs_.append(N.const(int(top.to_python())) if top.is_int() else aff_to_expr(a, names.params))
+        consts = [e for e in exprs_ if isinstance(e, N.Const)]
+        exprs = list(dict.fromkeys([e for e in exprs_ if not isinstance(e, N.Const)]
+                                   + ([max(consts, key=lambda c: c.value)] if consts else [])))
         out = exprs[0]
         for e in exprs[1:]:
             out = N.binary("max", out, e)
         return out
-    except isl.Error:
+    except (isl.Error, ValueError):  # unbounded (isl), or a piece isl_conv cannot turn back into an expression
         return None
