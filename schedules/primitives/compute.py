@@ -307,6 +307,15 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
 
     new_loops: list[Var] = []
     taken: set[str] = set()
+    # the loops around the new producer nest: its bounds are simplified for the values they take (isl),
+    # so `min(8*y_o + 10, h + 2) - max(8*y_o, 0)` reads 10 at sizes where it is 10
+    _, target_path = find_loop(program.body, loop)
+    around = [a for a, _ in target_path if isinstance(a, For)] + [target]
+
+    def tidy(e: Expr) -> Expr:
+        from loopir.footprint import simplify_in_context
+
+        return simplify_in_context(simplify(e), around, program.params)
 
     def rebuild(s: Stmt, env: dict[Var, Expr]) -> Stmt:
         if isinstance(s, For):
@@ -316,11 +325,11 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
             new_loops.append(v)
             if s.var in dim_of:
                 flo, fhi = region[dim_of[s.var]]
-                lo = _max(flo, lo)
+                lo = tidy(_max(flo, lo))
                 hi = _min(fhi, hi)
                 inner = dict(env)
                 inner[s.var] = binary("add", v, lo) if not _is_zero(lo) else v
-                return For(v, Const(0, INDEX), simplify(hi - lo), rebuild(s.body, inner), "serial")
+                return For(v, Const(0, INDEX), tidy(hi - lo), rebuild(s.body, inner), "serial")
             inner = dict(env)
             inner[s.var] = v
             return For(v, lo, hi, rebuild(s.body, inner), "serial")
