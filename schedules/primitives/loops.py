@@ -14,6 +14,7 @@ from typing import Any
 import islpy as isl
 
 from loopir import poly
+from loopir.isl_conv import pw_bound
 from loopir.nodes import Allocate, Const, Expr, For, If, Program, Seq, Stmt, Var, binary, const, logical
 from loopir.visit import free_vars, substitute
 
@@ -317,9 +318,11 @@ def _reorder_exact(program: Program, fors: list[For], guards: list[Expr], body: 
         rest = new_names[k + 1:]
         s = isl.Set(f"[{', '.join(pnames + new_names[:k])}] -> {{ [{w}] : "
                     f"{poly._exists(rest, body_text)} }}")
-        lo = poly.pw_to_expr(s.dim_min(0), vars_by_name, f"lower bound of {order[k].name}")
-        hi = poly.pw_to_expr(s.dim_max(0).add_constant_val(isl.Val.one(s.get_ctx())), vars_by_name,
-                             f"upper bound of {order[k].name}")
+        # exact bounds when they are a max / min of affine pieces; otherwise (e.g. a piece for an empty nest
+        # at n <= 2) a sound over-approximation, and the scan check below keeps the original constraints
+        lo, _ = pw_bound(s.dim_min(0), vars_by_name, "lo", f"lower bound of {order[k].name}")
+        hi, _ = pw_bound(s.dim_max(0).add_constant_val(isl.Val.one(s.get_ctx())), vars_by_name, "hi",
+                         f"upper bound of {order[k].name}")
         bounds.append((lo, hi))
     # the scanned set equals the domain unless a projection has holes; then keep the old constraints
     scan = " and ".join(f"({poly.aff(lo, names)}) <= {w} < ({poly.aff(hi, names)})"
