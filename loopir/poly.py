@@ -72,6 +72,7 @@ __all__ = [
     "find_violation",
     "carried_by",
     "concurrent_violation",
+    "dependences_inside",
     "concurrent_loops",
     "CONCURRENT_KINDS",
     "check_private",
@@ -600,3 +601,20 @@ def concurrent_violation(deps: Deps, program: Program, skip: tuple[Var, ...] = (
         if w is not None:
             return f.var, w
     return None
+
+
+def dependences_inside(deps: Deps, program: Program, loop_var: Var) -> tuple[tuple[str, isl.UnionMap], ...]:
+    """The dependences between two instances inside loop `loop_var` within ONE iteration of every loop
+    outside it (those a rewrite of the loop and its body can reorder; the others, carried by an outer
+    loop such as a time loop, keep their order), per kind."""
+    depth, inside = _loop_depth(program, loop_var)
+    sched = schedule_map(program, only=inside).intersect_domain(deps.domain)
+    if sched.is_empty():
+        return tuple((k, d.subtract(d)) for k, d in deps.by_kind())
+    width = sched.get_map_list().get_at(0).dim(isl.dim_type.out)
+    t = [f"t{k}" for k in range(width)]
+    u = [f"u{k}" for k in range(width)]
+    eq = [f"{a} = {b}" for a, b in zip(t[: 2 * depth + 1], u[: 2 * depth + 1])]
+    rel = isl.UnionMap(f"{{ [{', '.join(t)}] -> [{', '.join(u)}] : {' and '.join(eq) or '1 = 1'} }}")
+    pairs = sched.apply_range(rel).apply_range(sched.reverse())
+    return tuple((k, d.intersect(pairs)) for k, d in deps.by_kind())

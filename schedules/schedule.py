@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from loopir import poly
-from loopir.nodes import Buffer, For, Program, Store, Var
+from loopir.nodes import Buffer, For, Program, Seq, Store, Var
 from loopir.visit import statements, walk_stmts
 
 from .errors import InexactCheckError, ScheduleError
-from .primitives import REGISTRY, CheckContext, PrimitiveSpec, loop_vars
+from .primitives import REGISTRY, CheckContext, PrimitiveSpec, loop_path, loop_vars
 
 __all__ = ["Schedule", "LoopHandle"]
 
@@ -130,6 +130,30 @@ class Schedule:
 
     def __repr__(self) -> str:
         return f"<Schedule of {self._program.name!r}, {len(self.trace)} step(s)>"
+
+    @property
+    def notes(self) -> list[str]:
+        """What the current schedule will not do as written (e.g. a nested parallel loop run serially on the CPU)."""
+        out = []
+        top = self._program.body.body if isinstance(self._program.body, Seq) else (self._program.body,)
+        for f in _fors(self._program):
+            if f.kind == "parallel" and not any(f is t for t in top):
+                path = loop_path(self._program, f.var) or []
+                around = [a.var.name for a in path[:-1] if isinstance(a, For)]
+                where = f"inside loop {', '.join(around)}" if around else "inside an allocation or a guard"
+                out.append(f"loop {f.var.name} is parallel but {where}: the CPU target runs only the loops at the top "
+                           "of the program on threads, so it runs serially there (reorder it outermost, or "
+                           "collapse the loops around it into one parallel loop)")
+        return out
+
+    def explain(self) -> str:
+        """The steps applied and the notes on the current schedule."""
+        lines = [f"{k + 1}. {t['primitive']}({', '.join(map(str, t['args']))})" for k, t in enumerate(self.trace)]
+        lines += [f"note: {n}" for n in self.notes]
+        plan = getattr(self, "plan", None)
+        if plan is not None and hasattr(plan, "explain"):
+            lines.append(plan.explain())
+        return "\n".join(lines) if lines else "no steps"
 
     # ------------------------------------------------------------------ handles
 

@@ -380,14 +380,16 @@ def _const_extent(f: For) -> int | None:
 def _check_collapse(ctx: CheckContext) -> poly.Witness | None:
     # formal condition: none needed for order — v = (i - lo_i)*E + (j - lo_j) is increasing in (i, j)
     # lexicographically, so every dependence keeps its direction; the condition checked is that the
-    # result stays analysable: E constant (coords affine), or no dependence joins two statements inside
+    # result stays analysable: E constant (coords affine), or no dependence joins two statement instances
+    # inside `outer` within one iteration of the loops around it (one carried by an outer loop, e.g. a time
+    # loop, keeps its order whatever the collapse does inside)
     outer, inner = ctx.args[0], ctx.args[1]
     fi = find_loop(ctx.old, inner)
     if _const_extent(fi) is not None:
         return poly.find_violation(ctx.deps, ctx.new)
     inside = {poly._sanitize(i.store.name): i.store.name for i in poly.stmt_infos(ctx.old)
               if any(lp.var is outer for lp in i.loops)}
-    for kind, dep in ctx.deps.by_kind():
+    for kind, dep in poly.dependences_inside(ctx.deps, ctx.old, outer):
         maps = dep.get_map_list()
         for k in range(maps.n_map()):
             m = maps.get_at(k)
