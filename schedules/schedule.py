@@ -148,7 +148,10 @@ class Schedule:
 
     def explain(self) -> str:
         """The steps applied and the notes on the current schedule."""
-        lines = [f"{k + 1}. {t['primitive']}({', '.join(map(str, t['args']))})" for k, t in enumerate(self.trace)]
+        def arg(a: Any) -> str:
+            return a["loop"] if isinstance(a, dict) and "loop" in a else repr(a)
+
+        lines = [f"{k + 1}. {t['primitive']}({', '.join(arg(a) for a in t['args'])})" for k, t in enumerate(self.trace)]
         lines += [f"note: {n}" for n in self.notes]
         plan = getattr(self, "plan", None)
         if plan is not None and hasattr(plan, "explain"):

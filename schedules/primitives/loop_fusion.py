@@ -185,9 +185,9 @@ def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
     """Fuse the sibling loops `loop_a` and `loop_b` into one loop (the returned `loop_a` variable).
 
     Precondition: both loops are children of one Seq, `loop_a` first, with the same kind. With
-    different extents the fused loop runs the longer one and guards the body of the shorter. Statements between them (if any)
-    stay after the fused loop, so `b`'s instances move before them; the legality check sees
-    that exactly. `b`'s loop variable is replaced by `a`'s (shifted by the difference of
+    different extents the fused loop runs the longer one and guards the body of the shorter.
+    Statements between them (if any) stay after the fused loop, so `b`'s instances move before
+    them; the legality check sees that exactly. `b`'s loop variable is replaced by `a`'s (shifted by the difference of
     the lower bounds) in `b`'s bounds, guards and statement coords.
 
         for i in lo_a..lo_a+n: SA(i)            for i in lo_a..lo_a+n:
