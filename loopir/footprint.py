@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import islpy as isl
 
-from .isl_conv import NonAffine, _exists, _Names, _plus1, _sanitize, aff, aff_to_expr, cond, pw_to_expr
+from .isl_conv import NonAffine, _exists, _Names, _plus1, _sanitize, aff, aff_to_expr, cond, pw_bound
 from .nodes import Buffer, Const, Expr, For, Load, Program, Var, binary, const
 from .poly_model import _Builder
 from .visit import walk
@@ -82,9 +82,7 @@ def footprint(program: Program, stmt_name: str, buffer: Buffer | str,
                 f"{_exists(its + inner, ' and '.join(cons + [f'{e} = ({x})' for e, x in zip(es, idx)]))} "
                 f"and {' and '.join(inb)} }}")
         s = isl.Set(text)
-        regions.append([(pw_to_expr(s.dim_min(k), vars_by_name, "footprint lower bound"),
-                         pw_to_expr(_plus1(s.dim_max(k)), vars_by_name, "footprint upper bound"))
-                        for k in range(len(idx))])
+        regions.append([_bounds(s, k, vars_by_name) for k in range(len(idx))])
     if len(regions) == 1:
         return regions[0]
     # several reads of the same buffer: the union's bounding box, computed in isl for exactness
@@ -107,9 +105,15 @@ def _union_box(b: _Builder, names: _Names, cons: list[str], its: list[str], inne
                     f"{''.join(' and ' + c for c in inb or ())} }}")
         sets = s if sets is None else sets.union(s)
     assert sets is not None
-    return [(pw_to_expr(sets.dim_min(k), vars_by_name, "footprint lower bound"),
-             pw_to_expr(_plus1(sets.dim_max(k)), vars_by_name, "footprint upper bound"))
-            for k in range(sets.dim(isl.dim_type.set))]
+    return [_bounds(sets, k, vars_by_name) for k in range(sets.dim(isl.dim_type.set))]
+
+
+def _bounds(s: isl.Set, k: int, vars_by_name: dict[str, Var]) -> tuple[Expr, Expr]:
+    # exact when each bound is a max / min of affine pieces, else a box around the region (min / max of its
+    # pieces): a copy or recomputation of a slightly larger, still in-bounds box is correct, an error is not
+    lo, _ = pw_bound(s.dim_min(k), vars_by_name, "lo", "footprint lower bound")
+    hi, _ = pw_bound(_plus1(s.dim_max(k)), vars_by_name, "hi", "footprint upper bound")
+    return lo, hi
 
 
 def simplify_in_context(e: Expr, loops: Sequence[For], params: Sequence[Var] = ()) -> Expr:

@@ -453,7 +453,11 @@ def _merge_into_staging(body: Stmt, copy: Stmt) -> Stmt | None:
     for x in items[:first]:
         if not isinstance(x, For) or any(isinstance(n, Store) and n.buffer not in staged for n in walk(x)):
             return None
-    out: Stmt = Seq(tuple(items[:first] + [copy] + items[first:]))
+    # the new copy goes after the earlier ones, unless one of them reads what it fills (a second cache_read of
+    # a buffer the first copy reads): then before them
+    fills = {n.buffer for n in walk(copy) if isinstance(n, Store)}
+    feeds = any(isinstance(n, Load) and n.buffer in fills for x in items[:first] for n in walk(x))
+    out: Stmt = Seq(tuple([copy] + items if feeds else items[:first] + [copy] + items[first:]))
     for a in reversed(chain):
         out = dataclasses.replace(a, body=out)
     return out

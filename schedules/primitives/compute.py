@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from loopir.dtypes import INDEX
-from loopir.nodes import Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt, Store, Var, binary
+from loopir.nodes import Allocate, Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt, Store, Var, binary
 from loopir.visit import StmtContext, Transformer, buffers_of, seq, statements, substitute, walk
 
 from . import fresh_name
@@ -143,6 +143,14 @@ def compute_inline(program: Program, producer: Any) -> tuple[Program, InlinePlan
         raise ValueError(f"compute_inline: statement {p.name!r} reads its own buffer {buf.name!r}")
     if _reads_in_control(program, buf):
         raise ValueError(f"compute_inline: {buf.name!r} is read in a loop bound or a guard; cannot inline it")
+    # a scratch buffer exists only inside its allocation: the readers elsewhere could not load it
+    scratch = {a.buffer for a in walk(program.body) if isinstance(a, Allocate)}
+    private = sorted({ld.buffer.name for ld in walk(p.value) if isinstance(ld, Load) and ld.buffer in scratch})
+    if private:
+        raise ValueError(
+            f"compute_inline: statement {p.name!r} reads the scratch buffer(s) {', '.join(private)}, which exist only "
+            f"inside their allocation; its readers could not load them. Inline {buf.name!r} before the cache_read "
+            "that introduced them")
 
     class _Inline(Transformer):
         def visit_Load(self, ld: Load) -> Expr:
