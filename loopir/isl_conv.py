@@ -349,3 +349,44 @@ def _plus1(pw: isl.PwAff) -> isl.PwAff:
 
 def _scale(e: Expr, c: int) -> Expr:
     return e if c == 1 else binary("mul", const(c), e)
+
+
+def pw_bound(pw: isl.PwAff, vars_by_name: dict[str, Var], side: str, what: str = "bound") -> tuple[Expr, bool]:
+    """A loop bound for the piecewise `pw` (a projection's minimum when side == "lo", maximum when
+    side == "hi"): (the exact Expr, True) when `pw` is one piece or a max / min of its pieces, else
+    (a sound over-approximation, False): the min (lo) or max (hi) of the fewest pieces that still bounds
+    `pw` on its whole domain, so a loop with it runs every iteration (and the caller guards the extra ones).
+    Pieces on degenerate parameter values (an empty nest at n <= 2) no longer make the bound fail."""
+    try:
+        return pw_to_expr(pw, vars_by_name, what), True
+    except ValueError:
+        pass
+    dom = pw.domain()
+    affs: list[isl.Aff] = []
+    for _, a in pw.get_pieces():
+        if not any(a.plain_is_equal(b) for b in affs):
+            affs.append(a)
+    op = "min" if side == "lo" else "max"
+
+    def combine(xs: list[isl.Aff]) -> isl.PwAff:
+        acc = isl.PwAff.from_aff(xs[0])
+        for a in xs[1:]:
+            acc = acc.min(isl.PwAff.from_aff(a)) if op == "min" else acc.max(isl.PwAff.from_aff(a))
+        return acc.intersect_domain(dom)
+
+    def bounds(xs: list[isl.Aff]) -> bool:
+        c = combine(xs)
+        ok = c.le_set(pw) if side == "lo" else c.ge_set(pw)
+        return dom.is_subset(ok)
+
+    k = 0
+    while k < len(affs) and len(affs) > 1:  # drop pieces the bound does not need
+        rest = affs[:k] + affs[k + 1:]
+        if bounds(rest):
+            affs = rest
+        else:
+            k += 1
+    out = aff_to_expr(affs[0], vars_by_name)
+    for a in affs[1:]:
+        out = binary(op, out, aff_to_expr(a, vars_by_name))
+    return simplify_affine(out), False

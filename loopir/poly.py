@@ -72,6 +72,10 @@ __all__ = [
     "schedule_map",
     "find_violation",
     "carried_by",
+    "concurrent_violation",
+    "dependences_inside",
+    "concurrent_loops",
+    "CONCURRENT_KINDS",
     "check_private",
     "footprint",
     "stmt_infos",
@@ -530,3 +534,88 @@ def time_of(program: Program, stmt: str, iters: dict[str, int], params: dict[str
     return [_pt_val(pt, isl.dim_type.set, k) for k in range(s.dim(isl.dim_type.set))]
 
 
+
+
+# ----------------------------------------------------------------------------- loop kinds
+
+CONCURRENT_KINDS = ("parallel", "vectorize", "thread")
+
+
+def concurrent_loops(program: Program) -> list[Any]:
+    """The Fors whose iterations may run in any order (parallel, vectorized, bound to a GPU axis), pre-order."""
+    from .nodes import For
+
+    return [n for n in walk(program.body) if isinstance(n, For) and n.kind in CONCURRENT_KINDS]
+
+
+def _writes_shared_scratch(program: Program) -> set[str]:
+    """isl names of the statements that write a "shared" buffer of an Allocate (a staging copy or a
+    block-shared accumulator): their cross-thread order is kept by the barriers the staging primitive
+    placed, so a threadIdx loop is not required to be free of their dependences."""
+    out = set()
+    for info in stmt_infos(program):
+        site = info.alloc_of(info.store.buffer)
+        if site is not None and info.store.buffer.scope == "shared":
+            out.add(_sanitize(info.store.name))
+    return out
+
+
+def _drop_pairs(deps: Deps, drop: Any) -> Deps:
+    def keep(um: isl.UnionMap) -> isl.UnionMap:
+        out = isl.UnionMap.empty(um.get_space())
+        ml = um.get_map_list()
+        for k in range(ml.n_map()):
+            m = ml.get_at(k)
+            if not drop(m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)):
+                out = out.union(isl.UnionMap.from_map(m))
+        return out
+
+    return dataclasses.replace(deps, flow=keep(deps.flow), anti=keep(deps.anti), output=keep(deps.output))
+
+
+def concurrent_violation(deps: Deps, program: Program, skip: tuple[Var, ...] = (),
+                         reductions: dict[Var, frozenset[str]] | None = None) -> tuple[Var, Witness] | None:
+    """The first parallel / vectorized / GPU-bound loop of `program` that carries a dependence, with
+    the witness; None when every such loop is free of carried dependences.
+
+    Formal condition checked: for every loop L of kind parallel, vectorize or thread, no dependence
+    (s -> t) joins two different iterations of L within one iteration of the loops outside it. Two
+    relaxations, each justified by the code the primitive generated: a threadIdx loop ignores the
+    dependences of statements writing a block-shared scratch buffer (the staging barriers order them),
+    and a loop made a cross-thread reduction by bind_reduction (`reductions`: loop -> statement names)
+    ignores those statements' dependences on themselves (an associative, commutative update)."""
+    loops = [f for f in concurrent_loops(program) if not any(f.var is v for v in skip)]
+    if not loops or deps.all.is_empty():
+        return None
+    shared = None
+    for f in loops:
+        d = deps
+        if f.kind == "thread" and (f.thread or "").startswith("threadIdx"):
+            shared = _writes_shared_scratch(program) if shared is None else shared
+            if shared:
+                d = _drop_pairs(d, lambda a, b, sh=shared: a in sh or b in sh)
+        red = (reductions or {}).get(f.var)
+        if red:
+            names = {_sanitize(n) for n in red}
+            d = _drop_pairs(d, lambda a, b, names=names: a == b and a in names)
+        w = carried_by(d, program, f.var)
+        if w is not None:
+            return f.var, w
+    return None
+
+
+def dependences_inside(deps: Deps, program: Program, loop_var: Var) -> tuple[tuple[str, isl.UnionMap], ...]:
+    """The dependences between two instances inside loop `loop_var` within ONE iteration of every loop
+    outside it (those a rewrite of the loop and its body can reorder; the others, carried by an outer
+    loop such as a time loop, keep their order), per kind."""
+    depth, inside = _loop_depth(program, loop_var)
+    sched = schedule_map(program, only=inside).intersect_domain(deps.domain)
+    if sched.is_empty():
+        return tuple((k, d.subtract(d)) for k, d in deps.by_kind())
+    width = sched.get_map_list().get_at(0).dim(isl.dim_type.out)
+    t = [f"t{k}" for k in range(width)]
+    u = [f"u{k}" for k in range(width)]
+    eq = [f"{a} = {b}" for a, b in zip(t[: 2 * depth + 1], u[: 2 * depth + 1])]
+    rel = isl.UnionMap(f"{{ [{', '.join(t)}] -> [{', '.join(u)}] : {' and '.join(eq) or '1 = 1'} }}")
+    pairs = sched.apply_range(rel).apply_range(sched.reverse())
+    return tuple((k, d.intersect(pairs)) for k, d in deps.by_kind())

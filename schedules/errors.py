@@ -30,6 +30,9 @@ class ScheduleError(LoopirError):
         self.params = params
         self.element = element
         self.hint = hint
+        # the program whose statement instances the witness names (set when it is not the schedule's
+        # original, e.g. a loop-kind violation found after a step that rebuilt the statements)
+        self.analysed: Program | None = None
         if message is None:
             message = f"{primitive} is illegal: " + describe_witness(kind, buffer, source, sink, params, element)
         super().__init__(message)

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from loopir import poly
-from loopir.nodes import Buffer, Program, Var
-from loopir.visit import statements
+from loopir.nodes import Buffer, For, Program, Seq, Store, Var
+from loopir.visit import statements, walk_stmts
 
 from .errors import InexactCheckError, ScheduleError
-from .primitives import REGISTRY, CheckContext, PrimitiveSpec, loop_vars
+from .primitives import REGISTRY, CheckContext, PrimitiveSpec, loop_path, loop_vars
 
 __all__ = ["Schedule", "LoopHandle"]
 
@@ -101,6 +101,9 @@ class Schedule:
         self._deps: poly.Deps | None = None
         self.check = check
         self.trace: list[dict[str, Any]] = []
+        # loops that bind_reduction made cross-thread reductions -> their reduction statements (legality state:
+        # those statements' self-dependences may be carried by that loop, see poly.concurrent_violation)
+        self._reductions: dict[Var, frozenset[str]] = {}
 
     # ------------------------------------------------------------------ state
 
@@ -127,6 +130,33 @@ class Schedule:
 
     def __repr__(self) -> str:
         return f"<Schedule of {self._program.name!r}, {len(self.trace)} step(s)>"
+
+    @property
+    def notes(self) -> list[str]:
+        """What the current schedule will not do as written (e.g. a nested parallel loop run serially on the CPU)."""
+        out = []
+        top = self._program.body.body if isinstance(self._program.body, Seq) else (self._program.body,)
+        for f in _fors(self._program):
+            if f.kind == "parallel" and not any(f is t for t in top):
+                path = loop_path(self._program, f.var) or []
+                around = [a.var.name for a in path[:-1] if isinstance(a, For)]
+                where = f"inside loop {', '.join(around)}" if around else "inside an allocation or a guard"
+                out.append(f"loop {f.var.name} is parallel but {where}: the CPU target runs only the loops at the top "
+                           "of the program on threads, so it runs serially there (reorder it outermost, or "
+                           "collapse the loops around it into one parallel loop)")
+        return out
+
+    def explain(self) -> str:
+        """The steps applied and the notes on the current schedule."""
+        def arg(a: Any) -> str:
+            return a["loop"] if isinstance(a, dict) and "loop" in a else repr(a)
+
+        lines = [f"{k + 1}. {t['primitive']}({', '.join(arg(a) for a in t['args'])})" for k, t in enumerate(self.trace)]
+        lines += [f"note: {n}" for n in self.notes]
+        plan = getattr(self, "plan", None)
+        if plan is not None and hasattr(plan, "explain"):
+            lines.append(plan.explain())
+        return "\n".join(lines) if lines else "no steps"
 
     # ------------------------------------------------------------------ handles
 
@@ -231,6 +261,9 @@ class Schedule:
                 self._check(spec, old, new, rargs, rkw, result)
         created = [v for v in loop_vars(new) if id(v) not in before]
         self._program = new
+        if name == "bind_reduction":
+            self._reductions.update(_reduction_loops(new, result if isinstance(result, Var) else
+                                                     result[0] if isinstance(result, tuple) else rargs[0]))
         if spec.rebase:
             self._original = new
             self._deps = None
@@ -269,6 +302,7 @@ class Schedule:
                     raise TypeError(f"primitive {spec.name!r} (check='carried') takes a loop as first argument")
                 w = poly.carried_by(self.deps, new, loop)
         if w is None:
+            self._check_kinds(spec, new, args, result)
             return
         marks = {a: f"<-- {spec.name}" for a in _vars_in(args)}
         what = f"{spec.name}({', '.join(_arg_str(a) for a in args)})"
@@ -284,6 +318,33 @@ class Schedule:
             except Exception:  # noqa: BLE001 - advice is optional; the error it decorates must still be raised
                 hint = None
         raise ScheduleError.from_witness(spec.name, w, old, marks, hint, what)
+
+    def _check_kinds(self, spec: PrimitiveSpec, new: Program, args: tuple[Any, ...], result: Any) -> None:
+        # legal iff (the order check above and) no parallel / vectorized / bound loop of the new program
+        # carries a dependence: loop kinds are part of the checked state, so no order of steps slips past
+        if spec.check is None:
+            return  # the step changes neither the order nor a loop's kind (unroll)
+        deps = poly.dependences(new) if spec.rebase else self.deps
+        skip = tuple(a for a in args[:1] if isinstance(a, Var)) if spec.check == "carried" else ()
+        reductions = {v: r for v, r in self._reductions.items() if any(v is u for u in loop_vars(new))}
+        if spec.name == "bind_reduction":
+            reductions.update(_reduction_loops(new, result if isinstance(result, Var) else
+                                               result[0] if isinstance(result, tuple) else args[0]))
+        found = poly.concurrent_violation(deps, new, skip, reductions)
+        if found is not None:
+            loop, w = found
+            f = next(n for n in _fors(new) if n.var is loop)
+            how = f.thread if f.kind == "thread" else f.kind
+            what = f"{spec.name}({', '.join(_arg_str(a) for a in args)})"
+            hint = (f"after this step loop {loop.name} ({how}) would carry this dependence, so its iterations "
+                    f"could run in the wrong order; a {how} loop must stay free of carried dependences through "
+                    "every later step — keep the loops in an order where it carries none, or apply this step "
+                    f"before marking {loop.name} {how}")
+            marks = {a: f"<-- {spec.name}" for a in _vars_in(args)}
+            marks.setdefault(loop, f"<-- {how}")
+            err = ScheduleError.from_witness(spec.name, w, self._program, marks, hint, what)
+            err.analysed = deps.program
+            raise err
 
     # ------------------------------------------------------------------ trace & replay
 
@@ -311,6 +372,18 @@ class Schedule:
         if isinstance(x, list):
             return [self._from_json(y) for y in x]
         return x
+
+
+def _fors(program: Program) -> list[For]:
+    return [n for n in walk_stmts(program) if isinstance(n, For)]
+
+
+def _reduction_loops(program: Program, loop: Var) -> dict[Var, frozenset[str]]:
+    """{loop: the statements inside it} for a loop that bind_reduction just made a cross-thread reduction."""
+    f = next((n for n in _fors(program) if n.var is loop), None)
+    if f is None:
+        return {}
+    return {loop: frozenset(n.name for n in walk_stmts(f) if isinstance(n, Store))}
 
 
 @contextlib.contextmanager

@@ -291,12 +291,17 @@ def cache_read(program: Program, tensor: Any, scope: str, loop: Var) -> tuple[Pr
     outer = tuple(lp.var for lp in readers[0].loops[: readers[0].loops.index(f) + 1])
     its = outer + tuple(cvars)
     src_idx = tuple(binary("add", lo, v) for lo, v in zip(lows, cvars))
+    # the copy reads only elements inside the buffer: each side of each dimension is clipped unless isl
+    # proves the box inside on that side (a tile at the start of a padded input begins at index -1)
     clip = None
     for d, (lo, v) in enumerate(zip(lows, cvars)):
-        cond = binary("add", lo, v) < buf.shape[d]
-        clip = cond if clip is None else clip & cond
+        at = binary("add", lo, v)
+        for side, cond in (("lo", const(0) <= at), ("hi", at < buf.shape[d])):
+            if (d, side) in inside:
+                continue
+            clip = cond if clip is None else clip & cond
     copy: Stmt = Store(cname, cache, tuple(cvars), Load(buf, src_idx), its, its)
-    if clip is not None and not inside:
+    if clip is not None:
         copy = If(clip, copy)
     for v, n in reversed(list(zip(cvars, shape))):
         # "parallel" copy loops inside thread loops: the CUDA target shares their iterations among the block's
@@ -333,8 +338,9 @@ def cache_read(program: Program, tensor: Any, scope: str, loop: Var) -> tuple[Pr
 
 
 def _box(program: Program, readers: list[Any], buf: Buffer, f: For, loop: Var, scope: str,
-         projected: list[For]) -> tuple[list[Expr], list[Expr], bool]:
-    """(shape, lows, provably-inside-the-buffer) of the region copied at each iteration of `loop`."""
+         projected: list[For]) -> tuple[list[Expr], list[Expr], set[tuple[int, str]]]:
+    """(shape, lows, the (dimension, "lo" | "hi") sides on which the copied box provably stays inside
+    the buffer) of the region copied at each iteration of `loop`."""
     if not projected:
         box: list[tuple[Expr, Expr]] | None = None
         for c in readers:
@@ -343,7 +349,9 @@ def _box(program: Program, readers: list[Any], buf: Buffer, f: For, loop: Var, s
         assert box is not None
         sizes = [_const_value(binary("sub", hi, lo)) for lo, hi in box]
         if all(n is not None for n in sizes):
-            return [const(n) for n in sizes], [lo for lo, _ in box], _always_inside(box, buf)  # type: ignore[arg-type]
+            lows = [lo for lo, _ in box]
+            keep = [lp for lp in readers[0].loops[: readers[0].loops.index(f) + 1]]
+            return [const(n) for n in sizes], lows, _inside_sides(program, keep, lows, sizes, buf)  # type: ignore[arg-type]
     try:
         return _hull(program, readers, buf, f, projected)
     except (NonAffine, isl.Error) as e:
@@ -354,7 +362,7 @@ def _box(program: Program, readers: list[Any], buf: Buffer, f: For, loop: Var, s
 
 
 def _hull(program: Program, readers: list[Any], buf: Buffer, f: For,
-          projected: list[For]) -> tuple[list[Expr], list[Expr], bool]:
+          projected: list[For]) -> tuple[list[Expr], list[Expr], set[tuple[int, str]]]:
     # the constant box hull: lower corner = the exact minimum (one affine piece), size = the maximum extent
     # over every value of the outer loops and sizes, so guards like min(8*ko + 8, n) keep a constant shape
     nm = Names()
@@ -374,9 +382,17 @@ def _hull(program: Program, readers: list[Any], buf: Buffer, f: For,
             s = isl.Set(f"{pre}{{ B[{', '.join(xs)}] : {_exists(exist, _conj(eqs + cons))} }}")
             w = s if w is None else w.union(s)
     assert w is not None
-    w = w.coalesce()
-    lows = [pw_to_expr(w.dim_min(d), [], nm, f"the lowest index of {buf.name!r} along dimension {d}")
-            for d in range(buf.ndim)]
+    # reads outside the buffer are never executed by a correct program (a padded input read under a
+    # `where`): the region is the reads' image intersected with the buffer, both sides
+    inb = _conj([f"0 <= x{d} < {isl_expr(n, nm)}" for d, n in enumerate(buf.shape)])
+    reads, w = w.coalesce(), w.intersect(isl.Set(f"{pre}{{ B[{', '.join(xs)}] : {inb} }}")).coalesce()
+    lows = []
+    for d in range(buf.ndim):
+        what = f"the lowest index of {buf.name!r} along dimension {d}"
+        try:
+            lows.append(pw_to_expr(w.dim_min(d), [], nm, what))
+        except NonAffine:  # max(64*i_o - 1, 0) at a padded edge: start at the unclipped corner (the copy is clipped)
+            lows.append(pw_to_expr(reads.dim_min(d), [], nm, what))
     rs = [f"r{d}" for d in range(buf.ndim)]
     shift = _conj([f"r{d} = x{d} - ({isl_expr(lo, nm)})" for d, lo in enumerate(lows)])
     region = w.apply(isl.Map(f"{pre}{{ B[{', '.join(xs)}] -> R[{', '.join(rs)}] : {shift} }}"))
@@ -385,13 +401,28 @@ def _hull(program: Program, readers: list[Any], buf: Buffer, f: For,
         raise NonAffine(f"unbounded region {region}")
     sizes = [max(int(a.get_constant_val().to_python()) for _, a in flat.dim_max(d).get_pieces()) + 1
              for d in range(buf.ndim)]
-    ctx = isl.Set(f"{pre}{{ : {_conj(loop_constraints(keep, [], nm))} }}")
-    box = _conj([f"x{d} = ({isl_expr(lo, nm)}) + r{d} and 0 <= r{d} < {n}"
-                 for d, (lo, n) in enumerate(zip(lows, sizes))])
-    boxset = isl.Set(f"{pre}{{ B[{', '.join(xs)}] : {_exists(rs, box)} }}").intersect_params(ctx)
-    bounds = _conj([f"0 <= x{d} < {isl_expr(n, nm)}" for d, n in enumerate(buf.shape)])
-    inside = boxset.is_subset(isl.Set(f"{pre}{{ B[{', '.join(xs)}] : {bounds} }}"))
-    return [const(n) for n in sizes], lows, bool(inside)
+    return [const(n) for n in sizes], lows, _inside_sides(program, keep, lows, sizes, buf, nm)
+
+
+def _inside_sides(program: Program, keep: list[For], lows: list[Expr], sizes: list[int], buf: Buffer,
+                  nm: Names | None = None) -> set[tuple[int, str]]:
+    """The sides (d, "lo" | "hi") on which the box lows[d] + [0, sizes[d]) stays inside the buffer for
+    every value of the loops `keep` (isl; a side that cannot be decided exactly is not in the set)."""
+    nm = nm or Names()
+    try:
+        pre = _prefix(list(program.params) + [lp.var for lp in keep], nm)
+        ctx = isl.Set(f"{pre}{{ : {_conj(loop_constraints(keep, [], nm))} }}")
+        out = set()
+        for d, (lo, n) in enumerate(zip(lows, sizes)):
+            low = isl.Set(f"{pre}{{ : ({isl_expr(lo, nm)}) < 0 }}").intersect_params(ctx)
+            high = isl.Set(f"{pre}{{ : ({isl_expr(lo, nm)}) + {n} > {isl_expr(buf.shape[d], nm)} }}")
+            if low.is_empty():
+                out.add((d, "lo"))
+            if high.intersect_params(ctx).is_empty():
+                out.add((d, "hi"))
+        return out
+    except (NonAffine, isl.Error):
+        return set()
 
 
 def _refuse_writes_in_block(program: Program, buf: Buffer, tloop: For, loop: Var) -> None:
@@ -422,22 +453,14 @@ def _merge_into_staging(body: Stmt, copy: Stmt) -> Stmt | None:
     for x in items[:first]:
         if not isinstance(x, For) or any(isinstance(n, Store) and n.buffer not in staged for n in walk(x)):
             return None
-    out: Stmt = Seq(tuple(items[:first] + [copy] + items[first:]))
+    # the new copy goes after the earlier ones, unless one of them reads what it fills (a second cache_read of
+    # a buffer the first copy reads): then before them
+    fills = {n.buffer for n in walk(copy) if isinstance(n, Store)}
+    feeds = any(isinstance(n, Load) and n.buffer in fills for x in items[:first] for n in walk(x))
+    out: Stmt = Seq(tuple([copy] + items if feeds else items[:first] + [copy] + items[first:]))
     for a in reversed(chain):
         out = dataclasses.replace(a, body=out)
     return out
-
-
-def _always_inside(box: list[tuple[Expr, Expr]], buf: Buffer) -> bool:
-    # the box is clipped to the buffer unless it is provably inside it (lo >= 0 and hi <= shape)
-    for (lo, hi), n in zip(box, buf.shape):
-        d = _const_value(binary("sub", n, hi))
-        lo_c = _const_value(lo)
-        if d is None or d < 0:
-            return False
-        if lo_c is not None and lo_c < 0:
-            return False
-    return True
 
 
 def _min(a: Expr, b: Expr) -> Expr:

@@ -46,28 +46,11 @@ from typing import Any
 import islpy as isl
 
 from loopir.dtypes import INDEX
-from loopir.nodes import (
-    Allocate,
-    Binary,
-    Buffer,
-    Cast,
-    Compare,
-    Const,
-    Expr,
-    For,
-    If,
-    Load,
-    Logical,
-    Program,
-    Seq,
-    Stmt,
-    Store,
-    Unary,
-    Var,
-    binary,
-    const,
-)
+from loopir.nodes import (Allocate, Binary, Buffer, Cast, Compare, Const, Expr, For, If, Load, Logical, Program, Seq,
+    Stmt, Store, Unary, Var, binary, const)
 from loopir.visit import Transformer, seq, statements, substitute, walk
+
+from . import fresh_name
 
 SCOPES = ("local", "shared")
 
@@ -745,7 +728,7 @@ def cache_write(
     # 3. layout of the scratch buffer
     inside = _inside(new_target.body)
     lay = _layout(buf, [x for x in inside if x[0].buffer is buf], outer, outer_guards, program.params, nm)
-    local = Buffer(f"{buf.name}_local", tuple(const(s, INDEX) for s in lay.size), buf.dtype, scope)
+    local = Buffer(fresh_name(program, f"{buf.name}_local"), tuple(const(s, INDEX) for s in lay.size), buf.dtype, scope)
 
     # 4. the region nest: epilogue stages moved in, and the copy-out when still needed
     qs = [Var(f"{buf.name}_q{d}") for d in range(len(lay.size))]
@@ -766,7 +749,7 @@ def cache_write(
         _loads_of(c.store.value, buf) and not any(f is new_target for f in c.loops) for c in statements(p_rest_body)
     ) if p_rest_body is not None else False
     needs_copy = buf in program.args or reads_outside
-    copy = f"{buf.name}_copy"
+    copy = fresh_name(program, f"{buf.name}_copy", {c.store.name for c in statements(program)})  # names stay unique
     region_stmts: list[Store] = []
     if needs_copy:
         region_stmts.append(Store(copy, buf, tuple(elem), Load(buf, tuple(elem)), region_vars, region_vars))

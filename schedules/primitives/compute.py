@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from loopir.dtypes import INDEX
-from loopir.nodes import Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt, Store, Var, binary
+from loopir.nodes import Allocate, Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt, Store, Var, binary
 from loopir.visit import StmtContext, Transformer, buffers_of, seq, statements, substitute, walk
 
 from . import fresh_name
@@ -143,6 +143,14 @@ def compute_inline(program: Program, producer: Any) -> tuple[Program, InlinePlan
         raise ValueError(f"compute_inline: statement {p.name!r} reads its own buffer {buf.name!r}")
     if _reads_in_control(program, buf):
         raise ValueError(f"compute_inline: {buf.name!r} is read in a loop bound or a guard; cannot inline it")
+    # a scratch buffer exists only inside its allocation: the readers elsewhere could not load it
+    scratch = {a.buffer for a in walk(program.body) if isinstance(a, Allocate)}
+    private = sorted({ld.buffer.name for ld in walk(p.value) if isinstance(ld, Load) and ld.buffer in scratch})
+    if private:
+        raise ValueError(
+            f"compute_inline: statement {p.name!r} reads the scratch buffer(s) {', '.join(private)}, which exist only "
+            f"inside their allocation; its readers could not load them. Inline {buf.name!r} before the cache_read "
+            "that introduced them")
 
     class _Inline(Transformer):
         def visit_Load(self, ld: Load) -> Expr:
@@ -307,6 +315,15 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
 
     new_loops: list[Var] = []
     taken: set[str] = set()
+    # the loops around the new producer nest: its bounds are simplified for the values they take (isl),
+    # so `min(8*y_o + 10, h + 2) - max(8*y_o, 0)` reads 10 at sizes where it is 10
+    _, target_path = find_loop(program.body, loop)
+    around = [a for a, _ in target_path if isinstance(a, For)] + [target]
+
+    def tidy(e: Expr) -> Expr:
+        from loopir.footprint import simplify_in_context
+
+        return simplify_in_context(simplify(e), around, program.params)
 
     def rebuild(s: Stmt, env: dict[Var, Expr]) -> Stmt:
         if isinstance(s, For):
@@ -316,11 +333,11 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
             new_loops.append(v)
             if s.var in dim_of:
                 flo, fhi = region[dim_of[s.var]]
-                lo = _max(flo, lo)
+                lo = tidy(_max(flo, lo))
                 hi = _min(fhi, hi)
                 inner = dict(env)
                 inner[s.var] = binary("add", v, lo) if not _is_zero(lo) else v
-                return For(v, Const(0, INDEX), simplify(hi - lo), rebuild(s.body, inner), "serial")
+                return For(v, Const(0, INDEX), tidy(hi - lo), rebuild(s.body, inner), "serial")
             inner = dict(env)
             inner[s.var] = v
             return For(v, lo, hi, rebuild(s.body, inner), "serial")

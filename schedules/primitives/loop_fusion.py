@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from loopir.nodes import Allocate, Expr, For, If, Program, Seq, Stmt, Store, Var
+from loopir.nodes import Allocate, Expr, For, If, Program, Seq, Stmt, Store, Var, binary
 from loopir.visit import Transformer, seq, substitute
 
 from . import Path, find_path
@@ -54,6 +54,17 @@ def affine(e: Expr) -> dict[Any, int] | None:
             out[k] = out.get(k, 0) + sign * v
         return {k: v for k, v in out.items() if v}
     return None
+
+
+def _const_diff(a: Expr, b: Expr) -> int | None:
+    """a - b when it is a constant (affine normal form), else None."""
+    la, lb = affine(a), affine(b)
+    if la is None or lb is None:
+        return None
+    d = {k: la.get(k, 0) - lb.get(k, 0) for k in set(la) | set(lb)}
+    if any(v for k, v in d.items() if k != 1):
+        return None
+    return d.get(1, 0)
 
 
 def same_value(a: Expr, b: Expr) -> bool:
@@ -173,10 +184,10 @@ def loop_vars(stmt: Stmt) -> list[Var]:
 def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
     """Fuse the sibling loops `loop_a` and `loop_b` into one loop (the returned `loop_a` variable).
 
-    Precondition: both loops are children of one Seq, `loop_a` first, with equal extents
-    (`hi - lo`, compared symbolically) and the same kind. Statements between them (if any)
-    stay after the fused loop, so `b`'s instances move before them; the legality check sees
-    that exactly. `b`'s loop variable is replaced by `a`'s (shifted by the difference of
+    Precondition: both loops are children of one Seq, `loop_a` first, with the same kind. With
+    different extents the fused loop runs the longer one and guards the body of the shorter.
+    Statements between them (if any) stay after the fused loop, so `b`'s instances move before
+    them; the legality check sees that exactly. `b`'s loop variable is replaced by `a`'s (shifted by the difference of
     the lower bounds) in `b`'s bounds, guards and statement coords.
 
         for i in lo_a..lo_a+n: SA(i)            for i in lo_a..lo_a+n:
@@ -215,11 +226,6 @@ def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
             f"(fuse({b.var.name}, {a.var.name}))"
         )
     ext_a, ext_b = a.hi - a.lo, b.hi - b.lo
-    if not same_value(ext_a, ext_b):
-        raise ValueError(
-            f"fuse: loops {a.var.name!r} and {b.var.name!r} have different extents: {ext_a} and {ext_b}; "
-            f"split or guard one of them first"
-        )
     if (a.kind, a.thread) != (b.kind, b.thread):
         ka_s = a.thread or a.kind
         kb_s = b.thread or b.kind
@@ -229,7 +235,19 @@ def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
         )
     shift = b.lo - a.lo
     target: Expr = a.var if same_value(shift, a.var - a.var) else a.var + shift
-    fused = replace(a, body=seq(a.body, subst_loops(b.body, {b.var: target})))
+    body_a, body_b = a.body, subst_loops(b.body, {b.var: target})
+    hi = a.hi
+    if not same_value(ext_a, ext_b):
+        # different extents (fdtd-2d: nx - 1 and nx): the fused loop runs the longer one, and the body of the
+        # shorter one (either, when the difference is not a constant) is guarded by its own extent
+        d = _const_diff(ext_a, ext_b)
+        hi = simplify(a.lo + (ext_a if d is not None and d > 0 else ext_b if d is not None
+                              else binary("max", ext_a, ext_b)))
+        if d is None or d < 0:
+            body_a = If(a.var < a.hi, body_a)
+        if d is None or d > 0:
+            body_b = If(a.var < simplify(a.lo + ext_b), body_b)
+    fused = replace(a, hi=hi, body=seq(body_a, body_b))
     kids = list(parent.body)
     kids[ka] = fused
     del kids[kb]

@@ -14,6 +14,7 @@ from typing import Any
 import islpy as isl
 
 from loopir import poly
+from loopir.isl_conv import pw_bound
 from loopir.nodes import Allocate, Const, Expr, For, If, Program, Seq, Stmt, Var, binary, const, logical
 from loopir.visit import free_vars, substitute
 
@@ -317,9 +318,11 @@ def _reorder_exact(program: Program, fors: list[For], guards: list[Expr], body: 
         rest = new_names[k + 1:]
         s = isl.Set(f"[{', '.join(pnames + new_names[:k])}] -> {{ [{w}] : "
                     f"{poly._exists(rest, body_text)} }}")
-        lo = poly.pw_to_expr(s.dim_min(0), vars_by_name, f"lower bound of {order[k].name}")
-        hi = poly.pw_to_expr(s.dim_max(0).add_constant_val(isl.Val.one(s.get_ctx())), vars_by_name,
-                             f"upper bound of {order[k].name}")
+        # exact bounds when they are a max / min of affine pieces; otherwise (e.g. a piece for an empty nest
+        # at n <= 2) a sound over-approximation, and the scan check below keeps the original constraints
+        lo, _ = pw_bound(s.dim_min(0), vars_by_name, "lo", f"lower bound of {order[k].name}")
+        hi, _ = pw_bound(s.dim_max(0).add_constant_val(isl.Val.one(s.get_ctx())), vars_by_name, "hi",
+                         f"upper bound of {order[k].name}")
         bounds.append((lo, hi))
     # the scanned set equals the domain unless a projection has holes; then keep the old constraints
     scan = " and ".join(f"({poly.aff(lo, names)}) <= {w} < ({poly.aff(hi, names)})"
@@ -377,14 +380,16 @@ def _const_extent(f: For) -> int | None:
 def _check_collapse(ctx: CheckContext) -> poly.Witness | None:
     # formal condition: none needed for order — v = (i - lo_i)*E + (j - lo_j) is increasing in (i, j)
     # lexicographically, so every dependence keeps its direction; the condition checked is that the
-    # result stays analysable: E constant (coords affine), or no dependence joins two statements inside
+    # result stays analysable: E constant (coords affine), or no dependence joins two statement instances
+    # inside `outer` within one iteration of the loops around it (one carried by an outer loop, e.g. a time
+    # loop, keeps its order whatever the collapse does inside)
     outer, inner = ctx.args[0], ctx.args[1]
     fi = find_loop(ctx.old, inner)
     if _const_extent(fi) is not None:
         return poly.find_violation(ctx.deps, ctx.new)
     inside = {poly._sanitize(i.store.name): i.store.name for i in poly.stmt_infos(ctx.old)
               if any(lp.var is outer for lp in i.loops)}
-    for kind, dep in ctx.deps.by_kind():
+    for kind, dep in poly.dependences_inside(ctx.deps, ctx.old, outer):
         maps = dep.get_map_list()
         for k in range(maps.n_map()):
             m = maps.get_at(k)
