@@ -36,9 +36,10 @@ class Pass:
 
 def _pipelines() -> dict[str, tuple[Pass, ...]]:
     from .barriers import place_barriers
+    from .bounds import prove_bounds
 
-    cuda = (Pass("place_barriers", place_barriers),)
-    cpu: tuple[Pass, ...] = ()
+    cuda = (Pass("prove_bounds", prove_bounds), Pass("place_barriers", place_barriers))
+    cpu: tuple[Pass, ...] = (Pass("prove_bounds", prove_bounds),)
     return {"cuda": cuda, "cpu": cpu}
 
 
