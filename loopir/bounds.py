@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from .isl_conv import NonAffine, _Names, _sanitize, aff, cond
+from .isl_conv import NonAffine, _Names, aff, cond
 from .nodes import Allocate, Buffer, Expr, Load, Program, Select, Store, Var
-from .poly_model import StmtInfo, _Builder
+from .poly_model import StmtInfo, _program_params, stmt_infos
 from .visit import _child_fields, walk, walk_stmts
 
 __all__ = ["BoundsError", "BoundsWitness", "Access", "BoundsReport", "check_bounds", "check_initialized", "analyse"]
@@ -125,71 +125,226 @@ def _accesses(st: Store) -> list[tuple[Buffer, tuple[Expr, ...], str, tuple[Expr
     return out + [(st.buffer, st.indices, "writes", ())]
 
 
-def _context(b: _Builder) -> str:
-    """The size constraints: every affine dimension of every argument is >= 0."""
-    names = _Names(b.params)
-    cons = []
-    for buf in b.program.args:
-        for d in buf.shape:
+@dataclass
+class _Stmt:
+    """One statement occurrence in isl terms: `tup[l..., it...]` (its loop values, then its iteration
+    variables, tied by equalities: no existentials, so isl parses and decides it quickly)."""
+
+    info: StmtInfo
+    tup: str
+    dims: list[str]  # loop names, then iteration-variable names
+    names: _Names  # binds loops and iteration variables
+    cons: list[str]  # the domain: loop bounds, guards, it_k = coord_k(l)
+    exact: bool
+
+
+class _Model:
+    """The program in isl text over loop space (see `_Stmt`), sizes as parameters."""
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.params: dict[str, Var] = _program_params(program)
+        self.notes: list[str] = []
+        self.stmts: list[_Stmt] = []
+        self.bufnames: dict[Buffer, str] = {}
+        for k, info in enumerate(stmt_infos(program)):
+            self.stmts.append(self._stmt(k, info))
+
+    def _stmt(self, k: int, info: StmtInfo) -> _Stmt:
+        st = info.store
+        lnames = _Names(self.params)  # bounds, guards and coords are written in the loops
+        loops = [lnames.bind(lp.var, "l_" + lp.var.name) for lp in info.loops]
+        names = _Names(self.params, set(loops))  # indices are written in the iteration variables
+        its = [names.bind(v, "i_" + v.name) for v in st.iters]
+        cons, exact = [], True
+        for lp, v in zip(info.loops, loops):
             try:
-                cons.append(f"({aff(d, names)}) >= 0")
+                cons.append(f"({aff(lp.lo, lnames)}) <= {v} < ({aff(lp.hi, lnames)})")
             except NonAffine:
-                pass
-    return " and ".join(dict.fromkeys(cons)) or "1 = 1"
+                exact = False
+        for g in info.guards:
+            try:
+                cons.append(cond(g, lnames))
+            except NonAffine:
+                exact = False
+        for v, c in zip(its, st.coords):
+            try:
+                cons.append(f"{v} = ({aff(c, lnames)})")
+            except NonAffine:
+                exact = False
+        if not exact:
+            self.notes.append(f"statement {st.name} has non-affine loop bounds, guards or coordinates; "
+                              "its instances are over-approximated")
+        return _Stmt(info, f"s{k}", loops + its, names, cons, exact)
+
+    def prefix(self) -> str:
+        return f"[{', '.join(self.params)}] -> " if self.params else ""
+
+    def bname(self, buf: Buffer) -> str:
+        return self.bufnames.setdefault(buf, f"b{len(self.bufnames)}")
+
+    def context(self) -> isl.Set:
+        """The size constraints: every affine dimension of every argument is >= 0."""
+        names = _Names(self.params)
+        cons = []
+        for buf in self.program.args:
+            for d in buf.shape:
+                try:
+                    cons.append(f"({aff(d, names)}) >= 0")
+                except NonAffine:
+                    pass
+        return isl.Set(self.prefix() + "{ : " + (" and ".join(dict.fromkeys(cons)) or "1 = 1") + " }")
+
+    def access(self, s: _Stmt, buf: Buffer, idx: tuple[Expr, ...], conds: tuple[Expr, ...]
+               ) -> tuple[list[str], list[str], bool] | None:
+        """(index texts, condition texts, exact) of one access, or None when the index is not affine."""
+        try:
+            ix = [aff(i, s.names) for i in idx]
+        except NonAffine:
+            return None
+        cs, exact = [], True
+        for c in conds:
+            try:
+                cs.append(cond(c, s.names))
+            except NonAffine:  # dropped: over-approximates the instances that run the access
+                exact = False
+        return ix, cs, exact
 
 
-def _fresh(name: str, *taken: object) -> str:
-    while any(name in t for t in taken):  # type: ignore[operator]
+def _lin(e: Expr) -> dict[Var | None, int] | None:
+    from .args import _affine
+
+    return _affine(e, {})
+
+
+def _over_loops(st: Store, e: Expr) -> dict[Var | None, int] | None:
+    """An index of a statement as an affine form over the loops around it (and sizes), or None."""
+    a = _lin(e)
+    if a is None:
+        return None
+    flat: dict[Var | None, int] = {}
+    for v, c in a.items():
+        k = st.iters.index(v) if v in st.iters else -1
+        sub = _lin(st.coords[k]) if k >= 0 else {v: 1}
+        if sub is None:
+            return None
+        for w, x in sub.items():
+            flat[w] = flat.get(w, 0) + c * x
+    return {w: c for w, c in flat.items() if c}
+
+
+def _written_before(users: list[_Stmt], s: _Stmt, buf: Buffer, idx: tuple[Expr, ...]) -> bool:
+    """A cheap sufficient test (no isl) that the element is written before each instance of `s` reads it:
+    an earlier statement under a prefix of the same loop nodes, its guards among those of `s`, in the same
+    allocation, writes `buf` at the same index (as a function of those loops)."""
+    want = [_over_loops(s.info.store, i) for i in idx]
+    if any(w is None for w in want):
+        return False
+    site = s.info.alloc_of(buf)
+    for w in users:
+        if w is s:
+            return False  # only statements textually before `s`
+        wi = w.info
+        if wi.store.buffer is not buf or len(wi.loops) > len(s.info.loops):
+            continue
+        if any(a is not b for a, b in zip(wi.loops, s.info.loops)) or not all(g in s.info.guards for g in wi.guards):
+            continue
+        ws = wi.alloc_of(buf)
+        if (ws is None) != (site is None) or (ws is not None and site is not None and ws.ident != site.ident):
+            continue
+        if [_over_loops(wi.store, i) for i in wi.store.indices] == want:
+            return True
+    return False
+
+
+def _interval_proven(info: StmtInfo, idx: tuple[Expr, ...], shape: tuple[Expr, ...]) -> bool:
+    """A cheap sufficient test (no isl) for the common case: with each loop in a box [lo, hi) whose
+    bounds use sizes only, the index's minimum is a constant >= 0 and shape - 1 - its maximum a
+    constant >= 0 (every size cancels). Guards are ignored: that only widens the box, so True is a proof."""
+    st = info.store
+    loops = {lp.var: lp for lp in info.loops}
+    coords = {}
+    for v, c in zip(st.iters, st.coords):
+        a = _lin(c)
+        if a is None:
+            return False
+        coords[v] = a
+    for i, d in zip(idx, shape):
+        a, ext = _lin(i), _lin(d)
+        if a is None or ext is None:
+            return False
+        flat: dict[Var | None, int] = {}  # the index over loops and sizes
+        for v, c in a.items():
+            for w, k in (coords[v].items() if v in coords else ((v, 1),)):
+                flat[w] = flat.get(w, 0) + c * k
+        lo: dict[Var | None, int] = {}
+        hi: dict[Var | None, int] = {}
+        for v, c in flat.items():
+            if c == 0:
+                continue
+            lp = loops.get(v) if v is not None else None
+            if lp is None:  # a size or the constant: the same in both bounds
+                lo[v] = lo.get(v, 0) + c
+                hi[v] = hi.get(v, 0) + c
+                continue
+            b_lo, b_hi = _lin(lp.lo), _lin(lp.hi)
+            if b_lo is None or b_hi is None or any(w in loops for w in (*b_lo, *b_hi) if w is not None):
+                return False
+            b_hi = {**b_hi, None: b_hi.get(None, 0) - 1}  # the last iteration
+            for w, k in (b_lo if c > 0 else b_hi).items():
+                lo[w] = lo.get(w, 0) + c * k
+            for w, k in (b_hi if c > 0 else b_lo).items():
+                hi[w] = hi.get(w, 0) + c * k
+        # in bounds iff min >= 0 and max <= extent - 1, here with every size cancelling
+        slack = {w: ext.get(w, 0) - hi.get(w, 0) for w in set(ext) | set(hi)}
+        slack[None] = slack.get(None, 0) - 1
+        if any(k for w, k in lo.items() if w is not None) or lo.get(None, 0) < 0:
+            return False
+        if any(k for w, k in slack.items() if w is not None) or slack.get(None, 0) < 0:
+            return False
+    return True
+
+
+def _fresh(name: str, taken: list[str]) -> str:
+    while name in taken:
         name += "_"
     return name
 
 
-@dataclass
-class _Model:
-    builder: _Builder
-    decided: list[tuple[StmtInfo, Buffer, tuple[Expr, ...], str, tuple[Expr, ...]]]  # a{k} of the violation set
-    unknown: list[Access]
-    text: str  # the violation union set (isl text, params prefixed)
-    inexact: set[int]  # accesses whose conditions were over-approximated
-
-
-def _model(program: Program) -> _Model:
-    b = _Builder(program)
+def _model(program: Program) -> tuple[_Model, list[tuple[_Stmt, Buffer, tuple[Expr, ...], str, tuple[Expr, ...],
+                                                       bool]], list[Access], str]:
+    """The model, the decided accesses (tuple a{k} of the violation set), the unknown ones, and the
+    violation set's text: `a{k}[l, it, e] : domain and e = index and conditions and e outside the shape`."""
+    m = _Model(program)
     parts: list[str] = []
-    decided: list[tuple[StmtInfo, Buffer, tuple[Expr, ...], str, tuple[Expr, ...]]] = []
+    decided: list[tuple[_Stmt, Buffer, tuple[Expr, ...], str, tuple[Expr, ...], bool]] = []
     unknown: list[Access] = []
-    inexact: set[int] = set()
-    for info in b.infos:
-        st = info.store
-        inst, lnames, lcons = b._instance(info)
-        its = b.iter_names(st)
-        names = _Names(b.params)  # indices are written in the statement's iteration variables
-        for v, n in zip(st.iters, its):
-            names.env[v] = n
-            names.taken.add(n)
+    for s in m.stmts:
+        st = s.info.store
+        seen: set[tuple] = set()
         for buf, idx, what, conds in _accesses(st):
+            key = (id(buf), idx, what, conds)
+            if key in seen:
+                continue
+            seen.add(key)
+            if _interval_proven(s.info, idx, buf.shape):
+                continue
+            acc = m.access(s, buf, idx, conds)
             try:
-                ix = [aff(i, names) for i in idx]
-                ext = [aff(d, names) for d in buf.shape]
+                ext = [aff(d, s.names) for d in buf.shape]
             except NonAffine:
+                acc = None
+            if acc is None:
                 unknown.append(Access(st.name, buf, idx, what, st, conds))
                 continue
-            guards = []
-            for c in conds:
-                try:
-                    guards.append(cond(c, names))
-                except NonAffine:  # dropped: over-approximates the instances that run the access
-                    inexact.add(len(decided))
-            # out of bounds iff some index_k < 0 or index_k >= shape_k (e_k names the element)
-            es = [_fresh(f"e{k}", its, b.params) for k in range(len(ix))]
-            eqs = [f"{e} = ({x})" for e, x in zip(es, ix)] + guards
-            out = " or ".join(f"{e} < 0 or {e} >= ({s})" for e, s in zip(es, ext)) or "1 = 0"
-            body = b._exists(info, lnames, lcons)
-            parts.append(f"a{len(decided)}[{', '.join(its + es)}] : ({body}) and {' and '.join(eqs) or '1 = 1'}"
-                         f" and ({out})")
-            decided.append((info, buf, idx, what, conds))
-    text = b.prefix() + "{ " + "; ".join(parts) + " }"
-    return _Model(b, decided, unknown, text, inexact)
+            ix, cs, exact = acc
+            es = [_fresh(f"e{k}", s.dims + list(m.params)) for k in range(len(ix))]
+            # out of bounds iff some index_k < 0 or index_k >= shape_k
+            out = " or ".join(f"{e} < 0 or {e} >= ({x})" for e, x in zip(es, ext)) or "1 = 0"
+            body = s.cons + [f"{e} = ({x})" for e, x in zip(es, ix)] + cs
+            parts.append(f"a{len(decided)}[{', '.join(s.dims + es)}] : {' and '.join(body) or '1 = 1'} and ({out})")
+            decided.append((s, buf, idx, what, conds, exact and s.exact))
+    return m, decided, unknown, m.prefix() + "{ " + "; ".join(parts) + " }"
 
 
 def _point(s: isl.Set) -> isl.Point:
@@ -209,23 +364,21 @@ def _val(pt: isl.Point, t: object, k: int) -> int:
     return int(pt.get_coordinate_val(t, k).to_python())
 
 
-def _params_of(b: _Builder, pt: isl.Point) -> tuple[dict[str, int], dict]:
+def _params_of(m: _Model, pt: isl.Point) -> tuple[dict[str, int], dict[Var, int]]:
     sp = pt.get_space()
     by_name: dict[str, int] = {}
-    env = {}
+    env: dict[Var, int] = {}
     for k in range(sp.dim(isl.dim_type.param)):
         n = sp.get_dim_name(isl.dim_type.param, k)
         v = _val(pt, isl.dim_type.param, k)
-        var = b.params.get(n)
+        var = m.params.get(n)
         if var is not None:
             env[var] = v
-            by_name[var.name] = v
-        else:
-            by_name[n] = v
+        by_name[var.name if var is not None else n] = v
     return by_name, env
 
 
-def _extent(buf: Buffer, env: dict) -> tuple[int, ...]:
+def _extent(buf: Buffer, env: dict[Var, int]) -> tuple[int, ...]:
     from .args import eval_expr
 
     try:
@@ -234,48 +387,40 @@ def _extent(buf: Buffer, env: dict) -> tuple[int, ...]:
         return ()
 
 
-def _violations(m: _Model) -> isl.UnionSet | None:
-    if not m.decided:
-        return None
-    b = m.builder
-    viol = isl.UnionSet(m.text)
-    ctx = isl.Set(b.prefix() + "{ : " + _context(b) + " }")
-    return viol.intersect_params(ctx)
-
-
-def _first_witness(m: _Model, viol: isl.UnionSet) -> tuple[BoundsWitness | None, list[Access]]:
-    """The witness of the first exactly-modelled violating access; over-approximated ones are unknown."""
-    b = m.builder
+def _bounds(program: Program) -> tuple[BoundsWitness | None, list[Access]]:
+    """The first disproved access (witness) and the accesses isl cannot decide."""
+    m, decided, unknown, text = _model(program)
+    if not decided:
+        return None, unknown
+    viol = isl.UnionSet(text).intersect_params(m.context())
+    if viol.is_empty():
+        return None, unknown
     sets = viol.get_set_list()
-    spurious: list[Access] = []
-    found: dict[int, isl.Set] = {}
+    found = {}
     for k in range(sets.n_set()):
-        s = sets.get_at(k)
-        if not s.is_empty():
-            found[int(s.get_tuple_name()[1:])] = s
+        st_ = sets.get_at(k)
+        if not st_.is_empty():
+            found[int(st_.get_tuple_name()[1:])] = st_
     for k in sorted(found):
-        info, buf, idx, what, conds = m.decided[k]
-        st = info.store
-        if not b.exact.get(st.name, True) or k in m.inexact:
-            spurious.append(Access(st.name, buf, idx, what, st, conds))
+        s, buf, idx, what, conds, exact = decided[k]
+        st = s.info.store
+        if not exact:  # the violation may be spurious: guard it instead
+            unknown.append(Access(st.name, buf, idx, what, st, conds))
             continue
         pt = _point(found[k])
-        nit = len(st.iters)
-        vals = [_val(pt, isl.dim_type.set, i) for i in range(nit + len(idx))]
-        params, env = _params_of(b, pt)
-        return BoundsWitness("out_of_bounds", st.name, {v.name: x for v, x in zip(st.iters, vals[:nit])},
-                             buf.name, what, tuple(vals[nit:]), _extent(buf, env), params), spurious
-    return None, spurious
+        nl = len(s.info.loops)
+        vals = [_val(pt, isl.dim_type.set, i) for i in range(len(s.dims) + len(idx))]
+        params, env = _params_of(m, pt)
+        inst = {v.name: x for v, x in zip(st.iters, vals[nl:len(s.dims)])}
+        return BoundsWitness("out_of_bounds", st.name, inst, buf.name, what, tuple(vals[len(s.dims):]),
+                             _extent(buf, env), params), unknown
+    return None, unknown
 
 
 def check_bounds(program: Program) -> BoundsWitness | None:
     """A load or store of `program` that leaves its buffer for some sizes, or None (proven, or
     not affine: see `analyse` for those). The check a schedule can run after every step."""
-    m = _model(program)
-    viol = _violations(m)
-    if viol is None or viol.is_empty():
-        return None
-    return _first_witness(m, viol)[0]
+    return _bounds(program)[0]
 
 
 # ----------------------------------------------------------------------------- initialised reads
@@ -286,51 +431,83 @@ def _temporaries(program: Program) -> set[Buffer]:
     return set(program.temps) | scratch
 
 
+_LEX_GT: dict[int, isl.UnionMap] = {}
+
+
+def _lex_gt(width: int) -> isl.UnionMap:
+    if width not in _LEX_GT:
+        sp = isl.Set("{ [" + ", ".join(f"t{k}" for k in range(width)) + "] }").get_space()
+        _LEX_GT[width] = isl.UnionMap(isl.Map.lex_gt(sp))
+    return _LEX_GT[width]
+
+
 def check_initialized(program: Program, notes: list[str] | None = None) -> BoundsWitness | None:
     """A read of a temporary (program temp or scratch buffer) whose element no earlier write
-    of the program produced, or None. Skipped (with a note) when the model is inexact."""
+    of the program produced, or None. Skipped (with a note) when the model is inexact there."""
+    # initialised iff every read of a temporary has a write source earlier in the schedule (no-source set empty)
     temps = _temporaries(program)
     if not temps:
         return None
-    b = _Builder(program)
-    reads_t, must_t, may_t = b.access_texts()
-    if b.notes:
+    m = _Model(program)
+    users = [s for s in m.stmts if any(b in temps for b, _, _, _ in _accesses(s.info.store))]
+    if not users:
+        return None
+    width = 2 * max(len(s.info.loops) for s in users) + 1
+    depth = {b: 1 + max((len(a.loops) for s in users for a in s.info.allocs if a.buffer is b), default=0)
+             for b in temps}
+    reads, must, may, sched = [], [], [], []
+    inexact = []
+    for s in users:
+        info = s.info
+        nl = len(info.loops)
+        t = [x for k in range(nl) for x in (str(info.betas[k]), s.dims[k])] + [str(info.betas[-1])]
+        t += ["0"] * (width - len(t))
+        dom = " and ".join(s.cons) or "1 = 1"
+        sched.append(f"{s.tup}[{', '.join(s.dims)}] -> [{', '.join(t)}] : {dom}")
+        for buf, idx, what, conds in _accesses(info.store):
+            if buf not in temps or (what == "reads" and _written_before(users, s, buf, idx)):
+                continue
+            acc = m.access(s, buf, idx, conds)
+            if acc is None or not acc[2] or not s.exact:
+                inexact.append(f"{info.store.name} {what} {buf.name}")
+                if acc is None:
+                    continue
+            ix, cs, exact = acc
+            site = info.alloc_of(buf)
+            pre = [] if site is None else [str(site.ident)] + [s.dims[k] for k in site.loops]
+            pre += ["0"] * ((depth[buf] if site is not None else 0) - len(pre))
+            rel = f"{s.tup}[{', '.join(s.dims)}] -> {m.bname(buf)}[{', '.join(pre + ix)}] : " + \
+                  " and ".join(s.cons + cs or ["1 = 1"])
+            (reads if what == "reads" else must if exact and s.exact else may).append(rel)
+    if inexact:
         if notes is not None:
-            notes.append("reads of temporaries are not checked for initialisation: the program is not affine "
-                          "everywhere (" + "; ".join(b.notes) + ")")
+            notes.append("reads of temporaries are not checked for initialisation where the model is inexact ("
+                         + "; ".join(dict.fromkeys(inexact)) + ")")
         return None
-    tnames = {n for n, buf in b.bufnames.items() if buf in temps}
-    dom = isl.UnionSet(b.prefix() + b.domain_text())
-    reads = isl.UnionMap(b.prefix() + reads_t).intersect_domain(dom)
-    keep = isl.UnionMap("{ }")
-    ml = reads.get_map_list()
-    for k in range(ml.n_map()):
-        mp = ml.get_at(k)
-        if mp.get_tuple_name(isl.dim_type.out) in tnames:
-            keep = keep.union(isl.UnionMap.from_map(mp))
-    if keep.is_empty():
+    if not reads:
         return None
-    must = isl.UnionMap(b.prefix() + must_t).intersect_domain(dom)
-    may = isl.UnionMap(b.prefix() + may_t).intersect_domain(dom)
-    sched = isl.UnionMap(b.prefix() + b.schedule_text()).intersect_domain(dom)
-    # initialised iff every read of a temporary has a write source earlier in the schedule (no-source set empty)
-    flow = (isl.UnionAccessInfo.from_sink(keep).set_must_source(must).set_may_source(may)
-            .set_schedule_map(sched).compute_flow())
-    bad = flow.get_must_no_source()
-    ctx = isl.Set(b.prefix() + "{ : " + _context(b) + " }")
-    bad = bad.intersect_params(ctx)
+    wrap = lambda xs: isl.UnionMap(m.prefix() + "{ " + "; ".join(xs) + " }")  # noqa: E731
+    # a read (instance r, element e) is initialised iff some write w of e has time(w) <lex time(r); computed on
+    # the wrapped pairs [r -> e] so that one instance's other reads cannot hide it (cheaper than compute_flow)
+    rd, sc = wrap(reads), wrap(sched)
+    t_r = rd.domain_map().apply_range(sc)  # [r -> e] -> time(r)
+    t_w = rd.range_map().apply_range(wrap(must + may).reverse()).apply_range(sc)  # [r -> e] -> time(w), w writes e
+    init = t_w.intersect(t_r.apply_range(_lex_gt(width))).domain()
+    bad = rd.wrap().subtract(init).intersect_params(m.context())
     if bad.is_empty():
         return None
-    mp = bad.get_map_list().get_at(0)
-    pt = _point(mp.wrap())
-    st = next(i.store for i in b.infos if _sanitize(i.store.name) == mp.get_tuple_name(isl.dim_type.in_))
-    buf = b.bufnames[mp.get_tuple_name(isl.dim_type.out)]
+    ws = bad.get_set_list().get_at(0)
+    mp = ws.unwrap()
+    pt = _point(ws)
+    s = next(x for x in users if x.tup == mp.get_tuple_name(isl.dim_type.in_))
+    buf = next(b for b, n in m.bufnames.items() if n == mp.get_tuple_name(isl.dim_type.out))
     nin, nout = mp.dim(isl.dim_type.in_), mp.dim(isl.dim_type.out)
     vals = [_val(pt, isl.dim_type.set, i) for i in range(nin + nout)]
-    params, env = _params_of(b, pt)
+    params, env = _params_of(m, pt)
+    st = s.info.store
+    inst = {v.name: x for v, x in zip(st.iters, vals[len(s.info.loops):nin])}
     elem = tuple(vals[nin + nout - len(buf.shape):])  # a scratch element is prefixed by its allocation
-    return BoundsWitness("uninitialized", st.name, {v.name: x for v, x in zip(st.iters, vals[:nin])}, buf.name,
-                         "reads", elem, _extent(buf, env), params)
+    return BoundsWitness("uninitialized", st.name, inst, buf.name, "reads", elem, _extent(buf, env), params)
 
 
 # ----------------------------------------------------------------------------- everything
@@ -350,14 +527,8 @@ def _loads_outside_statements(program: Program) -> list[str]:
 
 def analyse(program: Program) -> BoundsReport:
     """The bounds proof and the initialisation check of `program` (see the module docstring)."""
-    m = _model(program)
     notes: list[str] = []
-    unknown = list(m.unknown)
-    witness = None
-    viol = _violations(m)
-    if viol is not None and not viol.is_empty():
-        witness, spurious = _first_witness(m, viol)
-        unknown += spurious
+    witness, unknown = _bounds(program)
     if witness is None:
         witness = check_initialized(program, notes)
     for name in dict.fromkeys(_loads_outside_statements(program)):
