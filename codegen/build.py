@@ -238,8 +238,7 @@ def compile_cpu(program: Program) -> Any:
         hit = _cache.get(key)
     if hit is not None:
         return hit
-    name = "".join(c if c.isalnum() or c == "_" else "_" for c in program.name) or "kernel"
-    kernel = CpuKernel(generate(program, name))
+    kernel = CpuKernel(generate(program, program.name))  # generate mangles the name for LLVM
     with _cache_lock:
         return _cache.setdefault(key, kernel)
 

@@ -351,6 +351,9 @@ class Program(Node):
 # ----------------------------------------------------------------------------- smart constructors
 
 
+_INT_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+
+
 def const(value: Scalar, dtype: str | None = None) -> Const:
     if dtype is None:
         dtype = "bool" if isinstance(value, bool) else INDEX if isinstance(value, int) else "float32"
@@ -359,6 +362,10 @@ def const(value: Scalar, dtype: str | None = None) -> Const:
         value = float(value)
     elif is_int(dtype):
         value = int(value)
+        lo, hi = _INT_RANGE[dtype]
+        # a constant outside its type would wrap silently in the generated code
+        if not lo <= value <= hi:
+            raise OverflowError(f"integer constant {value} does not fit in {dtype} [{lo}, {hi}]")
     else:
         value = bool(value)
     return Const(value, dtype)
@@ -380,7 +387,7 @@ def as_index(x: ExprLike, what: str = "index") -> Expr:
     if isinstance(x, bool) or (isinstance(x, float)):
         raise TypeError(f"{what} must be an integer, got {type(x).__name__} {x!r}")
     if isinstance(x, int):
-        return Const(x, INDEX)
+        return const(x, INDEX)
     if isinstance(x, Expr):
         if not is_int(x.dtype):
             raise TypeError(f"{what} must be an integer expression, got {x} of dtype {x.dtype}")
