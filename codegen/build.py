@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from loopir.nodes import Allocate, Buffer, Node, Program, Var
-from loopir.visit import buffers_of, walk
+from loopir.visit import buffers_of, deep_recursion, walk
 
 from .module import CpuModule, Module
 from .passes import lower
@@ -187,6 +187,11 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", **op
     time and `mod.notes` says so. A te stage in `args` that the schedule inlined (never written)
     is refused (see the module doc). A loop unrolled over more than UNROLL_LIMIT iterations is
     refused. Options: cpu `threads` (a positive int); cuda `arch`, `options` (a tuple of str)."""
+    with deep_recursion():  # the visitors recurse: deep expressions and long stage chains need room
+        return _build(obj, args, target, **opts)
+
+
+def _build(obj: Any, args: Sequence[Any] | None, target: str, **opts: Any) -> Module:
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; loopir targets: {', '.join(TARGETS)}")
     dump = opts.pop("dump_passes", False)

@@ -29,7 +29,7 @@ from typing import Any
 
 from loopir import poly
 from loopir.nodes import Buffer, Program, Var
-from loopir.visit import statements
+from loopir.visit import deep_recursion, statements
 
 from .errors import InexactCheckError, ScheduleError
 from .primitives import REGISTRY, CheckContext, PrimitiveSpec, loop_vars
@@ -93,7 +93,8 @@ class Schedule:
                                     and all(_is_tensor(t) for t in target)):
             from loopir.lower import lower
 
-            program = lower(list(target) if isinstance(target, (list, tuple)) else target, name=name)
+            with deep_recursion():
+                program = lower(list(target) if isinstance(target, (list, tuple)) else target, name=name)
         else:
             raise TypeError(f"Schedule() takes a te tensor, a list of tensors or a loopir Program, "
                             f"got {type(target).__name__}")
@@ -217,6 +218,10 @@ class Schedule:
 
     def apply(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Apply the registered primitive `name` (what `s.<name>(...)` calls)."""
+        with deep_recursion():
+            return self._apply(name, *args, **kwargs)
+
+    def _apply(self, name: str, *args: Any, **kwargs: Any) -> Any:
         _load_primitives()
         spec = REGISTRY.get(name)
         if spec is None:
