@@ -142,24 +142,14 @@ def substitute(node: Any, mapping: dict[Var, Expr]) -> Any:
 
 
 def free_vars(node: Any) -> set[Var]:
-    """The variables `node` uses (loop variables and sizes), buffer shapes included."""
+    """The variables `node` uses (loop variables and sizes), buffer shapes included. Iterative."""
     found: set[Var] = set()
-
-    class _F(Visitor):
-        def visit_Var(self, v: Var) -> None:
-            found.add(v)
-
-        def visit_Load(self, ld: Load) -> None:
-            for e in ld.buffer.shape:
-                self.visit(e)
-            self.generic(ld)
-
-        def visit_Store(self, st: Store) -> None:
-            for e in st.buffer.shape:
-                self.visit(e)
-            self.generic(st)
-
-    _F().visit(node)
+    for n in walk(node):
+        if isinstance(n, Var):
+            found.add(n)
+        elif isinstance(n, (Load, Store)):
+            for e in n.buffer.shape:
+                found.update(x for x in walk(e) if isinstance(x, Var))
     return found
 
 
