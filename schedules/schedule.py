@@ -242,6 +242,8 @@ class Schedule:
         if self.check:
             with _plain_errors(name, rargs):
                 self._check(spec, old, new, rargs, rkw, result)
+            if bounds_checked(spec):
+                _check_bounds_step(name, rargs, old, new)
         created = [v for v in loop_vars(new) if id(v) not in before]
         self._program = new
         if spec.rebase:
@@ -401,6 +403,25 @@ def _check_loop_args(spec: PrimitiveSpec, args: tuple[Any, ...], kwargs: dict[st
             raise ValueError(f"unroll: loop {s._ref(loops[0])!r} has {f.hi.value - f.lo.value} iterations, more "
                              f"than the limit of {UNROLL_LIMIT} an unrolled loop may have; split it first "
                              f"(s.split(loop, 8)) and unroll the inner loop")
+
+
+def bounds_checked(spec: PrimitiveSpec) -> bool:
+    """Steps after which the bounds proof runs: those that change the statement instances or accesses
+    (rebase) or are checked by a custom function. The others are checked to run exactly the original
+    instances (poly.instance_mismatch), so their accesses, and the bounds, cannot change."""
+    return spec.rebase or callable(spec.check)
+
+
+def _check_bounds_step(name: str, args: tuple[Any, ...], old: Program, new: Program) -> None:
+    # the step is refused iff some access of the new program leaves its buffer (loopir.bounds) and the
+    # old program had no such access itself (a program out of bounds from the start is refused by build)
+    from loopir.bounds import BoundsError, check_bounds
+
+    w = check_bounds(new)
+    if w is None or check_bounds(old) is not None:
+        return
+    raise BoundsError(w, where=f"{name}({', '.join(_arg_str(a) for a in args)}) would make an access leave its "
+                      "buffer")
 
 
 @contextlib.contextmanager

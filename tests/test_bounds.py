@@ -6,6 +6,8 @@ the reported extent (or, for an uninitialised read, no write may produce it)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -299,3 +301,79 @@ def test_scratch_read_before_write_is_refused():
         build(b.finish([x, y]))
     w = ei.value.witness
     assert (w.statement, w.buffer, w.index, w.kind) == ("R", "L", (3,), "uninitialized")
+
+
+# ----------------------------------------------------------------------------- schedule steps
+
+
+def _stencil3():
+    n = te.var("n")
+    x = te.placeholder((n,), name="x")
+    y = te.compute((n - 2,), lambda i: x[i] + x[i + 1] + x[i + 2], name="y")
+    return x, y
+
+
+def test_cache_read_copy_is_proven_and_correct():
+    from schedules import Schedule
+
+    x, y = _stencil3()
+    s = Schedule(y)
+    (i,) = s.loops(y)
+    io, ii = s.split(i, 8)
+    s.cache_read(x, "local", io)
+    assert check_bounds(s.program) is None and check_initialized(s.program) is None
+    xa = RNG.standard_normal(21).astype(np.float32)
+    ya = np.full(19, np.nan, np.float32)
+    build(s, [x, y])(xa, ya)
+    np.testing.assert_allclose(ya, xa[:-2] + xa[1:-1] + xa[2:], rtol=1e-6)
+
+
+def _unclipped(program):
+    """The cache_read program with the copy's clip (`if 8*i_o + c0 < n`) removed: the padded copy."""
+    from loopir.nodes import If
+    from loopir.visit import map_stmts
+
+    return dataclasses.replace(program, body=map_stmts(
+        program.body, lambda s: s.then if isinstance(s, If) and s.then.name.endswith("_local") else None))
+
+
+def test_padded_copy_is_disproved_with_a_witness():
+    from schedules import Schedule
+
+    x, y = _stencil3()
+    s = Schedule(y)
+    (i,) = s.loops(y)
+    io, ii = s.split(i, 8)
+    s.cache_read(x, "local", io)
+    bad = _unclipped(s.program)
+    w = check_bounds(bad)
+    assert w is not None and (w.statement, w.buffer, w.access) == ("x_local", "x", "reads")
+    _check_witness(bad, w)
+    with pytest.raises(BoundsError, match="statement x_local reads 'x' out of bounds"):
+        build(bad)
+
+
+def test_a_step_that_makes_an_access_leave_its_buffer_is_refused_there():
+    from schedules import Schedule
+    from schedules.primitives import REGISTRY, primitive
+
+    name = "_test_padded_cache_read"
+    if name not in REGISTRY:
+        @primitive(name, check=lambda ctx: None, rebase=True)
+        def padded(program, tensor, scope, loop):  # cache_read, then drop the clip of the copy
+            new, buf = REGISTRY["cache_read"].fn(program, tensor, scope, loop)
+            return _unclipped(new), buf
+
+    try:
+        x, y = _stencil3()
+        s = Schedule(y)
+        (i,) = s.loops(y)
+        io, ii = s.split(i, 8)
+        before = s.program
+        with pytest.raises(BoundsError, match=r"_test_padded_cache_read\('x', 'local', i_o\) would make an "
+                                              r"access leave its buffer: statement x_local reads 'x' out of bounds"):
+            s.apply(name, x, "local", io)
+        assert s.program is before and len(s.trace) == 1  # unchanged
+        s.cache_read(x, "local", io)  # the real primitive clips its copy: accepted
+    finally:
+        REGISTRY.pop(name, None)
