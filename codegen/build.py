@@ -33,6 +33,7 @@ TARGETS = ("cpu", "cuda")
 _cache: dict[tuple, Any] = {}
 _cache_lock = threading.Lock()
 _CPU_OPTS = ("threads",)
+MAX_NATIVE_ARGS = 1024  # ctypes' limit on the parameters of one foreign function
 UNROLL_LIMIT = 4096  # iterations of one unrolled loop; beyond it, the build takes seconds to minutes
 
 
@@ -238,6 +239,17 @@ def compile_cpu(program: Program) -> Any:
     from .cpu_runtime import CpuKernel
     from .llvm import generate
 
+    from .llvm import size_vars
+
+    n_params = len(program.args) + len(program.temps) + len(size_vars(program)) + 2
+    # the native functions are called through ctypes, which passes at most MAX_NATIVE_ARGS arguments
+    if n_params > MAX_NATIVE_ARGS:
+        raise ValueError(
+            f"build: program {program.name!r} needs {len(program.args) + len(program.temps)} buffers "
+            f"({len(program.args)} arguments, {len(program.temps)} temporaries): more than a native CPU call can "
+            f"take ({MAX_NATIVE_ARGS} parameters); inline stages (s.compute_inline) or fuse them so that fewer "
+            "temporaries remain"
+        )
     key = structural_key(program)
     with _cache_lock:
         hit = _cache.get(key)

@@ -323,3 +323,15 @@ def test_chain_of_1200_stages_lowers_and_is_proven():
     ya = np.full_like(xa, np.nan)
     interp.run(s.program, xa, ya)
     np.testing.assert_allclose(ya, xa + 1200, rtol=1e-5)
+
+
+def test_chain_of_1200_stages_unscheduled_build_is_refused_clearly():
+    # 1,199 temporaries: more parameters than a native call can take (ctypes: 1024) -> a clear error, early
+    n = te.var("n")
+    x = te.placeholder((n,), name="x")
+    t = x
+    for k in range(1200):
+        t = te.compute((n,), lambda i, t=t: t[i] + 1.0, name=f"s{k}")
+    with pytest.raises(ValueError, match=r"program .* needs 1201 buffers \(2 arguments, 1199 temporaries\).*"
+                                         r"compute_inline"):
+        build(Schedule(t), [x, t])
