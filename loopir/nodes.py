@@ -371,10 +371,21 @@ def const(value: Scalar, dtype: str | None = None) -> Const:
     return Const(value, dtype)
 
 
+def _py_scalar(x: object) -> object:
+    """numpy scalars as the Python scalars they hold (a numpy integer is accepted wherever an int is)."""
+    mod = type(x).__module__
+    if mod == "numpy" and hasattr(x, "item") and getattr(x, "ndim", None) == 0:
+        v = x.item()  # type: ignore[attr-defined]
+        if isinstance(v, (bool, int, float)):
+            return v
+    return x
+
+
 def as_expr(x: ExprLike, like: Expr | None = None) -> Expr:
     """An expression from an expression or a Python scalar (weak dtype, see dtypes.py)."""
     if isinstance(x, Expr):
         return x
+    x = _py_scalar(x)  # type: ignore[assignment]
     if isinstance(x, (bool, int, float)):
         if like is None:
             return const(x)
@@ -384,6 +395,7 @@ def as_expr(x: ExprLike, like: Expr | None = None) -> Expr:
 
 def as_index(x: ExprLike, what: str = "index") -> Expr:
     """An integer index expression; floats and non-numbers are refused, naming `what`."""
+    x = _py_scalar(x)  # type: ignore[assignment]
     if isinstance(x, bool) or (isinstance(x, float)):
         raise TypeError(f"{what} must be an integer, got {type(x).__name__} {x!r}")
     if isinstance(x, int):

@@ -335,3 +335,21 @@ def test_chain_of_1200_stages_unscheduled_build_is_refused_clearly():
     with pytest.raises(ValueError, match=r"program .* needs 1201 buffers \(2 arguments, 1199 temporaries\).*"
                                          r"compute_inline"):
         build(Schedule(t), [x, t])
+
+
+def test_numpy_integers_in_the_builder_and_in_indices():
+    a = ir.buffer((np.int64(4),), name="A")
+    b = ir.Builder("npint")
+    with b.loop("i", np.int32(0), np.int64(4)) as i:
+        b.store(a, (i,), 2.0, name="S")
+    b.store(a, (np.int64(1),), 5.0, name="T")
+    prog = b.finish([a])
+    arr = np.full(4, np.nan, np.float32)
+    build(prog)(arr)
+    np.testing.assert_array_equal(arr, [2, 5, 2, 2])
+    x = te.placeholder((4,), name="x")
+    y = te.compute((4,), lambda i: x[np.int64(2)] * np.float32(3) + np.int64(1), name="y")
+    xa = RNG.standard_normal(4).astype(np.float32)
+    ya = np.full(4, np.nan, np.float32)
+    build(y, [x, y])(xa, ya)
+    np.testing.assert_allclose(ya, np.full(4, xa[2] * 3 + 1), rtol=1e-6)
