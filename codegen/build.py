@@ -6,7 +6,10 @@
 Plain tensors go through `schedules.auto_schedule(outputs, target=target)` when it exists,
 else they are lowered unscheduled. `args` (te Tensors or Buffers) fixes the call order; a
 buffer the program reads or writes that is neither in `args` nor a temporary is refused, an
-intermediate listed in `args` becomes an argument. CPU code is compiled once per program:
+intermediate listed in `args` becomes an argument, so it is written. A te stage listed in `args` that
+the scheduled program no longer writes (after `compute_inline(a)` or `auto_schedule`, which may inline
+it) is refused with a ValueError naming it: passing it would leave the array untouched; build its
+stage unscheduled-out (do not inline it) or drop it from `args`. CPU code is compiled once per program:
 an in-memory cache keyed by the program's *structure* (variables and buffers renumbered,
 names ignored) serves a structurally equal program, even one built from fresh objects.
 """
@@ -18,8 +21,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from loopir.nodes import Allocate, Buffer, Node, Program, Var
-from loopir.visit import buffers_of, walk
+from loopir.visit import buffers_of, deep_recursion, walk
 from schedules.auto import auto_schedule
 
 from .module import CpuModule, Module
@@ -29,6 +34,8 @@ TARGETS = ("cpu", "cuda")
 _cache: dict[tuple, Any] = {}
 _cache_lock = threading.Lock()
 _CPU_OPTS = ("threads",)
+MAX_NATIVE_ARGS = 1024  # ctypes' limit on the parameters of one foreign function
+UNROLL_LIMIT = 4096  # iterations of one unrolled loop; beyond it, the build takes seconds to minutes
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -86,9 +93,40 @@ def with_args(program: Program, args: Sequence[Any] | None) -> Program:
                 f"build: buffer {b.name!r} is used by program {program.name!r} but is missing from args "
                 f"(args: {', '.join(x.name for x in bufs) or 'none'})"
             )
+    _refuse_unwritten_stages(program, bufs, writes)
     if tuple(bufs) == program.args and temps == program.temps:
         return program
     return dataclasses.replace(program, args=tuple(bufs), temps=temps)
+
+
+def _refuse_unwritten_stages(program: Program, bufs: list[Buffer], writes: list[Buffer]) -> None:
+    """A te compute stage passed as an argument must be written by the program (else it is silently untouched)."""
+    from loopir.te import ComputeOp, tensor_of
+
+    written = set(writes)
+    for b in bufs:
+        t = tensor_of(b)
+        if t is not None and isinstance(t.op, ComputeOp) and b not in written:
+            raise ValueError(
+                f"build: argument {b.name!r} is a computed stage that program {program.name!r} never writes "
+                "(a schedule step inlined it: compute_inline, or auto_schedule's fusion), so its array would be "
+                f"left untouched; drop {b.name!r} from args, or keep it computed (do not inline it)"
+            )
+
+
+def check_unroll(program: Program, limit: int | None = None) -> None:
+    """Refuse a loop marked `unroll` whose constant extent exceeds `limit` (code size and build time)."""
+    from loopir.nodes import Const, For
+    from loopir.visit import walk_stmts
+
+    limit = UNROLL_LIMIT if limit is None else limit
+    for s in walk_stmts(program):
+        if isinstance(s, For) and s.kind == "unroll":
+            if isinstance(s.lo, Const) and isinstance(s.hi, Const) and s.hi.value - s.lo.value > limit:
+                raise ValueError(
+                    f"build: loop {s.var.name!r} is unrolled over {s.hi.value - s.lo.value} iterations, more than "
+                    f"the limit of {limit}; split it first (s.split(loop, 8)) and unroll the inner loop"
+                )
 
 
 # ----------------------------------------------------------------------------- structural key
@@ -135,20 +173,58 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", **op
     """Compile a Schedule / Program / Tensor(s) for `target` ("cpu" or "cuda"); see the module doc.
 
     `dump_passes=True` prints the program after each pass of the target's lowering pipeline
-    (`codegen.passes.pipeline(target)`); a callable receives the text instead."""
+    (`codegen.passes.pipeline(target)`); a callable receives the text instead.
+
+    Memory safety is proven first (pass `prove_bounds`, loopir/bounds.py): an access that leaves
+    its buffer for some sizes, or a read of a temporary nothing wrote, raises `BoundsError` (a
+    ValueError) with a witness; an access isl cannot bound (non-affine index) is guarded at run
+    time and `mod.notes` says so. A te stage in `args` that the schedule inlined (never written)
+    is refused (see the module doc). A loop unrolled over more than UNROLL_LIMIT iterations is
+    refused. Options: cpu `threads` (a positive int); cuda `arch`, `options` (a tuple of str)."""
+    with deep_recursion():  # the visitors recurse: deep expressions and long stage chains need room
+        return _build(obj, args, target, **opts)
+
+
+def _build(obj: Any, args: Sequence[Any] | None, target: str, **opts: Any) -> Module:
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; loopir targets: {', '.join(TARGETS)}")
     dump = opts.pop("dump_passes", False)
+    _check_opts(target, opts)
     program = with_args(to_program(obj, target, args), args)
+    check_unroll(program)
     program = lower(program, target, dump=dump)
+    from .passes.bounds import notes_for
+
+    notes = list(notes_for(program))
+    mod: Module
     if target == "cuda":
         from .cuda_build import build_cuda
 
-        return build_cuda(program, **opts)
-    for o in opts:
-        if o not in _CPU_OPTS:
-            raise TypeError(f"build: unknown option {o!r} for target 'cpu' (known: {', '.join(_CPU_OPTS)})")
-    return CpuModule(program, compile_cpu(program), threads=opts.get("threads"))
+        mod = build_cuda(program, **opts)
+    else:
+        mod = CpuModule(program, compile_cpu(program), threads=opts.get("threads"))
+    if isinstance(mod, Module):
+        mod.notes = notes
+    return mod
+
+
+def _check_opts(target: str, opts: dict[str, Any]) -> None:
+    if target == "cpu":
+        for o in opts:
+            if o not in _CPU_OPTS:
+                raise TypeError(f"build: unknown option {o!r} for target 'cpu' (known: {', '.join(_CPU_OPTS)})")
+        th = opts.get("threads")
+        if th is not None and (isinstance(th, bool) or not isinstance(th, (int, np.integer)) or th < 1):
+            raise ValueError(f"build: threads must be a positive integer (or None for all CPUs), got {th!r}")
+        if th is not None:
+            opts["threads"] = int(th)
+        return
+    o = opts.get("options")
+    if o is not None:
+        if isinstance(o, (str, bytes)) or not all(isinstance(x, str) for x in o):
+            raise TypeError(f"build: options must be a tuple of str (one NVRTC option each), got {o!r}; "
+                            f"write options=({o!r},)" if isinstance(o, str) else
+                            f"build: options must be a tuple of str (one NVRTC option each), got {o!r}")
 
 
 def compile_cpu(program: Program) -> Any:
@@ -156,13 +232,23 @@ def compile_cpu(program: Program) -> Any:
     from .cpu_runtime import CpuKernel
     from .llvm import generate
 
+    from .llvm import size_vars
+
+    n_params = len(program.args) + len(program.temps) + len(size_vars(program)) + 2
+    # the native functions are called through ctypes, which passes at most MAX_NATIVE_ARGS arguments
+    if n_params > MAX_NATIVE_ARGS:
+        raise ValueError(
+            f"build: program {program.name!r} needs {len(program.args) + len(program.temps)} buffers "
+            f"({len(program.args)} arguments, {len(program.temps)} temporaries): more than a native CPU call can "
+            f"take ({MAX_NATIVE_ARGS} parameters); inline stages (s.compute_inline) or fuse them so that fewer "
+            "temporaries remain"
+        )
     key = structural_key(program)
     with _cache_lock:
         hit = _cache.get(key)
     if hit is not None:
         return hit
-    name = "".join(c if c.isalnum() or c == "_" else "_" for c in program.name) or "kernel"
-    kernel = CpuKernel(generate(program, name))
+    kernel = CpuKernel(generate(program, program.name))  # generate mangles the name for LLVM
     with _cache_lock:
         return _cache.setdefault(key, kernel)
 

@@ -100,7 +100,6 @@ class CpuKernel:
             fn = proto(self.engine.get_function_address(s.fn))
             b = bproto(self.engine.get_function_address(s.bounds_fn)) if s.bounds_fn else None
             self.segments.append(_Seg(s.fn, fn, b))
-        self._out = (ctypes.c_int64 * 2)()
         self.has_parallel = any(s.bounds is not None for s in self.segments)
 
     @property
@@ -114,8 +113,9 @@ class CpuKernel:
         for seg in self.segments:
             if seg.bounds is None or threads <= 1:
                 if seg.bounds is not None:
-                    seg.bounds(*sizes, self._out)
-                    lo, hi = self._out[0], self._out[1]
+                    out1 = (ctypes.c_int64 * 2)()  # per call: a kernel may run on several threads at once
+                    seg.bounds(*sizes, out1)
+                    lo, hi = out1[0], out1[1]
                 else:
                     lo = hi = 0
                 self._check(seg, seg.fn(*ptrs, *sizes, lo, hi))

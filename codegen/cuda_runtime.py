@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import statistics
+import threading
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -246,11 +247,16 @@ class CudaModule(Module):
         self.arch = arch
         self.options = options
         self._loaded: dict[int, tuple[Any, dict[str, Any]]] = {}
-        self._host_bufs: dict[tuple[int, int, int], Any] = {}
+        self._host_bufs: dict[tuple[int, int, int, int], Any] = {}
+        self._load_lock = threading.Lock()
         self._temps: dict[tuple[int, tuple], list[Any]] = {}
 
     # -- loading
     def _functions(self, dev: Device) -> dict[str, Any]:
+        with self._load_lock:
+            return self._functions_locked(dev)
+
+    def _functions_locked(self, dev: Device) -> dict[str, Any]:
         if dev.ordinal not in self._loaded:
             cu = _driver()
             cubin = self.cubin if dev.arch == self.arch else compile_cubin(self.source, dev.arch, self.options)
@@ -292,14 +298,14 @@ class CudaModule(Module):
             if a.host is None:
                 p.ptrs[b] = a.ptr
                 continue
-            key = (dev.ordinal, k, a.host.nbytes)
+            key = (dev.ordinal, k, a.host.nbytes, threading.get_ident())  # per thread: calls may overlap
             if key not in self._host_bufs:
                 self._host_bufs[key] = self._alloc(a.host.nbytes)
             dptr = self._host_bufs[key]
             if a.host.nbytes:
                 check(cu.cuMemcpyHtoDAsync(dptr, a.host.ctypes.data, a.host.nbytes, p.stream), "cuMemcpyHtoDAsync")
             p.ptrs[b] = int(dptr)
-        tkey = (dev.ordinal, tuple(sorted((v.name, n) for v, n in sizes.items())))
+        tkey = (dev.ordinal, tuple(sorted((v.name, n) for v, n in sizes.items())), threading.get_ident())
         if prog.temps and tkey not in self._temps:
             self._temps[tkey] = [self._alloc(int(np.prod(size_of(t.shape, sizes), dtype=np.int64)) *
                                              np.dtype(t.dtype).itemsize) for t in prog.temps]

@@ -292,8 +292,16 @@ class _FnEmitter(_ExprEmitter):
 # ----------------------------------------------------------------------------- program
 
 
+def mangle(name: str) -> str:
+    """`name` as a bare LLVM identifier ([A-Za-z_][A-Za-z0-9_]*): any other character becomes `_xHEX_`
+    (so `résultat` -> `r_xe9_sultat`, distinct names stay distinct), a leading digit gets a `_`."""
+    out = "".join(c if (c.isascii() and (c.isalnum() or c == "_")) else f"_x{ord(c):x}_" for c in name) or "kernel"
+    return "_" + out if out[0].isdigit() else out
+
+
 def generate(program: Program, fn_name: str) -> Generated:
     """LLVM IR text for `program`: one function per top-level segment (see module doc)."""
+    fn_name = mangle(fn_name)
     bufs = (*program.args, *program.temps)
     if len(set(bufs)) != len(bufs):
         raise CodegenError(f"program {program.name!r} lists a buffer twice among its arguments and temporaries")

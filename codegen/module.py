@@ -9,6 +9,7 @@ the compiled program (arguments in call order).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,12 @@ class Module:
         self.kernels = list(kernels)
         _, writes = buffers_of(program.body)
         self.written: frozenset[Buffer] = frozenset(writes)
+        # what the build decided that the user should know (e.g. accesses guarded at run time)
+        self.notes: list[str] = []
+
+    def explain(self) -> str:
+        """The build's notes, one per line ("" when there is nothing to say)."""
+        return "\n".join(self.notes)
 
     def check(self, arrays: tuple[Any, ...]) -> dict[Var, int]:
         """The size variables, after every check of the arguments."""
@@ -68,7 +75,8 @@ class CpuModule(Module):
         self.kernel = kernel
         self.size_vars = size_vars(program)  # positionally equal to kernel.gen.sizes (same structure)
         self.threads = default_threads() if threads is None else max(int(threads), 1)
-        self._temps: tuple[tuple[int, ...], list[np.ndarray]] | None = None
+        # temporaries are per thread: two threads calling one module must not share them
+        self._local = threading.local()
 
     def check(self, arrays: tuple[Any, ...]) -> dict[Var, int]:
         sizes = super().check(arrays)
@@ -106,15 +114,16 @@ class CpuModule(Module):
                 raise ValueError(f"temporary {t.name!r} of shape {shape} ({t.dtype}) is too large to allocate")
             shapes.append(shape)
         key = tuple(x for s in shapes for x in (len(s), *s))
-        if self._temps is not None and self._temps[0] == key:
-            return self._temps[1]
+        cached = getattr(self._local, "temps", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
         arrs = []
         for t, shape in zip(self.program.temps, shapes):
             try:
                 arrs.append(np.empty(shape, dtype=t.dtype))
             except MemoryError:
                 raise MemoryError(f"cannot allocate temporary {t.name!r} of shape {shape} ({t.dtype})") from None
-        self._temps = (key, arrs)
+        self._local.temps = (key, arrs)
         return arrs
 
     def _run(self, arrays: tuple[Any, ...], sizes: dict[Var, int]) -> None:

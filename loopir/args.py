@@ -159,7 +159,13 @@ def bind_shapes(
         raise TypeError(f"program {program.name!r} takes {len(args)} argument(s) ({names}), got {len(shapes)}")
     for buf, (shape, dtype) in zip(args, shapes):
         if dtype is not None:
-            got = np.dtype(dtype).name
+            dt = np.dtype(dtype)
+            if not dt.isnative:
+                raise TypeError(
+                    f"argument {buf.name!r} has non-native byte order ({dt.str}); loopir reads and writes native "
+                    f"{buf.dtype}: pass arr.astype(arr.dtype.newbyteorder('='))"
+                )
+            got = dt.name
             if got != buf.dtype:
                 raise TypeError(
                     f"argument {buf.name!r} has dtype {got}, but program {program.name!r} expects {buf.dtype}"
@@ -178,6 +184,8 @@ def bind_shapes(
         var = key if isinstance(key, Var) else params_by_name.get(key)
         if var is None:
             raise ValueError(f"size {key!r} is not a size variable of program {program.name!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"size {var.name!r} must be an integer, got {type(value).__name__} {value!r}")
         env[var] = int(value)
         origin[var] = "given explicitly"
 

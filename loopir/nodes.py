@@ -377,6 +377,9 @@ class Program(Node):
 # ----------------------------------------------------------------------------- smart constructors
 
 
+_INT_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+
+
 def const(value: Scalar, dtype: str | None = None) -> Const:
     if dtype is None:
         dtype = "bool" if isinstance(value, bool) else INDEX if isinstance(value, int) else "float32"
@@ -385,15 +388,30 @@ def const(value: Scalar, dtype: str | None = None) -> Const:
         value = float(value)
     elif is_int(dtype):
         value = int(value)
+        lo, hi = _INT_RANGE[dtype]
+        # a constant outside its type would wrap silently in the generated code
+        if not lo <= value <= hi:
+            raise OverflowError(f"integer constant {value} does not fit in {dtype} [{lo}, {hi}]")
     else:
         value = bool(value)
     return Const(value, dtype)
+
+
+def _py_scalar(x: object) -> object:
+    """numpy scalars as the Python scalars they hold (a numpy integer is accepted wherever an int is)."""
+    mod = type(x).__module__
+    if mod == "numpy" and hasattr(x, "item") and getattr(x, "ndim", None) == 0:
+        v = x.item()  # type: ignore[attr-defined]
+        if isinstance(v, (bool, int, float)):
+            return v
+    return x
 
 
 def as_expr(x: ExprLike, like: Expr | None = None) -> Expr:
     """An expression from an expression or a Python scalar (weak dtype, see dtypes.py)."""
     if isinstance(x, Expr):
         return x
+    x = _py_scalar(x)  # type: ignore[assignment]
     if isinstance(x, (bool, int, float)):
         if like is None:
             return const(x)
@@ -403,10 +421,11 @@ def as_expr(x: ExprLike, like: Expr | None = None) -> Expr:
 
 def as_index(x: ExprLike, what: str = "index") -> Expr:
     """An integer index expression; floats and non-numbers are refused, naming `what`."""
+    x = _py_scalar(x)  # type: ignore[assignment]
     if isinstance(x, bool) or (isinstance(x, float)):
         raise TypeError(f"{what} must be an integer, got {type(x).__name__} {x!r}")
     if isinstance(x, int):
-        return Const(x, INDEX)
+        return const(x, INDEX)
     if isinstance(x, Expr):
         if not is_int(x.dtype):
             raise TypeError(f"{what} must be an integer expression, got {x} of dtype {x.dtype}")

@@ -120,7 +120,10 @@ def _paren(e: Expr, prec: int, right: bool) -> str:
 
 def expr_str(e: Expr) -> str:
     """An expression as Python-like text with minimal parentheses."""
-    return _expr(e)[0]
+    from .visit import deep_recursion
+
+    with deep_recursion():
+        return _expr(e)[0]
 
 
 def _index_str(indices: tuple[Expr, ...]) -> str:
@@ -188,8 +191,11 @@ def _lines(s: Stmt, depth: int, marks: dict[Var, str], out: list[str]) -> None:
 
 def stmt_str(s: Stmt, marks: dict[Var, str] | None = None, depth: int = 0) -> str:
     """A statement (and everything below it) as indented Python-like text."""
+    from .visit import deep_recursion
+
     out: list[str] = []
-    _lines(s, depth, marks or {}, out)
+    with deep_recursion():
+        _lines(s, depth, marks or {}, out)
     return "\n".join(out)
 
 
@@ -202,7 +208,10 @@ def program_str(p: Program, marks: dict[Var, str] | None = None) -> str:
     out = [head]
     for t in p.temps:
         out.append(f"{INDENT}{t.name}: {_type_str(t)}  # temporary")
-    _lines(p.body, 1, marks or {}, out)
+    from .visit import deep_recursion
+
+    with deep_recursion():
+        _lines(p.body, 1, marks or {}, out)
     return "\n".join(out)
 
 

@@ -52,6 +52,9 @@ _REDUCE_DOM: dict[Var, tuple[Expr, Expr]] = {}  # reduce axis -> (lo, hi)
 _REDUCE_OWNER: dict[Var, str] = {}  # reduce axis -> the stage whose reduction uses it
 _TENSOR_OF: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()  # id(buffer) -> tensor
 _counter = itertools.count()
+# tensors created while a compute's lambda runs, one list per open compute (kept alive until its
+# inputs are collected: a stage made inside a lambda is referenced by nothing else)
+_BUILDING: list[list[Tensor]] = []
 
 
 # ----------------------------------------------------------------------------- the te-only reduction node
@@ -124,6 +127,8 @@ class Tensor:
         self.op = op
         self.buffer = Buffer(name, shape, dtype)
         _TENSOR_OF[id(self.buffer)] = self
+        for frame in _BUILDING:  # a stage made inside another stage's lambda lives until that stage holds it
+            frame.append(self)
 
     @property
     def ndim(self) -> int:
@@ -282,6 +287,16 @@ def compute(shape: SizeLike | Sequence[SizeLike], fcompute: Callable[..., ExprLi
     axis = tuple(Var(n, INDEX) for n in names)
     for v in axis:
         _AXIS_OWNER[v] = name
+    frame: list[Tensor] = []
+    _BUILDING.append(frame)
+    try:
+        return _compute(name, shp, axis, fcompute)
+    finally:
+        popped = _BUILDING.pop()
+        assert popped is frame, "te.compute frames closed out of order"
+
+
+def _compute(name: str, shp: tuple[Expr, ...], axis: tuple[Var, ...], fcompute: Callable[..., ExprLike]) -> Tensor:
     result = fcompute(*axis)
     if isinstance(result, Tensor):
         raise TypeError(f"compute {name!r}: the lambda returned the tensor {result.name!r}; index it")

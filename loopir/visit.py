@@ -9,7 +9,9 @@ unchanged (no copy). Override `visit_<ClassName>` for the nodes you care about a
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -71,16 +73,43 @@ class Transformer:
 
 
 def walk(node: Node) -> Iterator[Node]:
-    """Every node below `node` (pre-order), Buffers excluded."""
+    """Every node below `node` (pre-order), Buffers excluded. Iterative: any depth."""
     out: list[Node] = []
-
-    class _W(Visitor):
-        def visit(self, n: Any) -> None:
-            out.append(n)
-            super().visit(n)
-
-    _W().visit(node)
+    stack: list[Any] = [node]
+    while stack:
+        n = stack.pop()
+        if not isinstance(n, Node) or isinstance(n, Buffer):
+            continue
+        out.append(n)
+        if isinstance(n, Var):
+            continue
+        kids: list[Any] = []
+        for name in _child_fields(type(n)):
+            v = getattr(n, name)
+            if isinstance(v, tuple):
+                kids.extend(x for x in v if isinstance(x, Node))
+            elif isinstance(v, Node):
+                kids.append(v)
+        stack.extend(reversed(kids))
     return iter(out)
+
+
+DEEP_LIMIT = 20_000  # Python frames allowed inside `deep_recursion` (expressions ~2,000 operators deep)
+
+
+@contextmanager
+def deep_recursion(limit: int = DEEP_LIMIT) -> Iterator[None]:
+    """Raise Python's recursion limit for the duration (the recursive visitors of deep programs:
+    expressions hundreds of operators deep, chains of thousands of stages); restored after."""
+    old = sys.getrecursionlimit()
+    if old >= limit:
+        yield
+        return
+    sys.setrecursionlimit(limit)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
 
 
 def walk_stmts(node: Program | Stmt) -> Iterator[Stmt]:
@@ -113,24 +142,14 @@ def substitute(node: Any, mapping: dict[Var, Expr]) -> Any:
 
 
 def free_vars(node: Any) -> set[Var]:
-    """The variables `node` uses (loop variables and sizes), buffer shapes included."""
+    """The variables `node` uses (loop variables and sizes), buffer shapes included. Iterative."""
     found: set[Var] = set()
-
-    class _F(Visitor):
-        def visit_Var(self, v: Var) -> None:
-            found.add(v)
-
-        def visit_Load(self, ld: Load) -> None:
-            for e in ld.buffer.shape:
-                self.visit(e)
-            self.generic(ld)
-
-        def visit_Store(self, st: Store) -> None:
-            for e in st.buffer.shape:
-                self.visit(e)
-            self.generic(st)
-
-    _F().visit(node)
+    for n in walk(node):
+        if isinstance(n, Var):
+            found.add(n)
+        elif isinstance(n, (Load, Store)):
+            for e in n.buffer.shape:
+                found.update(x for x in walk(e) if isinstance(x, Var))
     return found
 
 
@@ -222,6 +241,8 @@ __all__ = [
     "Transformer",
     "walk",
     "walk_stmts",
+    "deep_recursion",
+    "DEEP_LIMIT",
     "substitute",
     "free_vars",
     "buffers_of",

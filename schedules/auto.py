@@ -70,6 +70,10 @@ def auto_schedule(
     "thread_tile", "k_tile", "shared", "strided", "unroll_k"; cpu: "cpu_tile"; the recipe's defaults
     for those not given); False: no GEMM mapping. ValueError naming an unknown key or a tile size
     the device cannot hold."""
+    if not isinstance(outputs, Tensor) and not (isinstance(outputs, (list, tuple)) and outputs
+                                                and all(isinstance(t, Tensor) for t in outputs)):
+        raise TypeError(f"auto_schedule takes a te tensor or a non-empty list of them (the outputs), got "
+                        f"{type(outputs).__name__}; a Program or Schedule is scheduled by hand (Schedule(program))")
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 32 or threads > 1024 or threads % 32:
         raise ValueError(f"auto_schedule: threads must be a multiple of 32 in [32, 1024], got {threads!r}")

@@ -29,7 +29,7 @@ from typing import Any
 
 from loopir import poly
 from loopir.nodes import Buffer, For, Program, Seq, Store, Var
-from loopir.visit import statements, walk_stmts
+from loopir.visit import deep_recursion, statements, walk_stmts
 
 from .errors import InexactCheckError, ScheduleError
 from .primitives import REGISTRY, CheckContext, PrimitiveSpec, loop_path, loop_vars
@@ -87,11 +87,14 @@ class Schedule:
             raise TypeError("Schedule() takes tensors or a Program, not another Schedule; use s.program")
         if isinstance(target, Program):
             program = target
+        elif isinstance(target, (list, tuple)) and not target:
+            raise ValueError("Schedule() needs at least one tensor to schedule; got an empty list")
         elif _is_tensor(target) or (isinstance(target, (list, tuple)) and target
                                     and all(_is_tensor(t) for t in target)):
             from loopir.lower import lower
 
-            program = lower(list(target) if isinstance(target, (list, tuple)) else target, name=name)
+            with deep_recursion():
+                program = lower(list(target) if isinstance(target, (list, tuple)) else target, name=name)
         else:
             raise TypeError(f"Schedule() takes a te tensor, a list of tensors or a loopir Program, "
                             f"got {type(target).__name__}")
@@ -181,7 +184,12 @@ class Schedule:
         return LoopHandle(self._token, self._var_by_ref(name))
 
     def _var_by_ref(self, ref: str) -> Var:
+        if not isinstance(ref, str):
+            raise TypeError(f"loop() takes a loop name (str, e.g. 'i' or 'i#1'), got {type(ref).__name__} {ref!r}")
         base, _, k = ref.partition("#")
+        if k and not k.isdigit():
+            raise ValueError(f"loop reference {ref!r}: after '#' comes the index of the loop among those named "
+                             f"{base!r} (0, 1, ...), got {k!r}")
         found = [v for v in loop_vars(self._program) if v.name == base]
         if not found:
             raise ValueError(f"no loop named {base!r} in this schedule; loops: "
@@ -240,12 +248,17 @@ class Schedule:
 
     def apply(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Apply the registered primitive `name` (what `s.<name>(...)` calls)."""
+        with deep_recursion():
+            return self._apply(name, *args, **kwargs)
+
+    def _apply(self, name: str, *args: Any, **kwargs: Any) -> Any:
         _load_primitives()
         spec = REGISTRY.get(name)
         if spec is None:
             raise ValueError(f"unknown primitive {name!r}; known: {', '.join(sorted(REGISTRY))}")
-        rargs = tuple(self._resolve(a, name) for a in args)
-        rkw = {k: self._resolve(v, name) for k, v in kwargs.items()}
+        rargs = tuple(self._resolve(_plain_int(a, name), name) for a in args)
+        rkw = {k: self._resolve(_plain_int(v, name), name) for k, v in kwargs.items()}
+        _check_loop_args(spec, rargs, rkw, self)
         json_args = [self._to_json(a) for a in rargs]
         json_kw = {k: self._to_json(v) for k, v in rkw.items()}
         old = self._program
@@ -259,6 +272,8 @@ class Schedule:
         if self.check:
             with _plain_errors(name, rargs):
                 self._check(spec, old, new, rargs, rkw, result)
+            if bounds_checked(spec):
+                _check_bounds_step(name, rargs, old, new)
         created = [v for v in loop_vars(new) if id(v) not in before]
         self._program = new
         if name == "bind_reduction":
@@ -357,12 +372,31 @@ class Schedule:
     @classmethod
     def replay(cls, text: str | dict[str, Any] | list[dict[str, Any]], target: Any, check: bool = True) -> Schedule:
         """A fresh schedule of `target` with the recorded steps applied again."""
-        data = json.loads(text) if isinstance(text, str) else text
-        steps = data["steps"] if isinstance(data, dict) else data
+        try:
+            data = json.loads(text) if isinstance(text, str) else text
+        except json.JSONDecodeError as e:
+            raise ValueError(f"Schedule.replay: the trace is not valid JSON ({e})") from None
+        if isinstance(data, dict):
+            if "steps" not in data:
+                fields = ", ".join(data) or "none"
+                raise ValueError(f"Schedule.replay: the trace has no field 'steps' (fields: {fields})")
+            steps = data["steps"]
+        else:
+            steps = data
+        if not isinstance(steps, list):
+            raise ValueError(f"Schedule.replay: 'steps' must be a list of steps, got {type(steps).__name__}")
         s = cls(target, check=check)
-        for step in steps:
-            args = [s._from_json(a) for a in step.get("args", [])]
-            kwargs = {k: s._from_json(v) for k, v in step.get("kwargs", {}).items()}
+        for k, step in enumerate(steps):
+            if not isinstance(step, dict):
+                raise ValueError(f"Schedule.replay: step {k} must be an object, got {type(step).__name__} {step!r}")
+            if "primitive" not in step:
+                raise ValueError(f"Schedule.replay: step {k} has no field 'primitive' (fields: {', '.join(step)})")
+            a, kw = step.get("args", []), step.get("kwargs", {})
+            if not isinstance(a, list) or not isinstance(kw, dict):
+                raise ValueError(f"Schedule.replay: step {k} ({step['primitive']!r}): 'args' must be a list and "
+                                 "'kwargs' an object")
+            args = [s._from_json(x) for x in a]
+            kwargs = {n: s._from_json(v) for n, v in kw.items()}
             s.apply(step["primitive"], *args, **kwargs)
         return s
 
@@ -384,6 +418,83 @@ def _reduction_loops(program: Program, loop: Var) -> dict[Var, frozenset[str]]:
     if f is None:
         return {}
     return {loop: frozenset(n.name for n in walk_stmts(f) if isinstance(n, Store))}
+
+
+INT64 = (-(2**63), 2**63 - 1)
+UNROLL_LIMIT = 4096  # iterations one unrolled loop may have (codegen.build refuses more too)
+_MULTI_LOOP = ("tile",)  # reorder / collapse / skew say "not nested" themselves
+
+
+def _plain_int(x: Any, primitive: str) -> Any:
+    """numpy integers as Python ints; an int beyond int64 is refused (it would wrap in the generated code)."""
+    import numpy as np
+
+    if isinstance(x, (list, tuple)):
+        return type(x)(_plain_int(y, primitive) for y in x)
+    if isinstance(x, np.integer):
+        x = int(x)
+    if isinstance(x, int) and not isinstance(x, bool) and not INT64[0] <= x <= INT64[1]:
+        raise ValueError(f"{primitive}: integer argument {x} does not fit in 64 bits")
+    return x
+
+
+def _check_loop_args(spec: PrimitiveSpec, args: tuple[Any, ...], kwargs: dict[str, Any], s: Schedule) -> None:
+    """Loop parameters get loops; the loops of a multi-loop step lie in one nest; unroll has a limit."""
+    import inspect
+
+    from .primitives import find_loop, loop_path
+
+    try:
+        params = list(inspect.signature(spec.fn).parameters.values())[2 if spec.takes_deps else 1:]
+    except (TypeError, ValueError):
+        return
+    loops: list[Var] = []
+    for k, p in enumerate(params):
+        if "Var" not in str(p.annotation):
+            continue
+        vals = list(args[k:]) if p.kind == p.VAR_POSITIONAL else (
+            [args[k]] if k < len(args) else [kwargs[p.name]] if p.name in kwargs else [])
+        for v in vals:
+            if not isinstance(v, Var):
+                raise TypeError(f"{spec.name}: argument {p.name!r} must be a loop handle (from s.loops(...) or "
+                                f"s.loop('name')), got {type(v).__name__} {v!r}")
+            loops.append(v)
+    if spec.name in _MULTI_LOOP:
+        for a_i, a in enumerate(loops):
+            for b in loops[a_i + 1:]:
+                pa, pb = loop_path(s.program, a) or [], loop_path(s.program, b) or []
+                if not any(getattr(x, "var", None) is b for x in pa) and not any(
+                        getattr(x, "var", None) is a for x in pb):
+                    raise ValueError(f"{spec.name}: loops {s._ref(a)!r} and {s._ref(b)!r} are not nested: they "
+                                     "are in different loop nests (neither encloses the other); a step over "
+                                     "several loops needs them nested in one nest")
+    if spec.name == "unroll" and loops:
+        f = find_loop(s.program, loops[0])
+        from loopir.nodes import Const
+
+        if isinstance(f.lo, Const) and isinstance(f.hi, Const) and f.hi.value - f.lo.value > UNROLL_LIMIT:
+            raise ValueError(f"unroll: loop {s._ref(loops[0])!r} has {f.hi.value - f.lo.value} iterations, more "
+                             f"than the limit of {UNROLL_LIMIT} an unrolled loop may have; split it first "
+                             f"(s.split(loop, 8)) and unroll the inner loop")
+
+
+def bounds_checked(spec: PrimitiveSpec) -> bool:
+    """Steps after which the bounds proof runs: those that change the statement instances or accesses
+    (rebase) or are checked by a custom function. The others are checked to run exactly the original
+    instances (poly.instance_mismatch), so their accesses, and the bounds, cannot change."""
+    return spec.rebase or callable(spec.check)
+
+
+def _check_bounds_step(name: str, args: tuple[Any, ...], old: Program, new: Program) -> None:
+    # the step is refused iff some access of the new program leaves its buffer (loopir.bounds) and the
+    # old program had no such access itself (a program out of bounds from the start is refused by build)
+    from loopir.bounds import BoundsError, check_bounds
+
+    w = check_bounds(new)
+    if w is None or check_bounds(old) is not None:
+        return
+    raise BoundsError(w, where=f"{name}({', '.join(_arg_str(a) for a in args)}) would make an access leave its "
+                      "buffer")
 
 
 @contextlib.contextmanager

@@ -249,14 +249,16 @@ def test_thread_bound_loops_run_serially_and_block_loops_in_parallel():
 
 @pytest.mark.parametrize("const_size", [True, False])
 def test_allocate_scratch(const_size):
-    # per row i: t[j] = x[i, j] * 2 for j < m; y[i, j] = t[m - 1 - j]  (a row reversal through scratch)
-    n, m, i, j, j2 = Var("n"), Var("m"), Var("i"), Var("j"), Var("j2")
+    # per row i: t[j] = x[i, j] * 2 for j < m; y[i, j] = t[m - 1 - j]  (a row reversal through scratch);
+    # a scratch of 16 elements needs m == 16 (a symbolic m would write past it: the build refuses that)
+    n, i, j, j2 = Var("n"), Var("i"), Var("j"), Var("j2")
+    m = Const(16, "int64") if const_size else Var("m")
     x, y = Buffer("x", (n, m), "float64"), Buffer("y", (n, m), "float64")
     t = Buffer("t", (Const(16, "int64"),) if const_size else (m,), "float64", "local")
     fill = For(j, Const(0, "int64"), m, Store("t", t, (j,), x[i, j] * 2.0, (i, j), (i, j)))
     use = For(j2, Const(0, "int64"), m, Store("y", y, (i, j2), t[m - 1 - j2], (i, j2), (i, j2)))
     body = For(i, Const(0, "int64"), n, Allocate(t, Seq((fill, use))), "parallel")
-    prog = Program("rev", (x, y), body, (), (n, m))
+    prog = Program("rev", (x, y), body, (), (n,) if const_size else (n, m))
     xa = RNG.standard_normal((9, 16))
     ya = np.full_like(xa, np.nan)
     build(prog, threads=2)(xa, ya)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from loopir.nodes import Program
 
 from .barriers import place_barriers
+from .bounds import prove_bounds
 from .guards import tighten_guards
 from .kernels import split_kernels
 from .launch import plan_kernels
@@ -42,9 +43,11 @@ class Pass:
 
 
 def _pipelines() -> dict[str, tuple[Pass, ...]]:
-    cuda = (Pass("split_kernels", split_kernels), Pass("plan_kernels", plan_kernels),
-            Pass("place_barriers", place_barriers), Pass("plan_staging", plan_staging))
-    cpu = (Pass("tighten_guards", tighten_guards), Pass("version_tiles", version_tiles))
+    cuda = (Pass("prove_bounds", prove_bounds), Pass("split_kernels", split_kernels),
+            Pass("plan_kernels", plan_kernels), Pass("place_barriers", place_barriers),
+            Pass("plan_staging", plan_staging))
+    cpu = (Pass("prove_bounds", prove_bounds), Pass("tighten_guards", tighten_guards),
+           Pass("version_tiles", version_tiles))
     return {"cuda": cuda, "cpu": cpu}
 
 

@@ -1,0 +1,106 @@
+"""The bounds pass: memory safety proven before any code is generated (see loopir/bounds.py).
+
+Every load and store is checked by isl for all sizes. Proven accesses cost nothing at run time;
+a disproved one (or a read of a temporary nothing wrote) makes the build fail with a
+`BoundsError` and its witness; an access isl cannot decide (a non-affine index such as
+`x[idx[i]]`) is guarded: its statement runs under `if (0 <= index < extent)` for each such
+access, so an instance whose index falls outside the buffer is skipped (its element is left
+unwritten). That choice is stated in the module's notes (`mod.notes`), never silent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+
+from loopir.bounds import Access, BoundsError, analyse
+from loopir.nodes import Expr, If, Load, Logical, Program, Select, Stmt, Store, const
+from loopir.printer import expr_str
+from loopir.visit import Transformer, map_stmts, substitute
+
+__all__ = ["prove_bounds", "notes_for"]
+
+_NOTES: OrderedDict[int, tuple[Program, tuple[str, ...]]] = OrderedDict()
+_lock = threading.Lock()
+
+
+def notes_for(program: Program) -> tuple[str, ...]:
+    """The notes `prove_bounds` left about `program` (the program it returned)."""
+    with _lock:
+        hit = _NOTES.get(id(program))
+    return hit[1] if hit is not None and hit[0] is program else ()
+
+
+def _remember(program: Program, notes: list[str]) -> None:
+    with _lock:
+        _NOTES[id(program)] = (program, tuple(notes))
+        while len(_NOTES) > 256:
+            _NOTES.popitem(last=False)
+
+
+def _in_bounds(acc: Access) -> Expr:
+    conds: list[Expr] = []
+    for i, d in zip(acc.indices, acc.buffer.shape):
+        conds += [i >= const(0, i.dtype), i < d]
+    out = conds[0]
+    for c in conds[1:]:
+        out = Logical("and", out, c)
+    return out
+
+
+def _guard_loads(e: Expr, reads: list[Access]) -> Expr:
+    """`e` with each listed load `B[f]` replaced by `select(0 <= f < shape, B[f], 0)` (the renderers branch)."""
+    keys = {(id(a.buffer), a.indices) for a in reads}
+
+    class _G(Transformer):
+        def visit_Load(self, ld: Load) -> Expr:
+            inner = self.generic(ld)
+            if (id(ld.buffer), ld.indices) not in keys:
+                return inner
+            acc = next(a for a in reads if a.buffer is ld.buffer and a.indices == ld.indices)
+            return Select(_in_bounds(acc), inner, const(0, ld.dtype), ld.dtype)
+
+    return _G().visit(e)
+
+
+def prove_bounds(program: Program) -> Program:
+    """Refuse out-of-bounds accesses and uninitialised reads (witness); guard accesses isl cannot decide."""
+    # safe iff for every access S[i] -> B[f(i)]: f(domain(S)) ⊆ [0, shape(B)) under sizes >= 0, and every read
+    # of a temporary has an earlier write of its element (no-source set of the flow analysis empty)
+    report = analyse(program)
+    if report.witness is not None:
+        raise BoundsError(report.witness)
+    notes = list(report.notes)
+    by_stmt: dict[int, list[Access]] = {}
+    for acc in report.unknown:
+        by_stmt.setdefault(id(acc.store), []).append(acc)
+        idx = ", ".join(expr_str(i) for i in acc.indices)
+        ext = ", ".join(expr_str(d) for d in acc.buffer.shape)
+        what = ("the instance is skipped (its element left unwritten)" if acc.access == "writes"
+                else "the load reads 0 instead")
+        notes.append(f"statement {acc.statement} {acc.access} {acc.buffer.name}[{idx}] at an index isl cannot "
+                     f"bound (not affine): guarded at run time; where the index falls outside "
+                     f"{acc.buffer.name} ({ext}), {what}")
+    new = program
+    if by_stmt:
+        def guard(s: Stmt) -> Stmt | None:
+            accs = by_stmt.get(id(s)) if isinstance(s, Store) else None
+            if not accs:
+                return None
+            assert isinstance(s, Store)
+            reads = [a for a in accs if a.access == "reads"]
+            st = s
+            if reads:
+                st = dataclasses.replace(s, value=_guard_loads(s.value, reads),
+                                         indices=tuple(_guard_loads(i, reads) for i in s.indices))
+            writes = [a for a in accs if a.access == "writes"]
+            if not writes:
+                return st
+            return If(substitute(_in_bounds(dataclasses.replace(writes[0], indices=st.indices)),
+                                 dict(zip(s.iters, s.coords))), st)
+
+        new = dataclasses.replace(program, body=map_stmts(program.body, guard))
+    if notes:
+        _remember(new, notes)
+    return new
