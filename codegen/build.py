@@ -28,7 +28,12 @@ from loopir.visit import buffers_of, deep_recursion, walk
 from schedules.auto import auto_schedule
 
 from .module import CpuModule, Module
+from .nvrtc import normalize_arch
 from .passes import lower
+from loopir.te import ComputeOp, tensor_of
+from loopir.nodes import Const, For
+from loopir.visit import walk_stmts
+from .passes.bounds import notes_for, preconditions_for
 
 TARGETS = ("cpu", "cuda")
 _cache: dict[tuple, Any] = {}
@@ -101,7 +106,6 @@ def with_args(program: Program, args: Sequence[Any] | None) -> Program:
 
 def _refuse_unwritten_stages(program: Program, bufs: list[Buffer], writes: list[Buffer]) -> None:
     """A te compute stage passed as an argument must be written by the program (else it is silently untouched)."""
-    from loopir.te import ComputeOp, tensor_of
 
     written = set(writes)
     for b in bufs:
@@ -116,8 +120,6 @@ def _refuse_unwritten_stages(program: Program, bufs: list[Buffer], writes: list[
 
 def check_unroll(program: Program, limit: int | None = None) -> None:
     """Refuse a loop marked `unroll` whose constant extent exceeds `limit` (code size and build time)."""
-    from loopir.nodes import Const, For
-    from loopir.visit import walk_stmts
 
     limit = UNROLL_LIMIT if limit is None else limit
     for s in walk_stmts(program):
@@ -192,10 +194,15 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, **opts: Any) -> Mo
     _check_opts(target, opts)
     program = with_args(to_program(obj, target, args), args)
     check_unroll(program)
-    program = lower(program, target, dump=dump)
-    from .passes.bounds import notes_for
+    notes: list[str] = []
+    pre: list[Any] = []
 
-    notes = list(notes_for(program))
+    def collect(_p: Any, prog: Program) -> None:
+        notes.extend(n for n in notes_for(prog) if n not in notes)
+        pre.extend(x for x in preconditions_for(prog) if x not in pre)
+
+    program = lower(program, target, dump=dump, after=collect)
+
     mod: Module
     if target == "cuda":
         from .cuda_build import build_cuda
@@ -205,6 +212,7 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, **opts: Any) -> Mo
         mod = CpuModule(program, compile_cpu(program), threads=opts.get("threads"))
     if isinstance(mod, Module):
         mod.notes = notes
+        mod.preconditions = tuple(pre)
     return mod
 
 
@@ -219,6 +227,8 @@ def _check_opts(target: str, opts: dict[str, Any]) -> None:
         if th is not None:
             opts["threads"] = int(th)
         return
+    if opts.get("arch") is not None:
+        normalize_arch(opts["arch"])  # a bad arch is named before any lowering work
     o = opts.get("options")
     if o is not None:
         if isinstance(o, (str, bytes)) or not all(isinstance(x, str) for x in o):

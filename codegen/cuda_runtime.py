@@ -278,6 +278,8 @@ class CudaModule(Module):
             raise TypeError(f"program {prog.name!r} takes {len(prog.args)} argument(s) ({names}), got {len(arrays)}")
         args = [classify(a, b.name) for a, b in zip(arrays, prog.args)]
         sizes = bind_shapes(prog, [(a.shape, a.dtype) for a in args])
+        for pre in self.preconditions:
+            pre.check(sizes)
         for a, b in zip(args, prog.args):
             if a.host is not None:
                 if not a.host.flags.c_contiguous:

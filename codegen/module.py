@@ -32,6 +32,8 @@ class Module:
         self.written: frozenset[Buffer] = frozenset(writes)
         # what the build decided that the user should know (e.g. accesses guarded at run time)
         self.notes: list[str] = []
+        # sizes the build proved unsafe (only small ones; loopir.bounds.SizePrecondition): refused per call
+        self.preconditions: tuple[Any, ...] = ()
 
     def explain(self) -> str:
         """The build's notes, one per line ("" when there is nothing to say)."""
@@ -40,6 +42,8 @@ class Module:
     def check(self, arrays: tuple[Any, ...]) -> dict[Var, int]:
         """The size variables, after every check of the arguments."""
         sizes = bind_args(self.program, arrays)
+        for pre in self.preconditions:
+            pre.check(sizes)
         for buf, a in zip(self.program.args, arrays):
             if buf in self.written and not a.flags.writeable:
                 raise ValueError(f"argument {buf.name!r} is written by program {self.program.name!r} but is read-only")

@@ -33,8 +33,17 @@ from .isl_conv import NonAffine, _Names, aff, cond
 from .nodes import Allocate, Buffer, Expr, Load, Program, Select, Store, Var
 from .poly_model import StmtInfo, _program_params, stmt_infos
 from .visit import _child_fields, walk, walk_stmts
+from .poly import _small_point
+from .args import _affine, eval_expr
+from .nodes import For, If
 
-__all__ = ["BoundsError", "BoundsWitness", "Access", "BoundsReport", "check_bounds", "check_initialized", "analyse"]
+__all__ = ["BoundsError", "BoundsWitness", "Access", "BoundsReport", "SizePrecondition", "check_bounds",
+           "check_initialized", "analyse", "LARGE"]
+
+# Sizes from which on every program we accept is proven in bounds: an access that leaves its buffer only
+# when some size is below this (an empty or tiny array the program's author did not mean) is checked at
+# each call instead of refused at build (PolyBench's fdtd-2d writes ey[0, j], out of bounds only at nx = 0).
+LARGE = 64
 
 
 class BoundsError(ValueError):
@@ -90,6 +99,41 @@ class Access:
     conds: tuple[Expr, ...] = ()  # the Select conditions under which a load runs
 
 
+@dataclass(frozen=True)
+class SizePrecondition:
+    """The sizes at which some access would leave its buffer — only small ones (some size below LARGE).
+    `violating` is an isl set of sizes, `names` maps its parameters to the size variables, `example` is
+    a witness at one such size. `check(sizes)` raises BoundsError at those sizes (called by the modules)."""
+
+    violating: str
+    names: tuple[tuple[str, Var], ...]
+    example: BoundsWitness
+
+    def describe(self) -> str:
+        text = self.violating.split("->", 1)[-1].strip().strip("{} :").strip() or "always"
+        return (f"statement {self.example.statement} {self.example.access} {self.example.buffer!r} out of bounds "
+                f"when {text} (e.g. {self.example.instance_str()} at "
+                f"{', '.join(f'{k}={v}' for k, v in self.example.params.items())}); checked at each call")
+
+    def check(self, sizes: dict[Var, int]) -> None:
+        key = tuple(int(sizes.get(v, 0)) for _, v in self.names)
+        ok = _PRE_MEMO.get((self.violating, key))
+        if ok is None:
+            fix = " and ".join(f"{n} = {x}" for (n, _), x in zip(self.names, key)) or "1 = 1"
+            point = isl.Set(f"[{', '.join(n for n, _ in self.names)}] -> {{ : {fix} }}")
+            ok = isl.Set(self.violating).intersect_params(point).is_empty()
+            if len(_PRE_MEMO) > 4096:
+                _PRE_MEMO.clear()
+            _PRE_MEMO[(self.violating, key)] = ok
+        if not ok:
+            at = ", ".join(f"{v.name}={x}" for (_, v), x in zip(self.names, key))
+            raise BoundsError(self.example, where=f"call at {at}: the build proved these sizes leave a buffer "
+                                                   f"({self.describe()}); for example")
+
+
+_PRE_MEMO: dict[tuple[str, tuple[int, ...]], bool] = {}
+
+
 @dataclass
 class BoundsReport:
     """What `analyse` found: `witness` (a disproved access or an uninitialised read, or None),
@@ -98,6 +142,7 @@ class BoundsReport:
     witness: BoundsWitness | None
     unknown: list[Access]
     notes: list[str]
+    precondition: SizePrecondition | None = None
 
 
 # ----------------------------------------------------------------------------- the model
@@ -212,7 +257,6 @@ class _Model:
 
 
 def _lin(e: Expr) -> dict[Var | None, int] | None:
-    from .args import _affine
 
     return _affine(e, {})
 
@@ -349,7 +393,6 @@ def _model(program: Program) -> tuple[_Model, list[tuple[_Stmt, Buffer, tuple[Ex
 
 def _point(s: isl.Set) -> isl.Point:
     """A small point of `s`, preferring every size >= 1 (a witness at an empty size is less telling)."""
-    from .poly import _small_point
 
     npar = s.dim(isl.dim_type.param)
     if npar:
@@ -379,7 +422,6 @@ def _params_of(m: _Model, pt: isl.Point) -> tuple[dict[str, int], dict[Var, int]
 
 
 def _extent(buf: Buffer, env: dict[Var, int]) -> tuple[int, ...]:
-    from .args import eval_expr
 
     try:
         return tuple(int(eval_expr(d, env)) for d in buf.shape)
@@ -387,34 +429,58 @@ def _extent(buf: Buffer, env: dict[Var, int]) -> tuple[int, ...]:
         return ()
 
 
-def _bounds(program: Program) -> tuple[BoundsWitness | None, list[Access]]:
-    """The first disproved access (witness) and the accesses isl cannot decide."""
+def _bounds(program: Program) -> tuple[BoundsWitness | None, list[Access], SizePrecondition | None]:
+    """The first disproved access (witness), the accesses isl cannot decide, and the precondition on the
+    sizes when the disproved accesses happen only at small sizes (then the witness is None)."""
     m, decided, unknown, text = _model(program)
     if not decided:
-        return None, unknown
+        return None, unknown, None
     viol = isl.UnionSet(text).intersect_params(m.context())
     if viol.is_empty():
-        return None, unknown
+        return None, unknown, None
     sets = viol.get_set_list()
     found = {}
     for k in range(sets.n_set()):
         st_ = sets.get_at(k)
         if not st_.is_empty():
             found[int(st_.get_tuple_name()[1:])] = st_
+    first: BoundsWitness | None = None
+    sizes: isl.Set | None = None  # the sizes at which some exact access leaves its buffer
     for k in sorted(found):
         s, buf, idx, what, conds, exact = decided[k]
         st = s.info.store
         if not exact:  # the violation may be spurious: guard it instead
             unknown.append(Access(st.name, buf, idx, what, st, conds))
             continue
-        pt = _point(found[k])
-        nl = len(s.info.loops)
-        vals = [_val(pt, isl.dim_type.set, i) for i in range(len(s.dims) + len(idx))]
-        params, env = _params_of(m, pt)
-        inst = {v.name: x for v, x in zip(st.iters, vals[nl:len(s.dims)])}
-        return BoundsWitness("out_of_bounds", st.name, inst, buf.name, what, tuple(vals[len(s.dims):]),
-                             _extent(buf, env), params), unknown
-    return None, unknown
+        ps = found[k].params()
+        sizes = ps if sizes is None else sizes.union(ps)
+        if first is None:
+            first = _witness_in(m, s, buf, idx, what, found[k])
+    if first is None or sizes is None:
+        return None, unknown, None
+    # refused iff it leaves a buffer at some sizes that are all >= LARGE; else a precondition checked per call
+    npar = sizes.dim(isl.dim_type.param)
+    pn = [sizes.get_dim_name(isl.dim_type.param, i) for i in range(npar)]
+    large = isl.Set(f"[{', '.join(pn)}] -> {{ : {' and '.join(f'{p} >= {LARGE}' for p in pn) or '1 = 1'} }}")
+    if npar == 0 or not sizes.intersect_params(large).is_empty():
+        for k in sorted(found):  # a witness at large sizes when there is one: the telling example
+            s, buf, idx, what, conds, exact = decided[k]
+            if exact and npar and not found[k].intersect_params(large).is_empty():
+                return _witness_in(m, s, buf, idx, what, found[k].intersect_params(large)), unknown, None
+        return first, unknown, None
+    names = tuple((n, m.params[n]) for n in pn if n in m.params)
+    return None, unknown, SizePrecondition(str(sizes.coalesce()), names, first)
+
+
+def _witness_in(m: _Model, s: _Stmt, buf: Buffer, idx: tuple[Expr, ...], what: str, where: isl.Set) -> BoundsWitness:
+    st = s.info.store
+    pt = _point(where)
+    nl = len(s.info.loops)
+    vals = [_val(pt, isl.dim_type.set, i) for i in range(len(s.dims) + len(idx))]
+    params, env = _params_of(m, pt)
+    inst = {v.name: x for v, x in zip(st.iters, vals[nl:len(s.dims)])}
+    return BoundsWitness("out_of_bounds", st.name, inst, buf.name, what, tuple(vals[len(s.dims):]),
+                         _extent(buf, env), params)
 
 
 def check_bounds(program: Program) -> BoundsWitness | None:
@@ -515,7 +581,6 @@ def check_initialized(program: Program, notes: list[str] | None = None) -> Bound
 
 def _loads_outside_statements(program: Program) -> list[str]:
     """Loads in loop bounds or guards: data-dependent control flow the bounds model does not cover."""
-    from .nodes import For, If
 
     out = []
     for s in walk_stmts(program):
@@ -528,9 +593,11 @@ def _loads_outside_statements(program: Program) -> list[str]:
 def analyse(program: Program) -> BoundsReport:
     """The bounds proof and the initialisation check of `program` (see the module docstring)."""
     notes: list[str] = []
-    witness, unknown = _bounds(program)
+    witness, unknown, pre = _bounds(program)
     if witness is None:
         witness = check_initialized(program, notes)
+    if pre is not None and witness is None:
+        notes.append(pre.describe())
     for name in dict.fromkeys(_loads_outside_statements(program)):
         notes.append(f"a loop bound or guard reads buffer {name!r}; those loads are not bounds-checked")
-    return BoundsReport(witness, unknown, notes)
+    return BoundsReport(witness, unknown, notes, pre)

@@ -251,6 +251,11 @@ class Buffer(Node):
     dtype: str
     scope: str = "global"
 
+    def __post_init__(self) -> None:
+        # a shape written with Python ints (Buffer("y", (1,), ...)) is the same shape in index constants
+        if any(not isinstance(d, Expr) for d in self.shape):
+            object.__setattr__(self, "shape", tuple(as_index(d, f"shape of buffer {self.name!r}") for d in self.shape))
+
     def __getitem__(self, idx: ExprLike | tuple[ExprLike, ...]) -> Load:
         idx = idx if isinstance(idx, tuple) else (idx,)
         if len(idx) != len(self.shape):

@@ -60,6 +60,7 @@ from .poly_model import (
     stmt_infos,
 )
 from .visit import walk
+from .nodes import For
 
 __all__ = [
     "Deps",
@@ -543,7 +544,6 @@ CONCURRENT_KINDS = ("parallel", "vectorize", "thread")
 
 def concurrent_loops(program: Program) -> list[Any]:
     """The Fors whose iterations may run in any order (parallel, vectorized, bound to a GPU axis), pre-order."""
-    from .nodes import For
 
     return [n for n in walk(program.body) if isinstance(n, For) and n.kind in CONCURRENT_KINDS]
 

@@ -40,6 +40,7 @@ from .nodes import (
     Unary,
     Var,
 )
+from .visit import deep_recursion
 
 INDENT = "    "
 
@@ -120,7 +121,6 @@ def _paren(e: Expr, prec: int, right: bool) -> str:
 
 def expr_str(e: Expr) -> str:
     """An expression as Python-like text with minimal parentheses."""
-    from .visit import deep_recursion
 
     with deep_recursion():
         return _expr(e)[0]
@@ -191,8 +191,6 @@ def _lines(s: Stmt, depth: int, marks: dict[Var, str], out: list[str]) -> None:
 
 def stmt_str(s: Stmt, marks: dict[Var, str] | None = None, depth: int = 0) -> str:
     """A statement (and everything below it) as indented Python-like text."""
-    from .visit import deep_recursion
-
     out: list[str] = []
     with deep_recursion():
         _lines(s, depth, marks or {}, out)
@@ -208,7 +206,6 @@ def program_str(p: Program, marks: dict[Var, str] | None = None) -> str:
     out = [head]
     for t in p.temps:
         out.append(f"{INDENT}{t.name}: {_type_str(t)}  # temporary")
-    from .visit import deep_recursion
 
     with deep_recursion():
         _lines(p.body, 1, marks or {}, out)

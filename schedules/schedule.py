@@ -33,6 +33,9 @@ from loopir.visit import deep_recursion, statements, walk_stmts
 
 from .errors import InexactCheckError, ScheduleError
 from .primitives import REGISTRY, CheckContext, PrimitiveSpec, loop_path, loop_vars
+from .primitives import find_loop
+from loopir.nodes import Const
+from loopir.bounds import BoundsError, check_bounds
 
 __all__ = ["Schedule", "LoopHandle"]
 
@@ -442,7 +445,6 @@ def _check_loop_args(spec: PrimitiveSpec, args: tuple[Any, ...], kwargs: dict[st
     """Loop parameters get loops; the loops of a multi-loop step lie in one nest; unroll has a limit."""
     import inspect
 
-    from .primitives import find_loop, loop_path
 
     try:
         params = list(inspect.signature(spec.fn).parameters.values())[2 if spec.takes_deps else 1:]
@@ -470,7 +472,6 @@ def _check_loop_args(spec: PrimitiveSpec, args: tuple[Any, ...], kwargs: dict[st
                                      "several loops needs them nested in one nest")
     if spec.name == "unroll" and loops:
         f = find_loop(s.program, loops[0])
-        from loopir.nodes import Const
 
         if isinstance(f.lo, Const) and isinstance(f.hi, Const) and f.hi.value - f.lo.value > UNROLL_LIMIT:
             raise ValueError(f"unroll: loop {s._ref(loops[0])!r} has {f.hi.value - f.lo.value} iterations, more "
@@ -488,7 +489,6 @@ def bounds_checked(spec: PrimitiveSpec) -> bool:
 def _check_bounds_step(name: str, args: tuple[Any, ...], old: Program, new: Program) -> None:
     # the step is refused iff some access of the new program leaves its buffer (loopir.bounds) and the
     # old program had no such access itself (a program out of bounds from the start is refused by build)
-    from loopir.bounds import BoundsError, check_bounds
 
     w = check_bounds(new)
     if w is None or check_bounds(old) is not None:

@@ -144,7 +144,7 @@ def test_seed_workloads_are_proven_without_checks(name):
 
 def test_schedules_keep_bounds():
     from schedules import Schedule
-    from schedules.gemm import schedule_gemm
+    from schedules.recipes import schedule_gemm
 
     n = te.var("n")
     a = te.placeholder((n, n), name="A")
@@ -377,3 +377,42 @@ def test_a_step_that_makes_an_access_leave_its_buffer_is_refused_there():
         s.cache_read(x, "local", io)  # the real primitive clips its copy: accepted
     finally:
         REGISTRY.pop(name, None)
+
+
+def test_out_of_bounds_only_at_empty_sizes_is_a_call_time_precondition():
+    """PolyBench's fdtd-2d writes ey[0, j]: out of bounds only when nx = 0. Built, stated, refused per call."""
+    import numpy as np
+
+    from loopir.bounds import BoundsError
+
+    nx, ny = te.var("nx"), te.var("ny")
+    ey = ir.buffer((nx, ny), name="ey")
+    fict = ir.buffer((3,), name="fict")
+    b = ir.Builder("fdtd_row0")
+    with b.loop("t", 0, 3) as t:
+        with b.loop("j0", 0, ny) as j:
+            b.store(ey, (0, j), fict[t] * 2.0, name="S0")
+    mod = build(b.finish([fict, ey]))
+    assert any("S0 writes 'ey' out of bounds when nx = 0" in n for n in mod.notes)
+    f = np.random.default_rng(3).uniform(1, 2, 3).astype(np.float32)
+    out = np.full((4, 5), np.nan, np.float32)
+    mod(f, out)
+    np.testing.assert_allclose(out[0], np.full(5, f[2] * 2))
+    assert np.isnan(out[1:]).all()
+    with pytest.raises(BoundsError, match=r"call at nx=0, ny=5.*ey\[0, 0\]"):
+        mod(f, np.zeros((0, 5), np.float32))
+
+
+def test_out_of_bounds_at_large_sizes_is_still_refused_at_build():
+    from loopir.bounds import BoundsError
+
+    n = te.var("n")
+    x = ir.buffer((n,), name="x")
+    y = ir.buffer((n + 1,), name="y")
+    b = ir.Builder("past_end")
+    with b.loop("i", 0, n + 1) as i:
+        b.store(y, (i,), x[i], name="S")
+    with pytest.raises(BoundsError) as ei:
+        build(b.finish([x, y]))
+    w = ei.value.witness
+    assert w.statement == "S" and w.buffer == "x" and w.index[0] >= w.extent[0]  # the access leaves x

@@ -59,14 +59,18 @@ def pipeline(target: str) -> tuple[Pass, ...]:
     return pipes[target]
 
 
-def lower(program: Program, target: str, dump: bool | Callable[[str], None] = False) -> Program:
-    """Run `target`'s pipeline over `program`; with `dump`, print (or hand to `dump`) the program after each pass."""
+def lower(program: Program, target: str, dump: bool | Callable[[str], None] = False,
+          after: Callable[[Pass, Program], None] | None = None) -> Program:
+    """Run `target`'s pipeline over `program`; with `dump`, print (or hand to `dump`) the program after each
+    pass; `after(pass, program)` sees every intermediate program (build collects the passes' notes so)."""
     out = print if dump is True else dump or None
     for p in pipeline(target):
         new = p(program)
         if out is not None:
             changed = "" if new is program else " (changed)"
             out(f"# ---- after pass {p.name}{changed}: {p.doc}\n{new}")
+        if after is not None:
+            after(p, new)
         program = new
     return program
 

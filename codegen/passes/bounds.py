@@ -14,14 +14,14 @@ import dataclasses
 import threading
 from collections import OrderedDict
 
-from loopir.bounds import Access, BoundsError, analyse
+from loopir.bounds import Access, BoundsError, SizePrecondition, analyse
 from loopir.nodes import Expr, If, Load, Logical, Program, Select, Stmt, Store, const
 from loopir.printer import expr_str
 from loopir.visit import Transformer, map_stmts, substitute
 
-__all__ = ["prove_bounds", "notes_for"]
+__all__ = ["prove_bounds", "notes_for", "preconditions_for"]
 
-_NOTES: OrderedDict[int, tuple[Program, tuple[str, ...]]] = OrderedDict()
+_NOTES: OrderedDict[int, tuple[Program, tuple[str, ...], tuple[SizePrecondition, ...]]] = OrderedDict()
 _lock = threading.Lock()
 
 
@@ -32,9 +32,16 @@ def notes_for(program: Program) -> tuple[str, ...]:
     return hit[1] if hit is not None and hit[0] is program else ()
 
 
-def _remember(program: Program, notes: list[str]) -> None:
+def preconditions_for(program: Program) -> tuple[SizePrecondition, ...]:
+    """The size preconditions `prove_bounds` found for `program`: the modules check them at each call."""
     with _lock:
-        _NOTES[id(program)] = (program, tuple(notes))
+        hit = _NOTES.get(id(program))
+    return hit[2] if hit is not None and hit[0] is program else ()
+
+
+def _remember(program: Program, notes: list[str], pre: tuple[SizePrecondition, ...] = ()) -> None:
+    with _lock:
+        _NOTES[id(program)] = (program, tuple(notes), pre)
         while len(_NOTES) > 256:
             _NOTES.popitem(last=False)
 
@@ -67,7 +74,8 @@ def _guard_loads(e: Expr, reads: list[Access]) -> Expr:
 def prove_bounds(program: Program) -> Program:
     """Refuse out-of-bounds accesses and uninitialised reads (witness); guard accesses isl cannot decide."""
     # safe iff for every access S[i] -> B[f(i)]: f(domain(S)) ⊆ [0, shape(B)) under sizes >= 0, and every read
-    # of a temporary has an earlier write of its element (no-source set of the flow analysis empty)
+    # of a temporary has an earlier write of its element (no-source set of the flow analysis empty); an access
+    # that leaves its buffer only when some size is below loopir.bounds.LARGE becomes a per-call precondition
     report = analyse(program)
     if report.witness is not None:
         raise BoundsError(report.witness)
@@ -101,6 +109,6 @@ def prove_bounds(program: Program) -> Program:
                                  dict(zip(s.iters, s.coords))), st)
 
         new = dataclasses.replace(program, body=map_stmts(program.body, guard))
-    if notes:
-        _remember(new, notes)
+    if notes or report.precondition is not None:
+        _remember(new, notes, () if report.precondition is None else (report.precondition,))
     return new

@@ -27,6 +27,7 @@ from loopir.visit import StmtContext, Transformer, buffers_of, seq, statements, 
 
 from . import fresh_name
 from .loop_fusion import affine, find_loop, find_path, replace_at, same_value, simplify
+from loopir.footprint import simplify_in_context
 
 # ----------------------------------------------------------------------------- producer lookup
 
@@ -321,7 +322,6 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
     around = [a for a, _ in target_path if isinstance(a, For)] + [target]
 
     def tidy(e: Expr) -> Expr:
-        from loopir.footprint import simplify_in_context
 
         return simplify_in_context(simplify(e), around, program.params)
 
