@@ -88,6 +88,7 @@ class Access:
     access: str  # "reads" | "writes"
     store: Store
     conds: tuple[Expr, ...] = ()  # the Select conditions under which a load runs
+    reason: str = "the index is not affine"  # why isl could not decide it
 
 
 @dataclass
@@ -405,7 +406,9 @@ def _bounds(program: Program) -> tuple[BoundsWitness | None, list[Access]]:
         s, buf, idx, what, conds, exact = decided[k]
         st = s.info.store
         if not exact:  # the violation may be spurious: guard it instead
-            unknown.append(Access(st.name, buf, idx, what, st, conds))
+            unknown.append(Access(st.name, buf, idx, what, st, conds,
+                                  "the statement's loop bounds, guards or coordinates (or a condition of the "
+                                  "load) are not affine, e.g. after collapse of a symbolic extent"))
             continue
         pt = _point(found[k])
         nl = len(s.info.loops)

@@ -87,7 +87,7 @@ def prove_bounds(program: Program) -> Program:
         what = ("the instance is skipped (its element left unwritten)" if acc.access == "writes"
                 else "the load reads 0 instead")
         notes.append(f"statement {acc.statement} {acc.access} {acc.buffer.name}[{idx}] at an index isl cannot "
-                     f"bound (not affine): guarded at run time; where the index falls outside "
+                     f"bound ({acc.reason}): guarded at run time; where the index falls outside "
                      f"{acc.buffer.name} ({ext}), {what}")
     new = program
     if by_stmt:
