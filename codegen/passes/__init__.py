@@ -38,9 +38,9 @@ def _pipelines() -> dict[str, tuple[Pass, ...]]:
     from .barriers import place_barriers
     from .bounds import prove_bounds
 
-    cuda = (Pass("prove_bounds", prove_bounds), Pass("place_barriers", place_barriers))
-    cpu: tuple[Pass, ...] = (Pass("prove_bounds", prove_bounds),)
-    return {"cuda": cuda, "cpu": cpu}
+    cuda = (Pass("place_barriers", place_barriers),)
+    cpu: tuple[Pass, ...] = ()
+    return {t: (Pass("prove_bounds", prove_bounds), *p) for t, p in (("cuda", cuda), ("cpu", cpu))}  # bounds first
 
 
 def pipeline(target: str) -> tuple[Pass, ...]:
