@@ -12,13 +12,21 @@ is >= 0: arrays cannot have negative extents), the access is
   isl cannot decide it, and the caller must guard it (`codegen.passes.bounds` does, and says so).
 
 A disproved access on a statement whose domain is over-approximated (non-affine loop bounds,
-guards or coords) may be spurious: it is reported as unknown, never as a witness.
+guards or coords) may be spurious: it is reported as unknown, never as a witness. A load under a
+`Select` carries the select's condition (the renderers evaluate only the taken branch).
 
-Reads of a temporary (a program temp or a scratch buffer) that no write of the program can have
-produced first are found with isl's dataflow analysis (`compute_flow`, sinks without a source)
-and reported the same way (`kind == "uninitialized"`).
+Reads of a temporary (a program temp or a scratch buffer, per allocation instance) must have a
+write of the same element earlier in the schedule; a read without one is reported the same way
+(`kind == "uninitialized"`), with the instance and the element.
 
-    check_bounds(program)        -> BoundsWitness | None     (cheap: one isl parse, one emptiness test)
+The model is over *loop space*: a statement instance is `s[loops..., iters...]` with the iteration
+variables tied to the loops by equalities, so no isl text has existential quantifiers (parsing and
+deciding those cost milliseconds each). Two isl-free sufficient tests run first and decide the
+common cases: an index whose interval over the loop box is inside the buffer with every size
+cancelling (`_interval_proven`), and a temporary read at the index an earlier statement under the
+same loops wrote (`_written_before`). benchmarks/bounds_cost.py measures what is left.
+
+    check_bounds(program)        -> BoundsWitness | None     (cheap: at most one isl parse and emptiness test)
     check_initialized(program)   -> BoundsWitness | None
     analyse(program)             -> BoundsReport             (both, plus the unknown accesses and notes)
 """
