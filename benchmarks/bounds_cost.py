@@ -1,6 +1,8 @@
 """What the build-time bounds proof costs: `loopir.bounds.analyse` against the whole build.
 
-    python benchmarks/bounds_cost.py
+    python benchmarks/bounds_cost.py [--cuda]
+
+With --cuda: also the CUDA target (auto_schedule for cuda, NVRTC compile, no GPU needed; disk cache off).
 
 For each seed workload (auto-scheduled for the CPU) and the CPU GEMM recipe: the build time
 (schedule + lower + codegen + JIT, cache cleared; median of 3) and the time of the proof
@@ -72,9 +74,31 @@ def rows() -> list[tuple[str, float, float, float, int]]:
     return out
 
 
+def cuda_rows() -> list[tuple[str, float, float]]:
+    n = te.var("n")
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis(n, "k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    cases = [("gemm", [c], [a, b, c])]
+    for nm in ("gelu", "softmax", "layernorm", "attention"):
+        w = workloads.SEEDS[nm]()
+        cases.append((nm, list(w.outputs), list(w.args)))
+    out = []
+    for nm, outs, args in cases:
+        tb = med(lambda outs=outs, args=args: build(auto_schedule(outs, target="cuda"), args, target="cuda",
+                                                    cache=False))
+        prog = auto_schedule(outs, target="cuda").program
+        out.append((nm, tb, med(lambda prog=prog: analyse(prog))))
+    return out
+
+
 if __name__ == "__main__":
     print(f"{'workload':20s} {'build ms':>9s} {'proof ms':>9s} {'share':>6s} {'check ms':>9s} {'checked steps':>13s} "
           f"{'per-step share':>14s}")
     for name, tb, tp, tc, steps in rows():
         print(f"{name:20s} {tb:9.1f} {tp:9.1f} {100 * tp / tb:5.1f}% {tc:9.1f} {steps:13d} "
               f"{100 * tc * steps / tb:13.1f}%")
+    if "--cuda" in sys.argv:
+        for name, tb, tp in cuda_rows():
+            print(f"cuda {name:15s} {tb:9.1f} {tp:9.1f} {100 * tp / tb:5.1f}%")

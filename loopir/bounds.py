@@ -12,13 +12,21 @@ is >= 0: arrays cannot have negative extents), the access is
   isl cannot decide it, and the caller must guard it (`codegen.passes.bounds` does, and says so).
 
 A disproved access on a statement whose domain is over-approximated (non-affine loop bounds,
-guards or coords) may be spurious: it is reported as unknown, never as a witness.
+guards or coords) may be spurious: it is reported as unknown, never as a witness. A load under a
+`Select` carries the select's condition (the renderers evaluate only the taken branch).
 
-Reads of a temporary (a program temp or a scratch buffer) that no write of the program can have
-produced first are found with isl's dataflow analysis (`compute_flow`, sinks without a source)
-and reported the same way (`kind == "uninitialized"`).
+Reads of a temporary (a program temp or a scratch buffer, per allocation instance) must have a
+write of the same element earlier in the schedule; a read without one is reported the same way
+(`kind == "uninitialized"`), with the instance and the element.
 
-    check_bounds(program)        -> BoundsWitness | None     (cheap: one isl parse, one emptiness test)
+The model is over *loop space*: a statement instance is `s[loops..., iters...]` with the iteration
+variables tied to the loops by equalities, so no isl text has existential quantifiers (parsing and
+deciding those cost milliseconds each). Two isl-free sufficient tests run first and decide the
+common cases: an index whose interval over the loop box is inside the buffer with every size
+cancelling (`_interval_proven`), and a temporary read at the index an earlier statement under the
+same loops wrote (`_written_before`). benchmarks/bounds_cost.py measures what is left.
+
+    check_bounds(program)        -> BoundsWitness | None     (cheap: at most one isl parse and emptiness test)
     check_initialized(program)   -> BoundsWitness | None
     analyse(program)             -> BoundsReport             (both, plus the unknown accesses and notes)
 """
@@ -97,6 +105,7 @@ class Access:
     access: str  # "reads" | "writes"
     store: Store
     conds: tuple[Expr, ...] = ()  # the Select conditions under which a load runs
+    reason: str = "the index is not affine"  # why isl could not decide it
 
 
 @dataclass(frozen=True)
@@ -450,7 +459,9 @@ def _bounds(program: Program) -> tuple[BoundsWitness | None, list[Access], SizeP
         s, buf, idx, what, conds, exact = decided[k]
         st = s.info.store
         if not exact:  # the violation may be spurious: guard it instead
-            unknown.append(Access(st.name, buf, idx, what, st, conds))
+            unknown.append(Access(st.name, buf, idx, what, st, conds,
+                                  "the statement's loop bounds, guards or coordinates (or a condition of the "
+                                  "load) are not affine, e.g. after collapse of a symbolic extent"))
             continue
         ps = found[k].params()
         sizes = ps if sizes is None else sizes.union(ps)

@@ -452,7 +452,7 @@ def _check_loop_args(spec: PrimitiveSpec, args: tuple[Any, ...], kwargs: dict[st
         return
     loops: list[Var] = []
     for k, p in enumerate(params):
-        if "Var" not in str(p.annotation):
+        if p.annotation not in ("Var", Var):  # a loop parameter
             continue
         vals = list(args[k:]) if p.kind == p.VAR_POSITIONAL else (
             [args[k]] if k < len(args) else [kwargs[p.name]] if p.name in kwargs else [])

@@ -57,7 +57,6 @@ def test_one_module_called_from_several_threads_with_a_temporary():
 def test_threads_with_a_parallel_loop_and_a_temporary():
     x, a, y = _chain()
     s = Schedule(y)
-    s.compute_at(a, s.loops(y)[0]) if False else None  # keep the temporary global
     (i,) = s.loops("y")
     s.parallel(i)
     mod = build(s, [x, y], threads=2)

@@ -14,6 +14,8 @@ import dataclasses
 import threading
 from collections import OrderedDict
 
+import islpy as isl
+
 from loopir.bounds import Access, BoundsError, SizePrecondition, analyse
 from loopir.nodes import Expr, If, Load, Logical, Program, Select, Stmt, Store, const
 from loopir.printer import expr_str
@@ -76,7 +78,12 @@ def prove_bounds(program: Program) -> Program:
     # safe iff for every access S[i] -> B[f(i)]: f(domain(S)) ⊆ [0, shape(B)) under sizes >= 0, and every read
     # of a temporary has an earlier write of its element (no-source set of the flow analysis empty); an access
     # that leaves its buffer only when some size is below loopir.bounds.LARGE becomes a per-call precondition
-    report = analyse(program)
+    try:
+        report = analyse(program)
+    except isl.Error as e:  # isl gave up (a model beyond it): say so rather than fail the build obscurely
+        note = f"the bounds proof could not run (isl: {e}); no access of this program is proven in bounds"
+        _remember(program, [note])
+        return program
     if report.witness is not None:
         raise BoundsError(report.witness)
     notes = list(report.notes)
@@ -88,7 +95,7 @@ def prove_bounds(program: Program) -> Program:
         what = ("the instance is skipped (its element left unwritten)" if acc.access == "writes"
                 else "the load reads 0 instead")
         notes.append(f"statement {acc.statement} {acc.access} {acc.buffer.name}[{idx}] at an index isl cannot "
-                     f"bound (not affine): guarded at run time; where the index falls outside "
+                     f"bound ({acc.reason}): guarded at run time; where the index falls outside "
                      f"{acc.buffer.name} ({ext}), {what}")
     new = program
     if by_stmt:
