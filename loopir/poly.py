@@ -450,7 +450,9 @@ def find_violation(deps: Deps, program: Program) -> Witness | None:
     times = alld.apply_domain(new).apply_range(new)
     if times.is_empty() or times.intersect(_lex_ge(new)).is_empty():
         return None
-    injective = new.is_single_valued()
+    # several times per instance are runs of a recomputed instance only when the schedule is exact; an
+    # over-approximated one (non-affine coords) lists POSSIBLE times, so every pair of them must be ordered
+    injective = bool(notes) or new.is_single_valued()
     for kind, dep in deps.by_kind():
         bad = _violations(dep, new, kind, injective)
         if not bad.is_empty():
@@ -549,13 +551,14 @@ def concurrent_loops(program: Program) -> list[Any]:
 
 
 def _writes_shared_scratch(program: Program) -> set[str]:
-    """isl names of the statements that write a "shared" buffer of an Allocate (a staging copy or a
-    block-shared accumulator): their cross-thread order is kept by the barriers the staging primitive
-    placed, so a threadIdx loop is not required to be free of their dependences."""
+    """isl names of the staging copies: statements that copy a plain load into a "shared" buffer of an
+    Allocate (cache_read). Every thread of the block writes the same values, and the barriers cache_read
+    placed around the copy order it with its readers, so a threadIdx loop need not be free of their
+    dependences. (A block-shared accumulator is not exempt: threads racing on it are refused.)"""
     out = set()
     for info in stmt_infos(program):
         site = info.alloc_of(info.store.buffer)
-        if site is not None and info.store.buffer.scope == "shared":
+        if site is not None and info.store.buffer.scope == "shared" and isinstance(info.store.value, Load):
             out.add(_sanitize(info.store.name))
     return out
 

@@ -8,7 +8,11 @@
     s.trace_json()  ->  Schedule.replay(json_text, C)
 
 Every step is checked exactly against the dependences of the original program (loopir.poly);
-an illegal step raises ScheduleError with a witness and leaves the schedule unchanged. A step
+an illegal step raises ScheduleError with a witness and leaves the schedule unchanged. The checked
+state is the program WITH every loop's kind: after any step, no parallel, vectorized or GPU-bound loop
+may carry a dependence (so `parallel` then `reorder` is refused exactly when the reverse order is).
+`s.notes` / `s.explain()` say what the schedule will not do as written (a nested parallel loop runs
+serially on the CPU). A step
 on a nest the analysis can only over-approximate (non-affine bounds, guards or coords, e.g.
 after collapse of a symbolic extent) that it cannot prove legal raises InexactCheckError (a
 ValueError: no witness is claimed), also leaving the schedule unchanged.

@@ -362,3 +362,21 @@ def test_collapse_inside_a_time_loop_is_accepted():
     build(s, target="cpu")(*got)
     np.testing.assert_allclose(got[0], want_a, rtol=1e-5)
     np.testing.assert_allclose(got[1], want_b, rtol=1e-5)
+
+
+def test_fuse_after_symbolic_collapse_is_not_accepted_on_an_over_approximation():
+    # fuzzer finding: the collapsed loop's coords (a = f // (h + 2)) are not affine, so its times are
+    # over-approximated; they are POSSIBLE times, not runs of a recomputed instance, and must all be ordered
+    from schedules.errors import InexactCheckError
+
+    h = te.var("h")
+    X = te.placeholder((1, h + 2), name="X")
+    T = te.compute((1, h + 2), lambda a, y: X[a, y] * 2.0, name="T")
+    O = te.compute((1, h), lambda a, y: T[a, y] + T[a, y + 2], name="O")  # noqa: E741
+    s = Schedule(O)
+    a, y = s.loops(T)
+    f = s.collapse(a, y)
+    before = s.program
+    with pytest.raises((InexactCheckError, ScheduleError)):
+        s.fuse(f, s.loops(O)[0])  # O[0, ...] would run in iteration 0, before T[0, h + 1]
+    assert s.program is before
