@@ -121,17 +121,18 @@ def test_producer_consumer_pairs(spec: tuple, order: object) -> None:
 
 
 @pytest.mark.parametrize("spec", [s for s in G.ATTENTION + G.PAIRS if s[2]], ids=G.spec_id)
-def test_the_racy_cases_do_race_today(spec: tuple) -> None:
-    """Guards the xfail marks above: each case marked "needs place_barriers" is right in the serial mode and
-    wrong in some adversarial order as lowered today (when the pass lands, this test is the one to drop)."""
+def test_the_racy_cases_race_without_barriers(spec: tuple) -> None:
+    """Each case marked "needs place_barriers" really needs barriers: as scheduled, without the lowering
+    passes, it is right in the serial mode and wrong in some adversarial order (so the tests above, once the
+    pass lands, check the barriers it places)."""
     f, args, _ = spec
     case = f(*args)
     assert case.needs_barriers
-    got, want = case.run(None)
+    got, want = case.run(None, lower=False)
     assert G.close(got, want, case.tolerance)
     results = []
     for order in ("reversed", "forward", 0):
-        got, want = case.run(order)
+        got, want = case.run(order, lower=False)
         results.append(G.close(got, want, case.tolerance))
     assert not all(results)
 
