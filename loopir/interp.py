@@ -5,7 +5,9 @@ Every other target is tested against it, so it follows the IR to the letter:
 - Each program is compiled once to Python source (cached per program object) and exec'd;
   loops become `for` loops over `range`, every kind alike (parallel, unrolled, vectorized and
   GPU-bound loops run serially in order; `Barrier` does nothing), so a program whose
-  correctness depends on threads running concurrently is outside what this can check.
+  correctness depends on threads running concurrently is outside what this mode can check;
+  `run(..., gpu_order="reversed" | "forward" | seed)` runs it as the CUDA target maps it
+  instead, the threads of each block interleaved adversarially (`loopir.interp_gpu`).
 - A Store first evaluates `iters[k] = coords[k]`, then its indices and value.
 - Arithmetic happens on numpy scalars of the expression's dtype: float32 stays float32
   (numpy scalar arithmetic does not widen), float16 operations are done by numpy's float16
@@ -374,17 +376,33 @@ def run(
     *arrays: np.ndarray,
     trace: list | None = None,
     sizes: Mapping[Var | str, int] | None = None,
+    gpu_order: str | int | None = None,
 ) -> None:
     """Execute `program` on `arrays` (in `program.args` order), writing them in place.
 
     Sizes are inferred from the arrays' shapes (`loopir.args.bind_args`); `sizes` gives those
     no argument determines. `trace`, when a list, gets `(stmt_name, iters)` per executed
-    statement instance, in order. A `Schedule` (anything with a `.program`) is accepted too."""
+    statement instance, in order. A `Schedule` (anything with a `.program`) is accepted too.
+
+    `gpu_order`: None runs every loop serially in order (GPU-bound loops too). "reversed",
+    "forward" or an int seed runs the program as the CUDA target maps it (one launch per top-level
+    statement, every thread of a block running the kernel body, shared buffers per block, barriers
+    and cross-thread reductions as meeting points), with the threads of each block interleaved
+    adversarially: "reversed" runs them in reverse order between barriers ("forward" in order), a
+    seed picks a random thread at every statement. A missing barrier then shows as a wrong result,
+    barriers that not every thread reaches as `interp_gpu.BarrierDivergenceError` (see
+    `loopir.interp_gpu`)."""
     if not isinstance(program, Program) and isinstance(getattr(program, "program", None), Program):
         program = program.program
     if not isinstance(program, Program):
         raise TypeError(f"interp.run needs a loopir Program, got {type(program).__name__}")
     env = bind_args(program, arrays, sizes)
+    if gpu_order is not None:
+        from . import interp_gpu
+
+        temps = [_alloc(size_of(t.shape, env), t.dtype) for t in program.temps]
+        interp_gpu.run(program, list(arrays) + temps, env, gpu_order, trace)
+        return
     c = compiled(program, trace is not None)
     missing = [v.name for v in c.size_vars if v not in env]
     if missing:

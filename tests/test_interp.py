@@ -213,6 +213,24 @@ def test_coords_binding_and_thread_loops_and_trace() -> None:
     assert all(type(v) is int for _, vs in t2 for v in vs)
 
 
+def test_gpu_order_runs_the_same_kernel_with_threads_interleaved() -> None:
+    # the default (gpu_order=None) is the serial run above; the GPU mode (tests/test_interp_gpu.py) runs the
+    # blocks and threads of the launch in adversarial orders: a race-free kernel computes the same values
+    plain, split = _split_program()
+    x = f32(10)
+    want = nan32(10)
+    interp.run(plain, x, want)
+    for order in ("reversed", "forward", 3):
+        y = nan32(10)
+        t: list = []
+        interp.run(split, x, y, trace=t, gpu_order=order)
+        np.testing.assert_array_equal(y, want)
+        assert sorted(t) == [("S", (k,)) for k in range(10)]
+    t = []
+    interp.run(split, x, nan32(10), trace=t, gpu_order="reversed")
+    assert t == [("S", (k,)) for k in reversed(range(10))]  # blocks 2, 1, 0; in each, threads 3, 2, 1, 0
+
+
 def test_trace_order_follows_execution() -> None:
     # Reversed loop via coords: i = n - 1 - r; the trace must show the reversed order.
     n = Var("n")
