@@ -398,10 +398,10 @@ def run(
         raise TypeError(f"interp.run needs a loopir Program, got {type(program).__name__}")
     env = bind_args(program, arrays, sizes)
     if gpu_order is not None:
-        from . import interp_gpu
+        from . import interp_gpu_run
 
         temps = [_alloc(size_of(t.shape, env), t.dtype) for t in program.temps]
-        interp_gpu.run(program, list(arrays) + temps, env, gpu_order, trace)
+        interp_gpu_run.run(program, list(arrays) + temps, env, gpu_order, trace)
         return
     c = compiled(program, trace is not None)
     missing = [v.name for v in c.size_vars if v not in env]

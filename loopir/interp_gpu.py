@@ -60,13 +60,11 @@ bounds checks are the plain interpreter's (numpy scalars in the program's dtypes
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from .args import eval_expr
 from .dtypes import is_float, is_int
 from .interp import _Compiler, _ident
 from .nodes import (
@@ -80,6 +78,7 @@ from .nodes import (
     Expr,
     For,
     If,
+    Kernel,
     Load,
     Program,
     Seq,
@@ -223,32 +222,6 @@ def _identity(op: str, dtype: str) -> Any:
     return int(info.min) if op == "max" else int(info.max)
 
 
-def _combine_fn(op: str, dtype: str) -> Callable[[Any, Any], Any]:
-    if op == "add":
-        return lambda a, b: a + b
-    if op == "mul":
-        return lambda a, b: a * b
-    if is_float(dtype):
-        return np.maximum if op == "max" else np.minimum  # NaN propagates, as the interpreter's max/min
-    return max if op == "max" else min
-
-
-def _warp_reduce(v: list[Any], fn: Callable[[Any, Any], Any]) -> Any:
-    """Lane 0's value after `for o in 16, 8, 4, 2, 1: v = op(v, __shfl_down_sync(v, o))`."""
-    v = list(v)
-    for o in (16, 8, 4, 2, 1):
-        for lane in range(o):
-            v[lane] = fn(v[lane], v[lane + o])
-    return v[0]
-
-
-def _block_allreduce(vals: list[Any], fn: Callable[[Any, Any], Any], ident: Any) -> Any:
-    """The total of one row of the block, combined as `loopir_block_allreduce` does (warp shuffles, then
-    the warps' totals in warp 0)."""
-    warps = [_warp_reduce(vals[w:w + 32], fn) for w in range(0, len(vals), 32)]
-    return _warp_reduce([warps[k] if k < len(warps) else ident for k in range(32)], fn)
-
-
 # ----------------------------------------------------------------------------- one kernel, compiled
 
 
@@ -271,10 +244,13 @@ class _KernelCompiler(_Compiler):
     _T)`, a generator run once per thread (see the module docstring). Expressions, loads with bounds
     checks and stores are the plain interpreter's; this class adds what the renderer decides."""
 
-    def __init__(self, program: Program, nest: Stmt, name: str, traced: bool) -> None:
+    def __init__(self, program: Program, nest: Stmt, name: str, traced: bool, plan: Kernel | None = None) -> None:
         super().__init__(program, traced)
         self.used.update(_RESERVED)
-        self.nest = nest
+        self.plan = plan  # a lowered program's Kernel node: the pipeline's decisions, read, not remade
+        self.nest = plan.body if plan is not None else nest
+        nest = self.nest
+        self.pred: str | None = None  # predicate of the statements here (a guard around a barrier / reduction)
         self.k = _Kernel()
         self.k.name = name
         self.k.stmts = tuple(dict.fromkeys(n.name for n in walk(nest) if isinstance(n, Store)))
@@ -292,6 +268,8 @@ class _KernelCompiler(_Compiler):
     # ---------------------------------------------------------------- launch plan (`analyse`)
 
     def analyse(self) -> None:
+        if self.plan is not None:
+            return self._analyse_planned(self.plan)
         loops = _loops(self.nest)
         if loops and not any(f.kind == "thread" for f in loops):
             names = ", ".join(self.k.stmts)
@@ -337,6 +315,24 @@ class _KernelCompiler(_Compiler):
         one = const(1)
         self.k.grid = tuple(self.launch.get(f"blockIdx.{a}", one) for a in "xyz")
         self.k.block = tuple(self.launch.get(f"threadIdx.{a}", one) for a in "xyz")
+
+    def _analyse_planned(self, k: Kernel) -> None:
+        """The launch and the decisions of a lowered program's Kernel node (codegen.passes.launch)."""
+        self.k.grid, self.k.block = k.grid, k.block
+        self.launch = {f"{kind}.{a}": e for kind, dims in (("blockIdx", k.grid), ("threadIdx", k.block))
+                       for a, e in zip("xyz", dims)}
+        self.has_reduction = bool(k.reductions)
+
+    def is_reduction(self, f: For) -> bool:
+        return f.var in self.plan.reductions if self.plan is not None else _is_reduction_loop(f)
+
+    def guarded(self, f: For) -> bool:
+        return f.var in self.plan.guarded if self.plan is not None else True
+
+    def _needs_uniform(self, s: Stmt) -> bool:
+        """Every thread must reach `s` (a barrier or a cross-thread reduction inside): guards become predicates."""
+        return any(isinstance(n, Barrier) or (isinstance(n, For) and n.kind == "thread" and self.is_reduction(n))
+                   for n in walk(s))
 
     def _check_nesting(self, s: Stmt, seen: set[str]) -> None:
         if isinstance(s, For):
@@ -390,6 +386,8 @@ class _KernelCompiler(_Compiler):
 
     def _extent_is_launch(self, f: For) -> bool:
         """The renderer emits no guard for f: its extent is its axis's launch extent and hi - lo."""
+        if self.plan is not None:
+            return f.var not in self.plan.guarded
         e = self.extent[id(f)]
         return e == self.launch[f.thread] and e == binary("sub", f.hi, f.lo)  # type: ignore[index]
 
@@ -440,11 +438,29 @@ class _KernelCompiler(_Compiler):
             self.emit(depth, "pass")
 
     def stmt(self, s: Stmt, depth: int, last: bool = True) -> None:  # type: ignore[override]
+        if self.pred is not None and not isinstance(s, Seq) and not self._needs_uniform(s):
+            # the renderer's predication: a thread whose guard failed skips what needs no other thread
+            self.emit(depth, f"if {self.pred}:")
+            saved, self.pred = self.pred, None
+            self.body(s, depth + 1, last)
+            self.pred = saved
+            return
         if isinstance(s, Seq):
             for k, c in enumerate(s.body):
                 self.stmt(c, depth, last and k == len(s.body) - 1)
         elif isinstance(s, For):
             self.loop(s, depth, last)
+        elif isinstance(s, If) and self.plan is not None and free_vars(s.cond) & self.tvars \
+                and self._needs_uniform(s):
+            c = self.fresh("cond")
+            self.emit(depth, f"{c} = {self.expr(s.cond)}")
+            for part, p_ in ((s.then, c), (s.orelse, f"not {c}")):
+                if part is None:
+                    continue
+                saved = self.pred
+                self.pred = p_ if saved is None else f"({saved}) and ({p_})"
+                self.block(part, depth, last)
+                self.pred = saved
         elif isinstance(s, If):
             self.emit(depth, f"if {self.expr(s.cond)}:")
             self.block(s.then, depth + 1, last)
@@ -460,8 +476,9 @@ class _KernelCompiler(_Compiler):
             red = self.red_targets.get(id(s))
             if red is not None:
                 self.gpu_store(s, depth, red)
-            elif self.thread_depth == 0 and self.has_threads and any(
-                    isinstance(n, Load) and n.buffer is s.buffer for n in walk(s.value)):
+            elif (s.name in self.plan.single_thread if self.plan is not None else
+                  self.thread_depth == 0 and self.has_threads and any(
+                      isinstance(n, Load) and n.buffer is s.buffer for n in walk(s.value))):
                 # every thread would apply the read-modify-write: thread (0, 0, 0) does it
                 self.k.thread0.append(s.name)
                 self.emit(depth, "if _t == 0:")
@@ -547,12 +564,14 @@ class _KernelCompiler(_Compiler):
         if f.var in self.vars:
             raise ValueError(f"loop variable {f.var.name!r} is bound by two nested loops")
         if f.kind == "thread":
-            if _is_reduction_loop(f):
+            if self.is_reduction(f):
                 self.reduction_loop(f, depth, last)
             else:
                 self.bound_loop(f, depth, lambda d: self.body(f.body, d, last))
             return
-        if f.kind == "parallel" and self.thread_depth > 0 and self.cooperative(f, depth):
+        planned = self.plan is not None and f.var in self.plan.cooperative
+        coop = planned if self.plan is not None else f.kind == "parallel" and self.thread_depth > 0
+        if coop and self.cooperative(f, depth):
             return
         lo, hi = self.expr(f.lo), self.expr(f.hi)
         name = self.fresh("v_" + f.var.name)
@@ -567,11 +586,19 @@ class _KernelCompiler(_Compiler):
         name = self.fresh("v_" + f.var.name)
         self.vars[f.var] = name
         self.emit(depth, f"{name} = {lo} + {_AXIS_VAR[f.thread]}")
-        self.emit(depth, f"if {name} < {hi}:")
         is_thread = f.thread.startswith("threadIdx")
         self.thread_depth += is_thread
         self.forward.append({})
-        body(depth + 1)
+        if not self.guarded(f):
+            body(depth)
+        elif self.plan is not None and is_thread and self._needs_uniform(f.body):
+            saved = self.pred
+            self.pred = f"{name} < {hi}" if saved is None else f"({saved}) and ({name} < {hi})"
+            body(depth)
+            self.pred = saved
+        else:
+            self.emit(depth, f"if {name} < {hi}:")
+            body(depth + 1)
         self.forward.pop()
         self.thread_depth -= is_thread
         del self.vars[f.var]
@@ -598,13 +625,17 @@ class _KernelCompiler(_Compiler):
             if init is not None and init[0] is self.forward[-1]:  # stored just above in this scope, nothing since
                 self.k.from_init.append(st.name)
                 self.emit(depth, f"{cur} = {init[1]}")
+            elif self.pred is not None:  # a thread outside the guard must not read C[idx] (out of bounds)
+                ident = self.const(_identity(op, st.buffer.dtype), st.buffer.dtype)
+                ld = _Compiler.load(self, Load(st.buffer, idx))
+                self.emit(depth, f"{cur} = ({ld}) if ({self.pred}) else {ident}")
             else:  # read before the collective: thread 0 overwrites it after
                 self.emit(depth, f"{cur} = {_Compiler.load(self, Load(st.buffer, idx))}")
             site = self.site("reduce", f"cross-thread reduction of statement {st.name!r}", (op, dtype))
             got, total = self.fresh(f"all_{st.name}"), self.fresh(f"total_{st.name}")
             self.emit(depth, f"{got} = yield ({site}, {acc})")
             self.emit(depth, f"{total} = {self.combine(op, dtype, cur, got)}")
-            self.emit(depth, "if _tx == 0:")
+            self.emit(depth, "if _tx == 0:" if self.pred is None else f"if ({self.pred}) and _tx == 0:")
             sub, cond, ix = self.indexed(st.buffer, idx)
             if cond != "True":
                 dims = self.buffer(st.buffer)[1]
@@ -776,243 +807,4 @@ class _KernelCompiler(_Compiler):
         return self.k
 
 
-# ----------------------------------------------------------------------------- the program: host plan of launches
-
-
-class _Compiled:
-    __slots__ = ("items", "kernels")
-
-    def __init__(self, items: list[tuple], kernels: list[_Kernel]) -> None:
-        self.items = items  # ("kernel", _Kernel) | ("host", For, items)
-        self.kernels = kernels
-
-
-def _compile(program: Program, traced: bool) -> _Compiled:
-    kernels: list[_Kernel] = []
-    taken: set[str] = set()
-
-    def items_of(s: Stmt) -> list[tuple]:
-        out: list[tuple] = []
-        for nest in _body_list(s):
-            if isinstance(nest, For) and nest.kind == "host":
-                out.append(("host", nest, items_of(nest.body)))
-                continue
-            first = next((n.name for n in walk(nest) if isinstance(n, Store)), f"nest{len(kernels)}")
-            name, j = f"{program.name}_{first}", 1
-            while name in taken:
-                name, j = f"{program.name}_{first}_{j}", j + 1
-            taken.add(name)
-            kern = _KernelCompiler(program, nest, name, traced).compile_kernel()
-            kernels.append(kern)
-            out.append(("kernel", kern))
-        return out
-
-    return _Compiled(items_of(program.body), kernels)
-
-
-_CACHE: dict[tuple[int, bool, bool], tuple[Program, _Compiled]] = {}
-_CACHE_MAX = 256
-
-
-def compiled(program: Program, traced: bool = False) -> _Compiled:
-    """The kernels of `program` compiled for the GPU mode (cached per program object)."""
-    key = (id(program), traced, RENDERER_IMPLICIT_SYNCS)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] is program:
-        return hit[1]
-    c = _compile(program, traced)
-    if len(_CACHE) >= _CACHE_MAX:
-        _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[key] = (program, c)
-    return c
-
-
-def source(program: Program) -> str:
-    """The Python source of every kernel's thread function (for debugging)."""
-    return "\n".join(k.source for k in compiled(program).kernels)
-
-
-# ----------------------------------------------------------------------------- running
-
-
-def launch_dims(k: _Kernel, env: Mapping[Var, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """The grid and block of kernel `k` at the sizes (and host loop values) of `env`."""
-    grid = tuple(int(eval_expr(e, env)) for e in k.grid)
-    block = tuple(int(eval_expr(e, env)) for e in k.block)
-    return grid, block  # type: ignore[return-value]
-
-
-def _threads_text(ts: list[int], bdim: tuple[int, int, int]) -> str:
-    def one(t: int) -> str:
-        x, y, z = t % bdim[0], (t // bdim[0]) % bdim[1], t // (bdim[0] * bdim[1])
-        return f"({x}, {y}, {z})"
-
-    shown = ", ".join(one(t) for t in ts[:4])
-    return shown + (f" and {len(ts) - 4} more" if len(ts) > 4 else "")
-
-
-class _Block:
-    """The threads of one block and the scheduler that interleaves them."""
-
-    def __init__(self, k: _Kernel, bufs: list, sizes: list, trace: list | None, bid: tuple[int, int, int],
-                 bdim: tuple[int, int, int]) -> None:
-        self.k, self.bid, self.bdim = k, bid, bdim
-        blk: dict[int, np.ndarray] = {}
-        bx, by, bz = bid
-        T = bdim[0] * bdim[1] * bdim[2]
-        self.gens = []
-        for t in range(T):
-            tx, ty, tz = t % bdim[0], (t // bdim[0]) % bdim[1], t // (bdim[0] * bdim[1])
-            self.gens.append(k.fn(bufs, sizes, trace, blk, bx, by, bz, tx, ty, tz, t, T))
-        self.T = T
-        self.finished: list[int] = []
-
-    def where(self, t: int) -> str:
-        return f"kernel {self.k.name!r}, block {self.bid}, thread {_threads_text([t], self.bdim)}"
-
-    def run(self, order: str | random.Random) -> None:
-        T = self.T
-        pending: list[Any] = [None] * T
-        runnable = list(range(T))
-        while True:
-            waiting: dict[int, Any] = {}
-            finished: list[int] = []
-            if isinstance(order, random.Random):
-                rnd = order.randrange
-                while runnable:
-                    i = rnd(len(runnable))
-                    t = runnable[i]
-                    try:
-                        tok = self.gens[t].send(pending[t])
-                    except StopIteration:
-                        tok = StopIteration
-                    except Exception as e:
-                        e.add_note(f"(GPU mode: in {self.where(t)})")
-                        raise
-                    pending[t] = None
-                    if tok is None:
-                        continue
-                    runnable[i] = runnable[-1]
-                    runnable.pop()
-                    if tok is StopIteration:
-                        finished.append(t)
-                    else:
-                        waiting[t] = tok
-            else:  # "reversed" ("forward"): the highest- (lowest-) numbered runnable thread runs until it blocks
-                for t in sorted(runnable, reverse=order == "reversed"):
-                    send = self.gens[t].send
-                    try:
-                        tok = send(pending[t])
-                        while tok is None:
-                            tok = send(None)
-                    except StopIteration:
-                        finished.append(t)
-                        continue
-                    except Exception as e:
-                        e.add_note(f"(GPU mode: in {self.where(t)})")
-                        raise
-                    waiting[t] = tok
-                runnable = []
-            if not waiting:
-                return
-            self.finished += finished
-            self.release(waiting, pending)
-            runnable = sorted(waiting)
-
-    def release(self, waiting: dict[int, Any], pending: list[Any]) -> None:
-        sites: dict[int, list[int]] = {}
-        for t, tok in waiting.items():
-            sites.setdefault(tok if isinstance(tok, int) else tok[0], []).append(t)
-        done = self.finished
-        if len(sites) > 1 or done:
-            parts = [f"threads {_threads_text(sorted(ts), self.bdim)} wait at {self.k.sites[s][1]}"
-                     for s, ts in sorted(sites.items())]
-            if done:
-                parts.append(f"threads {_threads_text(sorted(done), self.bdim)} finished the kernel")
-            raise BarrierDivergenceError(
-                f"barrier divergence: in kernel {self.k.name!r} (statements {', '.join(self.k.stmts)}), block "
-                f"{self.bid}: " + "; ".join(parts) + " (every thread of a block must reach the same barriers)")
-        (s,) = sites
-        kind, _, extra = self.k.sites[s]
-        if kind == "barrier":
-            return
-        op, dtype = extra
-        fn = _combine_fn(op, dtype)
-        ident = np.dtype(dtype).type(_identity(op, dtype))
-        bx = self.bdim[0]
-        for row in range(0, self.T, bx):
-            vals = [waiting[t][1] for t in range(row, row + bx)]
-            total = _block_allreduce(vals, fn, ident)
-            for t in range(row, row + bx):
-                pending[t] = total
-
-
-def run(program: Program, bufs: list[np.ndarray], env: Mapping[Var, int], gpu_order: Any,
-        trace: list | None = None) -> None:
-    """Run `program` on `bufs` (arguments, then temps) in the GPU mode (see the module docstring);
-    called by `loopir.interp.run(..., gpu_order=...)`, which checks the arguments and infers `env`."""
-    if isinstance(gpu_order, bool) or not (gpu_order in ORDERS or isinstance(gpu_order, int)):
-        raise ValueError(f"gpu_order must be None, 'reversed', 'forward' or an int seed, got {gpu_order!r}")
-    order: str | random.Random = gpu_order if isinstance(gpu_order, str) else random.Random(gpu_order)
-    c = compiled(program, trace is not None)
-    env = dict(env)
-
-    def launch(k: _Kernel) -> None:
-        missing = [v.name for v in k.size_vars if v not in env]
-        if missing:
-            raise ValueError(
-                f"program {program.name!r} uses variable(s) {', '.join(repr(m) for m in missing)} that are neither "
-                "loop variables around their use nor sizes of its arguments (pass sizes={...} for free sizes)")
-        sizes = [env[v] for v in k.size_vars]
-        grid, bdim = launch_dims(k, env)
-        if min(grid) <= 0 or min(bdim) <= 0:
-            return  # an empty launch: the runtime skips it
-        if bdim[0] * bdim[1] * bdim[2] > _MAX_THREADS:
-            raise ValueError(f"kernel {k.name!r} needs block {bdim}, more than {_MAX_THREADS} threads: CUDA cannot "
-                             "launch it; split the bound loops differently")
-        nb = grid[0] * grid[1] * grid[2]
-        blocks = list(range(nb))
-        if isinstance(order, random.Random):
-            order.shuffle(blocks)
-        elif order == "reversed":
-            blocks.reverse()
-        for b in blocks:
-            bid = (b % grid[0], (b // grid[0]) % grid[1], b // (grid[0] * grid[1]))
-            _Block(k, bufs, sizes, trace, bid, bdim).run(order)
-
-    def go(items: list[tuple]) -> None:
-        for it in items:
-            if it[0] == "kernel":
-                launch(it[1])
-                continue
-            _, f, inner = it
-            lo, hi = int(eval_expr(f.lo, env)), int(eval_expr(f.hi, env))
-            for v in range(lo, hi):
-                env[f.var] = v
-                go(inner)
-            env.pop(f.var, None)
-
-    with np.errstate(all="ignore"):
-        go(c.items)
-
-
-def plan(program: Program, sizes: Mapping[Var | str, int]) -> list[dict[str, Any]]:
-    """What the model decided for each kernel (top-level launches, host loops unrolled are not listed):
-    name, statements, grid and block at `sizes`, and the statements run as cross-thread reductions (and
-    those of them that start from their init constant), cooperative copies and by thread 0 only. Tests
-    compare it with the CUDA renderer's output."""
-    env: dict[Var, int] = {}
-    byname = {v.name: v for v in program.params}
-    for key, val in sizes.items():
-        env[byname[key] if isinstance(key, str) else key] = int(val)
-    out = []
-    for k in compiled(program).kernels:
-        grid, block = launch_dims(k, env)
-        out.append({"name": k.name, "statements": k.stmts, "grid": grid, "block": block,
-                    "collectives": tuple(k.collectives), "cooperative": tuple(k.cooperative),
-                    "thread0": tuple(k.thread0), "from_init": tuple(k.from_init)})
-    return out
-
-
-__all__ = ["run", "plan", "source", "compiled", "BarrierDivergenceError", "GpuMappingError",
-           "RENDERER_IMPLICIT_SYNCS"]
+__all__ = ["BarrierDivergenceError", "GpuMappingError", "RENDERER_IMPLICIT_SYNCS", "ORDERS"]

@@ -2,8 +2,8 @@
 races show on the CPU, barriers that not every thread reaches are reported, correct kernels match numpy
 under adversarial thread orders, and the model's decisions are the CUDA renderer's.
 
-Tests marked xfail "needs place_barriers" are kernels that race until the barrier pass
-(codegen/passes/barriers.py) places their barriers."""
+Cases flagged `needs_barriers` race as scheduled (checked here, before lowering) and are right after the
+CUDA pipeline's barrier placement (codegen/passes/barriers.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,11 @@ import gpu_programs as G
 import numpy as np
 import pytest
 
-from loopir import interp, interp_gpu, ir
+from loopir import interp, interp_gpu, interp_gpu_run, ir
 from loopir.interp_gpu import BarrierDivergenceError, GpuMappingError
 from loopir.nodes import For, Program, Seq, const
 
 ADVERSARIAL = ("reversed", "forward", 0, 1, 2, 3, 4)
-NEEDS_BARRIERS = pytest.mark.xfail(reason="needs place_barriers", strict=False)
 
 
 def _run(p: Program, *arrays: np.ndarray, order: object = None) -> list[np.ndarray]:
@@ -101,7 +100,7 @@ def test_auto_scheduled_row_kernels_match_numpy(name: str, m: int, n: int, order
 
 
 def _specs(specs: tuple) -> list[object]:
-    return [pytest.param(spec, id=G.spec_id(spec), marks=NEEDS_BARRIERS if spec[2] else ()) for spec in specs]
+    return [pytest.param(spec, id=G.spec_id(spec), marks=()) for spec in specs]
 
 
 @pytest.mark.parametrize("spec", _specs(G.ATTENTION))
@@ -224,7 +223,7 @@ def _reduction_then_read(read: str, barrier: bool) -> Program:
 @pytest.mark.parametrize("order", ADVERSARIAL)
 def test_cross_thread_reduction_total_is_forwarded_to_later_loads(order: object) -> None:
     p = _reduction_then_read("same", barrier=False)
-    assert interp_gpu.plan(p, {})[0]["collectives"] == ("C_red",)
+    assert interp_gpu_run.plan(p, {})[0]["collectives"] == ("C_red",)
     X = _x((3, 64))
     _, C, Y = _run(p, X, _nan((3, 1)), _nan((3, 64)), order=order)
     tot = X.astype(np.float64).sum(axis=1)
@@ -256,7 +255,7 @@ def test_cross_thread_reduction_combines_like_the_warp_shuffles() -> None:
     # integers: the total is exact whatever the order; floats: the block all-reduce's tree order
     vals = [np.float32(v) for v in _x((128,), 9)]
     fn = np.add
-    tree = interp_gpu._block_allreduce(vals, fn, np.float32(0))
+    tree = interp_gpu_run._block_allreduce(vals, fn, np.float32(0))
     # lane 0 of warp w: ((v0 + v16) + (v8 + v24)) + ...; then warps 0..3 the same way
     def warp(v: list) -> np.float32:
         v = list(v)
@@ -281,7 +280,7 @@ def test_read_modify_write_outside_thread_loops_runs_on_thread_zero(order: objec
         b.barrier()
         b.store(S, blk, S[blk] + A[blk, 0], name="U")
     p = G.bind_loops(b.finish([X, S]), {"blk": "blockIdx.x", "t": "threadIdx.x"})
-    assert interp_gpu.plan(p, {})[0]["thread0"] == ("U",)
+    assert interp_gpu_run.plan(p, {})[0]["thread0"] == ("U",)
     Xa = _x((2, 32))
     S0 = np.array([1.0, -1.0], np.float32)
     _, Sa = _run(p, Xa, S0, order=order)
@@ -372,7 +371,7 @@ def test_host_loop_of_launches() -> None:
     want = _run(hosted, Xa)[0]
     for order in ("reversed", 2):
         np.testing.assert_array_equal(_run(hosted, Xa, order=order)[0], want)
-    assert len(interp_gpu.compiled(hosted).kernels) == 2
+    assert len(interp_gpu_run.compiled(hosted).kernels) == 2
 
 
 def test_unbound_nest_and_bad_orders_are_refused() -> None:
@@ -395,7 +394,7 @@ def test_scalar_statement_is_a_one_thread_kernel() -> None:
     b.store(X, 0, X[0] + X[1], name="S")
     p = b.finish([X])
     Xa = _x((4,))
-    assert interp_gpu.plan(p, {})[0]["block"] == (1, 1, 1)
+    assert interp_gpu_run.plan(p, {})[0]["block"] == (1, 1, 1)
     np.testing.assert_array_equal(_run(p, Xa, order="reversed")[0], _run(p, Xa)[0])
 
 
@@ -404,8 +403,9 @@ def test_scalar_statement_is_a_one_thread_kernel() -> None:
 
 def _renderer_plan(p: Program) -> list[dict]:
     from codegen.cuda import generate_cuda
+    from codegen.passes import lower
 
-    src = generate_cuda(p)
+    src = generate_cuda(lower(p, "cuda"))
     texts = src.source.split('extern "C" __global__ void ')[1:]
     out = []
     for k, text in zip(src.kernels, texts):
@@ -449,7 +449,7 @@ def test_model_decisions_are_the_renderers(name: str) -> None:
     """Launch shapes, cross-thread reductions, cooperative copies and thread-0 statements: the model
     (duplicated from codegen/cuda*.py, which loopir may not import) agrees with the CUDA source."""
     program = _PLAN_CASES[name]()
-    mine = interp_gpu.plan(program, {})
+    mine = interp_gpu_run.plan(program, {})
     theirs = _renderer_plan(program)
     assert len(mine) == len(theirs)
     for a, b in zip(mine, theirs):
