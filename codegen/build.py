@@ -142,7 +142,7 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", **op
     program = with_args(to_program(obj, target, args), args)
     program = lower(program, target, dump=dump)
     if target == "cuda":
-        from .cuda_build import build_cuda
+        from .cuda.build import build_cuda
 
         return build_cuda(program, **opts)
     for o in opts:
@@ -153,7 +153,7 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", **op
 
 def compile_cpu(program: Program) -> Any:
     """The cached native kernel of `program` (compiled at the first request)."""
-    from .cpu_runtime import CpuKernel
+    from .llvm.runtime import CpuKernel
     from .llvm import generate
 
     key = structural_key(program)

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from loopir.nodes import Allocate, Barrier, Binary, Buffer, Const, For, If, Kernel, Program, Seq, Stmt, Store, Var
 from loopir.visit import walk
 
-from .llvm_expr import _ExprEmitter
-from .llvm_math import host_features, libm_name, libmvec, vector_bits, vector_variants
-from .llvm_passes import _const_extent, _is_parallel_top, _top_level, is_reduction, size_vars
-from .llvm_types import FLT, INTS, ITEMSIZE, STORE_T, VALUE_T, CodegenError, const_text, fconst
-from .llvm_vec import emit_vector_loop
+from .expr import _ExprEmitter
+from .math import host_features, libm_name, libmvec, vector_bits, vector_variants
+from .queries import _const_extent, _is_parallel_top, _top_level, is_reduction, size_vars
+from .types import FLT, INTS, ITEMSIZE, STORE_T, VALUE_T, CodegenError, const_text, fconst
+from .vec import emit_vector_loop
 
 # The public names of the CPU code generator, importable from here as before the split.
 __all__ = [
