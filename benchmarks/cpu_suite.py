@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from codegen import build, cache_clear  # noqa: E402
-from codegen.cpu_runtime import default_threads  # noqa: E402
+from codegen.llvm.runtime import default_threads  # noqa: E402
 from loopir import te  # noqa: E402
 from loopir.lower import lower  # noqa: E402
 from schedules import Schedule  # noqa: E402

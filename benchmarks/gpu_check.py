@@ -33,7 +33,7 @@ def small_suite() -> int:
     import numpy as np
     from test_cuda_helpers import bind_elementwise, bind_rows, fuse_rows
 
-    from codegen.cuda_build import build_cuda
+    from codegen.cuda.build import build_cuda
     from loopir import workloads as W
 
     bad = 0

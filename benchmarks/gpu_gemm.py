@@ -41,7 +41,7 @@ def _median_ms(fn: Any, sync: Any, reps: int = 20, warmup: int = 3) -> float:
 def build_ours(n: int, m: int, p: int, pipeline: bool = True, min_blocks: int | None = None, **tiles: Any) -> Any:
     """Build the one-kernel GEMM; `pipeline` / `min_blocks`: codegen.passes.staging's PIPELINE_SHARED_COPIES (cp.async
     double buffering of the shared tiles) and LAUNCH_MIN_BLOCKS (__launch_bounds__(threads, min_blocks))."""
-    import codegen.cuda as cg
+    import codegen.cuda.kernel as cg
     import codegen.passes.staging as staging
     from codegen import build
     from loopir import workloads as w

@@ -12,7 +12,7 @@ def gpu_available() -> bool:
     """True when the CUDA driver loads and reports a device; never raises (no driver, no device,
     no cuda-python: all mean False). The examples and the test suite's `gpu` marker use it."""
     try:
-        from .cuda_runtime import gpu_available as probe
+        from .cuda.runtime import gpu_available as probe
     except Exception:  # noqa: BLE001 - cuda-python itself missing: no GPU either
         return False
     return probe()

@@ -28,7 +28,7 @@ from loopir.visit import buffers_of, deep_recursion, walk
 from schedules.auto import auto_schedule
 
 from .module import CpuModule, Module
-from .nvrtc import normalize_arch
+from .cuda.nvrtc import normalize_arch
 from .passes import lower
 from loopir.te import ComputeOp, tensor_of
 from loopir.nodes import Const, For
@@ -205,7 +205,7 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, **opts: Any) -> Mo
 
     mod: Module
     if target == "cuda":
-        from .cuda_build import build_cuda
+        from .cuda.build import build_cuda
 
         mod = build_cuda(program, **opts)
     else:
@@ -239,7 +239,7 @@ def _check_opts(target: str, opts: dict[str, Any]) -> None:
 
 def compile_cpu(program: Program) -> Any:
     """The cached native kernel of `program` (compiled at the first request)."""
-    from .cpu_runtime import CpuKernel
+    from .llvm.runtime import CpuKernel
     from .llvm import generate
 
     from .llvm import size_vars

@@ -71,7 +71,7 @@ class CpuModule(Module):
     target = "cpu"
 
     def __init__(self, program: Program, kernel: Any, threads: int | None = None) -> None:
-        from .cpu_runtime import default_threads
+        from .llvm.runtime import default_threads
 
         from .llvm import size_vars
 

@@ -9,12 +9,12 @@
     ├── NotFoundError (LookupError, ValueError)   a name or handle that names nothing (here)
     ├── NotNestedError (ValueError)         loops that should be nested (perfectly) are not
     ├── CodegenError (ValueError)           a program a target cannot compile as scheduled
-    │   ├── codegen.llvm_types.CodegenError       the CPU (LLVM) target
-    │   └── codegen.cuda_expr.CudaCodegenError    the CUDA target (UnboundLoopError below it)
+    │   ├── codegen.llvm.types.CodegenError       the CPU (LLVM) target
+    │   └── codegen.cuda.expr.CudaCodegenError    the CUDA target (UnboundLoopError below it)
     └── RuntimeLaunchError (RuntimeError)   the toolchain or device below the generated code failed
-        ├── codegen.nvrtc.NvrtcError              NVRTC refused the source
-        ├── codegen.cuda_runtime.CudaError        a CUDA driver call failed
-        └── codegen.cuda_runtime.NoGpuError       no usable GPU
+        ├── codegen.cuda.nvrtc.NvrtcError         NVRTC refused the source
+        ├── codegen.cuda.runtime.CudaError        a CUDA driver call failed
+        └── codegen.cuda.runtime.NoGpuError       no usable GPU
 
 Each class is also a subclass of the built-in exception the same failure raised before the tree
 existed, so `except ValueError` (or `TypeError`, `RuntimeError`) around a call keeps working.

@@ -1,7 +1,7 @@
 """The GPU execution mode of the reference interpreter: `interp.run(program, *arrays, gpu_order=...)`.
 
-It runs a program the way the CUDA renderer (codegen/cuda.py and its parts cuda_reduce, cuda_staging,
-cuda_vector) maps it to kernels, with the threads of a block interleaved adversarially, so that a kernel
+It runs a program the way the CUDA renderer (codegen/cuda/kernel.py and its parts reduce, staging,
+vector) maps it to kernels, with the threads of a block interleaved adversarially, so that a kernel
 whose result depends on thread timing (a missing barrier) gives a wrong result on the CPU.
 
 The model (each point is what the renderer emits; the functions cited are in codegen/):
@@ -12,7 +12,7 @@ The model (each point is what the renderer emits; the functions cited are in cod
 - Grid and block (`_KernelGen.analyse`). The extent of an axis is the max over the nest's loops bound to
   it of their extents (hi - lo, or the constant side of a `min`); threadIdx.x is rounded up to a multiple
   of 32 when the kernel has a cross-thread reduction. A launch with an empty dimension is skipped; more
-  than 1024 threads per block is refused (cuda_runtime).
+  than 1024 threads per block is refused (codegen.cuda.runtime).
 - SPMD. Every thread of every block runs the WHOLE kernel body. A loop bound to an axis is
   `v = lo + <index>`, and the thread runs its body only when `v < hi` (`bound_loop`). A statement outside
   every threadIdx-bound loop is executed by every thread, except a Store at thread depth 0 that reads its

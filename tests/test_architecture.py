@@ -7,6 +7,9 @@ Rules, for the modules of the three packages (`loopir`, `schedules`, `codegen`):
 - no import circle between project modules (imports that run when a module loads: module level,
   outside `if TYPE_CHECKING:`; a package's `__init__` is not counted as imported by its submodules,
   as Python has already started it when a submodule runs);
+- renderers import no passes-level analysis: the modules of `RENDERERS` (the code generators of
+  `codegen/cuda/` and `codegen/llvm/`) never import `codegen.passes` (every import counts); what they
+  print was decided by the pipeline and recorded in the IR. The targets' `build` and runtimes may;
 - no lazy import of a project module (an `import` inside a function, or `importlib.import_module`),
   except the entries of `LAZY_ALLOWED`, each with its reason: that list is meant to shrink to nothing.
 
@@ -32,14 +35,14 @@ _IN_FLIGHT = "no reason: move it to the top"
 LAZY_ALLOWED: dict[tuple[str, str], str] = {
     # PEP 562 submodule access (`import loopir; loopir.te`) keeps `import loopir` cheap (no numpy, islpy)
     ("loopir/__init__.py", "<importlib>"): "lazy submodules of the package",
-    # a target's modules load only for that target: cpu_runtime loads llvmlite, cuda_runtime the driver
-    # (tests/test_build.py replaces codegen.cuda_build in sys.modules to fake the CUDA build)
-    ("codegen/__init__.py", "codegen.cuda_runtime"): "gpu_available probes the driver on first use",
-    ("codegen/build.py", "codegen.cuda_build"): "per-target loading; a test fakes it in sys.modules",
-    ("codegen/build.py", "codegen.cpu_runtime"): "per-target loading",
+    # a target's modules load only for that target: codegen.llvm.runtime loads llvmlite, codegen.cuda.runtime
+    # the driver (tests/test_build.py replaces codegen.cuda.build in sys.modules to fake the CUDA build)
+    ("codegen/__init__.py", "codegen.cuda.runtime"): "gpu_available probes the driver on first use",
+    ("codegen/build.py", "codegen.cuda.build"): "per-target loading; a test fakes it in sys.modules",
+    ("codegen/build.py", "codegen.llvm.runtime"): "per-target loading",
     ("codegen/build.py", "codegen.llvm"): "per-target loading",
-    ("codegen/cuda_build.py", "codegen.cuda_runtime"): "the driver is asked only for the default arch",
-    ("codegen/module.py", "codegen.cpu_runtime"): "per-target loading",
+    ("codegen/cuda/build.py", "codegen.cuda.runtime"): "the driver is asked only for the default arch",
+    ("codegen/module.py", "codegen.llvm.runtime"): "per-target loading",
     ("codegen/module.py", "codegen.llvm"): "per-target loading",
     # loopir
     ("loopir/nodes.py", "loopir.printer"): "a real circle: printer imports nodes, str() of a node prints it",
@@ -65,6 +68,10 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
     ("schedules/primitives/loop_fusion.py", "loopir.nodes"): _IN_FLIGHT,
     ("schedules/primitives/loop_fusion.py", "schedules.primitives"): "registration at the end: " + _IN_FLIGHT,
 }
+
+# the code generators proper: they render the lowered IR and decide nothing the pipeline should decide
+RENDERERS = tuple(f"codegen.cuda.{m}" for m in ("kernel", "expr", "reduce", "staging", "vector", "prelude")) + tuple(
+    f"codegen.llvm.{m}" for m in ("emit", "vec", "queries", "types", "math", "expr"))
 
 # files allowed over MAX_LINES, with their size when listed. None today: schedules/primitives/cache_write.py
 # (840 lines) and schedules/fusion.py (800) are the nearest.
@@ -187,6 +194,13 @@ def test_layers():
     bad = [f"{MODULES[m]}:{line} imports {t}" for m, found in IMPORTS.items() for t, _, line in found
            if t.split(".")[0] in below[m.split(".")[0]]]
     assert not bad, "the layers are loopir <- schedules <- codegen:\n" + "\n".join(bad)
+
+
+def test_renderers_import_no_passes():
+    assert set(RENDERERS) <= set(MODULES), sorted(set(RENDERERS) - set(MODULES))
+    bad = [f"{MODULES[m]}:{line} imports {t}" for m in RENDERERS for t, _, line in IMPORTS[m]
+           if t == "codegen.passes" or t.startswith("codegen.passes.")]
+    assert not bad, "a renderer reads the decisions recorded in the IR, not the passes:\n" + "\n".join(bad)
 
 
 def test_no_import_circle():

@@ -111,14 +111,14 @@ def test_bad_build_input():
 
 def test_cuda_target_calls_build_cuda(monkeypatch):
     calls = []
-    fake = types.ModuleType("codegen.cuda_build")
+    fake = types.ModuleType("codegen.cuda.build")
 
     def build_cuda(program, **opts):
         calls.append((program, opts))
         return "module"
 
     fake.build_cuda = build_cuda
-    monkeypatch.setitem(sys.modules, "codegen.cuda_build", fake)
+    monkeypatch.setitem(sys.modules, "codegen.cuda.build", fake)
     x, y = sincos()
     assert build(y, [y, x], target="cuda", block=128) == "module"
     (prog, opts), = calls

@@ -1,4 +1,4 @@
-"""Full-tile versioning and explicit vector emission (codegen/llvm_vec.py): scheduled programs
+"""Full-tile versioning and explicit vector emission (codegen/llvm/vec.py): scheduled programs
 with unroll/vectorize tile loops match numpy at sizes the tiles divide and do not divide, the
 GEMM register tile is kept in vector registers, and loops outside the vector subset still work."""
 

@@ -14,8 +14,8 @@ import pytest
 
 from codegen.cuda import CudaCodegenError, UnboundLoopError, eval_index, generate_cuda
 from codegen.passes import lower as lower_cuda
-from codegen.cuda_build import build_cuda
-from codegen.nvrtc import MAGIC, NvrtcError, cache_key, compile_cubin
+from codegen.cuda.build import build_cuda
+from codegen.cuda.nvrtc import MAGIC, NvrtcError, cache_key, compile_cubin
 from loopir import nodes as N
 from loopir import workloads as W
 
@@ -297,7 +297,7 @@ import sys, time
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from loopir import workloads as W
 from test_cuda_helpers import bind_elementwise
-from codegen.cuda_build import build_cuda
+from codegen.cuda.build import build_cuda
 p = bind_elementwise(W.sincos().program(), {threads})
 t = time.perf_counter()
 m = build_cuda(p)
@@ -330,7 +330,7 @@ def test_concurrent_processes_share_the_cache_safely():
 
 
 def test_no_gpu_is_a_clear_runtime_error():
-    from codegen.cuda_runtime import gpu_available
+    from codegen.cuda.runtime import gpu_available
 
     if gpu_available():
         pytest.skip("a GPU is present")

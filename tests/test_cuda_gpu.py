@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_cuda_helpers import bind_elementwise, bind_rows, fuse_rows
 
-from codegen.cuda_build import build_cuda
+from codegen.cuda.build import build_cuda
 from loopir import nodes as N
 from loopir import workloads as W
 

@@ -18,7 +18,7 @@ import pytest
 
 from codegen import build
 from codegen.cuda import HostIf, HostLoop, Launch, generate_cuda
-from codegen.cuda_build import build_cuda
+from codegen.cuda.build import build_cuda
 from codegen.passes import lower, pipeline
 from codegen.passes.kernels import kernels, map_kernels, split_kernels
 from loopir import interp, ir, te
@@ -283,7 +283,7 @@ class _RecordingDriver:
 
 
 def _record(mod, sizes: dict[str, int], monkeypatch) -> list[tuple[str, tuple, tuple, tuple]]:
-    from codegen import cuda_runtime as rt
+    from codegen.cuda import runtime as rt
 
     drv = _RecordingDriver()
     monkeypatch.setattr(rt, "_driver", lambda: drv)

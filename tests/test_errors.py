@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-import codegen.cuda_expr
-import codegen.cuda_runtime
-import codegen.llvm_types
-import codegen.nvrtc
+import codegen.cuda.expr
+import codegen.cuda.runtime
+import codegen.llvm.types
+import codegen.cuda.nvrtc
 import loopir
 import schedules
-from codegen.cuda_build import build_cuda
+from codegen.cuda.build import build_cuda
 from codegen.llvm import generate
 from loopir import errors as E
 from loopir import nodes as N
@@ -36,12 +36,12 @@ TREE = [
     (ScheduleError, ()),
     (InexactCheckError, (ValueError,)),
     (poly.PrivateScopeError, (ValueError,)),
-    (codegen.llvm_types.CodegenError, (E.CodegenError, ValueError)),
-    (codegen.cuda_expr.CudaCodegenError, (E.CodegenError, ValueError)),
-    (codegen.cuda_expr.UnboundLoopError, (E.CodegenError, ValueError)),
-    (codegen.nvrtc.NvrtcError, (E.RuntimeLaunchError, RuntimeError)),
-    (codegen.cuda_runtime.CudaError, (E.RuntimeLaunchError, RuntimeError)),
-    (codegen.cuda_runtime.NoGpuError, (E.RuntimeLaunchError, RuntimeError)),
+    (codegen.llvm.types.CodegenError, (E.CodegenError, ValueError)),
+    (codegen.cuda.expr.CudaCodegenError, (E.CodegenError, ValueError)),
+    (codegen.cuda.expr.UnboundLoopError, (E.CodegenError, ValueError)),
+    (codegen.cuda.nvrtc.NvrtcError, (E.RuntimeLaunchError, RuntimeError)),
+    (codegen.cuda.runtime.CudaError, (E.RuntimeLaunchError, RuntimeError)),
+    (codegen.cuda.runtime.NoGpuError, (E.RuntimeLaunchError, RuntimeError)),
 ]
 
 
@@ -166,6 +166,6 @@ def test_cuda_codegen_refusal():
 def test_nvrtc_refusal(tmp_path, monkeypatch):
     monkeypatch.setenv("LOOPIR_CACHE_DIR", str(tmp_path))
     bad = 'extern "C" __global__ void k(float* y) { y[0] = +* ; }\n'
-    err = _caught_both(lambda: codegen.nvrtc.compile_cubin(bad, "sm_90", use_cache=False, name="bad.cu"),
+    err = _caught_both(lambda: codegen.cuda.nvrtc.compile_cubin(bad, "sm_90", use_cache=False, name="bad.cu"),
                        RuntimeError)
     assert isinstance(err, E.RuntimeLaunchError)

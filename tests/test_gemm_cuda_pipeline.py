@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import codegen.cuda as cg
+import codegen.cuda.kernel as cg
 import codegen.passes.staging as staging
 from codegen.passes import lower as lower_cuda
 from codegen.passes.launch import fits_int32
@@ -25,7 +25,7 @@ def _program(n=None, m=None, p=None, **kw):
 
 
 def _compile(src):
-    from codegen.nvrtc import compile_cubin
+    from codegen.cuda.nvrtc import compile_cubin
 
     assert compile_cubin(src, "sm_90", use_cache=False)
 

@@ -44,7 +44,7 @@ def _fake_driver():
 
 
 def test_prepare_gives_each_thread_its_own_device_buffers(monkeypatch):
-    import codegen.cuda_runtime as cr
+    import codegen.cuda.runtime as cr
 
     mod = _module()
     fake = _fake_driver()

@@ -22,7 +22,7 @@ addresses, and its reads of A_shared are broadcasts. Sizes the tiles do not divi
 shared tiles are the constant box hull, their copy clipped to the matrices); sizes known at build time
 that divide give a guard-free kernel. Every step is a Schedule primitive, checked as usual. The CUDA
 target then copies tile ko+1 with cp.async into a second shared stage while tile ko is computed on
-(codegen/cuda.py `pipelined`), and uses 32-bit indices when every size is known and small enough.
+(codegen/cuda/kernel.py `pipelined`), and uses 32-bit indices when every size is known and small enough.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from loopir.nodes import (
 )
 from loopir.visit import walk
 
-from .llvm_types import FLT
+from .types import FLT
 
 
 def is_reduction(st: Store) -> Binary | None:

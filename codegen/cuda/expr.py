@@ -1,6 +1,6 @@
 """Scalar expressions and indices of the CUDA generator: dtype -> C type maps, C names, host-side evaluation of
 launch sizes, affine (polynomial) forms of index expressions, the choice of 32-bit index arithmetic, and the
-rendering of loopir expressions as C text (`_ExprEmitter`, a part of `codegen.cuda._KernelGen`).
+rendering of loopir expressions as C text (`_ExprEmitter`, a part of `codegen.cuda.kernel._KernelGen`).
 
 Index arithmetic is 64-bit (`long long`) unless `_fits_int32` proves every index of the kernel fits 32 bits.
 `//` and `%` follow Python (floor), through the prelude's `loopir_floordiv` / `loopir_mod`. float16 values
@@ -130,7 +130,7 @@ def _subst_coords(st: N.Store) -> dict[N.Var, N.Expr]:
 
 
 class _ExprEmitter:
-    """Line output, C names and expression rendering of `_KernelGen` (codegen/cuda.py), whose `__init__` sets
+    """Line output, C names and expression rendering of `_KernelGen` (codegen/cuda/kernel.py), whose `__init__` sets
     the state used here: names, lines, ind, ix, forward, vec_lanes, cur_sub, pre, uses_half."""
 
     # ---------------------------------------------------------------- emission helpers

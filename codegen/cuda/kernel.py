@@ -24,10 +24,10 @@ How a program maps to kernels
   instructions (no `cuda_fp16.h`: the pip NVRTC ships without CUDA headers).
 
 The parts of the generator, each a mixin of `_KernelGen` or a text module:
-`codegen.cuda_expr` (C types and names, launch-size evaluation, affine forms, expression rendering),
-`codegen.cuda_vector` (float4 lane loops and alignment proofs), `codegen.cuda_reduce` (cross-thread
-reductions), `codegen.cuda_staging` (cooperative shared-memory copies, cp.async double buffering),
-`codegen.cuda_prelude` (the device helper functions and macros).
+`codegen.cuda.expr` (C types and names, launch-size evaluation, affine forms, expression rendering),
+`codegen.cuda.vector` (float4 lane loops and alignment proofs), `codegen.cuda.reduce` (cross-thread
+reductions), `codegen.cuda.staging` (cooperative shared-memory copies, cp.async double buffering),
+`codegen.cuda.prelude` (the device helper functions and macros).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from loopir import nodes as N
 from loopir.printer import expr_str
 from loopir.visit import free_vars, substitute, walk
 
-from .cuda_expr import (  # noqa: F401  (re-exported: tests and callers import them from codegen.cuda)
+from .expr import (  # noqa: F401  (re-exported: tests and callers import them from codegen.cuda)
     _AXES,
     _C_KEYWORDS,
     _CTYPE,
@@ -58,10 +58,10 @@ from .cuda_expr import (  # noqa: F401  (re-exported: tests and callers import t
     _subst_coords,
     eval_index,
 )
-from .cuda_prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
-from .cuda_reduce import _RED_OPS, _identity, _reduction_parts, _ReductionEmitter  # noqa: F401
-from .cuda_staging import _StagingEmitter
-from .cuda_vector import _VEC_SCOPES, _monotone_guard, _VectorEmitter  # noqa: F401
+from .prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
+from .reduce import _RED_OPS, _identity, _reduction_parts, _ReductionEmitter  # noqa: F401
+from .staging import _StagingEmitter
+from .vector import _VEC_SCOPES, _monotone_guard, _VectorEmitter  # noqa: F401
 
 # __launch_bounds__(threads, LAUNCH_MIN_BLOCKS) on kernels with pipelined copies and a constant block size
 LAUNCH_MIN_BLOCKS: int | None = None
@@ -211,7 +211,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
     # ---------------------------------------------------------------- statements
     def stmt(self, s: N.Stmt, last: bool) -> None:
         if self.pred is not None and not self._needs_uniform(s):
-            self.under_pred(s, last)  # a thread whose guard failed skips it (codegen.cuda_reduce)
+            self.under_pred(s, last)  # a thread whose guard failed skips it (codegen.cuda.reduce)
         elif isinstance(s, N.Seq):
             for k, c in enumerate(s.body):
                 self.stmt(c, last and k == len(s.body) - 1)

@@ -27,8 +27,8 @@ from loopir.args import bind_shapes, eval_expr, size_of
 from loopir.errors import RuntimeLaunchError
 from loopir.nodes import Buffer, Var
 
-from .cuda import CudaSource, HostIf, HostLoop, HostStep, Kernel, Launch, eval_index
-from .module import Module
+from .kernel import CudaSource, HostIf, HostLoop, HostStep, Kernel, Launch, eval_index
+from ..module import Module
 from .nvrtc import compile_cubin
 
 

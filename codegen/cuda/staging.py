@@ -1,4 +1,4 @@
-"""Shared-memory staging of the CUDA generator (`_StagingEmitter`, a part of `codegen.cuda._KernelGen`):
+"""Shared-memory staging of the CUDA generator (`_StagingEmitter`, a part of `codegen.cuda.kernel._KernelGen`):
 cooperative block-tile copies (the block's threads share a cache_read "shared" copy, with 128-bit accesses
 where alignment allows) and their software pipelining with `cp.async` into two stages (`pipelined`).
 Which copies are cooperative and which loops are pipelined is decided by the CUDA pipeline
@@ -11,12 +11,12 @@ import math
 from loopir import nodes as N
 from loopir.visit import substitute
 
-from .cuda_expr import _AXES, _is_const, _subst_coords
+from .expr import _AXES, _is_const, _subst_coords
 
 
 class _StagingEmitter:
     """Uses `_KernelGen`'s state (nest, names, launch, extent, forward, thread_depth, ix, pipeline_copies) and
-    its emission helpers; `_coop_vector` uses `_aligned_base` of `codegen.cuda_vector`."""
+    its emission helpers; `_coop_vector` uses `_aligned_base` of `codegen.cuda.vector`."""
 
     def cooperative(self, f: N.For, async_: bool = False) -> bool:
         """A "parallel" nest the pass marked cooperative (its one statement fills a shared buffer with values

@@ -21,12 +21,12 @@ from loopir.affine import access_pattern
 from loopir.nodes import Binary, Const, Expr, For, Load, Seq, Store, Unary
 from loopir.visit import substitute
 
-from .llvm_math import vector_bits
-from .llvm_passes import _const_extent, is_reduction
-from .llvm_types import ITEMSIZE, fconst
+from .math import vector_bits
+from .queries import _const_extent, is_reduction
+from .types import ITEMSIZE, fconst
 
 if TYPE_CHECKING:
-    from .llvm import _FnEmitter
+    from .emit import _FnEmitter
 
 VEC_DTYPES = {"float32": "float", "float64": "double"}
 MAX_CHUNKS = 16  # a vectorize loop of more than this many register widths is left to LLVM

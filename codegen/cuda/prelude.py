@@ -2,9 +2,9 @@
 
 `PRELUDE` always (floor division and modulo with Python semantics, min/max overloads, the 128-bit access
 macros `LOOPIR_LD4` / `LOOPIR_ST4`); `PRELUDE_HALF` when a kernel touches float16 (PTX `cvt` conversions);
-`PRELUDE_REDUCE` when a kernel has a cross-thread reduction (`codegen.cuda_reduce`), `PRELUDE_SUBWARP` when one
+`PRELUDE_REDUCE` when a kernel has a cross-thread reduction (`codegen.cuda.reduce`), `PRELUDE_SUBWARP` when one
 reduces rows narrower than a warp (TVM's layout: rows on threadIdx.y, 16 threads on x); `PRELUDE_ASYNC` when a
-kernel has software-pipelined `cp.async` tile copies (`codegen.cuda_staging`)."""
+kernel has software-pipelined `cp.async` tile copies (`codegen.cuda.staging`)."""
 
 from __future__ import annotations
 

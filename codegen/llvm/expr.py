@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 from loopir.nodes import Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Logical, Select, Unary, Var
 
-from .llvm_passes import _loads
-from .llvm_types import FLT, INTS, ITEMSIZE, STORE_T, VALUE_T, CodegenError, const_text
+from .queries import _loads
+from .types import FLT, INTS, ITEMSIZE, STORE_T, VALUE_T, CodegenError, const_text
 
 if TYPE_CHECKING:
-    from .llvm import _ModuleEmitter
+    from .emit import _ModuleEmitter
 
 
 class _ExprEmitter:

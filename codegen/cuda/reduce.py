@@ -1,4 +1,4 @@
-"""Cross-thread reductions of the CUDA generator (`_ReductionEmitter`, a part of `codegen.cuda._KernelGen`).
+"""Cross-thread reductions of the CUDA generator (`_ReductionEmitter`, a part of `codegen.cuda.kernel._KernelGen`).
 
 Pattern: a loop T bound to `threadIdx.x`, containing a Store `C[idx] = C[idx] op e` (op in add, max,
 min, mul; operands in either order) whose index, written in the loops around it, does NOT use T's
@@ -38,7 +38,7 @@ from loopir import nodes as N
 from loopir.dtypes import is_int
 from loopir.visit import free_vars, substitute, walk
 
-from .cuda_expr import _CTYPE, CudaCodegenError, _loops, _subst_coords
+from .expr import _CTYPE, CudaCodegenError, _loops, _subst_coords
 
 _RED_OPS = ("add", "mul", "max", "min")
 

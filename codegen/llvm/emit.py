@@ -22,12 +22,12 @@ update and the product feeding it also carry `contract` (one rounding instead of
 
 The CPU pipeline (`codegen.passes`) has already turned tiling guards into loop bounds and given
 tile loops a full-tile version with constant bounds; constant `vectorize` loops in the simple
-subset become explicit vector code (`llvm_vec.emit_vector_loop`), the rest go to LLVM's vectorizer.
+subset become explicit vector code (`codegen.llvm.vec.emit_vector_loop`), the rest go to LLVM's vectorizer.
 
-Layout: `llvm_types` (dtype -> LLVM type tables, constants, CodegenError), `llvm_math` (libmvec;
-the host's features and vector width are target facts from `loopir.target`), `llvm_passes` (IR
-queries; index forms from `loopir.affine`), `llvm_expr` (expression lowering), `llvm_vec` (explicit
-vectors); this module emits statements, functions and the module.
+Layout: `types` (dtype -> LLVM type tables, constants, CodegenError), `math` (libmvec; the host's features
+and vector width are target facts from `loopir.target`), `queries` (IR queries; index forms from
+`loopir.affine`), `expr` (expression lowering), `vec` (explicit vectors); this module emits statements,
+functions and the module.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from loopir.nodes import Allocate, Barrier, Binary, Buffer, Const, For, If, Kernel, Program, Seq, Stmt, Store, Var
 from loopir.visit import walk
 
-from .llvm_expr import _ExprEmitter
-from .llvm_math import host_features, libm_name, libmvec, vector_bits, vector_variants
-from .llvm_passes import _const_extent, _is_parallel_top, _top_level, is_reduction, size_vars
-from .llvm_types import FLT, INTS, ITEMSIZE, STORE_T, VALUE_T, CodegenError, const_text, fconst
-from .llvm_vec import emit_vector_loop
+from .expr import _ExprEmitter
+from .math import host_features, libm_name, libmvec, vector_bits, vector_variants
+from .queries import _const_extent, _is_parallel_top, _top_level, is_reduction, size_vars
+from .types import FLT, INTS, ITEMSIZE, STORE_T, VALUE_T, CodegenError, const_text, fconst
+from .vec import emit_vector_loop
 
 # The public names of the CPU code generator, importable from here as before the split.
 __all__ = [

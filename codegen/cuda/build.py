@@ -11,10 +11,10 @@ from typing import Any
 from loopir.nodes import Kernel, Program
 from loopir.visit import walk
 
-from .cuda import generate_cuda
-from .cuda_runtime import CudaModule
+from .kernel import generate_cuda
+from .runtime import CudaModule
 from .nvrtc import compile_cubin, normalize_arch
-from .passes import lower
+from ..passes import lower
 
 _OPTS = ("arch", "options", "cache")
 
@@ -29,7 +29,7 @@ def build_cuda(program: Program, arch: str | int | None = None, **opts: Any) -> 
             raise TypeError(f"build: unknown option {o!r} for target 'cuda' (known: {', '.join(_OPTS)})")
     options = tuple(opts.get("options", ()))
     if arch is None:
-        from .cuda_runtime import default_arch
+        from .runtime import default_arch
 
         arch = default_arch()
     arch = normalize_arch(arch)

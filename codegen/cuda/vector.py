@@ -1,4 +1,4 @@
-"""128-bit vector accesses of the CUDA generator (`_VectorEmitter`, a part of `codegen.cuda._KernelGen`).
+"""128-bit vector accesses of the CUDA generator (`_VectorEmitter`, a part of `codegen.cuda.kernel._KernelGen`).
 
 Vector loads (loop kind "vectorize")
 ------------------------------------
@@ -21,7 +21,7 @@ from __future__ import annotations
 from loopir import nodes as N
 from loopir.visit import free_vars, substitute, walk
 
-from .cuda_expr import _is_const, _loops, _poly, _subst_coords
+from .expr import _is_const, _loops, _poly, _subst_coords
 
 _VEC_SCOPES = ("global", "shared")  # float4 accesses: global memory, and shared arrays (declared __align__(16))
 

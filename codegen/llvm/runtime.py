@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from .llvm import Generated, host_features, libmvec
+from .emit import Generated, host_features, libmvec
 
 _lock = threading.Lock()
 # A parallel loop is cut into this many contiguous chunks per thread, taken by whichever thread is
