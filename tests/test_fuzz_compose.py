@@ -28,7 +28,7 @@ import islpy as isl
 import numpy as np
 
 from loopir import interp, ir, te
-from loopir.nodes import For, Load, Program
+from loopir.nodes import Binary, For, Load, Program
 from loopir.visit import statements, walk
 from schedules import Schedule, ScheduleError
 from schedules.errors import InexactCheckError
@@ -228,6 +228,12 @@ def _random_step(r: random.Random, s: Schedule) -> tuple[str, tuple[Any, ...]] |
     if name == "bind" and loops:
         return name, (r.choice(loops), r.choice(["blockIdx.x", "threadIdx.x", "threadIdx.y"]))
     if name == "bind_reduction" and loops:
+        # mostly the innermost loop of a reduction statement (C = C op e), sometimes any loop (a misuse)
+        reds = [c for c in ctxs if c.loops and isinstance(c.store.value, Binary)
+                and Load(c.store.buffer, c.store.indices) in (c.store.value.a, c.store.value.b)]
+        if reds and r.random() < 0.8:
+            loops = s.loops(r.choice(reds).store.name)
+            return name, (loops[-1], "threadIdx.x", r.choice([None, 2, 4]))
         return name, (r.choice(loops), "threadIdx.x", r.choice([None, 2, 4]))
     if name == "fuse":
         top = list(dict.fromkeys(v for v in loop_vars(p) if any(c.loops and c.loops[0].var is v for c in ctxs)))
