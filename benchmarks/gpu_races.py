@@ -8,7 +8,8 @@ followed by a matmul) is built for CUDA through the user's path (`build`, auto-s
 by hand, lowered by the CUDA pipeline with its barrier placement), then run `--repeats` times, each
 time on fresh random inputs with NaN-poisoned outputs, against a float64 numpy reference. A kernel
 that races shows as a varying error. `--small` runs each case once at its smallest size: the target
-of `compute-sanitizer --tool racecheck|synccheck|memcheck` (see benchmarks/gpu_check.py).
+of `compute-sanitizer --tool racecheck|synccheck|memcheck` (see benchmarks/gpu_check.py). `--no-barriers` is
+the control: the same kernels without the barrier pass, whose races then show as wrong results.
 The table (case, size, runs, worst max relative error, verdict) is printed last.
 """
 
@@ -70,7 +71,14 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-barriers", action="store_true",
+                    help="control run: drop the place_barriers pass (the kernels race; shows the check can fail)")
     a = ap.parse_args()
+    if a.no_barriers:
+        import codegen.passes as P
+
+        full = P._pipelines
+        P._pipelines = lambda: {t: tuple(x for x in ps if x.name != "place_barriers") for t, ps in full().items()}
     rng = np.random.default_rng(20261123)
     rows = []
     for case in cases(a.small):
