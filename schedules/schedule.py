@@ -364,6 +364,11 @@ class Schedule:
                     f"before marking {loop.name} {how}")
             marks = {a: f"<-- {spec.name}" for a in _vars_in(args)}
             marks.setdefault(loop, f"<-- {how}")
+            if getattr(w, "notes", ()):
+                # over-approximated analysis (as in the order check): no witness, the step is uncheckable
+                err = InexactCheckError.from_witness(spec.name, w, self._program, marks, what)
+                err.analysed = deps.program
+                raise err
             err = ScheduleError.from_witness(spec.name, w, self._program, marks, hint, what)
             err.analysed = deps.program
             raise err
