@@ -25,36 +25,32 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
+import inspect
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from loopir import poly
-from loopir.nodes import Buffer, For, Program, Seq, Store, Var
+from loopir.bounds import BoundsError, check_bounds
+from loopir.lower import lower
+from loopir.nodes import Buffer, Const, For, Program, Seq, Store, Var
 from loopir.visit import deep_recursion, statements, walk_stmts
 
-from .errors import InexactCheckError, ScheduleError
-from .primitives import REGISTRY, CheckContext, PrimitiveSpec, loop_path, loop_vars
-from .primitives import find_loop
-from loopir.nodes import Const
-from loopir.bounds import BoundsError, check_bounds
+from .errors import InexactCheckError, ScheduleError, nest_str
+from .primitives import REGISTRY, CheckContext, PrimitiveSpec, find_loop, loop_path, loop_vars
+
+# the primitive modules: importing one registers its primitives in REGISTRY (and so as methods of Schedule)
+from .primitives import annotate as _annotate  # noqa: F401
+from .primitives import cache as _cache  # noqa: F401
+from .primitives import cache_write as _cache_write  # noqa: F401
+from .primitives import compute as _compute  # noqa: F401
+from .primitives import loop_fusion as _loop_fusion  # noqa: F401
+from .primitives import loops as _loops  # noqa: F401
 
 __all__ = ["Schedule", "LoopHandle"]
-
-# modules whose import registers primitives (missing optional ones are skipped)
-_PRIMITIVE_MODULES = ("loops", "annotate", "compute", "loop_fusion", "cache", "cache_write")
-
-
-def _load_primitives() -> None:
-    for mod in _PRIMITIVE_MODULES:
-        name = f"schedules.primitives.{mod}"
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
 
 
 class _Token:
@@ -89,7 +85,6 @@ class Schedule:
     """A program being scheduled. See the module docstring."""
 
     def __init__(self, target: Any, check: bool = True, name: str | None = None) -> None:
-        _load_primitives()
         if isinstance(target, Schedule):
             raise TypeError("Schedule() takes tensors or a Program, not another Schedule; use s.program")
         if isinstance(target, Program):
@@ -98,8 +93,6 @@ class Schedule:
             raise ValueError("Schedule() needs at least one tensor to schedule; got an empty list")
         elif _is_tensor(target) or (isinstance(target, (list, tuple)) and target
                                     and all(_is_tensor(t) for t in target)):
-            from loopir.lower import lower
-
             with deep_recursion():
                 program = lower(list(target) if isinstance(target, (list, tuple)) else target, name=name)
         else:
@@ -134,8 +127,6 @@ class Schedule:
         return self._deps
 
     def __str__(self) -> str:
-        from .errors import nest_str
-
         return nest_str(self._program)
 
     def __repr__(self) -> str:
@@ -244,7 +235,6 @@ class Schedule:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        _load_primitives()
         if name in REGISTRY:
             return functools.partial(self.apply, name)
         raise AttributeError(f"'Schedule' has no attribute or primitive {name!r}; primitives: "
@@ -259,7 +249,6 @@ class Schedule:
             return self._apply(name, *args, **kwargs)
 
     def _apply(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        _load_primitives()
         spec = REGISTRY.get(name)
         if spec is None:
             raise ValueError(f"unknown primitive {name!r}; known: {', '.join(sorted(REGISTRY))}")
@@ -434,8 +423,6 @@ _MULTI_LOOP = ("tile",)  # reorder / collapse / skew say "not nested" themselves
 
 def _plain_int(x: Any, primitive: str) -> Any:
     """numpy integers as Python ints; an int beyond int64 is refused (it would wrap in the generated code)."""
-    import numpy as np
-
     if isinstance(x, (list, tuple)):
         return type(x)(_plain_int(y, primitive) for y in x)
     if isinstance(x, np.integer):
@@ -447,8 +434,6 @@ def _plain_int(x: Any, primitive: str) -> Any:
 
 def _check_loop_args(spec: PrimitiveSpec, args: tuple[Any, ...], kwargs: dict[str, Any], s: Schedule) -> None:
     """Loop parameters get loops; the loops of a multi-loop step lie in one nest; unroll has a limit."""
-    import inspect
-
 
     try:
         params = list(inspect.signature(spec.fn).parameters.values())[2 if spec.takes_deps else 1:]

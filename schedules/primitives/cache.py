@@ -55,8 +55,9 @@ from loopir.nodes import (
 )
 from loopir.visit import Transformer, seq, statements, substitute, walk
 
-from . import CheckContext, find_loop, fresh_name, primitive, replace_loop
+from . import CheckContext, find_loop, fresh_name, primitive, replace_loop, subst_loops
 from .cache_write import NonAffine, Names, _conj, _exists, _prefix, isl_expr, loop_constraints, pw_to_expr
+from .loop_fusion import simplify
 
 __all__ = ["bind_reduction", "cache_read", "reduction_parts", "without_reduction_deps"]
 
@@ -166,8 +167,6 @@ def bind_reduction(program: Program, loop: Var, axis: str = "threadIdx.x",
     ks = Var(fresh_name(program, f"{loop.name}s", taken), INDEX)
     ext = binary("sub", f.hi, f.lo)
     offset = binary("add", binary("mul", ks, const(threads)), kt)
-    from . import subst_loops
-
     body = subst_loops(f.body, {loop: binary("add", f.lo, offset)})
     n_chunks = binary("floordiv", binary("add", ext, const(threads - 1)), const(threads))
     if not (isinstance(ext, Const) and ext.value % threads == 0):
@@ -195,8 +194,6 @@ def _buffer(program: Program, x: Any) -> Buffer:
 
 
 def _const_value(e: Expr) -> int | None:
-    from .loop_fusion import simplify  # C2's affine simplifier
-
     e = simplify(e)
     return int(e.value) if isinstance(e, Const) else None
 
@@ -209,8 +206,6 @@ class _Redirect(Transformer):
         idx = tuple(self.visit(i) for i in ld.indices)
         if ld.buffer is not self.buf:
             return ld if all(a is b for a, b in zip(idx, ld.indices)) else Load(ld.buffer, idx)
-        from .loop_fusion import simplify
-
         return Load(self.cache, tuple(simplify(binary("sub", i, lo)) for i, lo in zip(idx, self.lows)))
 
 

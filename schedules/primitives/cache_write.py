@@ -45,12 +45,15 @@ from typing import Any
 
 import islpy as isl
 
+from loopir import poly
 from loopir.dtypes import INDEX
 from loopir.nodes import (Allocate, Binary, Buffer, Cast, Compare, Const, Expr, For, If, Load, Logical, Program, Seq,
     Stmt, Store, Unary, Var, binary, const)
 from loopir.visit import Transformer, seq, statements, substitute, walk
 
-from . import fresh_name
+from schedules.errors import ScheduleError
+
+from . import fresh_name, primitive
 
 SCOPES = ("local", "shared")
 
@@ -367,17 +370,7 @@ def _timevecs(body: Stmt) -> dict[int, list[str]]:
 
 def _schedule_error(buf: Buffer, sink: tuple[str, dict[str, int]], source: Any, params: dict[str, int],
                     msg: str) -> Exception:
-    try:
-        from schedules.errors import ScheduleError
-    except ImportError:  # pragma: no cover - C1's module not there yet
-        return ValueError(msg)
-    try:
-        return ScheduleError("cache_write", "flow", buf.name, source, sink, params, message=msg)
-    except TypeError:
-        try:
-            return ScheduleError("cache_write", "flow", buf.name, source, sink, params)
-        except TypeError:
-            return ValueError(msg)
+    return ScheduleError("cache_write", "flow", buf.name, source, sink, params, message=msg)
 
 
 def resolve_buffer(program: Program, x: Any) -> Buffer:
@@ -543,16 +536,12 @@ def _local_index(idx: tuple[Expr, ...], st: Store, loops: tuple[For, ...], guard
 
 def _check_order(before: Program, after: Program, buf: Buffer, what: str) -> None:
     """Legal iff no dependence of `before` runs backwards in `after` (poly.find_violation is None)."""
-    from loopir import poly
-
     deps = poly.dependences(before)
     bad = poly.instance_mismatch(deps, after)
     if bad is not None:
         raise ValueError(f"cache_write: {what} {buf.name!r} would change the computed instances: {bad}")
     w = poly.find_violation(deps, after)
     if w is not None:
-        from schedules.errors import ScheduleError
-
         raise ScheduleError.from_witness("cache_write", w, before, None, None, f"cache_write: {what} {buf.name!r}")
 
 
@@ -811,8 +800,6 @@ def _check_registered(ctx: Any) -> None:
 
 
 def _register() -> None:
-    from . import primitive
-
     @primitive("cache_write", check=_check_registered, rebase=True)
     def _cache_write(program: Program, buffer: Any, scope: str, loop: Var, epilogue: Any = (),
                      hoist_init: bool = True) -> tuple[Program, Buffer]:

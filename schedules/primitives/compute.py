@@ -21,13 +21,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from loopir.dtypes import INDEX
-from loopir.nodes import Allocate, Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt, Store, Var, binary
-from loopir.visit import StmtContext, Transformer, buffers_of, seq, statements, substitute, walk
+import islpy as isl
 
-from . import fresh_name
-from .loop_fusion import affine, find_loop, find_path, replace_at, same_value, simplify
+from loopir import poly
+from loopir.dtypes import INDEX
 from loopir.footprint import simplify_in_context
+from loopir.nodes import Allocate, Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt, Store, Var, binary
+from loopir.visit import StmtContext, Transformer, buffers_of, map_stmts, seq, statements, substitute, walk
+
+from . import fresh_name, primitive
+from .loop_fusion import affine, find_loop, find_path, replace_at, same_value, simplify
 
 # ----------------------------------------------------------------------------- producer lookup
 
@@ -168,8 +171,6 @@ def compute_inline(program: Program, producer: Any) -> tuple[Program, InlinePlan
             return replace(s, value=_Inline().visit(s.value), indices=tuple(_Inline().visit(i) for i in s.indices))
         return None
 
-    from loopir.visit import map_stmts
-
     body = map_stmts(program.body, rewrite)
     path = _find_node(body, p)
     assert path is not None
@@ -243,7 +244,7 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
             for ji in 0..4: C[..] = B[..]       for ji in 0..4: C[..] = B[..]
     """
     if footprint is None:
-        from loopir.poly import footprint
+        footprint = poly.footprint
     buf = producer_buffer(program, producer)
     if not isinstance(loop, Var):
         raise TypeError(f"compute_at: the target must be a loop handle, got {type(loop).__name__} {loop!r}")
@@ -406,9 +407,7 @@ def rebase_statements(program: Program, names: set[str]) -> Program:
     After compute_at a producer instance runs once per iteration of the target loop; its new
     instance space (outer loops + the producer's new loops) makes that injective again, so
     the next steps are checked against exact dependences of the new program."""
-    from loopir.visit import statements as _stmts
-
-    loops_of = {id(c.store): c.loops for c in _stmts(program) if c.store.name in names}
+    loops_of = {id(c.store): c.loops for c in statements(program) if c.store.name in names}
 
     class _R(Transformer):
         def visit_Store(self, st: Store) -> Store:
@@ -431,8 +430,6 @@ def rebase_statements(program: Program, names: set[str]) -> Program:
 
 def _split_by_names(umap: Any, keep: Any) -> Any:
     """The maps of an isl UnionMap whose (source, sink) tuple names satisfy `keep`."""
-    import islpy as isl
-
     out = isl.UnionMap.empty(umap.get_space())
     maps = umap.get_map_list()
     for k in range(maps.n_map()):
@@ -449,17 +446,13 @@ def check_at(ctx: Any) -> Any:
     the rebuilt program, no dependence d = (s -> t) with not (s, t in R) and not (s in R, t not
     in R, d a flow) is run backwards (flow: first run of s before every run of t; anti: last
     run of s before the first of t; output: last runs ordered)."""
-    import dataclasses
-
-    from loopir import poly
-
     producer, loop = ctx.args[0], ctx.args[1]
     unrebased, plan = compute_at(ctx.old, producer, loop)
     group = {poly._sanitize(n) for n in plan.producers}
     deps = ctx.deps
     both = lambda a, b: a in group and b in group  # noqa: E731 - satisfied: the nest is rebuilt in its own order
     feeds = lambda a, b: a in group and b not in group  # noqa: E731 - satisfied: the footprint covers the reads
-    filtered = dataclasses.replace(
+    filtered = replace(
         deps,
         flow=_split_by_names(deps.flow, lambda a, b: not both(a, b) and not feeds(a, b)),
         anti=_split_by_names(deps.anti, lambda a, b: not both(a, b)),
@@ -474,8 +467,6 @@ def check_inline(ctx: Any) -> Any:
     Formal condition: no anti dependence P(e) -> W(w) (W is the first overwrite of an element P
     reads) and flow dependence P(e) -> X(x) through the producer's buffer with old(W(w)) <lex
     old(X(x)); the witness is P(e) -> W(w), whose read now happens inside X(x), after W(w)."""
-    from loopir import poly
-
     deps = ctx.deps
     buf = producer_buffer(ctx.old, ctx.args[0])
     p = writers(ctx.old, buf)[0].store
@@ -508,8 +499,6 @@ def _at_hint(ctx: Any, w: Any) -> str | None:
 
 
 def _register() -> None:
-    from schedules.primitives import primitive
-
     @primitive("compute_inline", check=check_inline, hint=_inline_hint, rebase=True)
     def _compute_inline(program: Program, producer: Any) -> Program:
         """`s.compute_inline(t)`: inline the pure producer `t` into its readers (see `compute.compute_inline`)."""

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from loopir.nodes import Allocate, Expr, For, If, Program, Seq, Stmt, Store, Var, binary
+from loopir.nodes import Allocate, Binary, Cast, Const, Expr, For, If, Program, Seq, Stmt, Store, Unary, Var, binary
 from loopir.visit import Transformer, seq, substitute
 
-from . import Path, find_path
+from . import Path, find_path, primitive
 
 # ----------------------------------------------------------------------------- tree helpers
 
@@ -26,8 +26,6 @@ from . import Path, find_path
 
 def affine(e: Expr) -> dict[Any, int] | None:
     """`e` as {Var: coefficient, 1: constant}, or None when it is not affine (integer)."""
-    from loopir.nodes import Binary, Cast, Const, Unary
-
     if isinstance(e, Const):
         return {1: int(e.value)} if not isinstance(e.value, float) or e.value == int(e.value) else None
     if isinstance(e, Var):
@@ -78,8 +76,6 @@ def same_value(a: Expr, b: Expr) -> bool:
 def simplify(e: Expr) -> Expr:
     """An affine integer expression in a canonical form (variables in first-use order, then
     the constant); `max`/`min` operands simplified; anything else unchanged."""
-    from loopir.nodes import Binary, Const
-
     if isinstance(e, Binary) and e.op in ("max", "min"):
         a, b = simplify(e.a), simplify(e.b)
         la, lb = affine(a), affine(b)
@@ -267,8 +263,6 @@ def _fuse_hint(ctx: Any, w: Any) -> str | None:
 
 
 def _register() -> None:
-    from schedules.primitives import primitive
-
     @primitive("fuse", check="order", hint=_fuse_hint)
     def _fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
         """Loop fusion of two sibling nests: `s.fuse(a, b) -> loop` (see `loop_fusion.fuse`)."""
