@@ -28,7 +28,7 @@ PACKAGES = ("loopir", "schedules", "codegen")
 OTHER_DIRS = ("tests", "examples", "benchmarks")
 MAX_LINES = 850
 
-# (file, project module it imports lazily): why it is still lazy. Each entry is a real need; the list shrinks to nothing.
+# (file, project module it imports lazily): why it is still lazy (each entry a real need).
 # Per-target loading needs no lazy project import: codegen.llvm imports llvmlite and codegen.cuda.runtime the CUDA
 # driver inside the functions that use them, so `import codegen` loads neither (measured with
 # `python -X importtime -c "import codegen"`: ~190 ms before the codegen entries moved to the top, ~215 ms after).
