@@ -30,7 +30,7 @@ import json
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -99,7 +99,7 @@ class Schedule:
                 program = lower(list(target) if isinstance(target, (list, tuple)) else target, name=name)
         else:
             raise ArgumentTypeError(f"Schedule() takes a te tensor, a list of tensors or a loopir Program, "
-                            f"got {type(target).__name__}")
+                                    f"got {type(target).__name__}")
         self._token = _Token()
         self._original = program
         self._program = program
@@ -191,11 +191,11 @@ class Schedule:
         base, _, k = ref.partition("#")
         if k and not k.isdigit():
             raise ArgumentError(f"loop reference {ref!r}: after '#' comes the index of the loop among those named "
-                             f"{base!r} (0, 1, ...), got {k!r}")
+                                f"{base!r} (0, 1, ...), got {k!r}")
         found = [v for v in loop_vars(self._program) if v.name == base]
         if not found:
             raise NotFoundError(f"no loop named {base!r} in this schedule; loops: "
-                             f"{', '.join(v.name for v in loop_vars(self._program))}")
+                                f"{', '.join(v.name for v in loop_vars(self._program))}")
         idx = int(k) if k else 0
         if idx >= len(found):
             raise NotFoundError(f"there is no loop {ref!r}: only {len(found)} loop(s) are named {base!r}")
@@ -213,7 +213,7 @@ class Schedule:
                 raise NotFoundError(f"{primitive}: loop {x.name!r} is a handle from another schedule")
             if not any(v is x.var for v in loop_vars(self._program)):
                 raise NotFoundError(f"{primitive}: loop {x.name!r} no longer exists in this schedule "
-                                 "(an earlier step replaced it; use the handles that step returned)")
+                                    "(an earlier step replaced it; use the handles that step returned)")
             return x.var
         if isinstance(x, Var):
             if not any(v is x for v in loop_vars(self._program)):
@@ -233,6 +233,29 @@ class Schedule:
         if isinstance(x, (str, int, float, bool)) or x is None:
             return x
         raise ArgumentTypeError(f"cannot record argument {x!r} of type {type(x).__name__} in the trace")
+
+    # ------------------------------------------------------------------ the primitives, for type checkers
+
+    if TYPE_CHECKING:  # at run time _install_primitive_methods() makes these from REGISTRY (with docstrings);
+        # tests/test_primitive_methods.py checks that these declarations match the registered signatures
+        def bind(self, loop: LoopHandle, axis: str) -> Schedule: ...
+        def bind_reduction(self, loop: LoopHandle, axis: str = "threadIdx.x",
+                           threads: int | None = None) -> LoopHandle | tuple[LoopHandle, LoopHandle]: ...
+        def cache_read(self, tensor: Any, scope: str, loop: LoopHandle) -> Buffer: ...
+        def cache_write(self, buffer: Any, scope: str, loop: LoopHandle, epilogue: Any = (),
+                        hoist_init: bool = True) -> Buffer: ...
+        def collapse(self, outer: LoopHandle, inner: LoopHandle) -> LoopHandle: ...
+        def compute_at(self, producer: Any, loop: LoopHandle) -> Schedule: ...
+        def compute_inline(self, producer: Any) -> Schedule: ...
+        def fuse(self, loop_a: LoopHandle, loop_b: LoopHandle) -> LoopHandle: ...
+        def parallel(self, loop: LoopHandle) -> Schedule: ...
+        def reorder(self, *loops: LoopHandle) -> Schedule: ...
+        def skew(self, outer: LoopHandle, inner: LoopHandle, factor: int = 1) -> LoopHandle: ...
+        def split(self, loop: LoopHandle, factor: int) -> tuple[LoopHandle, LoopHandle]: ...
+        def tile(self, i: LoopHandle, j: LoopHandle, ti: int,
+                 tj: int) -> tuple[LoopHandle, LoopHandle, LoopHandle, LoopHandle]: ...
+        def unroll(self, loop: LoopHandle) -> Schedule: ...
+        def vectorize(self, loop: LoopHandle) -> Schedule: ...
 
     # ------------------------------------------------------------------ applying primitives
 
@@ -394,7 +417,7 @@ class Schedule:
             a, kw = step.get("args", []), step.get("kwargs", {})
             if not isinstance(a, list) or not isinstance(kw, dict):
                 raise ArgumentError(f"Schedule.replay: step {k} ({step['primitive']!r}): 'args' must be a list and "
-                                 "'kwargs' an object")
+                                    "'kwargs' an object")
             args = [s._from_json(x) for x in a]
             kwargs = {n: s._from_json(v) for n, v in kw.items()}
             s.apply(step["primitive"], *args, **kwargs)
@@ -507,7 +530,7 @@ def _check_loop_args(spec: PrimitiveSpec, args: tuple[Any, ...], kwargs: dict[st
         for v in vals:
             if not isinstance(v, Var):
                 raise ArgumentTypeError(f"{spec.name}: argument {p.name!r} must be a loop handle (from s.loops(...) or "
-                                f"s.loop('name')), got {type(v).__name__} {v!r}")
+                                        f"s.loop('name')), got {type(v).__name__} {v!r}")
             loops.append(v)
     if spec.name in _MULTI_LOOP:
         for a_i, a in enumerate(loops):
@@ -516,15 +539,15 @@ def _check_loop_args(spec: PrimitiveSpec, args: tuple[Any, ...], kwargs: dict[st
                 if not any(getattr(x, "var", None) is b for x in pa) and not any(
                         getattr(x, "var", None) is a for x in pb):
                     raise NotNestedError(f"{spec.name}: loops {s._ref(a)!r} and {s._ref(b)!r} are not nested: they "
-                                     "are in different loop nests (neither encloses the other); a step over "
-                                     "several loops needs them nested in one nest")
+                                         "are in different loop nests (neither encloses the other); a step over "
+                                         "several loops needs them nested in one nest")
     if spec.name == "unroll" and loops:
         f = find_loop(s.program, loops[0])
 
         if isinstance(f.lo, Const) and isinstance(f.hi, Const) and f.hi.value - f.lo.value > UNROLL_LIMIT:
             raise ArgumentError(f"unroll: loop {s._ref(loops[0])!r} has {f.hi.value - f.lo.value} iterations, more "
-                             f"than the limit of {UNROLL_LIMIT} an unrolled loop may have; split it first "
-                             f"(s.split(loop, 8)) and unroll the inner loop")
+                                f"than the limit of {UNROLL_LIMIT} an unrolled loop may have; split it first "
+                                f"(s.split(loop, 8)) and unroll the inner loop")
 
 
 def bounds_checked(spec: PrimitiveSpec) -> bool:
@@ -554,7 +577,7 @@ def _plain_errors(name: str, args: tuple[Any, ...]) -> Iterator[None]:
     except poly.NonAffine as e:
         what = f"{name}({', '.join(_arg_str(a) for a in args)})"
         raise ArgumentError(f"{what}: the nest is not affine at {e} (loops {', '.join(v.name for v in _vars_in(args))}"
-                         f"); this step cannot be applied or checked exactly here") from e
+                            f"); this step cannot be applied or checked exactly here") from e
 
 
 def _vars_in(args: Sequence[Any]) -> list[Var]:

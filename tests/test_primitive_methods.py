@@ -3,7 +3,9 @@ primitive's docstring states its precondition and shows the nest before and afte
 
 from __future__ import annotations
 
+import ast
 import inspect
+import os
 import pydoc
 import re
 
@@ -76,6 +78,28 @@ def test_a_later_registration_is_still_reachable():
         assert s.test_late_prim() is s and "test_late_prim" in dir(s)
     finally:
         REGISTRY.pop("test_late_prim")
+
+
+def _stubs() -> dict[str, ast.FunctionDef]:
+    """The declarations for type checkers: the defs under `if TYPE_CHECKING:` in class Schedule."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "schedules", "schedule.py")
+    with open(path) as fh:
+        tree = ast.parse(fh.read())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Schedule")
+    block = next(n for n in cls.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    return {f.name: f for f in block.body if isinstance(f, ast.FunctionDef)}
+
+
+def test_type_checker_declarations_match_the_registry():
+    stubs = _stubs()
+    assert sorted(stubs) == [n for n in NAMES if not n.startswith("test_")], "declare each primitive once"
+    for name, f in stubs.items():
+        declared = [a.arg for a in f.args.args] + ([f"*{f.args.vararg.arg}"] if f.args.vararg else [])
+        sig = inspect.signature(getattr(Schedule, name))
+        real = [("*" if p.kind is p.VAR_POSITIONAL else "") + p.name for p in sig.parameters.values()]
+        assert declared == real, f"{name}: declared {declared}, registered {real}"
+        defaults = [ast.literal_eval(d) for d in f.args.defaults]
+        assert defaults == [p.default for p in sig.parameters.values() if p.default is not p.empty], name
 
 
 # a line of a nest example: the nest before, an arrow set apart by spaces, the nest after

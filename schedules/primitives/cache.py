@@ -153,7 +153,7 @@ def bind_reduction(program: Program, loop: Var, axis: str = "threadIdx.x",
         raise ArgumentTypeError(f"bind_reduction: expected a loop handle, got {type(loop).__name__} {loop!r}")
     if axis not in THREAD_AXES:
         raise ArgumentError(f"bind_reduction: axis must be one of {', '.join(THREAD_AXES)}, got {axis!r} "
-                         "(a reduction across blocks is not supported)")
+                            "(a reduction across blocks is not supported)")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ArgumentError(f"bind_reduction: threads must be a positive integer, got {threads!r}")
     _reductions_over(program, loop)

@@ -168,7 +168,7 @@ def _band(program: Program, loops: tuple[Var, ...], what: str) -> tuple[list[For
     off = [v.name for v in loops if id(v) not in on_chain]
     if off:
         raise NotNestedError(f"{what}: loops {', '.join(off)} and {deepest.name} are not nested in one another "
-                         "(loops of different nests cannot be reordered)")
+                             "(loops of different nests cannot be reordered)")
     start = min(chain.index(paths[v][-1]) for v in loops)
     seg = chain[start:]
     fors: list[For] = []
@@ -179,7 +179,7 @@ def _band(program: Program, loops: tuple[Var, ...], what: str) -> tuple[list[For
         elif isinstance(s, If):
             if s.orelse is not None:
                 raise NotNestedError(f"{what}: an if/else between loops {fors[-1].var.name} and its inner loops "
-                                 "makes the nest imperfect")
+                                     "makes the nest imperfect")
             guards.append(s.cond)
         elif isinstance(s, Seq):
             others = [c for c in s.body if c is not seg[k + 1]]
@@ -425,10 +425,10 @@ def collapse(program: Program, outer: Var, inner: Var) -> tuple[Program, Var]:
     fi = find_loop(program, inner)
     if fo.body is not fi:
         raise NotNestedError(f"collapse: loop {inner.name!r} is not the whole body of loop {outer.name!r} "
-                         "(collapse merges two directly nested loops)")
+                             "(collapse merges two directly nested loops)")
     if outer in free_vars(fi.lo) | free_vars(fi.hi):
         raise ArgumentError(f"collapse: the bounds of {inner.name!r} depend on {outer.name!r}; only rectangular "
-                         "pairs of loops can be collapsed")
+                            "pairs of loops can be collapsed")
     _serial(fo, "collapse")
     _serial(fi, "collapse")
     ei = binary("sub", fi.hi, fi.lo)
