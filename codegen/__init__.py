@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .build import build, cache_clear, structural_key
+from .cuda.runtime import gpu_available as _probe
 from .module import CpuModule, Module
 
 __all__ = ["build", "Module", "CpuModule", "structural_key", "cache_clear", "gpu_available"]
@@ -11,8 +12,4 @@ __all__ = ["build", "Module", "CpuModule", "structural_key", "cache_clear", "gpu
 def gpu_available() -> bool:
     """True when the CUDA driver loads and reports a device; never raises (no driver, no device,
     no cuda-python: all mean False). The examples and the test suite's `gpu` marker use it."""
-    try:
-        from .cuda.runtime import gpu_available as probe
-    except Exception:  # noqa: BLE001 - cuda-python itself missing: no GPU either
-        return False
-    return probe()
+    return _probe()

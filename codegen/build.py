@@ -27,6 +27,9 @@ from loopir.nodes import Allocate, Buffer, Node, Program, Var
 from loopir.visit import buffers_of, deep_recursion, walk
 from schedules.auto import auto_schedule
 
+from .cuda.build import build_cuda
+from .llvm import generate, size_vars
+from .llvm.runtime import CpuKernel
 from .module import CpuModule, Module
 from .cuda.nvrtc import normalize_arch
 from .passes import lower
@@ -205,8 +208,6 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, **opts: Any) -> Mo
 
     mod: Module
     if target == "cuda":
-        from .cuda.build import build_cuda
-
         mod = build_cuda(program, **opts)
     else:
         mod = CpuModule(program, compile_cpu(program), threads=opts.get("threads"))
@@ -239,11 +240,6 @@ def _check_opts(target: str, opts: dict[str, Any]) -> None:
 
 def compile_cpu(program: Program) -> Any:
     """The cached native kernel of `program` (compiled at the first request)."""
-    from .llvm.runtime import CpuKernel
-    from .llvm import generate
-
-    from .llvm import size_vars
-
     n_params = len(program.args) + len(program.temps) + len(size_vars(program)) + 2
     # the native functions are called through ctypes, which passes at most MAX_NATIVE_ARGS arguments
     if n_params > MAX_NATIVE_ARGS:

@@ -18,6 +18,9 @@ from loopir.args import bind_args, size_of
 from loopir.nodes import Buffer, Program, Var
 from loopir.visit import buffers_of
 
+from .llvm import size_vars
+from .llvm.runtime import default_threads
+
 
 class Module:
     """A compiled program. Subclasses implement `_run(arrays, sizes)`."""
@@ -71,10 +74,6 @@ class CpuModule(Module):
     target = "cpu"
 
     def __init__(self, program: Program, kernel: Any, threads: int | None = None) -> None:
-        from .llvm.runtime import default_threads
-
-        from .llvm import size_vars
-
         super().__init__(program, kernel.gen.source, kernel.kernels)
         self.kernel = kernel
         self.size_vars = size_vars(program)  # positionally equal to kernel.gen.sizes (same structure)

@@ -26,6 +26,7 @@ import numpy as np
 from .dtypes import check_dtype
 from .nodes import Binary, Call, Cast, Compare, Const, Expr, Load, Logical, Program, Select, Unary, Var
 from .printer import expr_str
+from .visit import free_vars
 
 _CALLS = {
     "exp": math.exp,
@@ -238,8 +239,6 @@ def bind_shapes(
 
 
 def _vars(e: Expr) -> list[Var]:
-    from .visit import free_vars
-
     return list(free_vars(e))
 
 

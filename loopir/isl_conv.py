@@ -11,6 +11,7 @@ from typing import Any
 
 import islpy as isl
 
+from .args import eval_expr
 from .nodes import Binary, Cast, Compare, Const, Expr, Logical, Unary, Var, binary, const
 
 __all__ = [
@@ -158,8 +159,6 @@ def cond(e: Expr, names: _Names, negate: bool = False) -> str:
 def eval_index(e: Expr, env: dict[Var, int]) -> int:
     """Value of an integer index expression at concrete values of its variables (ValueError naming
     a variable without a value): `loopir.args.eval_expr`, as an int."""
-    from .args import eval_expr
-
     return int(eval_expr(e, env))
 
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from . import nodes
 from .nodes import Buffer, Const, Expr, For, Program, Stmt, Store, Var
 from .te import ComputeOp, PlaceholderOp, Reduce, Tensor, identity
-from .visit import free_vars, seq
+from .visit import free_vars, seq, walk
 
 _COMBINE = {"sum": "add", "max": "max", "min": "min"}
 
@@ -182,8 +182,6 @@ def _params(args: tuple[Buffer, ...], temps: tuple[Buffer, ...], stages: list[Te
 
 
 def _first_pos(e: object, v: Var) -> int:
-    from .visit import walk
-
     for k, n in enumerate(walk(e)):  # type: ignore[arg-type]
         if n is v:
             return k

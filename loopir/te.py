@@ -39,6 +39,7 @@ import numpy as np
 from . import nodes
 from .dtypes import DTYPES, INDEX, check_dtype, is_float, is_int
 from .nodes import Buffer, Const, Expr, ExprLike, Load, Var
+from .visit import walk
 
 float16, float32, float64, int32, int64, bool_ = "float16", "float32", "float64", "int32", "int64", "bool"
 
@@ -335,8 +336,6 @@ def _compute(name: str, shp: tuple[Expr, ...], axis: tuple[Var, ...], fcompute: 
 
 
 def _walk(e: Expr) -> list[Any]:
-    from .visit import walk
-
     return list(walk(e))
 
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import te
+from . import ir, te
 from .args import eval_expr
+from .lower import lower
 from .nodes import Buffer, Expr, Program, Var
 from .te import Tensor
 
@@ -58,8 +59,6 @@ class Workload:
         """The loop-IR program (lowered from te, or the builder's program)."""
         if self.built is not None:
             return self.built
-        from .lower import lower
-
         return lower(list(self.outputs), args=list(self.args), name=self.name)
 
     def shape_of(self, x: Tensor | Buffer, sizes: dict[str, int]) -> tuple[int, ...]:
@@ -304,8 +303,6 @@ def prefix_sum(n: Size | None = None, dtype: str = "float32") -> Workload:
         for i in range(1, n):
             A[i] = A[i - 1] + A[i]      # S
     """
-    from . import ir
-
     n = _size(n, "n")
     a = ir.buffer((n,), dtype=dtype, name="A")
     b = ir.Builder("prefix_sum")

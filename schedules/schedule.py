@@ -25,36 +25,34 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
+import inspect
 import json
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from loopir import poly
-from loopir.nodes import Buffer, For, Program, Seq, Store, Var
+from loopir.bounds import BoundsError, check_bounds
+from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
+from loopir.lower import lower
+from loopir.nodes import Buffer, Const, For, Program, Seq, Store, Var
 from loopir.visit import deep_recursion, statements, walk_stmts
 
-from .errors import InexactCheckError, ScheduleError
-from .primitives import REGISTRY, CheckContext, PrimitiveSpec, loop_path, loop_vars
-from .primitives import find_loop
-from loopir.nodes import Const
-from loopir.bounds import BoundsError, check_bounds
+from .errors import InexactCheckError, ScheduleError, nest_str
+from .primitives import REGISTRY, CheckContext, PrimitiveSpec, find_loop, loop_path, loop_vars
+
+# the primitive modules: importing one registers its primitives in REGISTRY (and so as methods of Schedule)
+from .primitives import annotate as _annotate  # noqa: F401
+from .primitives import cache as _cache  # noqa: F401
+from .primitives import cache_write as _cache_write  # noqa: F401
+from .primitives import compute as _compute  # noqa: F401
+from .primitives import loop_fusion as _loop_fusion  # noqa: F401
+from .primitives import loops as _loops  # noqa: F401
 
 __all__ = ["Schedule", "LoopHandle"]
-
-# modules whose import registers primitives (missing optional ones are skipped)
-_PRIMITIVE_MODULES = ("loops", "annotate", "compute", "loop_fusion", "cache", "cache_write")
-
-
-def _load_primitives() -> None:
-    for mod in _PRIMITIVE_MODULES:
-        name = f"schedules.primitives.{mod}"
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
 
 
 class _Token:
@@ -89,22 +87,19 @@ class Schedule:
     """A program being scheduled. See the module docstring."""
 
     def __init__(self, target: Any, check: bool = True, name: str | None = None) -> None:
-        _load_primitives()
         if isinstance(target, Schedule):
-            raise TypeError("Schedule() takes tensors or a Program, not another Schedule; use s.program")
+            raise ArgumentTypeError("Schedule() takes tensors or a Program, not another Schedule; use s.program")
         if isinstance(target, Program):
             program = target
         elif isinstance(target, (list, tuple)) and not target:
-            raise ValueError("Schedule() needs at least one tensor to schedule; got an empty list")
+            raise ArgumentError("Schedule() needs at least one tensor to schedule; got an empty list")
         elif _is_tensor(target) or (isinstance(target, (list, tuple)) and target
                                     and all(_is_tensor(t) for t in target)):
-            from loopir.lower import lower
-
             with deep_recursion():
                 program = lower(list(target) if isinstance(target, (list, tuple)) else target, name=name)
         else:
-            raise TypeError(f"Schedule() takes a te tensor, a list of tensors or a loopir Program, "
-                            f"got {type(target).__name__}")
+            raise ArgumentTypeError(f"Schedule() takes a te tensor, a list of tensors or a loopir Program, "
+                                    f"got {type(target).__name__}")
         self._token = _Token()
         self._original = program
         self._program = program
@@ -134,8 +129,6 @@ class Schedule:
         return self._deps
 
     def __str__(self) -> str:
-        from .errors import nest_str
-
         return nest_str(self._program)
 
     def __repr__(self) -> str:
@@ -175,14 +168,15 @@ class Schedule:
         name, or a buffer name (then the deepest statement writing it, e.g. the update of a reduction)."""
         name = target.name if (_is_tensor(target) or isinstance(target, Buffer)) else target
         if not isinstance(name, str):
-            raise TypeError(f"loops() takes a tensor or a statement name, got {type(target).__name__}")
+            raise ArgumentTypeError(f"loops() takes a tensor or a statement name, got {type(target).__name__}")
         ctxs = statements(self._program)
         chosen = [c for c in ctxs if c.store.name == name]
         if not chosen:
             chosen = [c for c in ctxs if c.store.buffer.name == name]
         if not chosen:
             known = sorted({c.store.name for c in ctxs})
-            raise ValueError(f"no statement or tensor named {name!r} in this schedule; statements: {', '.join(known)}")
+            raise NotFoundError(f"no statement or tensor named {name!r} in this schedule; "
+                                f"statements: {', '.join(known)}")
         best = max(chosen, key=lambda c: len(c.loops))
         return tuple(LoopHandle(self._token, lp.var) for lp in best.loops)
 
@@ -192,18 +186,19 @@ class Schedule:
 
     def _var_by_ref(self, ref: str) -> Var:
         if not isinstance(ref, str):
-            raise TypeError(f"loop() takes a loop name (str, e.g. 'i' or 'i#1'), got {type(ref).__name__} {ref!r}")
+            raise ArgumentTypeError(f"loop() takes a loop name (str, e.g. 'i' or 'i#1'), "
+                                    f"got {type(ref).__name__} {ref!r}")
         base, _, k = ref.partition("#")
         if k and not k.isdigit():
-            raise ValueError(f"loop reference {ref!r}: after '#' comes the index of the loop among those named "
-                             f"{base!r} (0, 1, ...), got {k!r}")
+            raise ArgumentError(f"loop reference {ref!r}: after '#' comes the index of the loop among those named "
+                                f"{base!r} (0, 1, ...), got {k!r}")
         found = [v for v in loop_vars(self._program) if v.name == base]
         if not found:
-            raise ValueError(f"no loop named {base!r} in this schedule; loops: "
-                             f"{', '.join(v.name for v in loop_vars(self._program))}")
+            raise NotFoundError(f"no loop named {base!r} in this schedule; loops: "
+                                f"{', '.join(v.name for v in loop_vars(self._program))}")
         idx = int(k) if k else 0
         if idx >= len(found):
-            raise ValueError(f"there is no loop {ref!r}: only {len(found)} loop(s) are named {base!r}")
+            raise NotFoundError(f"there is no loop {ref!r}: only {len(found)} loop(s) are named {base!r}")
         return found[idx]
 
     def _ref(self, var: Var, program: Program | None = None) -> str:
@@ -215,14 +210,14 @@ class Schedule:
     def _resolve(self, x: Any, primitive: str) -> Any:
         if isinstance(x, LoopHandle):
             if x.owner is not self._token:
-                raise ValueError(f"{primitive}: loop {x.name!r} is a handle from another schedule")
+                raise NotFoundError(f"{primitive}: loop {x.name!r} is a handle from another schedule")
             if not any(v is x.var for v in loop_vars(self._program)):
-                raise ValueError(f"{primitive}: loop {x.name!r} no longer exists in this schedule "
-                                 "(an earlier step replaced it; use the handles that step returned)")
+                raise NotFoundError(f"{primitive}: loop {x.name!r} no longer exists in this schedule "
+                                    "(an earlier step replaced it; use the handles that step returned)")
             return x.var
         if isinstance(x, Var):
             if not any(v is x for v in loop_vars(self._program)):
-                raise ValueError(f"{primitive}: {x.name!r} is not a loop of this schedule")
+                raise NotFoundError(f"{primitive}: {x.name!r} is not a loop of this schedule")
             return x
         if _is_tensor(x) or isinstance(x, Buffer):
             return x.name
@@ -237,14 +232,36 @@ class Schedule:
             return [self._to_json(y) for y in x]
         if isinstance(x, (str, int, float, bool)) or x is None:
             return x
-        raise TypeError(f"cannot record argument {x!r} of type {type(x).__name__} in the trace")
+        raise ArgumentTypeError(f"cannot record argument {x!r} of type {type(x).__name__} in the trace")
+
+    # ------------------------------------------------------------------ the primitives, for type checkers
+
+    if TYPE_CHECKING:  # at run time _install_primitive_methods() makes these from REGISTRY (with docstrings);
+        # tests/test_primitive_methods.py checks that these declarations match the registered signatures
+        def bind(self, loop: LoopHandle, axis: str) -> Schedule: ...
+        def bind_reduction(self, loop: LoopHandle, axis: str = "threadIdx.x",
+                           threads: int | None = None) -> LoopHandle | tuple[LoopHandle, LoopHandle]: ...
+        def cache_read(self, tensor: Any, scope: str, loop: LoopHandle) -> Buffer: ...
+        def cache_write(self, buffer: Any, scope: str, loop: LoopHandle, epilogue: Any = (),
+                        hoist_init: bool = True) -> Buffer: ...
+        def collapse(self, outer: LoopHandle, inner: LoopHandle) -> LoopHandle: ...
+        def compute_at(self, producer: Any, loop: LoopHandle) -> Schedule: ...
+        def compute_inline(self, producer: Any) -> Schedule: ...
+        def fuse(self, loop_a: LoopHandle, loop_b: LoopHandle) -> LoopHandle: ...
+        def parallel(self, loop: LoopHandle) -> Schedule: ...
+        def reorder(self, *loops: LoopHandle) -> Schedule: ...
+        def skew(self, outer: LoopHandle, inner: LoopHandle, factor: int = 1) -> LoopHandle: ...
+        def split(self, loop: LoopHandle, factor: int) -> tuple[LoopHandle, LoopHandle]: ...
+        def tile(self, i: LoopHandle, j: LoopHandle, ti: int,
+                 tj: int) -> tuple[LoopHandle, LoopHandle, LoopHandle, LoopHandle]: ...
+        def unroll(self, loop: LoopHandle) -> Schedule: ...
+        def vectorize(self, loop: LoopHandle) -> Schedule: ...
 
     # ------------------------------------------------------------------ applying primitives
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        _load_primitives()
         if name in REGISTRY:
             return functools.partial(self.apply, name)
         raise AttributeError(f"'Schedule' has no attribute or primitive {name!r}; primitives: "
@@ -259,10 +276,9 @@ class Schedule:
             return self._apply(name, *args, **kwargs)
 
     def _apply(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        _load_primitives()
         spec = REGISTRY.get(name)
         if spec is None:
-            raise ValueError(f"unknown primitive {name!r}; known: {', '.join(sorted(REGISTRY))}")
+            raise NotFoundError(f"unknown primitive {name!r}; known: {', '.join(sorted(REGISTRY))}")
         rargs = tuple(self._resolve(_plain_int(a, name), name) for a in args)
         rkw = {k: self._resolve(_plain_int(v, name), name) for k, v in kwargs.items()}
         _check_loop_args(spec, rargs, rkw, self)
@@ -387,26 +403,26 @@ class Schedule:
         try:
             data = json.loads(text) if isinstance(text, str) else text
         except json.JSONDecodeError as e:
-            raise ValueError(f"Schedule.replay: the trace is not valid JSON ({e})") from None
+            raise ArgumentError(f"Schedule.replay: the trace is not valid JSON ({e})") from None
         if isinstance(data, dict):
             if "steps" not in data:
                 fields = ", ".join(data) or "none"
-                raise ValueError(f"Schedule.replay: the trace has no field 'steps' (fields: {fields})")
+                raise ArgumentError(f"Schedule.replay: the trace has no field 'steps' (fields: {fields})")
             steps = data["steps"]
         else:
             steps = data
         if not isinstance(steps, list):
-            raise ValueError(f"Schedule.replay: 'steps' must be a list of steps, got {type(steps).__name__}")
+            raise ArgumentError(f"Schedule.replay: 'steps' must be a list of steps, got {type(steps).__name__}")
         s = cls(target, check=check)
         for k, step in enumerate(steps):
             if not isinstance(step, dict):
-                raise ValueError(f"Schedule.replay: step {k} must be an object, got {type(step).__name__} {step!r}")
+                raise ArgumentError(f"Schedule.replay: step {k} must be an object, got {type(step).__name__} {step!r}")
             if "primitive" not in step:
-                raise ValueError(f"Schedule.replay: step {k} has no field 'primitive' (fields: {', '.join(step)})")
+                raise ArgumentError(f"Schedule.replay: step {k} has no field 'primitive' (fields: {', '.join(step)})")
             a, kw = step.get("args", []), step.get("kwargs", {})
             if not isinstance(a, list) or not isinstance(kw, dict):
-                raise ValueError(f"Schedule.replay: step {k} ({step['primitive']!r}): 'args' must be a list and "
-                                 "'kwargs' an object")
+                raise ArgumentError(f"Schedule.replay: step {k} ({step['primitive']!r}): 'args' must be a list and "
+                                    "'kwargs' an object")
             args = [s._from_json(x) for x in a]
             kwargs = {n: s._from_json(v) for n, v in kw.items()}
             s.apply(step["primitive"], *args, **kwargs)
@@ -418,6 +434,61 @@ class Schedule:
         if isinstance(x, list):
             return [self._from_json(y) for y in x]
         return x
+
+
+# ----------------------------------------------------------------------------- the primitives as methods
+
+
+def _method_annotation(a: Any) -> Any:
+    """A primitive's annotation as the method shows it: loops are LoopHandles (written as strings, the
+    module uses postponed annotations)."""
+    if a is inspect.Parameter.empty or not isinstance(a, str):
+        return a
+    return re.sub(r"\bVar\b", "LoopHandle", a)
+
+
+def _method_return(spec: PrimitiveSpec) -> str:
+    """What `s.<name>(...)` returns: the primitive's result as handles, or the schedule (for chaining)."""
+    ret = inspect.signature(spec.fn).return_annotation
+    if not isinstance(ret, str) or not ret.startswith("tuple[Program, "):
+        return "Schedule"
+    inner = ret[len("tuple[Program, "):-1]
+    return "Any" if inner == "Any" else _method_annotation(inner)
+
+
+def _primitive_method(spec: PrimitiveSpec) -> Any:
+    """A real method of Schedule for a registered primitive: the primitive's signature (less the program,
+    and the dependences when it takes them) and its docstring; it calls `self.apply(name, ...)`."""
+    name = spec.name
+
+    def method(self: Schedule, *args: Any, **kwargs: Any) -> Any:
+        return self.apply(name, *args, **kwargs)
+
+    sig = inspect.signature(spec.fn)
+    params = list(sig.parameters.values())[2 if spec.takes_deps else 1:]
+    params = [p.replace(annotation=_method_annotation(p.annotation)) for p in params]
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    method.__signature__ = sig.replace(parameters=[self_param, *params],  # type: ignore[attr-defined]
+                                       return_annotation=_method_return(spec))
+    method.__name__ = name
+    method.__qualname__ = f"Schedule.{name}"
+    method.__module__ = __name__
+    method.__doc__ = spec.fn.__doc__
+    method._primitive = name  # type: ignore[attr-defined]
+    return method
+
+
+def _install_primitive_methods() -> None:
+    """Every registered primitive becomes a method of Schedule (visible to dir(), help() and IDEs); a name
+    Schedule already defines (a real method or attribute) keeps its definition. Primitives registered later
+    (by a user, after this import) are still reached through `Schedule.__getattr__`."""
+    for name, spec in REGISTRY.items():
+        existing = Schedule.__dict__.get(name)
+        if existing is None or hasattr(existing, "_primitive"):
+            setattr(Schedule, name, _primitive_method(spec))
+
+
+_install_primitive_methods()
 
 
 def _fors(program: Program) -> list[For]:
@@ -439,21 +510,17 @@ _MULTI_LOOP = ("tile",)  # reorder / collapse / skew say "not nested" themselves
 
 def _plain_int(x: Any, primitive: str) -> Any:
     """numpy integers as Python ints; an int beyond int64 is refused (it would wrap in the generated code)."""
-    import numpy as np
-
     if isinstance(x, (list, tuple)):
         return type(x)(_plain_int(y, primitive) for y in x)
     if isinstance(x, np.integer):
         x = int(x)
     if isinstance(x, int) and not isinstance(x, bool) and not INT64[0] <= x <= INT64[1]:
-        raise ValueError(f"{primitive}: integer argument {x} does not fit in 64 bits")
+        raise ArgumentError(f"{primitive}: integer argument {x} does not fit in 64 bits")
     return x
 
 
 def _check_loop_args(spec: PrimitiveSpec, args: tuple[Any, ...], kwargs: dict[str, Any], s: Schedule) -> None:
     """Loop parameters get loops; the loops of a multi-loop step lie in one nest; unroll has a limit."""
-    import inspect
-
 
     try:
         params = list(inspect.signature(spec.fn).parameters.values())[2 if spec.takes_deps else 1:]
@@ -467,8 +534,8 @@ def _check_loop_args(spec: PrimitiveSpec, args: tuple[Any, ...], kwargs: dict[st
             [args[k]] if k < len(args) else [kwargs[p.name]] if p.name in kwargs else [])
         for v in vals:
             if not isinstance(v, Var):
-                raise TypeError(f"{spec.name}: argument {p.name!r} must be a loop handle (from s.loops(...) or "
-                                f"s.loop('name')), got {type(v).__name__} {v!r}")
+                raise ArgumentTypeError(f"{spec.name}: argument {p.name!r} must be a loop handle (from s.loops(...) or "
+                                        f"s.loop('name')), got {type(v).__name__} {v!r}")
             loops.append(v)
     if spec.name in _MULTI_LOOP:
         for a_i, a in enumerate(loops):
@@ -476,16 +543,16 @@ def _check_loop_args(spec: PrimitiveSpec, args: tuple[Any, ...], kwargs: dict[st
                 pa, pb = loop_path(s.program, a) or [], loop_path(s.program, b) or []
                 if not any(getattr(x, "var", None) is b for x in pa) and not any(
                         getattr(x, "var", None) is a for x in pb):
-                    raise ValueError(f"{spec.name}: loops {s._ref(a)!r} and {s._ref(b)!r} are not nested: they "
-                                     "are in different loop nests (neither encloses the other); a step over "
-                                     "several loops needs them nested in one nest")
+                    raise NotNestedError(f"{spec.name}: loops {s._ref(a)!r} and {s._ref(b)!r} are not nested: they "
+                                         "are in different loop nests (neither encloses the other); a step over "
+                                         "several loops needs them nested in one nest")
     if spec.name == "unroll" and loops:
         f = find_loop(s.program, loops[0])
 
         if isinstance(f.lo, Const) and isinstance(f.hi, Const) and f.hi.value - f.lo.value > UNROLL_LIMIT:
-            raise ValueError(f"unroll: loop {s._ref(loops[0])!r} has {f.hi.value - f.lo.value} iterations, more "
-                             f"than the limit of {UNROLL_LIMIT} an unrolled loop may have; split it first "
-                             f"(s.split(loop, 8)) and unroll the inner loop")
+            raise ArgumentError(f"unroll: loop {s._ref(loops[0])!r} has {f.hi.value - f.lo.value} iterations, more "
+                                f"than the limit of {UNROLL_LIMIT} an unrolled loop may have; split it first "
+                                f"(s.split(loop, 8)) and unroll the inner loop")
 
 
 def bounds_checked(spec: PrimitiveSpec) -> bool:
@@ -514,8 +581,8 @@ def _plain_errors(name: str, args: tuple[Any, ...]) -> Iterator[None]:
         yield
     except poly.NonAffine as e:
         what = f"{name}({', '.join(_arg_str(a) for a in args)})"
-        raise ValueError(f"{what}: the nest is not affine at {e} (loops {', '.join(v.name for v in _vars_in(args))}"
-                         f"); this step cannot be applied or checked exactly here") from e
+        raise ArgumentError(f"{what}: the nest is not affine at {e} (loops {', '.join(v.name for v in _vars_in(args))}"
+                            f"); this step cannot be applied or checked exactly here") from e
 
 
 def _vars_in(args: Sequence[Any]) -> list[Var]:

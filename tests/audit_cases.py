@@ -17,7 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 CLEAR_TYPES = ("ValueError", "TypeError", "AttributeError", "OverflowError", "IndexError", "ScheduleError",
-               "BoundsError", "InexactCheckError", "UnboundLoopError", "NotImplementedError", "MemoryError")
+               "BoundsError", "InexactCheckError", "UnboundLoopError", "NotImplementedError", "MemoryError",
+               # the typed errors of loopir.errors (each also a ValueError or TypeError)
+               "ArgumentError", "ArgumentTypeError", "NotFoundError", "NotNestedError")
 
 
 @dataclass(frozen=True)

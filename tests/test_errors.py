@@ -100,20 +100,13 @@ def _stencil():
     return b.finish([A])
 
 
-# The two raise sites below (schedules/schedule.py `_resolve`, schedules/primitives/loops.py `split`) still
-# raise plain ValueError; they are typed by the argument-checking work (ArgumentError / NotFoundError).
-# Until then only their built-in is checked strictly.
-_UNTYPED = pytest.mark.xfail(reason="raise site not yet typed (schedule.py / primitives argument checks)",
-                             raises=ValueError, strict=False)
-
-
-@_UNTYPED
 def test_stale_loop_handle():
     y = _elementwise()
     s = Schedule(y)
     (i,) = s.loops(y)
     s.split(i, 4)  # replaces i: the handle is stale now
-    _caught_both(lambda: s.split(i, 4), ValueError)
+    err = _caught_both(lambda: s.split(i, 4), ValueError)
+    assert isinstance(err, E.NotFoundError) and isinstance(err, LookupError)
 
 
 def test_stale_loop_handle_is_still_a_value_error():
@@ -125,12 +118,12 @@ def test_stale_loop_handle_is_still_a_value_error():
         s.split(i, 4)
 
 
-@_UNTYPED
 def test_bad_split_factor():
     y = _elementwise()
     s = Schedule(y)
     (i,) = s.loops(y)
-    _caught_both(lambda: s.split(i, 0), ValueError)
+    err = _caught_both(lambda: s.split(i, 0), ValueError)
+    assert isinstance(err, E.ArgumentError) and not isinstance(err, E.NotFoundError)
 
 
 def test_bad_split_factor_is_still_a_value_error():
@@ -139,6 +132,59 @@ def test_bad_split_factor_is_still_a_value_error():
     (i,) = s.loops(y)
     with pytest.raises(ValueError, match="factor"):
         s.split(i, 0)
+
+
+def test_not_found_apart_from_bad_factor():
+    # a user catches "handle not found" apart from "bad factor": each except clause gets only its own failure
+    y = _elementwise()
+    s = Schedule(y)
+    (i,) = s.loops(y)
+    got = []
+    for step in (lambda: s.split(i, 0), lambda: s.split(i, 4), lambda: s.split(i, 4)):
+        try:
+            step()
+            got.append("ok")
+        except E.NotFoundError:
+            got.append("not found")
+        except E.ArgumentError:
+            got.append("bad argument")
+    assert got == ["bad argument", "ok", "not found"]
+
+
+def test_bad_factor_type_is_a_type_error():
+    y = _elementwise()
+    s = Schedule(y)
+    (i,) = s.loops(y)
+    err = _caught_both(lambda: s.split(i, 2.5), TypeError)
+    assert isinstance(err, E.ArgumentTypeError) and isinstance(err, E.ArgumentError)
+
+
+def test_unknown_names_are_not_found():
+    y = _elementwise()
+    s = Schedule(y)
+    for call in (lambda: s.loops("nope"), lambda: s.loop("nope"), lambda: s.apply("no_such_primitive")):
+        _caught_both(call, E.NotFoundError)
+
+
+def test_not_nested():
+    s = Schedule(_two_nests())
+    (i,), (j,) = s.loops("S"), s.loops("T")
+    err = _caught_both(lambda: s.reorder(i, j), ValueError)
+    assert isinstance(err, E.NotNestedError) and "nested" in str(err)
+
+
+def _two_nests():
+    from loopir import ir
+
+    n = te.var("n")
+    A = ir.buffer((n,), dtype="float32", name="A")
+    B = ir.buffer((n,), dtype="float32", name="B")
+    b = ir.Builder("two")
+    with b.loop("i", 0, n) as i:
+        b.store(A, (i,), A[i] + 1.0, name="S")
+    with b.loop("j", 0, n) as j:
+        b.store(B, (j,), B[j] + 1.0, name="T")
+    return b.finish([A, B])
 
 
 def test_schedule_error():

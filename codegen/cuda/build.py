@@ -12,7 +12,7 @@ from loopir.nodes import Kernel, Program
 from loopir.visit import walk
 
 from .kernel import generate_cuda
-from .runtime import CudaModule
+from .runtime import CudaModule, default_arch
 from .nvrtc import compile_cubin, normalize_arch
 from ..passes import lower
 
@@ -29,8 +29,6 @@ def build_cuda(program: Program, arch: str | int | None = None, **opts: Any) -> 
             raise TypeError(f"build: unknown option {o!r} for target 'cuda' (known: {', '.join(_OPTS)})")
     options = tuple(opts.get("options", ()))
     if arch is None:
-        from .runtime import default_arch
-
         arch = default_arch()
     arch = normalize_arch(arch)
     if not any(isinstance(n, Kernel) for n in walk(program.body)):

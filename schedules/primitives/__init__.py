@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loopir.errors import ArgumentError, NotFoundError
 from loopir.nodes import Allocate, Expr, For, If, Program, Seq, Stmt, Store, Var
 from loopir.poly import Deps, Witness
 from loopir.visit import Transformer, substitute, walk_stmts
@@ -83,7 +84,8 @@ def primitive(name: str, *, check: str | Callable[[CheckContext], Witness | None
               rebase: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `fn` as the Schedule method `name` (see the module docstring)."""
     if check not in ("order", "carried", None) and not callable(check):
-        raise ValueError(f"check of primitive {name!r} must be 'order', 'carried', None or a callable, got {check!r}")
+        raise ArgumentError(f"check of primitive {name!r} must be 'order', 'carried', None or a callable, "
+                            f"got {check!r}")
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         REGISTRY[name] = PrimitiveSpec(name, fn, check, hint, takes_deps, rebase)
@@ -160,7 +162,7 @@ def find_loop(program: Program, var: Var) -> For:
     for n in walk_stmts(program):
         if isinstance(n, For) and n.var is var:
             return n
-    raise ValueError(f"loop {var.name!r} is not in program {program.name!r}")
+    raise NotFoundError(f"loop {var.name!r} is not in program {program.name!r}")
 
 
 def replace_loop(program: Program, var: Var, new: Stmt) -> Program:

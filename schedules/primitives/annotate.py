@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from loopir import poly
+from loopir.errors import ArgumentError
 from loopir.nodes import GPU_AXES, Binary, Load, Program, Var
 from loopir.visit import free_vars, substitute
 
@@ -50,7 +51,7 @@ def _annotate(program: Program, loop: Var, kind: str, thread: str | None, what: 
     f = find_loop(program, loop)
     if f.kind != "serial":
         how = f.thread if f.kind == "thread" else f.kind
-        raise ValueError(f"{what}: loop {loop.name!r} is already {how}")
+        raise ArgumentError(f"{what}: loop {loop.name!r} is already {how}")
     return replace_loop(program, loop, dataclasses.replace(f, kind=kind, thread=thread))
 
 
@@ -68,7 +69,7 @@ def carried_hint(ctx: CheckContext, w: poly.Witness) -> str:
 
 @primitive("unroll", check=None)
 def unroll(program: Program, loop: Var) -> Program:
-    """Mark `loop` to be unrolled by the code generators. Always legal (same order)::
+    """Mark `loop` to be unrolled by the code generators. Precondition: none (always legal, same order)::
 
         for i in range(0, 4):   ->   for i in range(0, 4):  # unroll
     """
@@ -105,5 +106,5 @@ def bind(program: Program, loop: Var, axis: str) -> Program:
         for i in range(0, n):   ->   for i in range(0, n):  # blockIdx.x
     """
     if not isinstance(axis, str) or axis not in GPU_AXES:
-        raise ValueError(f"bind: unknown GPU axis {axis!r}; use one of {', '.join(GPU_AXES)}")
+        raise ArgumentError(f"bind: unknown GPU axis {axis!r}; use one of {', '.join(GPU_AXES)}")
     return _annotate(program, loop, "thread", axis, "bind")

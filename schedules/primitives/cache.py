@@ -35,6 +35,7 @@ import islpy as isl
 
 from loopir import poly
 from loopir.dtypes import INDEX
+from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.nodes import (
     Allocate,
     Barrier,
@@ -55,8 +56,9 @@ from loopir.nodes import (
 )
 from loopir.visit import Transformer, seq, statements, substitute, walk
 
-from . import CheckContext, find_loop, fresh_name, primitive, replace_loop
+from . import CheckContext, find_loop, fresh_name, primitive, replace_loop, subst_loops
 from .cache_write import NonAffine, Names, _conj, _exists, _prefix, isl_expr, loop_constraints, pw_to_expr
+from .loop_fusion import simplify
 
 __all__ = ["bind_reduction", "cache_read", "reduction_parts", "without_reduction_deps"]
 
@@ -85,10 +87,10 @@ def _reductions_over(program: Program, loop: Var) -> list[Store]:
     inner = {n.var for n in walk(f) if isinstance(n, For)}
     stores = [n for n in walk(f.body) if isinstance(n, Store)]
     if not stores:
-        raise ValueError(f"bind_reduction: loop {loop.name!r} contains no statement")
+        raise ArgumentError(f"bind_reduction: loop {loop.name!r} contains no statement")
     for st in stores:
         if reduction_parts(st) is None:
-            raise ValueError(
+            raise ArgumentError(
                 f"bind_reduction: statement {st.name!r} inside loop {loop.name!r} is not a reduction "
                 f"C[idx] = C[idx] op e (op in {', '.join(_RED_OPS)}); bind a loop without dependences with bind()"
             )
@@ -97,7 +99,7 @@ def _reductions_over(program: Program, loop: Var) -> list[Store]:
         for ix in st.indices:
             idx_vars |= {n for n in walk(substitute(ix, sub)) if isinstance(n, Var)}
         if idx_vars & inner:
-            raise ValueError(
+            raise ArgumentError(
                 f"bind_reduction: statement {st.name!r} writes a different element of {st.buffer.name!r} in "
                 f"each iteration of loop {loop.name!r}, so that loop is not a reduction loop; use bind()"
             )
@@ -148,16 +150,16 @@ def bind_reduction(program: Program, loop: Var, axis: str = "threadIdx.x",
                                           if ks*T + kt < hi - lo: R(lo + ks*T + kt)
     """
     if not isinstance(loop, Var):
-        raise TypeError(f"bind_reduction: expected a loop handle, got {type(loop).__name__} {loop!r}")
+        raise ArgumentTypeError(f"bind_reduction: expected a loop handle, got {type(loop).__name__} {loop!r}")
     if axis not in THREAD_AXES:
-        raise ValueError(f"bind_reduction: axis must be one of {', '.join(THREAD_AXES)}, got {axis!r} "
-                         "(a reduction across blocks is not supported)")
+        raise ArgumentError(f"bind_reduction: axis must be one of {', '.join(THREAD_AXES)}, got {axis!r} "
+                            "(a reduction across blocks is not supported)")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"bind_reduction: threads must be a positive integer, got {threads!r}")
+        raise ArgumentError(f"bind_reduction: threads must be a positive integer, got {threads!r}")
     _reductions_over(program, loop)
     f = find_loop(program, loop)
     if f.kind != "serial":
-        raise ValueError(f"bind_reduction: loop {loop.name!r} is already {f.thread or f.kind}")
+        raise ArgumentError(f"bind_reduction: loop {loop.name!r} is already {f.thread or f.kind}")
     if threads is None:
         return replace_loop(program, loop, dataclasses.replace(f, kind="thread", thread=axis)), loop
     taken: set[str] = set()
@@ -166,8 +168,6 @@ def bind_reduction(program: Program, loop: Var, axis: str = "threadIdx.x",
     ks = Var(fresh_name(program, f"{loop.name}s", taken), INDEX)
     ext = binary("sub", f.hi, f.lo)
     offset = binary("add", binary("mul", ks, const(threads)), kt)
-    from . import subst_loops
-
     body = subst_loops(f.body, {loop: binary("add", f.lo, offset)})
     n_chunks = binary("floordiv", binary("add", ext, const(threads - 1)), const(threads))
     if not (isinstance(ext, Const) and ext.value % threads == 0):
@@ -184,19 +184,17 @@ def _buffer(program: Program, x: Any) -> Buffer:
         return x
     name = getattr(x, "name", x)
     if not isinstance(name, str):
-        raise TypeError(f"cache_read: expected a tensor, buffer or buffer name, got {type(x).__name__} {x!r}")
+        raise ArgumentTypeError(f"cache_read: expected a tensor, buffer or buffer name, got {type(x).__name__} {x!r}")
     for b in program.args + program.temps:
         if b.name == name:
             return b
     for n in walk(program.body):
         if isinstance(n, Load) and n.buffer.name == name:
             return n.buffer
-    raise ValueError(f"cache_read: no buffer named {name!r} in program {program.name!r}")
+    raise NotFoundError(f"cache_read: no buffer named {name!r} in program {program.name!r}")
 
 
 def _const_value(e: Expr) -> int | None:
-    from .loop_fusion import simplify  # C2's affine simplifier
-
     e = simplify(e)
     return int(e.value) if isinstance(e, Const) else None
 
@@ -209,8 +207,6 @@ class _Redirect(Transformer):
         idx = tuple(self.visit(i) for i in ld.indices)
         if ld.buffer is not self.buf:
             return ld if all(a is b for a, b in zip(idx, ld.indices)) else Load(ld.buffer, idx)
-        from .loop_fusion import simplify
-
         return Load(self.cache, tuple(simplify(binary("sub", i, lo)) for i, lo in zip(idx, self.lows)))
 
 
@@ -262,15 +258,15 @@ def cache_read(program: Program, tensor: Any, scope: str, loop: Var) -> tuple[Pr
             ... A[ty + 16*ii, k] ...   ==>       A_shared[128, 8] <- A[128*bi + c0, 8*ko + c1]; barrier
                                                   ... A_shared[ty + 16*ii, ki] ...; barrier"""
     if scope not in ("shared", "local"):
-        raise ValueError(f"cache_read: scope must be 'shared' or 'local', got {scope!r}")
+        raise ArgumentError(f"cache_read: scope must be 'shared' or 'local', got {scope!r}")
     if not isinstance(loop, Var):
-        raise TypeError(f"cache_read: expected a loop handle, got {type(loop).__name__} {loop!r}")
+        raise ArgumentTypeError(f"cache_read: expected a loop handle, got {type(loop).__name__} {loop!r}")
     buf = _buffer(program, tensor)
     f = find_loop(program, loop)
     ctxs = [c for c in statements(program) if any(lp is f for lp in c.loops)]
     readers = [c for c in ctxs if any(isinstance(n, Load) and n.buffer is buf for n in walk(c.store.value))]
     if not readers:
-        raise ValueError(f"cache_read: nothing inside loop {loop.name!r} reads {buf.name!r}")
+        raise ArgumentError(f"cache_read: nothing inside loop {loop.name!r} reads {buf.name!r}")
     # shared scratch inside thread-bound loops holds the region of the whole BLOCK (the union over
     # those thread loops), filled cooperatively; otherwise the region of one iteration of `loop`
     depth = next(k for k, lp in enumerate(readers[0].loops) if lp is f)
@@ -355,7 +351,7 @@ def _box(program: Program, readers: list[Any], buf: Buffer, f: For, loop: Var, s
     try:
         return _hull(program, readers, buf, f, projected)
     except (NonAffine, isl.Error) as e:
-        raise ValueError(
+        raise ArgumentError(
             f"cache_read: the region of {buf.name!r} read in one iteration of loop {loop.name!r} has a "
             f"non-constant size (no constant box hull with an affine lower corner: {e}); {scope} buffers need a "
             "constant shape (split the loop by a constant first, or give the size as a constant)") from None
@@ -429,7 +425,7 @@ def _refuse_writes_in_block(program: Program, buf: Buffer, tloop: For, loop: Var
     # a block-shared copy is filled once per iteration for all threads: nothing in the block may write the buffer
     for n in walk(tloop):
         if isinstance(n, Store) and n.buffer is buf:
-            raise ValueError(
+            raise ArgumentError(
                 f"cache_read: statement {n.name!r} inside the block (loop {tloop.var.name!r} bound to {tloop.thread}) "
                 f"writes {buf.name!r}; a shared copy made at each iteration of {loop.name!r} for the whole block "
                 "could be stale (cache it per thread with scope 'local', or at a loop outside the thread loops)")

@@ -45,12 +45,16 @@ from typing import Any
 
 import islpy as isl
 
+from loopir import poly
 from loopir.dtypes import INDEX
+from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.nodes import (Allocate, Binary, Buffer, Cast, Compare, Const, Expr, For, If, Load, Logical, Program, Seq,
     Stmt, Store, Unary, Var, binary, const)
 from loopir.visit import Transformer, seq, statements, substitute, walk
 
-from . import fresh_name
+from schedules.errors import ScheduleError
+
+from . import fresh_name, primitive
 
 SCOPES = ("local", "shared")
 
@@ -367,17 +371,7 @@ def _timevecs(body: Stmt) -> dict[int, list[str]]:
 
 def _schedule_error(buf: Buffer, sink: tuple[str, dict[str, int]], source: Any, params: dict[str, int],
                     msg: str) -> Exception:
-    try:
-        from schedules.errors import ScheduleError
-    except ImportError:  # pragma: no cover - C1's module not there yet
-        return ValueError(msg)
-    try:
-        return ScheduleError("cache_write", "flow", buf.name, source, sink, params, message=msg)
-    except TypeError:
-        try:
-            return ScheduleError("cache_write", "flow", buf.name, source, sink, params)
-        except TypeError:
-            return ValueError(msg)
+    return ScheduleError("cache_write", "flow", buf.name, source, sink, params, message=msg)
 
 
 def resolve_buffer(program: Program, x: Any) -> Buffer:
@@ -389,11 +383,11 @@ def resolve_buffer(program: Program, x: Any) -> Buffer:
         for c in ctxs:
             if c.store.buffer.name == x or c.store.name == x:
                 return c.store.buffer
-        raise ValueError(f"cache_write: no buffer or statement named {x!r} in program {program.name!r}")
+        raise NotFoundError(f"cache_write: no buffer or statement named {x!r} in program {program.name!r}")
     if not isinstance(x, Buffer):
-        raise TypeError(f"cache_write: expected a tensor, buffer or name, got {type(x).__name__} {x!r}")
+        raise ArgumentTypeError(f"cache_write: expected a tensor, buffer or name, got {type(x).__name__} {x!r}")
     if not any(c.store.buffer is x for c in ctxs):
-        raise ValueError(f"cache_write: no statement of program {program.name!r} writes buffer {x.name!r}")
+        raise ArgumentError(f"cache_write: no statement of program {program.name!r} writes buffer {x.name!r}")
     return x
 
 
@@ -405,7 +399,8 @@ def _loop_var(loop: Any) -> Var:
     v = getattr(loop, "var", None)
     if isinstance(v, Var):
         return v
-    raise TypeError(f"cache_write: expected a loop (handle, For or loop Var), got {type(loop).__name__} {loop!r}")
+    raise ArgumentTypeError(f"cache_write: expected a loop (handle, For or loop Var), "
+                            f"got {type(loop).__name__} {loop!r}")
 
 
 # ----------------------------------------------------------------------------- analyses
@@ -445,7 +440,7 @@ def _layout(buf: Buffer, writers: list[tuple[Store, tuple[For, ...], tuple[Expr,
             pieces.append(isl.Set(f"{pre}{{ B[{', '.join(xs)}] : {_exists([nm(f.var) for f in loops], body)} }}"))
         context = isl.Set(f"{pre}{{ : {_conj(octx)} }}")
     except NonAffine as e:
-        raise ValueError(f"cache_write: cannot analyse the accesses to {buf.name!r}: {e}") from None
+        raise ArgumentError(f"cache_write: cannot analyse the accesses to {buf.name!r}: {e}") from None
     w = pieces[0]
     for x in pieces[1:]:
         w = w.union(x)
@@ -470,7 +465,7 @@ def _layout(buf: Buffer, writers: list[tuple[Store, tuple[For, ...], tuple[Expr,
         try:
             los.append(pw_to_expr(wq.dim_min(d), [], nm, f"the lowest index of {buf.name!r} along dimension {d}"))
         except NonAffine as e:
-            raise ValueError(f"cache_write: {e}") from None
+            raise ArgumentError(f"cache_write: {e}") from None
     rs = [f"r{d}" for d in range(buf.ndim)]
     shift = _conj([f"r{d} = q{d} - ({isl_expr(los[d], nm)})" for d in range(buf.ndim)])
     region = wq.apply(isl.Map(f"{pre}{{ Q[{', '.join(qs)}] -> R[{', '.join(rs)}] : {shift} }}")).coalesce()
@@ -478,7 +473,7 @@ def _layout(buf: Buffer, writers: list[tuple[Store, tuple[For, ...], tuple[Expr,
     sizes: list[int] = []
     for d in range(buf.ndim):
         if not flat.is_bounded():
-            raise ValueError(
+            raise ArgumentError(
                 f"cache_write: the part of {buf.name!r} written in one iteration of the loop has no constant size "
                 f"({region}); cache it at an inner loop, or tile first"
             )
@@ -537,22 +532,18 @@ def _local_index(idx: tuple[Expr, ...], st: Store, loops: tuple[For, ...], guard
     except (NonAffine, isl.Error):
         inv = {c: v for v, c in zip(st.iters, st.coords) if isinstance(c, Var)}
         if len(inv) != len(st.coords):
-            raise ValueError(f"cache_write: cannot express the scratch index of statement {st.name!r}") from None
+            raise ArgumentError(f"cache_write: cannot express the scratch index of statement {st.name!r}") from None
         return tuple(substitute(e, inv) for e in direct)
 
 
 def _check_order(before: Program, after: Program, buf: Buffer, what: str) -> None:
     """Legal iff no dependence of `before` runs backwards in `after` (poly.find_violation is None)."""
-    from loopir import poly
-
     deps = poly.dependences(before)
     bad = poly.instance_mismatch(deps, after)
     if bad is not None:
-        raise ValueError(f"cache_write: {what} {buf.name!r} would change the computed instances: {bad}")
+        raise ArgumentError(f"cache_write: {what} {buf.name!r} would change the computed instances: {bad}")
     w = poly.find_violation(deps, after)
     if w is not None:
-        from schedules.errors import ScheduleError
-
         raise ScheduleError.from_witness("cache_write", w, before, None, None, f"cache_write: {what} {buf.name!r}")
 
 
@@ -625,17 +616,17 @@ def _move_epilogue(program: Program, e: Buffer, buf: Buffer, elem: list[Expr], r
     """The epilogue statement re-based onto the region loops (iters := outer loops + region loops)."""
     ctxs = [c for c in statements(program) if c.store.buffer is e]
     if len(ctxs) != 1:
-        raise ValueError(
+        raise ArgumentError(
             f"cache_write: epilogue stage {e.name!r} is written by {len(ctxs)} statements; an epilogue is one "
             "elementwise statement"
         )
     st = ctxs[0].store
     if any(f.var.name == loopname for f in ctxs[0].loops) and any(f.var is region_vars[0] for f in ctxs[0].loops):
-        raise ValueError(f"cache_write: epilogue stage {e.name!r} is already inside loop {loopname!r}")
+        raise ArgumentError(f"cache_write: epilogue stage {e.name!r} is already inside loop {loopname!r}")
     loads = _loads_of(st.value, buf)
     if not loads or any(len(ld.indices) != len(st.iters) or any(a is not b for a, b in zip(ld.indices, st.iters))
                         for ld in loads):
-        raise ValueError(
+        raise ArgumentError(
             f"cache_write: epilogue stage {e.name!r} must read {buf.name}[{', '.join(v.name for v in st.iters)}] "
             f"(its own iteration, elementwise); it reads {', '.join(str(ld) for ld in loads) or 'nothing of it'}"
         )
@@ -681,26 +672,26 @@ def cache_write(
     for the nest before/after.
     """
     if scope not in SCOPES:
-        raise ValueError(f"cache_write: scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+        raise ArgumentError(f"cache_write: scope must be one of {', '.join(SCOPES)}, got {scope!r}")
     buf = resolve_buffer(program, buffer)
     if buf.scope != "global":
-        raise ValueError(f"cache_write: buffer {buf.name!r} is already a {buf.scope} scratch buffer")
+        raise ArgumentError(f"cache_write: buffer {buf.name!r} is already a {buf.scope} scratch buffer")
     lvar = _loop_var(loop)
     target = find_for(program.body, lvar)
     if target is None:
-        raise ValueError(f"cache_write: loop {lvar.name!r} is not a loop of program {program.name!r}")
+        raise NotFoundError(f"cache_write: loop {lvar.name!r} is not a loop of program {program.name!r}")
     path = _path_to(program.body, target)
     assert path is not None
     outer, outer_guards = path
     eps = [resolve_buffer(program, e) for e in (epilogue if isinstance(epilogue, (list, tuple)) else [epilogue])]
     for e in eps:
         if e is buf:
-            raise ValueError(f"cache_write: the epilogue of {buf.name!r} cannot be {buf.name!r} itself")
+            raise ArgumentError(f"cache_write: the epilogue of {buf.name!r} cannot be {buf.name!r} itself")
 
     inside = _inside(target.body)
     writers_in = [x for x in inside if x[0].buffer is buf]
     if not writers_in:
-        raise ValueError(f"cache_write: no statement inside loop {lvar.name!r} writes {buf.name!r}")
+        raise ArgumentError(f"cache_write: no statement inside loop {lvar.name!r} writes {buf.name!r}")
     nm = Names()
 
     # 1. re-base every statement inside `loop` that touches `buf` (iters := its loops)
@@ -811,12 +802,23 @@ def _check_registered(ctx: Any) -> None:
 
 
 def _register() -> None:
-    from . import primitive
-
     @primitive("cache_write", check=_check_registered, rebase=True)
     def _cache_write(program: Program, buffer: Any, scope: str, loop: Var, epilogue: Any = (),
                      hoist_init: bool = True) -> tuple[Program, Buffer]:
-        """s.cache_write(tensor, scope, loop, epilogue=[...]) -> the scratch Buffer (see cache_write)."""
+        """Compute `buffer` into a scratch buffer of `scope` ("local" or "shared") allocated inside `loop`;
+        returns the scratch Buffer. `epilogue` stages (elementwise readers of `buffer`) move to the end of
+        the iteration and read the scratch buffer (see the module docstring and `cache_write.cache_write`).
+
+        Precondition: statements inside `loop` write `buffer`; every read of it inside `loop` reads a value
+        written in the same iteration (a reduction with its init inside `loop`); the elements one
+        iteration writes fit a box of constant size::
+
+            for tx (thread):                          for tx (thread):
+                for ii: mm[i] = 0                         allocate mm_local[8] local
+                for ii: for k: mm[i] += A*B     ==>       for ii: mm_local[ii] = 0
+                                                          for ii: for k: mm_local[ii] += A*B
+                                                          for q0: mm[..] = mm_local[q0]      # mm_copy
+        """
         return cache_write(program, buffer, scope, loop, epilogue=epilogue, hoist_init=hoist_init, check=False)
 
 

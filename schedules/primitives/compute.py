@@ -21,13 +21,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from loopir.dtypes import INDEX
-from loopir.nodes import Allocate, Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt, Store, Var, binary
-from loopir.visit import StmtContext, Transformer, buffers_of, seq, statements, substitute, walk
+import islpy as isl
 
-from . import fresh_name
-from .loop_fusion import affine, find_loop, find_path, replace_at, same_value, simplify
+from loopir import poly
+from loopir.dtypes import INDEX
+from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.footprint import simplify_in_context
+from loopir.nodes import Allocate, Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt, Store, Var, binary
+from loopir.visit import StmtContext, Transformer, buffers_of, map_stmts, seq, statements, substitute, walk
+
+from . import fresh_name, primitive
+from .loop_fusion import affine, find_loop, find_path, replace_at, same_value, simplify
 
 # ----------------------------------------------------------------------------- producer lookup
 
@@ -43,8 +47,8 @@ def producer_buffer(program: Program, producer: Any) -> Buffer:
         for c in ctxs:
             if c.store.name == producer or c.store.buffer.name == producer:
                 return c.store.buffer
-        raise ValueError(f"no statement or buffer named {producer!r} in program {program.name!r}")
-    raise TypeError(f"expected a tensor, buffer or statement name, got {type(producer).__name__} {producer!r}")
+        raise NotFoundError(f"no statement or buffer named {producer!r} in program {program.name!r}")
+    raise ArgumentTypeError(f"expected a tensor, buffer or statement name, got {type(producer).__name__} {producer!r}")
 
 
 def writers(program: Program, buf: Buffer) -> list[StmtContext]:
@@ -81,13 +85,13 @@ def _index_iters(st: Store, primitive: str) -> list[int]:
     out: list[int] = []
     for d, ix in enumerate(st.indices):
         if not isinstance(ix, Var) or not any(ix is v for v in st.iters):
-            raise ValueError(
+            raise ArgumentError(
                 f"{primitive}: statement {st.name!r} writes {st.buffer.name}[{', '.join(map(str, st.indices))}]; "
                 f"index {d} ({ix}) is not one of its loop variables, so its region cannot be mapped back"
             )
         k = next(k for k, v in enumerate(st.iters) if v is ix)
         if k in out:
-            raise ValueError(f"{primitive}: statement {st.name!r} uses loop variable {ix} in two indices")
+            raise ArgumentError(f"{primitive}: statement {st.name!r} uses loop variable {ix} in two indices")
         out.append(k)
     return out
 
@@ -121,34 +125,34 @@ def compute_inline(program: Program, producer: Any) -> tuple[Program, InlinePlan
     buf = producer_buffer(program, producer)
     ws = writers(program, buf)
     if not ws:
-        raise ValueError(f"compute_inline: no statement writes {buf.name!r} in program {program.name!r}")
+        raise ArgumentError(f"compute_inline: no statement writes {buf.name!r} in program {program.name!r}")
     if len(ws) > 1:
         names = ", ".join(w.store.name for w in ws)
-        raise ValueError(
+        raise ArgumentError(
             f"compute_inline: {buf.name!r} is written by {len(ws)} statements ({names}); only a pure producer "
             "(one statement) can be inlined — a reduction can be placed with compute_at instead"
         )
     if _is_output(program, buf):
-        raise ValueError(
+        raise ArgumentError(
             f"compute_inline: {buf.name!r} is an argument of program {program.name!r} (an output); "
             "inlining would leave it unwritten"
         )
     p = ws[0].store
     dims = _index_iters(p, "compute_inline")
     if len(dims) != len(p.iters):
-        raise ValueError(
+        raise ArgumentError(
             f"compute_inline: statement {p.name!r} has loop variables that do not index {buf.name!r} "
             "(a reduction or repeated writes); it is not a pure producer"
         )
     if buf in buffers_of(p.value)[0]:
-        raise ValueError(f"compute_inline: statement {p.name!r} reads its own buffer {buf.name!r}")
+        raise ArgumentError(f"compute_inline: statement {p.name!r} reads its own buffer {buf.name!r}")
     if _reads_in_control(program, buf):
-        raise ValueError(f"compute_inline: {buf.name!r} is read in a loop bound or a guard; cannot inline it")
+        raise ArgumentError(f"compute_inline: {buf.name!r} is read in a loop bound or a guard; cannot inline it")
     # a scratch buffer exists only inside its allocation: the readers elsewhere could not load it
     scratch = {a.buffer for a in walk(program.body) if isinstance(a, Allocate)}
     private = sorted({ld.buffer.name for ld in walk(p.value) if isinstance(ld, Load) and ld.buffer in scratch})
     if private:
-        raise ValueError(
+        raise ArgumentError(
             f"compute_inline: statement {p.name!r} reads the scratch buffer(s) {', '.join(private)}, which exist only "
             f"inside their allocation; its readers could not load them. Inline {buf.name!r} before the cache_read "
             "that introduced them")
@@ -167,8 +171,6 @@ def compute_inline(program: Program, producer: Any) -> tuple[Program, InlinePlan
             consumers.append(s.name)
             return replace(s, value=_Inline().visit(s.value), indices=tuple(_Inline().visit(i) for i in s.indices))
         return None
-
-    from loopir.visit import map_stmts
 
     body = map_stmts(program.body, rewrite)
     path = _find_node(body, p)
@@ -210,19 +212,19 @@ def _producer_nest(program: Program, buf: Buffer, ws: list[StmtContext]) -> Stmt
         if names <= inside:
             if inside != names:
                 others = sorted(inside - names)
-                raise ValueError(
+                raise ArgumentError(
                     f"compute_at: the nest of {buf.name!r} (loop {f.var.name!r}) also holds {', '.join(others)}; "
                     "compute_at moves a producer's own nest only"
                 )
             return f
         if inside - names:
-            raise ValueError(
+            raise ArgumentError(
                 f"compute_at: loop {f.var.name!r} around the producer of {buf.name!r} is shared with other "
                 "statements; compute_at moves a producer's own nest only"
             )
     if len(ws) == 1 and not first.loops:
         return first.store
-    raise ValueError(f"compute_at: the statements writing {buf.name!r} are not in one nest of their own")
+    raise ArgumentError(f"compute_at: the statements writing {buf.name!r} are not in one nest of their own")
 
 
 def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None) -> tuple[Program, AtPlan]:
@@ -243,40 +245,40 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
             for ji in 0..4: C[..] = B[..]       for ji in 0..4: C[..] = B[..]
     """
     if footprint is None:
-        from loopir.poly import footprint
+        footprint = poly.footprint
     buf = producer_buffer(program, producer)
     if not isinstance(loop, Var):
-        raise TypeError(f"compute_at: the target must be a loop handle, got {type(loop).__name__} {loop!r}")
+        raise ArgumentTypeError(f"compute_at: the target must be a loop handle, got {type(loop).__name__} {loop!r}")
     ws = writers(program, buf)
     if not ws:
-        raise ValueError(f"compute_at: no statement writes {buf.name!r} in program {program.name!r}")
+        raise ArgumentError(f"compute_at: no statement writes {buf.name!r} in program {program.name!r}")
     if _is_output(program, buf):
-        raise ValueError(
+        raise ArgumentError(
             f"compute_at: {buf.name!r} is an argument of program {program.name!r} (an output); computing only "
             "the regions its readers need would leave parts of it unwritten"
         )
     found = find_loop(program.body, loop)
     if found is None:
-        raise ValueError(f"compute_at: loop {loop.name!r} is not in program {program.name!r}")
+        raise NotFoundError(f"compute_at: loop {loop.name!r} is not in program {program.name!r}")
     target, _ = found
     names = {w.store.name for w in ws}
     nest = _producer_nest(program, buf, ws)
     in_target = {c.store.name for c in statements(target)}
     if names & in_target or (isinstance(nest, For) and find_loop(nest, loop) is not None):
-        raise ValueError(
+        raise ArgumentError(
             f"compute_at: loop {loop.name!r} is in the nest that computes {buf.name!r}; pick a loop of a consumer"
         )
     rs = readers(program, buf, exclude=names)
     if not rs:
-        raise ValueError(f"compute_at: no statement reads {buf.name!r}; nothing to compute it for")
+        raise ArgumentError(f"compute_at: no statement reads {buf.name!r}; nothing to compute it for")
     outside = [r.store.name for r in rs if r.store.name not in in_target]
     if outside:
-        raise ValueError(
+        raise ArgumentError(
             f"compute_at: {buf.name!r} is also read by {', '.join(outside)} outside loop {loop.name!r}; "
             f"every reader must be inside the loop it is computed at"
         )
     if _reads_in_control(program, buf):
-        raise ValueError(f"compute_at: {buf.name!r} is read in a loop bound or a guard")
+        raise ArgumentError(f"compute_at: {buf.name!r} is read in a loop bound or a guard")
 
     # loop variable of the producer's nest -> buffer dimension it indexes
     nest_loops = {f.var for f in walk(nest) if isinstance(f, For)}
@@ -285,16 +287,16 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
         st = w.store
         for k, c in enumerate(st.coords):
             if not isinstance(c, Var) or c not in nest_loops:
-                raise ValueError(
+                raise ArgumentError(
                     f"compute_at: statement {st.name!r} has coordinate {st.iters[k].name} = {c}, not a loop of "
                     f"its own nest; use compute_at before scheduling the producer's nest"
                 )
         for d, k in enumerate(_index_iters(st, "compute_at")):
             v = st.coords[k]
             if dim_of.setdefault(v, d) != d:
-                raise ValueError(f"compute_at: loop {v.name!r} indexes two dimensions of {buf.name!r}")
+                raise ArgumentError(f"compute_at: loop {v.name!r} indexes two dimensions of {buf.name!r}")
     if sorted(set(dim_of.values())) != list(range(len(buf.shape))):
-        raise ValueError(f"compute_at: some dimension of {buf.name!r} is not indexed by a loop of its nest")
+        raise ArgumentError(f"compute_at: some dimension of {buf.name!r} is not indexed by a loop of its nest")
 
     # the region: the bounding box of the readers' half-open footprints
     region: list[tuple[Expr, Expr]] | None = None
@@ -304,7 +306,7 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
         except Exception as e:  # poly.NonAffine / isl errors: the region cannot be described exactly
             if isinstance(e, (ValueError, TypeError)) and not type(e).__name__ == "NonAffine":
                 raise
-            raise ValueError(
+            raise ArgumentError(
                 f"compute_at: the region of {buf.name!r} that {r.store.name} reads in one iteration of loop "
                 f"{loop.name!r} is not affine ({e}); compute_at needs an affine nest around the reader"
             ) from e
@@ -406,9 +408,7 @@ def rebase_statements(program: Program, names: set[str]) -> Program:
     After compute_at a producer instance runs once per iteration of the target loop; its new
     instance space (outer loops + the producer's new loops) makes that injective again, so
     the next steps are checked against exact dependences of the new program."""
-    from loopir.visit import statements as _stmts
-
-    loops_of = {id(c.store): c.loops for c in _stmts(program) if c.store.name in names}
+    loops_of = {id(c.store): c.loops for c in statements(program) if c.store.name in names}
 
     class _R(Transformer):
         def visit_Store(self, st: Store) -> Store:
@@ -431,8 +431,6 @@ def rebase_statements(program: Program, names: set[str]) -> Program:
 
 def _split_by_names(umap: Any, keep: Any) -> Any:
     """The maps of an isl UnionMap whose (source, sink) tuple names satisfy `keep`."""
-    import islpy as isl
-
     out = isl.UnionMap.empty(umap.get_space())
     maps = umap.get_map_list()
     for k in range(maps.n_map()):
@@ -449,17 +447,13 @@ def check_at(ctx: Any) -> Any:
     the rebuilt program, no dependence d = (s -> t) with not (s, t in R) and not (s in R, t not
     in R, d a flow) is run backwards (flow: first run of s before every run of t; anti: last
     run of s before the first of t; output: last runs ordered)."""
-    import dataclasses
-
-    from loopir import poly
-
     producer, loop = ctx.args[0], ctx.args[1]
     unrebased, plan = compute_at(ctx.old, producer, loop)
     group = {poly._sanitize(n) for n in plan.producers}
     deps = ctx.deps
     both = lambda a, b: a in group and b in group  # noqa: E731 - satisfied: the nest is rebuilt in its own order
     feeds = lambda a, b: a in group and b not in group  # noqa: E731 - satisfied: the footprint covers the reads
-    filtered = dataclasses.replace(
+    filtered = replace(
         deps,
         flow=_split_by_names(deps.flow, lambda a, b: not both(a, b) and not feeds(a, b)),
         anti=_split_by_names(deps.anti, lambda a, b: not both(a, b)),
@@ -474,8 +468,6 @@ def check_inline(ctx: Any) -> Any:
     Formal condition: no anti dependence P(e) -> W(w) (W is the first overwrite of an element P
     reads) and flow dependence P(e) -> X(x) through the producer's buffer with old(W(w)) <lex
     old(X(x)); the witness is P(e) -> W(w), whose read now happens inside X(x), after W(w)."""
-    from loopir import poly
-
     deps = ctx.deps
     buf = producer_buffer(ctx.old, ctx.args[0])
     p = writers(ctx.old, buf)[0].store
@@ -508,19 +500,18 @@ def _at_hint(ctx: Any, w: Any) -> str | None:
 
 
 def _register() -> None:
-    from schedules.primitives import primitive
-
     @primitive("compute_inline", check=check_inline, hint=_inline_hint, rebase=True)
     def _compute_inline(program: Program, producer: Any) -> Program:
-        """`s.compute_inline(t)`: inline the pure producer `t` into its readers (see `compute.compute_inline`)."""
         return compute_inline(program, producer)[0]
+
+    _compute_inline.__doc__ = compute_inline.__doc__  # the method's help is the primitive's
 
     @primitive("compute_at", check=check_at, hint=_at_hint, rebase=True)
     def _compute_at(program: Program, producer: Any, loop: Var) -> Program:
-        """`s.compute_at(t, loop)`: compute `t` inside `loop` over the region its readers need
-        (see `compute.compute_at`)."""
         new, plan = compute_at(program, producer, loop)
         return rebase_statements(new, set(plan.producers))
+
+    _compute_at.__doc__ = compute_at.__doc__
 
 
 _register()

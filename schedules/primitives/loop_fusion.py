@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from loopir.nodes import Allocate, Expr, For, If, Program, Seq, Stmt, Store, Var, binary
+from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
+from loopir.nodes import Allocate, Binary, Cast, Const, Expr, For, If, Program, Seq, Stmt, Store, Unary, Var, binary
 from loopir.visit import Transformer, seq, substitute
 
-from . import Path, find_path
+from . import Path, find_path, primitive
 
 # ----------------------------------------------------------------------------- tree helpers
 
@@ -26,8 +27,6 @@ from . import Path, find_path
 
 def affine(e: Expr) -> dict[Any, int] | None:
     """`e` as {Var: coefficient, 1: constant}, or None when it is not affine (integer)."""
-    from loopir.nodes import Binary, Cast, Const, Unary
-
     if isinstance(e, Const):
         return {1: int(e.value)} if not isinstance(e.value, float) or e.value == int(e.value) else None
     if isinstance(e, Var):
@@ -78,8 +77,6 @@ def same_value(a: Expr, b: Expr) -> bool:
 def simplify(e: Expr) -> Expr:
     """An affine integer expression in a canonical form (variables in first-use order, then
     the constant); `max`/`min` operands simplified; anything else unchanged."""
-    from loopir.nodes import Binary, Const
-
     if isinstance(e, Binary) and e.op in ("max", "min"):
         a, b = simplify(e.a), simplify(e.b)
         la, lb = affine(a), affine(b)
@@ -198,30 +195,30 @@ def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
     """
     for v, what in ((loop_a, "first"), (loop_b, "second")):
         if not isinstance(v, Var):
-            raise TypeError(f"fuse: the {what} loop must be a loop handle, got {type(v).__name__} {v!r}")
+            raise ArgumentTypeError(f"fuse: the {what} loop must be a loop handle, got {type(v).__name__} {v!r}")
     if loop_a is loop_b:
-        raise ValueError(f"fuse: both handles are loop {loop_a.name!r}; give two sibling loops")
+        raise ArgumentError(f"fuse: both handles are loop {loop_a.name!r}; give two sibling loops")
     fa, fb = find_loop(program.body, loop_a), find_loop(program.body, loop_b)
     for v, f in ((loop_a, fa), (loop_b, fb)):
         if f is None:
-            raise ValueError(f"fuse: loop {v.name!r} is not in program {program.name!r}")
+            raise NotFoundError(f"fuse: loop {v.name!r} is not in program {program.name!r}")
     assert fa is not None and fb is not None
     (a, pa), (b, pb) = fa, fb
     if any(n is a for n, _ in pb) or any(n is b for n, _ in pa):
         outer, inner = (a, b) if any(n is a for n, _ in pb) else (b, a)
-        raise ValueError(
+        raise ArgumentError(
             f"fuse: loop {inner.var.name!r} is nested inside loop {outer.var.name!r}; fuse merges two sibling "
             f"nests. Did you mean collapse({outer.var.name}, {inner.var.name})?"
         )
     if not pa or not pb or pa[:-1] != pb[:-1] or pa[-1][0] is not pb[-1][0] or not isinstance(pa[-1][0], Seq):
-        raise ValueError(
+        raise ArgumentError(
             f"fuse: loops {a.var.name!r} and {b.var.name!r} are not siblings in one sequence of statements"
         )
     parent, ka = pa[-1]
     kb = pb[-1][1]
     assert isinstance(parent, Seq)
     if kb < ka:
-        raise ValueError(
+        raise ArgumentError(
             f"fuse: loop {a.var.name!r} comes after loop {b.var.name!r}; give them in textual order "
             f"(fuse({b.var.name}, {a.var.name}))"
         )
@@ -229,7 +226,7 @@ def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
     if (a.kind, a.thread) != (b.kind, b.thread):
         ka_s = a.thread or a.kind
         kb_s = b.thread or b.kind
-        raise ValueError(
+        raise ArgumentError(
             f"fuse: loops {a.var.name!r} ({ka_s}) and {b.var.name!r} ({kb_s}) have different kinds; "
             "fuse them before annotating"
         )
@@ -267,12 +264,11 @@ def _fuse_hint(ctx: Any, w: Any) -> str | None:
 
 
 def _register() -> None:
-    from schedules.primitives import primitive
-
     @primitive("fuse", check="order", hint=_fuse_hint)
     def _fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
-        """Loop fusion of two sibling nests: `s.fuse(a, b) -> loop` (see `loop_fusion.fuse`)."""
         return fuse(program, loop_a, loop_b)
+
+    _fuse.__doc__ = fuse.__doc__  # the method's help is the primitive's
 
 
 _register()

@@ -14,6 +14,7 @@ from typing import Any
 import islpy as isl
 
 from loopir import poly
+from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
 from loopir.isl_conv import pw_bound
 from loopir.nodes import Allocate, Const, Expr, For, If, Program, Seq, Stmt, Var, binary, const, logical
 from loopir.visit import free_vars, substitute
@@ -25,16 +26,16 @@ __all__ = ["split", "tile", "reorder", "collapse", "skew", "order_hint"]
 
 def _check_factor(factor: Any, what: str) -> int:
     if isinstance(factor, bool) or not isinstance(factor, int):
-        raise TypeError(f"{what}: the factor must be a positive int, got {type(factor).__name__} {factor!r}")
+        raise ArgumentTypeError(f"{what}: the factor must be a positive int, got {type(factor).__name__} {factor!r}")
     if factor < 1:
-        raise ValueError(f"{what}: the factor must be >= 1, got {factor}")
+        raise ArgumentError(f"{what}: the factor must be >= 1, got {factor}")
     return factor
 
 
 def _serial(f: For, what: str) -> None:
     if f.kind != "serial":
         how = f.thread if f.kind == "thread" else f.kind
-        raise ValueError(f"{what}: loop {f.var.name!r} is already {how}; apply {what} before annotating it")
+        raise ArgumentError(f"{what}: loop {f.var.name!r} is already {how}; apply {what} before annotating it")
 
 
 def _is_const(e: Expr) -> bool:
@@ -154,20 +155,20 @@ def _band(program: Program, loops: tuple[Var, ...], what: str) -> tuple[list[For
     """The chain of Fors from the outermost to the innermost of `loops`, the guards between
     them, and the body of the innermost; ValueError if they are not one perfect-ish nest."""
     if len(set(map(id, loops))) != len(loops):
-        raise ValueError(f"{what}: a loop is given twice: {', '.join(v.name for v in loops)}")
+        raise ArgumentError(f"{what}: a loop is given twice: {', '.join(v.name for v in loops)}")
     paths = {}
     for v in loops:
         p = loop_path(program, v)
         if p is None:
-            raise ValueError(f"{what}: loop {v.name!r} is not in the program")
+            raise NotFoundError(f"{what}: loop {v.name!r} is not in the program")
         paths[v] = p
     deepest = max(loops, key=lambda v: len(paths[v]))
     chain = paths[deepest]
     on_chain = {id(s.var) for s in chain if isinstance(s, For)}
     off = [v.name for v in loops if id(v) not in on_chain]
     if off:
-        raise ValueError(f"{what}: loops {', '.join(off)} and {deepest.name} are not nested in one another "
-                         "(loops of different nests cannot be reordered)")
+        raise NotNestedError(f"{what}: loops {', '.join(off)} and {deepest.name} are not nested in one another "
+                             "(loops of different nests cannot be reordered)")
     start = min(chain.index(paths[v][-1]) for v in loops)
     seg = chain[start:]
     fors: list[For] = []
@@ -177,8 +178,8 @@ def _band(program: Program, loops: tuple[Var, ...], what: str) -> tuple[list[For
             fors.append(s)
         elif isinstance(s, If):
             if s.orelse is not None:
-                raise ValueError(f"{what}: an if/else between loops {fors[-1].var.name} and its inner loops "
-                                 "makes the nest imperfect")
+                raise NotNestedError(f"{what}: an if/else between loops {fors[-1].var.name} and its inner loops "
+                                     "makes the nest imperfect")
             guards.append(s.cond)
         elif isinstance(s, Seq):
             others = [c for c in s.body if c is not seg[k + 1]]
@@ -186,7 +187,7 @@ def _band(program: Program, loops: tuple[Var, ...], what: str) -> tuple[list[For
                 continue
             raise _Imperfect(seg[0], s)
         elif isinstance(s, Allocate):
-            raise ValueError(f"{what}: an allocation of {s.buffer.name} lies between the loops")
+            raise NotNestedError(f"{what}: an allocation of {s.buffer.name} lies between the loops")
     return fors, guards, fors[-1].body
 
 
@@ -235,7 +236,7 @@ def _distribute(program: Program, top: Stmt, target: Seq, keep: Stmt) -> Program
     new_top = Seq(tuple(parts))
     if isinstance(top, For):
         return replace_loop(program, top.var, new_top)
-    raise ValueError("reorder: cannot distribute a nest that starts with a guard")
+    raise ArgumentError("reorder: cannot distribute a nest that starts with a guard")
 
 
 def _perfect_band(program: Program, loops: tuple[Var, ...], what: str) -> tuple[Program, list[For], list[Expr], Stmt]:
@@ -249,7 +250,7 @@ def _perfect_band(program: Program, loops: tuple[Var, ...], what: str) -> tuple[
             assert chain is not None
             keep = chain[chain.index(e.seq) + 1]
             program = _distribute(program, e.top, e.seq, keep)
-    raise ValueError(f"{what}: could not make the nest perfect")
+    raise NotNestedError(f"{what}: could not make the nest perfect")
 
 
 @primitive("reorder", hint=order_hint)
@@ -268,7 +269,7 @@ def reorder(program: Program, *loops: Var) -> Program:
                 S(i, j)                              S(i, j)
     """
     if len(loops) < 2:
-        raise ValueError(f"reorder takes at least two loops, got {len(loops)}")
+        raise ArgumentError(f"reorder takes at least two loops, got {len(loops)}")
     program, fors, guards, body = _perfect_band(program, tuple(loops), "reorder")
     listed = {id(v) for v in loops}
     it = iter(loops)
@@ -302,7 +303,7 @@ def _reorder_exact(program: Program, fors: list[For], guards: list[Expr], body: 
         try:
             cons.append(f"({poly.aff(f.lo, names)}) <= {names.env[f.var]} < ({poly.aff(f.hi, names)})")
         except poly.NonAffine as e:
-            raise ValueError(f"reorder: the bounds of loop {f.var.name} are not affine ({e}); cannot reorder") from e
+            raise ArgumentError(f"reorder: the bounds of loop {f.var.name} are not affine ({e}); cannot reorder") from e
     kept: list[Expr] = []
     for g in guards:
         try:
@@ -361,9 +362,9 @@ def tile(program: Program, i: Var, j: Var, ti: int, tj: int) -> tuple[Program, t
     _check_factor(tj, "tile")
     pi, pj = loop_path(program, i), loop_path(program, j)
     if pi is None or pj is None:
-        raise ValueError(f"tile: loop {(i if pi is None else j).name!r} is not in the program")
+        raise NotFoundError(f"tile: loop {(i if pi is None else j).name!r} is not in the program")
     if pi[-1] not in pj:
-        raise ValueError(f"tile: loop {j.name!r} is not inside loop {i.name!r} (tile takes the outer loop first)")
+        raise NotNestedError(f"tile: loop {j.name!r} is not inside loop {i.name!r} (tile takes the outer loop first)")
     p1, (io, ii) = split(program, i, ti)
     p2, (jo, ji) = split(p1, j, tj)
     return reorder(p2, io, jo, ii, ji), (io, jo, ii, ji)
@@ -397,7 +398,7 @@ def _check_collapse(ctx: CheckContext) -> poly.Witness | None:
             if a in inside and b in inside and not m.is_empty():
                 ext = binary("sub", fi.hi, fi.lo)
                 v = ctx.result.name if isinstance(ctx.result, Var) else f"{outer.name}_{inner.name}_f"
-                raise ValueError(
+                raise ArgumentError(
                     f"collapse({outer.name}, {inner.name}): the extent of loop {inner.name!r} ({ext}) is not a "
                     f"compile-time constant, so the collapsed loop's coordinates ({outer.name} = {v} // ({ext}), "
                     f"{inner.name} = {v} % ({ext})) are not affine and later steps on this nest could not be "
@@ -423,11 +424,11 @@ def collapse(program: Program, outer: Var, inner: Var) -> tuple[Program, Var]:
     fo = find_loop(program, outer)
     fi = find_loop(program, inner)
     if fo.body is not fi:
-        raise ValueError(f"collapse: loop {inner.name!r} is not the whole body of loop {outer.name!r} "
-                         "(collapse merges two directly nested loops)")
+        raise NotNestedError(f"collapse: loop {inner.name!r} is not the whole body of loop {outer.name!r} "
+                             "(collapse merges two directly nested loops)")
     if outer in free_vars(fi.lo) | free_vars(fi.hi):
-        raise ValueError(f"collapse: the bounds of {inner.name!r} depend on {outer.name!r}; only rectangular "
-                         "pairs of loops can be collapsed")
+        raise ArgumentError(f"collapse: the bounds of {inner.name!r} depend on {outer.name!r}; only rectangular "
+                            "pairs of loops can be collapsed")
     _serial(fo, "collapse")
     _serial(fi, "collapse")
     ei = binary("sub", fi.hi, fi.lo)
@@ -454,12 +455,12 @@ def skew(program: Program, outer: Var, inner: Var, factor: int = 1) -> tuple[Pro
                 S(i, j)                              S(i, j_s - i)
     """
     if isinstance(factor, bool) or not isinstance(factor, int) or factor == 0:
-        raise ValueError(f"skew: the factor must be a non-zero int, got {factor!r}")
+        raise ArgumentError(f"skew: the factor must be a non-zero int, got {factor!r}")
     po, pi = loop_path(program, outer), loop_path(program, inner)
     if po is None or pi is None:
-        raise ValueError(f"skew: loop {(outer if po is None else inner).name!r} is not in the program")
+        raise NotFoundError(f"skew: loop {(outer if po is None else inner).name!r} is not in the program")
     if po[-1] not in pi or outer is inner:
-        raise ValueError(f"skew: loop {inner.name!r} is not inside loop {outer.name!r}")
+        raise NotNestedError(f"skew: loop {inner.name!r} is not inside loop {outer.name!r}")
     fi = find_loop(program, inner)
     _serial(fi, "skew")
     v = Var(fresh_name(program, f"{inner.name}_s"))
