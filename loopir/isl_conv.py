@@ -17,7 +17,6 @@ __all__ = [
     "NonAffine",
     "aff",
     "cond",
-    "eval_index",
     "aff_to_expr",
     "pw_to_expr",
     "simplify_affine",
@@ -153,14 +152,6 @@ def cond(e: Expr, names: _Names, negate: bool = False) -> str:
         op = e.op if not negate else ("or" if e.op == "and" else "and")
         return f"(({cond(e.a, names, negate)}) {op} ({cond(e.b, names, negate)}))"
     raise NonAffine(e)
-
-
-def eval_index(e: Expr, env: dict[Var, int]) -> int:
-    """Value of an integer index expression at concrete values of its variables (ValueError naming
-    a variable without a value): `loopir.args.eval_expr`, as an int."""
-    from .args import eval_expr
-
-    return int(eval_expr(e, env))
 
 
 # ----------------------------------------------------------------------------- affine normal form

@@ -27,6 +27,7 @@ from typing import Any
 
 import islpy as isl
 
+from .affine import eval_index
 from .errors import LoopirError
 from .footprint import _union_box, footprint
 from .isl_conv import (
@@ -44,7 +45,6 @@ from .isl_conv import (
     aff,
     aff_to_expr,
     cond,
-    eval_index,
     pw_to_expr,
     simplify_affine,
 )

@@ -48,7 +48,6 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
     ("loopir/nodes.py", "loopir.printer"): "a real circle: printer imports nodes, str() of a node prints it",
     ("loopir/interp.py", "loopir.interp_gpu_run"): "a real circle: the GPU mode compiles with interp's _Compiler",
     ("loopir/args.py", "loopir.visit"): _IN_FLIGHT,
-    ("loopir/isl_conv.py", "loopir.args"): "eval_index: phase 2 deletes it for loopir.affine.eval_index",
     ("loopir/lower.py", "loopir.visit"): _IN_FLIGHT,
     ("loopir/te.py", "loopir.visit"): _IN_FLIGHT,
     ("loopir/workloads.py", "loopir.ir"): _IN_FLIGHT,

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 
 from loopir import nodes as N
-from loopir.args import eval_expr
 from loopir.dtypes import is_int
 from loopir.errors import CodegenError, CudaCodegenError, UnboundLoopError  # noqa: F401
 from loopir.visit import substitute, walk
@@ -30,17 +29,6 @@ _C_KEYWORDS = frozenset(
     "long register return short signed sizeof static struct switch typedef union unsigned void volatile while "
     "class new delete this template typename namespace operator private public protected virtual friend "
     "true false nullptr half float4 dim3 threadIdx blockIdx blockDim gridDim warpSize".split())
-
-
-# ----------------------------------------------------------------------------- index evaluation
-
-
-def eval_index(e: N.Expr, env: dict[N.Var, int]) -> int:
-    """Evaluate an integer launch expression of size parameters (Python floor semantics)."""
-    try:
-        return int(eval_expr(e, env))
-    except (ValueError, TypeError, ZeroDivisionError) as err:
-        raise CudaCodegenError(f"cannot evaluate launch expression {e} on the host: {err}") from err
 
 
 # ----------------------------------------------------------------------------- affine forms

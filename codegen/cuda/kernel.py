@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 
 from loopir import nodes as N
+from loopir.affine import eval_index
 from loopir.printer import expr_str
 from loopir.visit import free_vars, substitute, walk
 
@@ -56,7 +57,6 @@ from .expr import (  # noqa: F401  (re-exported: tests and callers import them f
     _sanitize,
     _stmt_names,
     _subst_coords,
-    eval_index,
 )
 from .prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
 from .reduce import _RED_OPS, _identity, _reduction_parts, _ReductionEmitter  # noqa: F401
@@ -88,8 +88,13 @@ class LaunchPlan:
     block: tuple[N.Expr, N.Expr, N.Expr]
 
     def dims(self, sizes: dict[N.Var, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-        return (tuple(eval_index(e, sizes) for e in self.grid),  # type: ignore[return-value]
-                tuple(eval_index(e, sizes) for e in self.block))
+        out = []
+        for e in self.grid + self.block:
+            try:
+                out.append(eval_index(e, sizes))
+            except (ValueError, TypeError, ZeroDivisionError) as err:
+                raise CudaCodegenError(f"cannot evaluate launch expression {e} on the host: {err}") from err
+        return tuple(out[:3]), tuple(out[3:])  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -470,4 +475,4 @@ def generate_cuda(program: N.Program) -> CudaSource:
 
 __all__ = ["generate_cuda", "CudaSource", "Kernel", "KernelArg", "LaunchPlan", "Launch", "HostLoop", "HostIf",
            "HostStep", "CudaCodegenError",
-           "UnboundLoopError", "eval_index"]
+           "UnboundLoopError"]

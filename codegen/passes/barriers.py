@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import islpy as isl
 
 from loopir import nodes as N
-from loopir.isl_conv import NonAffine, _Names, aff, eval_index
+from loopir.affine import eval_index
+from loopir.isl_conv import NonAffine, _Names, aff
 from loopir.poly_model import StmtInfo, _accessed, _Builder
 from loopir.visit import walk
 
