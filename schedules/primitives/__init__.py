@@ -42,6 +42,7 @@ __all__ = [
     "REGISTRY",
     "find_loop",
     "loop_path",
+    "find_loop_path",
     "replace_loop",
     "subst_loops",
     "fresh_name",
@@ -149,9 +150,14 @@ def find_path(body: Stmt, match: Callable[[Stmt], bool]) -> tuple[Stmt, Path] | 
     return go(body, ())
 
 
+def find_loop_path(body: Stmt, var: Var) -> tuple[For, Path] | None:
+    """The For whose variable is `var`, with the path of (ancestor, child index) down to it."""
+    return find_path(body, lambda s: isinstance(s, For) and s.var is var)  # type: ignore[return-value]
+
+
 def loop_path(program: Program, var: Var) -> list[Stmt] | None:
     """The chain of statements from the body root down to the For of `var` (inclusive), or None."""
-    found = find_path(program.body, lambda s: isinstance(s, For) and s.var is var)
+    found = find_loop_path(program.body, var)
     return None if found is None else [a for a, _ in found[1]] + [found[0]]
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from loopir.nodes import Allocate, Expr, For, If, Program, Seq, Stmt, Store, Var, binary
-from loopir.visit import Transformer, seq, substitute
+from loopir.nodes import Expr, If, Program, Seq, Stmt, Var, binary
+from loopir.visit import seq
 
-from . import Path, find_path
+from . import Path, find_loop_path, subst_loops
 
 # ----------------------------------------------------------------------------- tree helpers
 
@@ -107,11 +107,6 @@ def simplify(e: Expr) -> Expr:
     return out + c if c > 0 else out - (-c) if c < 0 else out
 
 
-def find_loop(body: Stmt, var: Var) -> tuple[For, Path] | None:
-    """The For whose variable is `var`, with the path of (ancestor, child index) down to it."""
-    return find_path(body, lambda s: isinstance(s, For) and s.var is var)  # type: ignore[return-value]
-
-
 def replace_at(path: Path, new: Stmt | None) -> Stmt | None:
     """Rebuild the tree along `path` with the node at its end replaced by `new` (None removes it)."""
     for parent, k in reversed(path):
@@ -132,50 +127,6 @@ def replace_at(path: Path, new: Stmt | None) -> Stmt | None:
         else:
             new = replace(parent, body=new)
     return new
-
-
-def subst_loops(stmt: Stmt, mapping: dict[Var, Expr]) -> Stmt:
-    """Substitute loop variables where they live: loop bounds, guards and statement coords.
-
-    A statement's indices and value are in its original iters and are left untouched."""
-    if not mapping:
-        return stmt
-
-    class _T(Transformer):
-        def visit_Store(self, st: Store) -> Store:
-            coords = tuple(substitute(c, mapping) for c in st.coords)
-            return st if all(a is b for a, b in zip(coords, st.coords)) else replace(st, coords=coords)
-
-        def visit_For(self, f: For) -> For:
-            return replace(f, var=mapping.get(f.var, f.var), lo=substitute(f.lo, mapping),
-                           hi=substitute(f.hi, mapping), body=self.visit(f.body))
-
-        def visit_If(self, s: If) -> If:
-            return replace(s, cond=substitute(s.cond, mapping), then=self.visit(s.then),
-                           orelse=None if s.orelse is None else self.visit(s.orelse))
-
-    return _T().visit(stmt)
-
-
-def loop_vars(stmt: Stmt) -> list[Var]:
-    out: list[Var] = []
-
-    def go(s: Stmt) -> None:
-        if isinstance(s, For):
-            out.append(s.var)
-            go(s.body)
-        elif isinstance(s, Seq):
-            for c in s.body:
-                go(c)
-        elif isinstance(s, If):
-            go(s.then)
-            if s.orelse is not None:
-                go(s.orelse)
-        elif isinstance(s, Allocate):
-            go(s.body)
-
-    go(stmt)
-    return out
 
 
 # ----------------------------------------------------------------------------- fuse
@@ -201,7 +152,7 @@ def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
             raise TypeError(f"fuse: the {what} loop must be a loop handle, got {type(v).__name__} {v!r}")
     if loop_a is loop_b:
         raise ValueError(f"fuse: both handles are loop {loop_a.name!r}; give two sibling loops")
-    fa, fb = find_loop(program.body, loop_a), find_loop(program.body, loop_b)
+    fa, fb = find_loop_path(program.body, loop_a), find_loop_path(program.body, loop_b)
     for v, f in ((loop_a, fa), (loop_b, fb)):
         if f is None:
             raise ValueError(f"fuse: loop {v.name!r} is not in program {program.name!r}")
