@@ -5,7 +5,9 @@ primitives and each code generator read an index the same way:
 
 - `linear_in(e, v)`: `e` as `c*v + rest` with `rest` free of `v` (guard tightening, strides);
 - `access_pattern(indices, v)`: how an access moves with loop `v` (uniform, contiguous, other);
-- `eval_index(e, env)`: the value of an integer index at concrete sizes and loop values.
+- `eval_index(e, env)`: the value of an integer index at concrete sizes and loop values;
+- `linear_form(e)`: `e` as {Var: coefficient, 1: constant}; `const_diff`, `same_value` and
+  `simplify` (first-use order, provable min/max resolved) built on it for the schedule primitives.
 
 Expressions are built with the IR's own operators, so a result prints as the IR does.
 """
@@ -13,13 +15,13 @@ Expressions are built with the IR's own operators, so a result prints as the IR 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from .args import eval_expr
-from .nodes import Binary, Const, Expr, Var
+from .nodes import Binary, Cast, Const, Expr, Unary, Var
 from .visit import walk
 
-__all__ = ["access_pattern", "eval_index", "linear_in"]
+__all__ = ["access_pattern", "const_diff", "eval_index", "linear_form", "linear_in", "same_value", "simplify"]
 
 
 def linear_in(e: Expr, v: Var) -> tuple[int, Expr] | None:
@@ -57,3 +59,82 @@ def eval_index(e: Expr, env: Mapping[Var, int]) -> int:
     """Value of an integer index expression at concrete values of its variables, with Python's floor
     semantics for `//` and `%` (as the loop IR has); ValueError naming a variable without a value."""
     return int(eval_expr(e, env))
+
+
+def linear_form(e: Expr) -> dict[Any, int] | None:
+    """`e` as {atom Var: coefficient, 1: constant}, or None when it is not affine (integer)."""
+    if isinstance(e, Const):
+        return {1: int(e.value)} if not isinstance(e.value, float) or e.value == int(e.value) else None
+    if isinstance(e, Var):
+        return {e: 1}
+    if isinstance(e, Cast):
+        return linear_form(e.a)
+    if isinstance(e, Unary) and e.op == "neg":
+        a = linear_form(e.a)
+        return None if a is None else {k: -v for k, v in a.items()}
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
+        a, b = linear_form(e.a), linear_form(e.b)
+        if a is None or b is None:
+            return None
+        if e.op == "mul":
+            if set(a) <= {1}:
+                a, b = b, a
+            if not set(b) <= {1}:
+                return None
+            c = b.get(1, 0)
+            return {k: v * c for k, v in a.items() if v * c}
+        sign = 1 if e.op == "add" else -1
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = out.get(k, 0) + sign * v
+        return {k: v for k, v in out.items() if v}
+    return None
+
+
+def const_diff(a: Expr, b: Expr) -> int | None:
+    """a - b when it is a constant (affine normal form), else None."""
+    la, lb = linear_form(a), linear_form(b)
+    if la is None or lb is None:
+        return None
+    d = {k: la.get(k, 0) - lb.get(k, 0) for k in set(la) | set(lb)}
+    if any(v for k, v in d.items() if k != 1):
+        return None
+    return d.get(1, 0)
+
+
+def same_value(a: Expr, b: Expr) -> bool:
+    """True when `a` and `b` are provably equal (affine normal form, else structure)."""
+    la, lb = linear_form(a), linear_form(b)
+    if la is not None and lb is not None:
+        return {k: v for k, v in la.items() if v} == {k: v for k, v in lb.items() if v}
+    return a == b
+
+
+def simplify(e: Expr) -> Expr:
+    """An affine integer expression in a canonical form (variables in first-use order, then
+    the constant); `max`/`min` operands simplified; anything else unchanged."""
+    if isinstance(e, Binary) and e.op in ("max", "min"):
+        a, b = simplify(e.a), simplify(e.b)
+        la, lb = linear_form(a), linear_form(b)
+        if la is not None and lb is not None:
+            d = {k: la.get(k, 0) - lb.get(k, 0) for k in set(la) | set(lb)}
+            if all(v == 0 for k, v in d.items() if k != 1):
+                c = d.get(1, 0)
+                return a if (c >= 0) == (e.op == "max") else b
+        return Binary(e.op, a, b, e.dtype)
+    la = linear_form(e)
+    if la is None or isinstance(e, (Const, Var)):
+        return e
+    out: Expr | None = None
+    for k, v in la.items():
+        if k == 1 or v == 0:
+            continue
+        term: Expr = k if v in (1, -1) else k * v
+        if out is None:
+            out = term if v != -1 else -term
+        else:
+            out = out + term if v != -1 else out - term
+    c = la.get(1, 0)
+    if out is None:
+        return Const(c, e.dtype)
+    return out + c if c > 0 else out - (-c) if c < 0 else out

@@ -34,6 +34,7 @@ from typing import Any
 import islpy as isl
 
 from loopir import poly
+from loopir.affine import simplify
 from loopir.dtypes import INDEX
 from loopir.nodes import (
     Allocate,
@@ -195,8 +196,6 @@ def _buffer(program: Program, x: Any) -> Buffer:
 
 
 def _const_value(e: Expr) -> int | None:
-    from .loop_fusion import simplify  # C2's affine simplifier
-
     e = simplify(e)
     return int(e.value) if isinstance(e, Const) else None
 
@@ -209,8 +208,6 @@ class _Redirect(Transformer):
         idx = tuple(self.visit(i) for i in ld.indices)
         if ld.buffer is not self.buf:
             return ld if all(a is b for a, b in zip(idx, ld.indices)) else Load(ld.buffer, idx)
-        from .loop_fusion import simplify
-
         return Load(self.cache, tuple(simplify(binary("sub", i, lo)) for i, lo in zip(idx, self.lows)))
 
 

@@ -26,7 +26,9 @@ from loopir.nodes import Allocate, Buffer, Const, Expr, For, If, Load, Program, 
 from loopir.visit import StmtContext, Transformer, buffers_of, seq, statements, substitute, walk
 
 from . import find_loop_path, find_path, fresh_name
-from .loop_fusion import affine, replace_at, same_value, simplify
+from loopir.affine import linear_form, same_value, simplify
+
+from .loop_fusion import replace_at
 from loopir.footprint import simplify_in_context
 
 # ----------------------------------------------------------------------------- producer lookup
@@ -384,7 +386,7 @@ def _min(a: Expr, b: Expr) -> Expr:
 
 
 def _const_diff(a: Expr, b: Expr) -> int | None:
-    la, lb = affine(a), affine(b)
+    la, lb = linear_form(a), linear_form(b)
     if la is None or lb is None:
         return None
     diff = dict(la)
