@@ -18,10 +18,12 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from .args import eval_expr
+from .dtypes import is_int
 from .nodes import Binary, Cast, Const, Expr, Unary, Var
 from .visit import walk
 
-__all__ = ["access_pattern", "const_diff", "eval_index", "linear_form", "linear_in", "same_value", "simplify"]
+__all__ = ["access_pattern", "const_diff", "eval_index", "linear_form", "linear_in", "polynomial", "same_value",
+           "simplify"]
 
 
 def linear_in(e: Expr, v: Var) -> tuple[int, Expr] | None:
@@ -62,33 +64,12 @@ def eval_index(e: Expr, env: Mapping[Var, int]) -> int:
 
 
 def linear_form(e: Expr) -> dict[Any, int] | None:
-    """`e` as {atom Var: coefficient, 1: constant}, or None when it is not affine (integer)."""
-    if isinstance(e, Const):
-        return {1: int(e.value)} if not isinstance(e.value, float) or e.value == int(e.value) else None
-    if isinstance(e, Var):
-        return {e: 1}
-    if isinstance(e, Cast):
-        return linear_form(e.a)
-    if isinstance(e, Unary) and e.op == "neg":
-        a = linear_form(e.a)
-        return None if a is None else {k: -v for k, v in a.items()}
-    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
-        a, b = linear_form(e.a), linear_form(e.b)
-        if a is None or b is None:
-            return None
-        if e.op == "mul":
-            if set(a) <= {1}:
-                a, b = b, a
-            if not set(b) <= {1}:
-                return None
-            c = b.get(1, 0)
-            return {k: v * c for k, v in a.items() if v * c}
-        sign = 1 if e.op == "add" else -1
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = out.get(k, 0) + sign * v
-        return {k: v for k, v in out.items() if v}
-    return None
+    """`e` as {atom Var: coefficient, 1: constant}, or None when it is not affine (integer). Lenient
+    about dtypes (an integral float constant, any cast), as the schedule primitives need."""
+    p = _monomials(e, strict=False)
+    if p is None or any(len(k) > 1 for k in p):
+        return None
+    return {(k[0] if k else 1): c for k, c in p.items()}
 
 
 def const_diff(a: Expr, b: Expr) -> int | None:
@@ -138,3 +119,45 @@ def simplify(e: Expr) -> Expr:
     if out is None:
         return Const(c, e.dtype)
     return out + c if c > 0 else out - (-c) if c < 0 else out
+
+
+def polynomial(e: Expr) -> dict[tuple, int] | None:
+    """e as a polynomial: {sorted tuple of var ids (monomial): integer coefficient}; None if not one
+    (products of sizes allowed: the CUDA alignment proofs and the GPU interpreter read it)."""
+    p = _monomials(e, strict=True)
+    return None if p is None else {tuple(id(v) for v in k): c for k, c in p.items()}
+
+
+def _monomials(e: Expr, strict: bool) -> dict[tuple[Var, ...], int] | None:
+    """e as {monomial (Vars sorted by id): nonzero coefficient} in first-seen order; None if not a
+    polynomial. strict: integer dtypes only (else an integral float constant and any cast pass)."""
+    if isinstance(e, Const):
+        if strict:
+            return ({(): int(e.value)} if e.value else {}) if is_int(e.dtype) else None
+        if isinstance(e.value, float) and e.value != int(e.value):
+            return None
+        return {(): int(e.value)} if e.value else {}
+    if isinstance(e, Var):
+        return {(e,): 1}
+    if isinstance(e, Cast) and (not strict or (is_int(e.dtype) and is_int(e.a.dtype))):
+        return _monomials(e.a, strict)
+    if isinstance(e, Unary) and e.op == "neg":
+        p = _monomials(e.a, strict)
+        return None if p is None else {k: -c for k, c in p.items()}
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
+        pa, pb = _monomials(e.a, strict), _monomials(e.b, strict)
+        if pa is None or pb is None:
+            return None
+        out: dict[tuple[Var, ...], int] = {}
+        if e.op == "mul":
+            for ka, ca in pa.items():
+                for kb, cb in pb.items():
+                    k = tuple(sorted(ka + kb, key=id))
+                    out[k] = out.get(k, 0) + ca * cb
+        else:
+            sign = 1 if e.op == "add" else -1
+            out = dict(pa)
+            for k, c in pb.items():
+                out[k] = out.get(k, 0) + sign * c
+        return {k: c for k, c in out.items() if c}
+    return None

@@ -65,7 +65,8 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import is_float, is_int
+from .affine import polynomial
+from .dtypes import is_float
 from .interp import _Compiler, _ident
 from .nodes import (
     GPU_AXES,
@@ -73,7 +74,6 @@ from .nodes import (
     Barrier,
     Binary,
     Buffer,
-    Cast,
     Const,
     Expr,
     For,
@@ -84,12 +84,11 @@ from .nodes import (
     Seq,
     Stmt,
     Store,
-    Unary,
     Var,
     binary,
     const,
 )
-from .visit import free_vars, substitute, walk
+from .visit import free_vars, loops_of, subst_coords, substitute, walk
 
 # The renderer's own __syncthreads() after a cross-thread reduction / a thread-0 store (when statements of the
 # block follow). Off: barriers are only the Barrier nodes a lowering pass placed (the renderer's are being removed).
@@ -115,18 +114,6 @@ class GpuMappingError(ValueError):
 # ----------------------------------------------------------------------------- the renderer's nest queries
 # (duplicated from codegen/cuda_expr.py, cuda_reduce.py, cuda_staging.py, cuda_vector.py: loopir imports no
 # codegen; tests/test_interp_gpu.py checks the decisions below against the renderer's output)
-
-
-def _body_list(s: Stmt) -> list[Stmt]:
-    return list(s.body) if isinstance(s, Seq) else [s]
-
-
-def _loops(s: Stmt) -> list[For]:
-    return [n for n in walk(s) if isinstance(n, For)]
-
-
-def _subst_coords(st: Store) -> dict[Var, Expr]:
-    return {it: c for it, c in zip(st.iters, st.coords) if c is not it}
 
 
 def _flat(b: Buffer, idx: tuple[Expr, ...]) -> Expr:
@@ -166,11 +153,11 @@ def _reduction_parts(st: Store) -> tuple[str, Expr] | None:
 
 def _reductions_in(f: For) -> list[Store]:
     """Stores inside f whose index does not use f's var nor loops inside f."""
-    inner = {x.var for x in _loops(f)}
+    inner = {x.var for x in loops_of(f)}
     out = []
     for n in walk(f.body):
         if isinstance(n, Store):
-            idx = tuple(substitute(i, _subst_coords(n)) for i in n.indices)
+            idx = tuple(substitute(i, subst_coords(n)) for i in n.indices)
             used = set().union(*(free_vars(i) for i in idx)) if idx else set()
             if not (used & inner):
                 out.append(n)
@@ -179,36 +166,6 @@ def _reductions_in(f: For) -> list[Store]:
 
 def _is_reduction_loop(f: For) -> bool:
     return f.kind == "thread" and f.thread == "threadIdx.x" and bool(_reductions_in(f))
-
-
-def _poly(e: Expr) -> dict[tuple, int] | None:
-    """e as a polynomial {sorted tuple of var ids: coefficient}, None if not one (the renderer's `_poly`)."""
-    if isinstance(e, Const) and is_int(e.dtype):
-        return {(): int(e.value)} if e.value else {}
-    if isinstance(e, Var):
-        return {(id(e),): 1}
-    if isinstance(e, Cast) and is_int(e.dtype) and is_int(e.a.dtype):
-        return _poly(e.a)
-    if isinstance(e, Unary) and e.op == "neg":
-        p = _poly(e.a)
-        return None if p is None else {k: -c for k, c in p.items()}
-    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
-        pa, pb = _poly(e.a), _poly(e.b)
-        if pa is None or pb is None:
-            return None
-        out: dict[tuple, int] = {}
-        if e.op == "mul":
-            for ka, ca in pa.items():
-                for kb, cb in pb.items():
-                    k = tuple(sorted(ka + kb))
-                    out[k] = out.get(k, 0) + ca * cb
-        else:
-            sign = 1 if e.op == "add" else -1
-            out = dict(pa)
-            for k, c in pb.items():
-                out[k] = out.get(k, 0) + sign * c
-        return {k: c for k, c in out.items() if c}
-    return None
 
 
 def _identity(op: str, dtype: str) -> Any:
@@ -261,8 +218,8 @@ class _KernelCompiler(_Compiler):
         self.thread_depth = 0
         self.last_store = ""
         self.allocs = 0
-        self.tvars = {f.var for f in _loops(nest) if f.kind == "thread" and (f.thread or "").startswith("threadIdx")}
-        self.loopvars = {id(f.var) for f in _loops(nest)}
+        self.tvars = {f.var for f in loops_of(nest) if f.kind == "thread" and (f.thread or "").startswith("threadIdx")}
+        self.loopvars = {id(f.var) for f in loops_of(nest)}
         self.has_threads = bool(self.tvars)
 
     # ---------------------------------------------------------------- launch plan (`analyse`)
@@ -270,7 +227,7 @@ class _KernelCompiler(_Compiler):
     def analyse(self) -> None:
         if self.plan is not None:
             return self._analyse_planned(self.plan)
-        loops = _loops(self.nest)
+        loops = loops_of(self.nest)
         if loops and not any(f.kind == "thread" for f in loops):
             names = ", ".join(self.k.stmts)
             raise GpuMappingError(
@@ -524,7 +481,7 @@ class _KernelCompiler(_Compiler):
             saved.setdefault(it, self.vars.get(it))
             self.vars[it] = name
             bound.append(name)
-        self.cur_sub = _subst_coords(s)
+        self.cur_sub = subst_coords(s)
         if self.traced:
             vals = ", ".join(f"int({b})" for b in bound)
             self.emit(depth, f"_trace.append(({s.name!r}, ({vals}{',' if len(bound) == 1 else ''})))")
@@ -618,7 +575,7 @@ class _KernelCompiler(_Compiler):
         for st in reds:
             op, acc, dtype = accs[id(st)]
             self.k.collectives.append(st.name)
-            idx = tuple(substitute(i, _subst_coords(st)) for i in st.indices)
+            idx = tuple(substitute(i, subst_coords(st)) for i in st.indices)
             flat = _flat(st.buffer, idx)
             cur = self.fresh(f"before_{st.name}")
             init = self.init_consts.get((st.buffer, flat))
@@ -682,7 +639,7 @@ class _KernelCompiler(_Compiler):
     def _aligned_checks(self, flat: Expr, v: Var) -> list[tuple[int, list[Var]]] | None:
         """The renderer's `_aligned_base`: None when flat is not `base + v` with base a multiple of 4; else
         the run-time conditions (coefficient, sizes) whose product must be divisible by 4."""
-        p = _poly(flat)
+        p = polynomial(flat)
         if p is None or p.get((id(v),)) != 1:
             return None
         if any(id(v) in k for k in p if k != (id(v),)):
@@ -711,7 +668,7 @@ class _KernelCompiler(_Compiler):
             guard, inner = inner.cond, inner.then
         if not isinstance(inner, Store) or inner.buffer.scope != "shared":
             return False
-        sub = _subst_coords(inner)
+        sub = subst_coords(inner)
         used = free_vars(substitute(inner.value, sub)) | free_vars(guard if guard is not None else const(0))
         for i in inner.indices:
             used |= free_vars(substitute(i, sub))

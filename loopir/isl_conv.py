@@ -6,11 +6,12 @@ would write them (`i - m + 3`, not `-1 * m + i + 3`).
 
 from __future__ import annotations
 
-import re
+import functools
 from typing import Any
 
 import islpy as isl
 
+from .names import fresh, sanitize
 from .nodes import Binary, Cast, Compare, Const, Expr, Logical, Unary, Var, binary, const
 
 __all__ = [
@@ -32,13 +33,7 @@ class NonAffine(Exception):
 _ISL_WORDS = {"and", "or", "not", "exists", "mod", "floor", "ceil", "min", "max", "true", "false", "infty", "NaN", "Z"}
 
 
-def _sanitize(name: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9_]", "_", name) or "v"
-    if s[0].isdigit():
-        s = "v" + s
-    if s in _ISL_WORDS:
-        s += "_"
-    return s
+_sanitize = functools.partial(sanitize, reserved=_ISL_WORDS)
 
 
 class _Names:
@@ -50,12 +45,7 @@ class _Names:
         self.taken = set(taken or ()) | set(params)
 
     def bind(self, v: Var, hint: str | None = None) -> str:
-        base = _sanitize(hint or v.name)
-        name, k = base, 1
-        while name in self.taken:
-            name = f"{base}_{k}"
-            k += 1
-        self.taken.add(name)
+        name = fresh(_sanitize(hint or v.name), self.taken)
         self.env[v] = name
         return name
 

@@ -251,3 +251,23 @@ __all__ = [
     "map_stmts",
     "seq",
 ]
+
+
+def loops_of(s: Stmt) -> list[For]:
+    """Every For below `s` (pre-order, `s` itself included)."""
+    return [n for n in walk(s) if isinstance(n, For)]
+
+
+def body_list(s: Stmt) -> list[Stmt]:
+    """The statements of a Seq, or `[s]`."""
+    return list(s.body) if isinstance(s, Seq) else [s]
+
+
+def stmt_names(s: Stmt) -> list[str]:
+    """The names of the Stores below `s`, in order (with repeats)."""
+    return [n.name for n in walk(s) if isinstance(n, Store)]
+
+
+def subst_coords(st: Store) -> dict[Var, Expr]:
+    """The substitution from a Store's iteration variables to its coords (identity pairs left out)."""
+    return {it: c for it, c in zip(st.iters, st.coords) if c is not it}

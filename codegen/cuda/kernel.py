@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from loopir import nodes as N
 from loopir.affine import eval_index
 from loopir.printer import expr_str
-from loopir.visit import free_vars, substitute, walk
+from loopir.visit import free_vars, loops_of, stmt_names, substitute, walk
 
 from .expr import (  # noqa: F401  (re-exported: tests and callers import them from codegen.cuda)
     _AXES,
@@ -48,15 +48,10 @@ from .expr import (  # noqa: F401  (re-exported: tests and callers import them f
     _STORAGE,
     CudaCodegenError,
     UnboundLoopError,
-    _body_list,
     _ExprEmitter,
     _is_const,
-    _loops,
     _Names,
-    _poly,
     _sanitize,
-    _stmt_names,
-    _subst_coords,
 )
 from .prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
 from .reduce import _RED_OPS, _identity, _reduction_parts, _ReductionEmitter  # noqa: F401
@@ -206,7 +201,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         return LaunchPlan(k.grid, k.block)
 
     def _size_vars(self) -> set[N.Var]:
-        defined = {f.var for f in _loops(self.nest)}
+        defined = {f.var for f in loops_of(self.nest)}
         for n in walk(self.nest):
             if isinstance(n, N.Store):
                 # an iteration variable that is a host loop's own variable (coordinate t = t) is a parameter
@@ -397,12 +392,12 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         if self.uses_async and LAUNCH_MIN_BLOCKS and all(_is_const(e) for e in nthreads):
             bounds = f"__launch_bounds__({math.prod(int(e.value) for e in nthreads)}, {LAUNCH_MIN_BLOCKS}) "  # type: ignore[attr-defined]
         head = [f'extern "C" __global__ void {bounds}{self.kname}(' + ", ".join(params) + ") {"]
-        stmts = ", ".join(dict.fromkeys(_stmt_names(self.nest)))
+        stmts = ", ".join(dict.fromkeys(stmt_names(self.nest)))
         launch = (f"  // statements: {stmts}; grid ({', '.join(str(e) for e in plan.grid)}), "
                   f"block ({', '.join(str(e) for e in plan.block)})")
         decl = [f"  __shared__ {ct} {nm}[32];  // cross-thread reduction scratch" for ct, nm in self.red_smem.items()]
         text = "\n".join(head + [launch] + decl + body + ["}"])
-        return text, Kernel(self.kname, tuple(args), plan, tuple(dict.fromkeys(_stmt_names(self.nest))))
+        return text, Kernel(self.kname, tuple(args), plan, tuple(dict.fromkeys(stmt_names(self.nest))))
 
 
 def _host_expr(e: N.Expr, what: str) -> N.Expr:
@@ -422,7 +417,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
 
     def kernel(kn: N.Kernel, host_vars: tuple[N.Var, ...]) -> int:
         k = len(kernels)
-        first = (_stmt_names(kn.body) or [f"nest{k}"])[0]
+        first = (stmt_names(kn.body) or [f"nest{k}"])[0]
         kname = names.fresh(f"{program.name}_{first}")
         gen = _KernelGen(program, kn, kname, host_vars=host_vars)
         text, kern = gen.generate()

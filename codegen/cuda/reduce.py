@@ -36,9 +36,9 @@ from __future__ import annotations
 
 from loopir import nodes as N
 from loopir.dtypes import is_int
-from loopir.visit import free_vars, substitute, walk
+from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
-from .expr import _CTYPE, CudaCodegenError, _loops, _subst_coords
+from .expr import _CTYPE, CudaCodegenError
 
 _RED_OPS = ("add", "mul", "max", "min")
 
@@ -78,11 +78,11 @@ class _ReductionEmitter:
     def _reductions_in(self, f: N.For) -> list[N.Store]:
         """Stores inside f whose index does not use f's var nor loops inside f (a "local" buffer is
         per thread: every thread writing element 0 of its own registers is no cross-thread reduction)."""
-        inner = {x.var for x in _loops(f)}
+        inner = {x.var for x in loops_of(f)}
         out = []
         for n in walk(f.body):
             if isinstance(n, N.Store) and n.buffer.scope != "local":
-                idx = tuple(substitute(i, _subst_coords(n)) for i in n.indices)
+                idx = tuple(substitute(i, subst_coords(n)) for i in n.indices)
                 used = set().union(*(free_vars(i) for i in idx)) if idx else set()
                 if not (used & inner):
                     out.append(n)
@@ -99,7 +99,7 @@ class _ReductionEmitter:
 
     # ---------------------------------------------------------------- predication
     def _thread_vars(self) -> set[N.Var]:
-        return {x.var for x in _loops(self.nest) if x.kind == "thread" and x.thread.startswith("threadIdx")}
+        return {x.var for x in loops_of(self.nest) if x.kind == "thread" and x.thread.startswith("threadIdx")}
 
     def _thread_dependent(self, e: N.Expr) -> bool:
         return bool(free_vars(e) & self._thread_vars())
@@ -176,7 +176,7 @@ class _ReductionEmitter:
             acc = accs[id(st)]
             smem = None if self.subwarp else self.red_smem.setdefault(
                 ct, self.names.fresh(f"loopir_red_{ct.replace(' ', '_')}"))
-            idx = tuple(substitute(i, _subst_coords(st)) for i in st.indices)
+            idx = tuple(substitute(i, subst_coords(st)) for i in st.indices)
             flat = self.flat(st.buffer, idx)
             ref = f"{self.buf(st.buffer)}[{self.expr(flat)}]"
             # read the current value BEFORE the barriers of the all-reduce: thread 0 overwrites it after them

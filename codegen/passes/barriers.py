@@ -29,7 +29,7 @@ from loopir import nodes as N
 from loopir.affine import eval_index
 from loopir.isl_conv import NonAffine, _Names, aff
 from loopir.poly_model import StmtInfo, _accessed, _Builder
-from loopir.visit import walk
+from loopir.visit import loops_of, walk
 
 from .kernels import map_kernels
 from .gpu_model import (
@@ -39,7 +39,6 @@ from .gpu_model import (
     is_block_loop,
     is_thread_loop,
     kernel_model,
-    loops_of,
     reduction_parts,
     reduction_stores,
 )

@@ -24,15 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loopir import nodes as N
-from loopir.visit import free_vars, substitute, walk
+from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
 THREAD_AXES = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
 BLOCK_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
 REDUCE_OPS = ("add", "mul", "max", "min")
-
-
-def loops_of(s: N.Stmt) -> list[N.For]:
-    return [n for n in walk(s) if isinstance(n, N.For)]
 
 
 def is_thread_loop(f: N.For) -> bool:
@@ -41,10 +37,6 @@ def is_thread_loop(f: N.For) -> bool:
 
 def is_block_loop(f: N.For) -> bool:
     return f.kind == "thread" and (f.thread or "").startswith("blockIdx")
-
-
-def subst_coords(st: N.Store) -> dict[N.Var, N.Expr]:
-    return dict(zip(st.iters, st.coords))
 
 
 def reduction_stores(f: N.For) -> list[N.Store]:
@@ -130,4 +122,4 @@ def kernel_model(k: N.Kernel) -> KernelModel:
 
 
 __all__ = ["kernel_model", "KernelModel", "reduction_stores", "reduction_parts", "is_thread_loop", "is_block_loop",
-           "THREAD_AXES", "BLOCK_AXES", "loops_of", "subst_coords"]
+           "THREAD_AXES", "BLOCK_AXES"]

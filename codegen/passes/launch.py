@@ -32,9 +32,9 @@ from loopir import nodes as N
 from loopir.errors import CudaCodegenError, UnboundLoopError
 from loopir.isl_conv import NonAffine, aff, aff_to_expr, cond, pw_to_expr
 from loopir.isl_conv import _Names as _IslNames
-from loopir.visit import free_vars, substitute, walk
+from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
-from .gpu_model import is_thread_loop, loops_of, reduction_stores, subst_coords
+from .gpu_model import is_thread_loop, reduction_stores
 from .kernels import kernels, map_kernels
 
 AXES = ("x", "y", "z")

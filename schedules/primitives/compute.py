@@ -26,7 +26,7 @@ from loopir.nodes import Allocate, Buffer, Const, Expr, For, If, Load, Program, 
 from loopir.visit import StmtContext, Transformer, buffers_of, seq, statements, substitute, walk
 
 from . import find_loop_path, find_path, fresh_name
-from loopir.affine import linear_form, same_value, simplify
+from loopir.affine import const_diff, same_value, simplify
 
 from .loop_fusion import replace_at
 from loopir.footprint import simplify_in_context
@@ -372,30 +372,17 @@ def _is_zero(e: Expr) -> bool:
 
 
 def _max(a: Expr, b: Expr) -> Expr:
-    d = _const_diff(a, b)
+    d = const_diff(a, b)
     if d is not None:
         return a if d >= 0 else b
     return binary("max", a, b)
 
 
 def _min(a: Expr, b: Expr) -> Expr:
-    d = _const_diff(a, b)
+    d = const_diff(a, b)
     if d is not None:
         return a if d <= 0 else b
     return binary("min", a, b)
-
-
-def _const_diff(a: Expr, b: Expr) -> int | None:
-    la, lb = linear_form(a), linear_form(b)
-    if la is None or lb is None:
-        return None
-    diff = dict(la)
-    for k, v in lb.items():
-        diff[k] = diff.get(k, 0) - v
-    diff = {k: v for k, v in diff.items() if v}
-    if set(diff) <= {1}:
-        return diff.get(1, 0)
-    return None
 
 
 # ----------------------------------------------------------------------------- rebasing
