@@ -66,13 +66,13 @@ from typing import Any
 import numpy as np
 
 from .affine import polynomial
+from .gpu import REDUCE_OPS, is_reduction_loop, reduction_parts, reduction_stores, upper_extent
 from .dtypes import is_float
 from .interp import _Compiler, _ident
 from .nodes import (
     GPU_AXES,
     Allocate,
     Barrier,
-    Binary,
     Buffer,
     Const,
     Expr,
@@ -94,7 +94,6 @@ from .visit import free_vars, loops_of, subst_coords, substitute, walk
 # block follow). Off: barriers are only the Barrier nodes a lowering pass placed (the renderer's are being removed).
 RENDERER_IMPLICIT_SYNCS = False
 
-_RED_OPS = ("add", "mul", "max", "min")
 _AXIS_VAR = {"blockIdx.x": "_bx", "blockIdx.y": "_by", "blockIdx.z": "_bz",
              "threadIdx.x": "_tx", "threadIdx.y": "_ty", "threadIdx.z": "_tz"}
 _RESERVED = ("_bufs", "_sizes", "_trace", "_blk", "_bx", "_by", "_bz", "_tx", "_ty", "_tz", "_t", "_T", "_val",
@@ -112,8 +111,8 @@ class GpuMappingError(ValueError):
 
 
 # ----------------------------------------------------------------------------- the renderer's nest queries
-# (duplicated from codegen/cuda_expr.py, cuda_reduce.py, cuda_staging.py, cuda_vector.py: loopir imports no
-# codegen; tests/test_interp_gpu.py checks the decisions below against the renderer's output)
+# (the shared decisions live in loopir/gpu.py; tests/test_interp_gpu.py checks the rest against the
+# renderer's output)
 
 
 def _flat(b: Buffer, idx: tuple[Expr, ...]) -> Expr:
@@ -125,47 +124,6 @@ def _flat(b: Buffer, idx: tuple[Expr, ...]) -> Expr:
     for s, i in zip(b.shape[1:], idx[1:]):
         e = binary("add", binary("mul", e, s), i)
     return e
-
-
-def _upper_extent(ext: Expr, allowed: set[Var]) -> Expr | None:
-    if free_vars(ext) <= allowed:
-        return ext
-    if isinstance(ext, Binary) and ext.op == "min":
-        for side in (ext.a, ext.b):
-            ub = _upper_extent(side, allowed)
-            if ub is not None:
-                return ub
-    return None
-
-
-def _reduction_parts(st: Store) -> tuple[str, Expr] | None:
-    """(op, e) when st is `C[idx] = C[idx] op e` (either operand order), else None."""
-    v = st.value
-    if not isinstance(v, Binary) or v.op not in _RED_OPS:
-        return None
-    self_load = Load(st.buffer, st.indices)
-    if v.a == self_load:
-        return v.op, v.b
-    if v.b == self_load:
-        return v.op, v.a
-    return None
-
-
-def _reductions_in(f: For) -> list[Store]:
-    """Stores inside f whose index does not use f's var nor loops inside f."""
-    inner = {x.var for x in loops_of(f)}
-    out = []
-    for n in walk(f.body):
-        if isinstance(n, Store):
-            idx = tuple(substitute(i, subst_coords(n)) for i in n.indices)
-            used = set().union(*(free_vars(i) for i in idx)) if idx else set()
-            if not (used & inner):
-                out.append(n)
-    return out
-
-
-def _is_reduction_loop(f: For) -> bool:
-    return f.kind == "thread" and f.thread == "threadIdx.x" and bool(_reductions_in(f))
 
 
 def _identity(op: str, dtype: str) -> Any:
@@ -249,7 +207,7 @@ class _KernelCompiler(_Compiler):
                 continue
             if f.thread not in GPU_AXES:
                 raise GpuMappingError(f"loop {f.var.name!r} is bound to unknown GPU axis {f.thread!r}")
-            e = _upper_extent(binary("sub", f.hi, f.lo), params)
+            e = upper_extent(binary("sub", f.hi, f.lo), params)
             if e is None:
                 raise GpuMappingError(
                     f"loop {f.var.name!r} bound to {f.thread} has extent {f.hi} - {f.lo}, which varies with another "
@@ -259,7 +217,7 @@ class _KernelCompiler(_Compiler):
             if not any(e == x for x in lst):
                 lst.append(e)
         self._check_nesting(self.nest, set())
-        self.has_reduction = any(_is_reduction_loop(f) for f in loops)
+        self.has_reduction = any(is_reduction_loop(f) for f in loops)
         self._check_reductions()
         self.launch: dict[str, Expr] = {}
         for axis, lst in ext.items():
@@ -281,7 +239,7 @@ class _KernelCompiler(_Compiler):
         self.has_reduction = bool(k.reductions)
 
     def is_reduction(self, f: For) -> bool:
-        return f.var in self.plan.reductions if self.plan is not None else _is_reduction_loop(f)
+        return f.var in self.plan.reductions if self.plan is not None else is_reduction_loop(f)
 
     def guarded(self, f: For) -> bool:
         return f.var in self.plan.guarded if self.plan is not None else True
@@ -312,7 +270,7 @@ class _KernelCompiler(_Compiler):
     def _check_reductions(self) -> None:
         def go(s: Stmt, path: list[Stmt]) -> None:
             if isinstance(s, For):
-                if _is_reduction_loop(s):
+                if is_reduction_loop(s):
                     for p in path:
                         if isinstance(p, For) and p.kind == "thread" and (p.thread or "").startswith("threadIdx"):
                             raise GpuMappingError(
@@ -322,12 +280,12 @@ class _KernelCompiler(_Compiler):
                             raise GpuMappingError(
                                 f"loop {s.var.name!r} is a cross-thread reduction under condition {p.cond}, which "
                                 "depends on a thread index; every thread of the block must reach it")
-                    for st in _reductions_in(s):
-                        if _reduction_parts(st) is None:
+                    for st in reduction_stores(s):
+                        if reduction_parts(st) is None:
                             raise GpuMappingError(
                                 f"statement {st.name!r} inside loop {s.var.name!r} (bound to threadIdx.x) writes the "
                                 f"same element of {st.buffer.name!r} from every thread, and is not a reduction "
-                                f"C = C op e (op in {', '.join(_RED_OPS)})")
+                                f"C = C op e (op in {', '.join(REDUCE_OPS)})")
                 go(s.body, path + [s])
             elif isinstance(s, Seq):
                 for c in s.body:
@@ -487,7 +445,7 @@ class _KernelCompiler(_Compiler):
             self.emit(depth, f"_trace.append(({s.name!r}, ({vals}{',' if len(bound) == 1 else ''})))")
         if red is not None:
             op, acc, dtype = red
-            _, e = _reduction_parts(s)  # type: ignore[misc]
+            _, e = reduction_parts(s)  # type: ignore[misc]
             self.emit(depth, f"{acc} = {self.combine(op, dtype, acc, self.expr(e))}")
             self.emit(depth, "yield")
         else:
@@ -561,10 +519,10 @@ class _KernelCompiler(_Compiler):
         del self.vars[f.var]
 
     def reduction_loop(self, f: For, depth: int, last: bool) -> None:
-        reds = _reductions_in(f)
+        reds = reduction_stores(f)
         accs: dict[int, tuple[str, str, str]] = {}
         for st in reds:
-            op, _ = _reduction_parts(st)  # type: ignore[misc]
+            op, _ = reduction_parts(st)  # type: ignore[misc]
             acc = self.fresh(f"acc_{st.name}")
             accs[id(st)] = (op, acc, st.buffer.dtype)
             self.emit(depth, f"{acc} = {self.const(_identity(op, st.buffer.dtype), st.buffer.dtype)}")

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from loopir import nodes as N
 from loopir.affine import eval_index
 from loopir.printer import expr_str
+from loopir.gpu import reduction_parts
 from loopir.visit import free_vars, loops_of, stmt_names, substitute, walk
 
 from .expr import (  # noqa: F401  (re-exported: tests and callers import them from codegen.cuda)
@@ -54,7 +55,7 @@ from .expr import (  # noqa: F401  (re-exported: tests and callers import them f
     _sanitize,
 )
 from .prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
-from .reduce import _RED_OPS, _identity, _reduction_parts, _ReductionEmitter  # noqa: F401
+from .reduce import _identity, _ReductionEmitter  # noqa: F401
 from .staging import _StagingEmitter
 from .vector import _VEC_SCOPES, _monotone_guard, _VectorEmitter  # noqa: F401
 
@@ -270,7 +271,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.open_store(st)
         self.sincos(st.value)
         if target is not None:
-            op, e = _reduction_parts(st)  # type: ignore[misc]
+            op, e = reduction_parts(st)  # type: ignore[misc]
             val = self.red_combine(op, target, self.expr(e))
             self.line(f"{target} = {val};")
         else:

@@ -29,6 +29,7 @@ from loopir import nodes as N
 from loopir.affine import eval_index
 from loopir.isl_conv import NonAffine, _Names, aff
 from loopir.poly_model import StmtInfo, _accessed, _Builder
+from loopir.gpu import is_block_loop, is_thread_loop, reduction_parts, reduction_stores
 from loopir.visit import loops_of, walk
 
 from .kernels import map_kernels
@@ -36,11 +37,7 @@ from .gpu_model import (
     BLOCK_AXES,
     THREAD_AXES,
     KernelModel,
-    is_block_loop,
-    is_thread_loop,
     kernel_model,
-    reduction_parts,
-    reduction_stores,
 )
 
 
