@@ -64,6 +64,10 @@ def _exists(names: list[str], body: str) -> str:
     return f"exists ({', '.join(names)} : {body})" if names else body
 
 
+def _conj(cs: list[str]) -> str:
+    return " and ".join(cs) if cs else "0 = 0"
+
+
 # ----------------------------------------------------------------------------- Expr -> isl text
 
 

@@ -36,6 +36,7 @@ import islpy as isl
 from loopir import poly
 from loopir.affine import simplify
 from loopir.dtypes import INDEX
+from loopir.isl_conv import _conj, _exists
 from loopir.nodes import (
     Allocate,
     Barrier,
@@ -57,7 +58,7 @@ from loopir.nodes import (
 from loopir.visit import Transformer, seq, statements, substitute, walk
 
 from . import CheckContext, find_loop, fresh_name, primitive, replace_loop
-from .cache_write import NonAffine, Names, _conj, _exists, _prefix, isl_expr, loop_constraints, pw_to_expr
+from .cache_write import NonAffine, Names, _prefix, isl_expr, loop_constraints, pw_to_expr
 
 __all__ = ["bind_reduction", "cache_read", "reduction_parts", "without_reduction_deps"]
 
