@@ -33,7 +33,7 @@ from typing import Any
 
 from loopir.nodes import Allocate, Expr, For, If, Program, Seq, Stmt, Store, Var
 from loopir.poly import Deps, Witness
-from loopir.visit import Transformer, substitute, walk_stmts
+from loopir.visit import Transformer, loop_vars, subst_loops, walk_stmts
 
 __all__ = [
     "primitive",
@@ -94,11 +94,6 @@ def primitive(name: str, *, check: str | Callable[[CheckContext], Witness | None
 
 
 # ----------------------------------------------------------------------------- IR helpers
-
-
-def loop_vars(program: Program | Stmt) -> list[Var]:
-    """Loop variables in pre-order."""
-    return [n.var for n in walk_stmts(program) if isinstance(n, For)]
 
 
 def all_names(program: Program) -> set[str]:
@@ -185,33 +180,3 @@ def replace_loop(program: Program, var: Var, new: Stmt) -> Program:
             return super().visit(node)
 
     return dataclasses.replace(program, body=_R().visit(program.body))
-
-
-def subst_loops(stmt: Stmt, mapping: dict[Var, Expr]) -> Stmt:
-    """Replace loop variables in loop bounds, guards and statement coords — never in a
-    statement's indices or value (those are in its original iteration variables)."""
-    if not mapping:
-        return stmt
-
-    class _S(Transformer):
-        def visit_Store(self, s: Store) -> Store:
-            coords = tuple(substitute(c, mapping) for c in s.coords)
-            if all(a is b for a, b in zip(coords, s.coords)):
-                return s
-            return dataclasses.replace(s, coords=coords)
-
-        def visit_For(self, f: For) -> For:
-            lo, hi, body = substitute(f.lo, mapping), substitute(f.hi, mapping), self.visit(f.body)
-            if lo is f.lo and hi is f.hi and body is f.body:
-                return f
-            return dataclasses.replace(f, lo=lo, hi=hi, body=body)
-
-        def visit_If(self, s: If) -> If:
-            c = substitute(s.cond, mapping)
-            t = self.visit(s.then)
-            o = self.visit(s.orelse) if s.orelse is not None else None
-            if c is s.cond and t is s.then and o is s.orelse:
-                return s
-            return If(c, t, o)
-
-    return _S().visit(stmt)
