@@ -5,7 +5,10 @@ primitives and each code generator read an index the same way:
 
 - `linear_in(e, v)`: `e` as `c*v + rest` with `rest` free of `v` (guard tightening, strides);
 - `access_pattern(indices, v)`: how an access moves with loop `v` (uniform, contiguous, other);
-- `eval_index(e, env)`: the value of an integer index at concrete sizes and loop values.
+- `eval_index(e, env)`: the value of an integer index at concrete sizes and loop values;
+- `linear_form(e)`: `e` as {Var: coefficient, 1: constant}; `const_diff`, `same_value` and
+  `simplify` (first-use order, provable min/max resolved) built on it for the schedule primitives;
+- `simplify_affine(e)`: the normal form bounds rebuilt from isl print in (`i - m + 3`).
 
 Expressions are built with the IR's own operators, so a result prints as the IR does.
 """
@@ -13,13 +16,15 @@ Expressions are built with the IR's own operators, so a result prints as the IR 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from .args import eval_expr
-from .nodes import Binary, Const, Expr, Var
+from .dtypes import is_int
+from .nodes import Binary, Cast, Const, Expr, Unary, Var, binary
 from .visit import walk
 
-__all__ = ["access_pattern", "eval_index", "linear_in"]
+__all__ = ["access_pattern", "const_diff", "eval_index", "linear_form", "linear_in", "polynomial", "same_value",
+           "simplify", "simplify_affine"]
 
 
 def linear_in(e: Expr, v: Var) -> tuple[int, Expr] | None:
@@ -57,3 +62,226 @@ def eval_index(e: Expr, env: Mapping[Var, int]) -> int:
     """Value of an integer index expression at concrete values of its variables, with Python's floor
     semantics for `//` and `%` (as the loop IR has); ValueError naming a variable without a value."""
     return int(eval_expr(e, env))
+
+
+def linear_form(e: Expr) -> dict[Any, int] | None:
+    """`e` as {atom Var: coefficient, 1: constant}, or None when it is not affine (integer). Lenient
+    about dtypes (an integral float constant, any cast), as the schedule primitives need."""
+    p = _monomials(e, strict=False)
+    if p is None or any(len(k) > 1 for k in p):
+        return None
+    return {(k[0] if k else 1): c for k, c in p.items()}
+
+
+def const_diff(a: Expr, b: Expr) -> int | None:
+    """a - b when it is a constant (affine normal form), else None."""
+    la, lb = linear_form(a), linear_form(b)
+    if la is None or lb is None:
+        return None
+    d = {k: la.get(k, 0) - lb.get(k, 0) for k in set(la) | set(lb)}
+    if any(v for k, v in d.items() if k != 1):
+        return None
+    return d.get(1, 0)
+
+
+def same_value(a: Expr, b: Expr) -> bool:
+    """True when `a` and `b` are provably equal (affine normal form, else structure)."""
+    la, lb = linear_form(a), linear_form(b)
+    if la is not None and lb is not None:
+        return {k: v for k, v in la.items() if v} == {k: v for k, v in lb.items() if v}
+    return a == b
+
+
+def simplify(e: Expr) -> Expr:
+    """An affine integer expression in a canonical form (variables in first-use order, then
+    the constant); `max`/`min` operands simplified; anything else unchanged."""
+    if isinstance(e, Binary) and e.op in ("max", "min"):
+        a, b = simplify(e.a), simplify(e.b)
+        la, lb = linear_form(a), linear_form(b)
+        if la is not None and lb is not None:
+            d = {k: la.get(k, 0) - lb.get(k, 0) for k in set(la) | set(lb)}
+            if all(v == 0 for k, v in d.items() if k != 1):
+                c = d.get(1, 0)
+                return a if (c >= 0) == (e.op == "max") else b
+        return Binary(e.op, a, b, e.dtype)
+    la = linear_form(e)
+    if la is None or isinstance(e, (Const, Var)):
+        return e
+    out: Expr | None = None
+    for k, v in la.items():
+        if k == 1 or v == 0:
+            continue
+        term: Expr = k if v in (1, -1) else k * v
+        if out is None:
+            out = term if v != -1 else -term
+        else:
+            out = out + term if v != -1 else out - term
+    c = la.get(1, 0)
+    if out is None:
+        return Const(c, e.dtype)
+    return out + c if c > 0 else out - (-c) if c < 0 else out
+
+
+def polynomial(e: Expr) -> dict[tuple, int] | None:
+    """e as a polynomial: {sorted tuple of var ids (monomial): integer coefficient}; None if not one
+    (products of sizes allowed: the CUDA alignment proofs and the GPU interpreter read it)."""
+    p = _monomials(e, strict=True)
+    return None if p is None else {tuple(id(v) for v in k): c for k, c in p.items()}
+
+
+def _monomials(e: Expr, strict: bool) -> dict[tuple[Var, ...], int] | None:
+    """e as {monomial (Vars sorted by id): nonzero coefficient} in first-seen order; None if not a
+    polynomial. strict: integer dtypes only (else an integral float constant and any cast pass)."""
+    if isinstance(e, Const):
+        if strict:
+            return ({(): int(e.value)} if e.value else {}) if is_int(e.dtype) else None
+        if isinstance(e.value, float) and e.value != int(e.value):
+            return None
+        return {(): int(e.value)} if e.value else {}
+    if isinstance(e, Var):
+        return {(e,): 1}
+    if isinstance(e, Cast) and (not strict or (is_int(e.dtype) and is_int(e.a.dtype))):
+        return _monomials(e.a, strict)
+    if isinstance(e, Unary) and e.op == "neg":
+        p = _monomials(e.a, strict)
+        return None if p is None else {k: -c for k, c in p.items()}
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
+        pa, pb = _monomials(e.a, strict), _monomials(e.b, strict)
+        if pa is None or pb is None:
+            return None
+        out: dict[tuple[Var, ...], int] = {}
+        if e.op == "mul":
+            for ka, ca in pa.items():
+                for kb, cb in pb.items():
+                    k = tuple(sorted(ka + kb, key=id))
+                    out[k] = out.get(k, 0) + ca * cb
+        else:
+            sign = 1 if e.op == "add" else -1
+            out = dict(pa)
+            for k, c in pb.items():
+                out[k] = out.get(k, 0) + sign * c
+        return {k: c for k, c in out.items() if c}
+    return None
+
+
+def _is_int_expr(e: Expr) -> bool:
+    return e.dtype in ("int32", "int64")
+
+
+def _const_int(e: Expr) -> int | None:
+    if isinstance(e, Const) and isinstance(e.value, int) and not isinstance(e.value, bool):
+        return e.value
+    if isinstance(e, Unary) and e.op == "neg":
+        c = _const_int(e.a)
+        return None if c is None else -c
+    if isinstance(e, Cast) and _is_int_expr(e):
+        return _const_int(e.a)
+    return None
+
+
+# ----------------------------------------------------------------------------- affine normal form
+
+
+def _linear(e: Expr) -> tuple[list[tuple[Expr, int]], int] | None:
+    """`e` as (terms, constant) with terms [(atom, coefficient)] in first-seen order, or None when
+    `e` is not a sum of integer multiples of atoms (an atom: a Var, or a floordiv/mod/min/max/other
+    integer subexpression, itself normalized)."""
+    if not _is_int_expr(e):
+        return None
+    c = _const_int(e)
+    if c is not None:
+        return [], c
+    if isinstance(e, Var):
+        return [(e, 1)], 0
+    if isinstance(e, Cast) and _is_int_expr(e.a):
+        return _linear(e.a)
+    if isinstance(e, Unary) and e.op == "neg":
+        r = _linear(e.a)
+        return None if r is None else ([(t, -k) for t, k in r[0]], -r[1])
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
+        if e.op == "mul":
+            ca, cb = _const_int(e.a), _const_int(e.b)
+            if ca is None and cb is None:
+                return [(e, 1)], 0
+            k, other = (ca, e.b) if ca is not None else (cb, e.a)
+            r = _linear(other)
+            return None if r is None else ([(t, k * x) for t, x in r[0]], k * r[1])
+        ra, rb = _linear(e.a), _linear(e.b)
+        if ra is None or rb is None:
+            return None
+        sign = 1 if e.op == "add" else -1
+        return _collect(ra[0] + [(t, sign * k) for t, k in rb[0]]), ra[1] + sign * rb[1]
+    if isinstance(e, Binary) and e.op in ("floordiv", "mod", "min", "max"):
+        return [(binary(e.op, simplify_affine(e.a), simplify_affine(e.b)), 1)], 0
+    return [(e, 1)], 0
+
+
+def _collect(terms: list[tuple[Expr, int]]) -> list[tuple[Expr, int]]:
+    out: dict[Expr, list[Any]] = {}  # Vars by identity, other atoms structurally
+    for t, k in terms:
+        if t in out:
+            out[t][1] += k
+        else:
+            out[t] = [t, k]
+    return [(t, k) for t, k in out.values() if k]
+
+
+def _rebuild(terms: list[tuple[Expr, int]], c: int, dtype: str) -> Expr:
+    """Positive terms first (`a + 2 * b`), then the negative ones subtracted, then the constant:
+    `i - m + 3`; `3 - m` when no term is positive."""
+    pos = [(t, k) for t, k in terms if k > 0]
+    neg = [(t, -k) for t, k in terms if k < 0]
+
+    def scaled(t: Expr, k: int) -> Expr:
+        return t if k == 1 else Binary("mul", Const(k, dtype), t, dtype)
+
+    out: Expr | None = None
+    for t, k in pos:
+        out = scaled(t, k) if out is None else Binary("add", out, scaled(t, k), dtype)
+    if out is None and neg and c > 0:
+        out, c = Const(c, dtype), 0
+    for t, k in neg:
+        out = Unary("neg", scaled(t, k), dtype) if out is None else Binary("sub", out, scaled(t, k), dtype)
+    if out is None:
+        return Const(c, dtype)
+    if c > 0:
+        return Binary("add", out, Const(c, dtype), dtype)
+    if c < 0:
+        return Binary("sub", out, Const(-c, dtype), dtype)
+    return out
+
+
+def simplify_affine(e: Expr) -> Expr:
+    """`e` with integer sums in a normal form: like terms collected, constants folded, `+ 0` and
+    `1 *` dropped, negative terms subtracted (`-1 * m + i + 3` -> `i - m + 3`); nested min/max of
+    one kind flattened with duplicates removed. Non-integer or non-affine parts are kept as
+    atoms (their integer subexpressions normalized). The value is unchanged."""
+    if not isinstance(e, Expr) or not _is_int_expr(e):
+        return e
+    if isinstance(e, Binary) and e.op in ("min", "max"):
+        args: list[Expr] = []
+        for a in _flatten(e, e.op):
+            a = simplify_affine(a)
+            if a not in args:
+                args.append(a)
+        cs = [_const_int(a) for a in args]
+        if sum(x is not None for x in cs) > 1:  # fold the constant arguments into one
+            k = (min if e.op == "min" else max)(x for x in cs if x is not None)
+            args = [a for a, x in zip(args, cs) if x is None] + [Const(k, e.dtype)]
+        out = args[0]
+        for a in args[1:]:
+            out = Binary(e.op, out, a, e.dtype)
+        return out
+    if isinstance(e, Binary) and e.op in ("floordiv", "mod"):
+        a, b = simplify_affine(e.a), simplify_affine(e.b)
+        return binary(e.op, a, b)
+    r = _linear(e)
+    if r is None:
+        return e
+    return _rebuild(_collect(r[0]), r[1], e.dtype)
+
+
+def _flatten(e: Expr, op: str) -> list[Expr]:
+    if isinstance(e, Binary) and e.op == op:
+        return _flatten(e.a, op) + _flatten(e.b, op)
+    return [e]

@@ -65,15 +65,15 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import is_float, is_int
+from .affine import polynomial
+from .gpu import REDUCE_OPS, is_reduction_loop, reduction_parts, reduction_stores, upper_extent
+from .dtypes import is_float
 from .interp import _Compiler, _ident
 from .nodes import (
     GPU_AXES,
     Allocate,
     Barrier,
-    Binary,
     Buffer,
-    Cast,
     Const,
     Expr,
     For,
@@ -84,18 +84,16 @@ from .nodes import (
     Seq,
     Stmt,
     Store,
-    Unary,
     Var,
     binary,
     const,
 )
-from .visit import free_vars, substitute, walk
+from .visit import free_vars, loops_of, subst_coords, substitute, walk
 
 # The renderer's own __syncthreads() after a cross-thread reduction / a thread-0 store (when statements of the
 # block follow). Off: barriers are only the Barrier nodes a lowering pass placed (the renderer's are being removed).
 RENDERER_IMPLICIT_SYNCS = False
 
-_RED_OPS = ("add", "mul", "max", "min")
 _AXIS_VAR = {"blockIdx.x": "_bx", "blockIdx.y": "_by", "blockIdx.z": "_bz",
              "threadIdx.x": "_tx", "threadIdx.y": "_ty", "threadIdx.z": "_tz"}
 _RESERVED = ("_bufs", "_sizes", "_trace", "_blk", "_bx", "_by", "_bz", "_tx", "_ty", "_tz", "_t", "_T", "_val",
@@ -113,20 +111,8 @@ class GpuMappingError(ValueError):
 
 
 # ----------------------------------------------------------------------------- the renderer's nest queries
-# (duplicated from codegen/cuda_expr.py, cuda_reduce.py, cuda_staging.py, cuda_vector.py: loopir imports no
-# codegen; tests/test_interp_gpu.py checks the decisions below against the renderer's output)
-
-
-def _body_list(s: Stmt) -> list[Stmt]:
-    return list(s.body) if isinstance(s, Seq) else [s]
-
-
-def _loops(s: Stmt) -> list[For]:
-    return [n for n in walk(s) if isinstance(n, For)]
-
-
-def _subst_coords(st: Store) -> dict[Var, Expr]:
-    return {it: c for it, c in zip(st.iters, st.coords) if c is not it}
+# (the shared decisions live in loopir/gpu.py; tests/test_interp_gpu.py checks the rest against the
+# renderer's output)
 
 
 def _flat(b: Buffer, idx: tuple[Expr, ...]) -> Expr:
@@ -138,77 +124,6 @@ def _flat(b: Buffer, idx: tuple[Expr, ...]) -> Expr:
     for s, i in zip(b.shape[1:], idx[1:]):
         e = binary("add", binary("mul", e, s), i)
     return e
-
-
-def _upper_extent(ext: Expr, allowed: set[Var]) -> Expr | None:
-    if free_vars(ext) <= allowed:
-        return ext
-    if isinstance(ext, Binary) and ext.op == "min":
-        for side in (ext.a, ext.b):
-            ub = _upper_extent(side, allowed)
-            if ub is not None:
-                return ub
-    return None
-
-
-def _reduction_parts(st: Store) -> tuple[str, Expr] | None:
-    """(op, e) when st is `C[idx] = C[idx] op e` (either operand order), else None."""
-    v = st.value
-    if not isinstance(v, Binary) or v.op not in _RED_OPS:
-        return None
-    self_load = Load(st.buffer, st.indices)
-    if v.a == self_load:
-        return v.op, v.b
-    if v.b == self_load:
-        return v.op, v.a
-    return None
-
-
-def _reductions_in(f: For) -> list[Store]:
-    """Stores inside f whose index does not use f's var nor loops inside f."""
-    inner = {x.var for x in _loops(f)}
-    out = []
-    for n in walk(f.body):
-        if isinstance(n, Store):
-            idx = tuple(substitute(i, _subst_coords(n)) for i in n.indices)
-            used = set().union(*(free_vars(i) for i in idx)) if idx else set()
-            if not (used & inner):
-                out.append(n)
-    return out
-
-
-def _is_reduction_loop(f: For) -> bool:
-    return f.kind == "thread" and f.thread == "threadIdx.x" and bool(_reductions_in(f))
-
-
-def _poly(e: Expr) -> dict[tuple, int] | None:
-    """e as a polynomial {sorted tuple of var ids: coefficient}, None if not one (the renderer's `_poly`)."""
-    if isinstance(e, Const) and is_int(e.dtype):
-        return {(): int(e.value)} if e.value else {}
-    if isinstance(e, Var):
-        return {(id(e),): 1}
-    if isinstance(e, Cast) and is_int(e.dtype) and is_int(e.a.dtype):
-        return _poly(e.a)
-    if isinstance(e, Unary) and e.op == "neg":
-        p = _poly(e.a)
-        return None if p is None else {k: -c for k, c in p.items()}
-    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
-        pa, pb = _poly(e.a), _poly(e.b)
-        if pa is None or pb is None:
-            return None
-        out: dict[tuple, int] = {}
-        if e.op == "mul":
-            for ka, ca in pa.items():
-                for kb, cb in pb.items():
-                    k = tuple(sorted(ka + kb))
-                    out[k] = out.get(k, 0) + ca * cb
-        else:
-            sign = 1 if e.op == "add" else -1
-            out = dict(pa)
-            for k, c in pb.items():
-                out[k] = out.get(k, 0) + sign * c
-        return {k: c for k, c in out.items() if c}
-    return None
 
 
 def _identity(op: str, dtype: str) -> Any:
@@ -261,8 +176,8 @@ class _KernelCompiler(_Compiler):
         self.thread_depth = 0
         self.last_store = ""
         self.allocs = 0
-        self.tvars = {f.var for f in _loops(nest) if f.kind == "thread" and (f.thread or "").startswith("threadIdx")}
-        self.loopvars = {id(f.var) for f in _loops(nest)}
+        self.tvars = {f.var for f in loops_of(nest) if f.kind == "thread" and (f.thread or "").startswith("threadIdx")}
+        self.loopvars = {id(f.var) for f in loops_of(nest)}
         self.has_threads = bool(self.tvars)
 
     # ---------------------------------------------------------------- launch plan (`analyse`)
@@ -270,7 +185,7 @@ class _KernelCompiler(_Compiler):
     def analyse(self) -> None:
         if self.plan is not None:
             return self._analyse_planned(self.plan)
-        loops = _loops(self.nest)
+        loops = loops_of(self.nest)
         if loops and not any(f.kind == "thread" for f in loops):
             names = ", ".join(self.k.stmts)
             raise GpuMappingError(
@@ -292,7 +207,7 @@ class _KernelCompiler(_Compiler):
                 continue
             if f.thread not in GPU_AXES:
                 raise GpuMappingError(f"loop {f.var.name!r} is bound to unknown GPU axis {f.thread!r}")
-            e = _upper_extent(binary("sub", f.hi, f.lo), params)
+            e = upper_extent(binary("sub", f.hi, f.lo), params)
             if e is None:
                 raise GpuMappingError(
                     f"loop {f.var.name!r} bound to {f.thread} has extent {f.hi} - {f.lo}, which varies with another "
@@ -302,7 +217,7 @@ class _KernelCompiler(_Compiler):
             if not any(e == x for x in lst):
                 lst.append(e)
         self._check_nesting(self.nest, set())
-        self.has_reduction = any(_is_reduction_loop(f) for f in loops)
+        self.has_reduction = any(is_reduction_loop(f) for f in loops)
         self._check_reductions()
         self.launch: dict[str, Expr] = {}
         for axis, lst in ext.items():
@@ -324,7 +239,7 @@ class _KernelCompiler(_Compiler):
         self.has_reduction = bool(k.reductions)
 
     def is_reduction(self, f: For) -> bool:
-        return f.var in self.plan.reductions if self.plan is not None else _is_reduction_loop(f)
+        return f.var in self.plan.reductions if self.plan is not None else is_reduction_loop(f)
 
     def guarded(self, f: For) -> bool:
         return f.var in self.plan.guarded if self.plan is not None else True
@@ -355,7 +270,7 @@ class _KernelCompiler(_Compiler):
     def _check_reductions(self) -> None:
         def go(s: Stmt, path: list[Stmt]) -> None:
             if isinstance(s, For):
-                if _is_reduction_loop(s):
+                if is_reduction_loop(s):
                     for p in path:
                         if isinstance(p, For) and p.kind == "thread" and (p.thread or "").startswith("threadIdx"):
                             raise GpuMappingError(
@@ -365,12 +280,12 @@ class _KernelCompiler(_Compiler):
                             raise GpuMappingError(
                                 f"loop {s.var.name!r} is a cross-thread reduction under condition {p.cond}, which "
                                 "depends on a thread index; every thread of the block must reach it")
-                    for st in _reductions_in(s):
-                        if _reduction_parts(st) is None:
+                    for st in reduction_stores(s):
+                        if reduction_parts(st) is None:
                             raise GpuMappingError(
                                 f"statement {st.name!r} inside loop {s.var.name!r} (bound to threadIdx.x) writes the "
                                 f"same element of {st.buffer.name!r} from every thread, and is not a reduction "
-                                f"C = C op e (op in {', '.join(_RED_OPS)})")
+                                f"C = C op e (op in {', '.join(REDUCE_OPS)})")
                 go(s.body, path + [s])
             elif isinstance(s, Seq):
                 for c in s.body:
@@ -524,13 +439,13 @@ class _KernelCompiler(_Compiler):
             saved.setdefault(it, self.vars.get(it))
             self.vars[it] = name
             bound.append(name)
-        self.cur_sub = _subst_coords(s)
+        self.cur_sub = subst_coords(s)
         if self.traced:
             vals = ", ".join(f"int({b})" for b in bound)
             self.emit(depth, f"_trace.append(({s.name!r}, ({vals}{',' if len(bound) == 1 else ''})))")
         if red is not None:
             op, acc, dtype = red
-            _, e = _reduction_parts(s)  # type: ignore[misc]
+            _, e = reduction_parts(s)  # type: ignore[misc]
             self.emit(depth, f"{acc} = {self.combine(op, dtype, acc, self.expr(e))}")
             self.emit(depth, "yield")
         else:
@@ -604,10 +519,10 @@ class _KernelCompiler(_Compiler):
         del self.vars[f.var]
 
     def reduction_loop(self, f: For, depth: int, last: bool) -> None:
-        reds = _reductions_in(f)
+        reds = reduction_stores(f)
         accs: dict[int, tuple[str, str, str]] = {}
         for st in reds:
-            op, _ = _reduction_parts(st)  # type: ignore[misc]
+            op, _ = reduction_parts(st)  # type: ignore[misc]
             acc = self.fresh(f"acc_{st.name}")
             accs[id(st)] = (op, acc, st.buffer.dtype)
             self.emit(depth, f"{acc} = {self.const(_identity(op, st.buffer.dtype), st.buffer.dtype)}")
@@ -618,7 +533,7 @@ class _KernelCompiler(_Compiler):
         for st in reds:
             op, acc, dtype = accs[id(st)]
             self.k.collectives.append(st.name)
-            idx = tuple(substitute(i, _subst_coords(st)) for i in st.indices)
+            idx = tuple(substitute(i, subst_coords(st)) for i in st.indices)
             flat = _flat(st.buffer, idx)
             cur = self.fresh(f"before_{st.name}")
             init = self.init_consts.get((st.buffer, flat))
@@ -682,7 +597,7 @@ class _KernelCompiler(_Compiler):
     def _aligned_checks(self, flat: Expr, v: Var) -> list[tuple[int, list[Var]]] | None:
         """The renderer's `_aligned_base`: None when flat is not `base + v` with base a multiple of 4; else
         the run-time conditions (coefficient, sizes) whose product must be divisible by 4."""
-        p = _poly(flat)
+        p = polynomial(flat)
         if p is None or p.get((id(v),)) != 1:
             return None
         if any(id(v) in k for k in p if k != (id(v),)):
@@ -711,7 +626,7 @@ class _KernelCompiler(_Compiler):
             guard, inner = inner.cond, inner.then
         if not isinstance(inner, Store) or inner.buffer.scope != "shared":
             return False
-        sub = _subst_coords(inner)
+        sub = subst_coords(inner)
         used = free_vars(substitute(inner.value, sub)) | free_vars(guard if guard is not None else const(0))
         for i in inner.indices:
             used |= free_vars(substitute(i, sub))

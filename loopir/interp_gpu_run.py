@@ -17,9 +17,9 @@ import numpy as np
 from .args import eval_expr
 from .dtypes import is_float
 from . import interp_gpu
-from .interp_gpu import _MAX_THREADS, ORDERS, BarrierDivergenceError, _body_list, _identity, _Kernel, _KernelCompiler
+from .interp_gpu import _MAX_THREADS, ORDERS, BarrierDivergenceError, _identity, _Kernel, _KernelCompiler
 from .nodes import For, If, Kernel, Program, Stmt, Store, Var
-from .visit import walk
+from .visit import body_list, walk
 
 
 def _combine_fn(op: str, dtype: str) -> Callable[[Any, Any], Any]:
@@ -69,7 +69,7 @@ def _compile(program: Program, traced: bool) -> _Compiled:
 
     def items_of(s: Stmt) -> list[tuple]:
         out: list[tuple] = []
-        for nest in _body_list(s):
+        for nest in body_list(s):
             if isinstance(nest, For) and nest.kind == "host":
                 out.append(("host", nest, items_of(nest.body)))
                 continue

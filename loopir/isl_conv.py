@@ -1,27 +1,26 @@
 """Conversions between loopir integer expressions and isl: Expr -> isl text (`aff`, `cond`),
-isl (piecewise) quasi-affine functions -> Expr (`aff_to_expr`, `pw_to_expr`), and a small
-affine normalizer (`simplify_affine`) so that bounds rebuilt from isl print the way a person
-would write them (`i - m + 3`, not `-1 * m + i + 3`).
+isl (piecewise) quasi-affine functions -> Expr (`aff_to_expr`, `pw_to_expr`); the bounds rebuilt
+from isl go through `loopir.affine.simplify_affine` so that they print the way a person would
+write them (`i - m + 3`, not `-1 * m + i + 3`).
 """
 
 from __future__ import annotations
 
-import re
+import functools
 from typing import Any
 
 import islpy as isl
 
-from .args import eval_expr
+from .affine import _collect, _const_int, _is_int_expr, _rebuild, simplify_affine
+from .names import fresh, sanitize
 from .nodes import Binary, Cast, Compare, Const, Expr, Logical, Unary, Var, binary, const
 
 __all__ = [
     "NonAffine",
     "aff",
     "cond",
-    "eval_index",
     "aff_to_expr",
     "pw_to_expr",
-    "simplify_affine",
 ]
 
 
@@ -34,13 +33,7 @@ class NonAffine(Exception):
 _ISL_WORDS = {"and", "or", "not", "exists", "mod", "floor", "ceil", "min", "max", "true", "false", "infty", "NaN", "Z"}
 
 
-def _sanitize(name: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9_]", "_", name) or "v"
-    if s[0].isdigit():
-        s = "v" + s
-    if s in _ISL_WORDS:
-        s += "_"
-    return s
+_sanitize = functools.partial(sanitize, reserved=_ISL_WORDS)
 
 
 class _Names:
@@ -52,12 +45,7 @@ class _Names:
         self.taken = set(taken or ()) | set(params)
 
     def bind(self, v: Var, hint: str | None = None) -> str:
-        base = _sanitize(hint or v.name)
-        name, k = base, 1
-        while name in self.taken:
-            name = f"{base}_{k}"
-            k += 1
-        self.taken.add(name)
+        name = fresh(_sanitize(hint or v.name), self.taken)
         self.env[v] = name
         return name
 
@@ -76,11 +64,11 @@ def _exists(names: list[str], body: str) -> str:
     return f"exists ({', '.join(names)} : {body})" if names else body
 
 
+def _conj(cs: list[str]) -> str:
+    return " and ".join(cs) if cs else "0 = 0"
+
+
 # ----------------------------------------------------------------------------- Expr -> isl text
-
-
-def _is_int_expr(e: Expr) -> bool:
-    return e.dtype in ("int32", "int64")
 
 
 def aff(e: Expr, names: _Names) -> str:
@@ -120,17 +108,6 @@ def aff(e: Expr, names: _Names) -> str:
     raise NonAffine(e)
 
 
-def _const_int(e: Expr) -> int | None:
-    if isinstance(e, Const) and isinstance(e.value, int) and not isinstance(e.value, bool):
-        return e.value
-    if isinstance(e, Unary) and e.op == "neg":
-        c = _const_int(e.a)
-        return None if c is None else -c
-    if isinstance(e, Cast) and _is_int_expr(e):
-        return _const_int(e.a)
-    return None
-
-
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "="}
 _NEG = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
 
@@ -154,120 +131,6 @@ def cond(e: Expr, names: _Names, negate: bool = False) -> str:
         op = e.op if not negate else ("or" if e.op == "and" else "and")
         return f"(({cond(e.a, names, negate)}) {op} ({cond(e.b, names, negate)}))"
     raise NonAffine(e)
-
-
-def eval_index(e: Expr, env: dict[Var, int]) -> int:
-    """Value of an integer index expression at concrete values of its variables (ValueError naming
-    a variable without a value): `loopir.args.eval_expr`, as an int."""
-    return int(eval_expr(e, env))
-
-
-# ----------------------------------------------------------------------------- affine normal form
-
-
-def _linear(e: Expr) -> tuple[list[tuple[Expr, int]], int] | None:
-    """`e` as (terms, constant) with terms [(atom, coefficient)] in first-seen order, or None when
-    `e` is not a sum of integer multiples of atoms (an atom: a Var, or a floordiv/mod/min/max/other
-    integer subexpression, itself normalized)."""
-    if not _is_int_expr(e):
-        return None
-    c = _const_int(e)
-    if c is not None:
-        return [], c
-    if isinstance(e, Var):
-        return [(e, 1)], 0
-    if isinstance(e, Cast) and _is_int_expr(e.a):
-        return _linear(e.a)
-    if isinstance(e, Unary) and e.op == "neg":
-        r = _linear(e.a)
-        return None if r is None else ([(t, -k) for t, k in r[0]], -r[1])
-    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
-        if e.op == "mul":
-            ca, cb = _const_int(e.a), _const_int(e.b)
-            if ca is None and cb is None:
-                return [(e, 1)], 0
-            k, other = (ca, e.b) if ca is not None else (cb, e.a)
-            r = _linear(other)
-            return None if r is None else ([(t, k * x) for t, x in r[0]], k * r[1])
-        ra, rb = _linear(e.a), _linear(e.b)
-        if ra is None or rb is None:
-            return None
-        sign = 1 if e.op == "add" else -1
-        return _collect(ra[0] + [(t, sign * k) for t, k in rb[0]]), ra[1] + sign * rb[1]
-    if isinstance(e, Binary) and e.op in ("floordiv", "mod", "min", "max"):
-        return [(binary(e.op, simplify_affine(e.a), simplify_affine(e.b)), 1)], 0
-    return [(e, 1)], 0
-
-
-def _collect(terms: list[tuple[Expr, int]]) -> list[tuple[Expr, int]]:
-    out: dict[Expr, list[Any]] = {}  # Vars by identity, other atoms structurally
-    for t, k in terms:
-        if t in out:
-            out[t][1] += k
-        else:
-            out[t] = [t, k]
-    return [(t, k) for t, k in out.values() if k]
-
-
-def _rebuild(terms: list[tuple[Expr, int]], c: int, dtype: str) -> Expr:
-    """Positive terms first (`a + 2 * b`), then the negative ones subtracted, then the constant:
-    `i - m + 3`; `3 - m` when no term is positive."""
-    pos = [(t, k) for t, k in terms if k > 0]
-    neg = [(t, -k) for t, k in terms if k < 0]
-
-    def scaled(t: Expr, k: int) -> Expr:
-        return t if k == 1 else Binary("mul", Const(k, dtype), t, dtype)
-
-    out: Expr | None = None
-    for t, k in pos:
-        out = scaled(t, k) if out is None else Binary("add", out, scaled(t, k), dtype)
-    if out is None and neg and c > 0:
-        out, c = Const(c, dtype), 0
-    for t, k in neg:
-        out = Unary("neg", scaled(t, k), dtype) if out is None else Binary("sub", out, scaled(t, k), dtype)
-    if out is None:
-        return Const(c, dtype)
-    if c > 0:
-        return Binary("add", out, Const(c, dtype), dtype)
-    if c < 0:
-        return Binary("sub", out, Const(-c, dtype), dtype)
-    return out
-
-
-def simplify_affine(e: Expr) -> Expr:
-    """`e` with integer sums in a normal form: like terms collected, constants folded, `+ 0` and
-    `1 *` dropped, negative terms subtracted (`-1 * m + i + 3` -> `i - m + 3`); nested min/max of
-    one kind flattened with duplicates removed. Non-integer or non-affine parts are kept as
-    atoms (their integer subexpressions normalized). The value is unchanged."""
-    if not isinstance(e, Expr) or not _is_int_expr(e):
-        return e
-    if isinstance(e, Binary) and e.op in ("min", "max"):
-        args: list[Expr] = []
-        for a in _flatten(e, e.op):
-            a = simplify_affine(a)
-            if a not in args:
-                args.append(a)
-        cs = [_const_int(a) for a in args]
-        if sum(x is not None for x in cs) > 1:  # fold the constant arguments into one
-            k = (min if e.op == "min" else max)(x for x in cs if x is not None)
-            args = [a for a, x in zip(args, cs) if x is None] + [Const(k, e.dtype)]
-        out = args[0]
-        for a in args[1:]:
-            out = Binary(e.op, out, a, e.dtype)
-        return out
-    if isinstance(e, Binary) and e.op in ("floordiv", "mod"):
-        a, b = simplify_affine(e.a), simplify_affine(e.b)
-        return binary(e.op, a, b)
-    r = _linear(e)
-    if r is None:
-        return e
-    return _rebuild(_collect(r[0]), r[1], e.dtype)
-
-
-def _flatten(e: Expr, op: str) -> list[Expr]:
-    if isinstance(e, Binary) and e.op == op:
-        return _flatten(e.a, op) + _flatten(e.b, op)
-    return [e]
 
 
 # ----------------------------------------------------------------------------- isl -> Expr

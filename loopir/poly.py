@@ -27,6 +27,7 @@ from typing import Any
 
 import islpy as isl
 
+from .affine import _const_int, _is_int_expr, eval_index, simplify_affine
 from .errors import LoopirError
 from .footprint import _union_box, footprint
 from .isl_conv import (
@@ -34,9 +35,7 @@ from .isl_conv import (
     _ISL_WORDS,
     _NEG,
     NonAffine,
-    _const_int,
     _exists,
-    _is_int_expr,
     _Names,
     _plus1,
     _sanitize,
@@ -44,9 +43,7 @@ from .isl_conv import (
     aff,
     aff_to_expr,
     cond,
-    eval_index,
     pw_to_expr,
-    simplify_affine,
 )
 from .nodes import Buffer, Expr, Load, Program, Store, Var
 from .poly_model import (

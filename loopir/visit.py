@@ -250,4 +250,65 @@ __all__ = [
     "statements",
     "map_stmts",
     "seq",
+    "loops_of",
+    "body_list",
+    "stmt_names",
+    "subst_coords",
+    "loop_vars",
+    "subst_loops",
 ]
+
+
+def loops_of(s: Stmt) -> list[For]:
+    """Every For below `s` (pre-order, `s` itself included)."""
+    return [n for n in walk(s) if isinstance(n, For)]
+
+
+def body_list(s: Stmt) -> list[Stmt]:
+    """The statements of a Seq, or `[s]`."""
+    return list(s.body) if isinstance(s, Seq) else [s]
+
+
+def stmt_names(s: Stmt) -> list[str]:
+    """The names of the Stores below `s`, in order (with repeats)."""
+    return [n.name for n in walk(s) if isinstance(n, Store)]
+
+
+def subst_coords(st: Store) -> dict[Var, Expr]:
+    """The substitution from a Store's iteration variables to its coords (identity pairs left out)."""
+    return {it: c for it, c in zip(st.iters, st.coords) if c is not it}
+
+
+def loop_vars(program: Program | Stmt) -> list[Var]:
+    """Loop variables in pre-order."""
+    return [n.var for n in walk_stmts(program) if isinstance(n, For)]
+
+
+def subst_loops(stmt: Stmt, mapping: dict[Var, Expr]) -> Stmt:
+    """Replace loop variables in loop bounds, guards and statement coords — never in a
+    statement's indices or value (those are in its original iteration variables)."""
+    if not mapping:
+        return stmt
+
+    class _S(Transformer):
+        def visit_Store(self, s: Store) -> Store:
+            coords = tuple(substitute(c, mapping) for c in s.coords)
+            if all(a is b for a, b in zip(coords, s.coords)):
+                return s
+            return dataclasses.replace(s, coords=coords)
+
+        def visit_For(self, f: For) -> For:
+            lo, hi, body = substitute(f.lo, mapping), substitute(f.hi, mapping), self.visit(f.body)
+            if lo is f.lo and hi is f.hi and body is f.body:
+                return f
+            return dataclasses.replace(f, lo=lo, hi=hi, body=body)
+
+        def visit_If(self, s: If) -> If:
+            c = substitute(s.cond, mapping)
+            t = self.visit(s.then)
+            o = self.visit(s.orelse) if s.orelse is not None else None
+            if c is s.cond and t is s.then and o is s.orelse:
+                return s
+            return If(c, t, o)
+
+    return _S().visit(stmt)

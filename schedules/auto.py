@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loopir.affine import simplify
 from loopir.nodes import Allocate, Const, Expr, For, If, Seq, Store, Var
 from loopir.te import Tensor
 from loopir.visit import substitute, walk
@@ -41,7 +42,6 @@ from loopir.visit import substitute, walk
 from .errors import ScheduleError
 from .fusion import THREADS, FusionGroup, FusionPlan, plan_fusion
 from .primitives.cache import reduction_parts
-from .primitives.loop_fusion import simplify
 from .recipes import matmul_stage, schedule_gemm, schedule_gemm_cuda
 from .schedule import Schedule
 

@@ -19,9 +19,8 @@ from .kernel import (
     Launch,
     LaunchPlan,
     UnboundLoopError,
-    eval_index,
     generate_cuda,
 )
 
 __all__ = ["generate_cuda", "CudaSource", "Kernel", "KernelArg", "LaunchPlan", "Launch", "HostLoop", "HostIf",
-           "HostStep", "CudaCodegenError", "UnboundLoopError", "eval_index"]
+           "HostStep", "CudaCodegenError", "UnboundLoopError"]

@@ -8,16 +8,16 @@ are computed in float: loads go through `loopir_h2f`, casts to float16 round thr
 
 from __future__ import annotations
 
+import functools
 import math
-import re
 from dataclasses import dataclass, field
 
 
 from loopir import nodes as N
-from loopir.args import eval_expr
 from loopir.dtypes import is_int
+from loopir.names import fresh, sanitize
 from loopir.errors import CodegenError, CudaCodegenError, UnboundLoopError  # noqa: F401
-from loopir.visit import substitute, walk
+from loopir.visit import subst_coords, substitute, walk
 
 
 _CTYPE = {"float16": "float", "float32": "float", "float64": "double", "int32": "int", "int64": "long long",
@@ -32,60 +32,10 @@ _C_KEYWORDS = frozenset(
     "true false nullptr half float4 dim3 threadIdx blockIdx blockDim gridDim warpSize".split())
 
 
-# ----------------------------------------------------------------------------- index evaluation
-
-
-def eval_index(e: N.Expr, env: dict[N.Var, int]) -> int:
-    """Evaluate an integer launch expression of size parameters (Python floor semantics)."""
-    try:
-        return int(eval_expr(e, env))
-    except (ValueError, TypeError, ZeroDivisionError) as err:
-        raise CudaCodegenError(f"cannot evaluate launch expression {e} on the host: {err}") from err
-
-
-# ----------------------------------------------------------------------------- affine forms
-
-
-def _poly(e: N.Expr) -> dict[tuple, int] | None:
-    """e as a polynomial: {sorted tuple of var ids (monomial): integer coefficient}; None if not one."""
-    if isinstance(e, N.Const) and is_int(e.dtype):
-        return {(): int(e.value)} if e.value else {}
-    if isinstance(e, N.Var):
-        return {(id(e),): 1}
-    if isinstance(e, N.Cast) and is_int(e.dtype) and is_int(e.a.dtype):
-        return _poly(e.a)
-    if isinstance(e, N.Unary) and e.op == "neg":
-        p = _poly(e.a)
-        return None if p is None else {k: -c for k, c in p.items()}
-    if isinstance(e, N.Binary) and e.op in ("add", "sub", "mul"):
-        pa, pb = _poly(e.a), _poly(e.b)
-        if pa is None or pb is None:
-            return None
-        out: dict[tuple, int] = {}
-        if e.op == "mul":
-            for ka, ca in pa.items():
-                for kb, cb in pb.items():
-                    k = tuple(sorted(ka + kb))
-                    out[k] = out.get(k, 0) + ca * cb
-        else:
-            sign = 1 if e.op == "add" else -1
-            out = dict(pa)
-            for k, c in pb.items():
-                out[k] = out.get(k, 0) + sign * c
-        return {k: c for k, c in out.items() if c}
-    return None
-
-
 # ----------------------------------------------------------------------------- C names, nest queries
 
 
-def _sanitize(name: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9_]", "_", name) or "v"
-    if s[0].isdigit():
-        s = "v" + s
-    if s in _C_KEYWORDS or s.startswith("loopir_") or s.startswith("__"):
-        s = s + "_"
-    return s
+_sanitize = functools.partial(sanitize, reserved=_C_KEYWORDS, reserved_prefixes=("loopir_", "__"))
 
 
 @dataclass
@@ -94,13 +44,7 @@ class _Names:
     of: dict[int, str] = field(default_factory=dict)
 
     def fresh(self, base: str) -> str:
-        base = _sanitize(base)
-        name, k = base, 1
-        while name in self.used:
-            name = f"{base}_{k}"
-            k += 1
-        self.used.add(name)
-        return name
+        return fresh(_sanitize(base), self.used)
 
     def get(self, obj: object, base: str) -> str:
         if id(obj) not in self.of:
@@ -108,25 +52,9 @@ class _Names:
         return self.of[id(obj)]
 
 
-def _body_list(s: N.Stmt) -> list[N.Stmt]:
-    return list(s.body) if isinstance(s, N.Seq) else [s]
-
-
-def _loops(s: N.Stmt) -> list[N.For]:
-    return [n for n in walk(s) if isinstance(n, N.For)]
-
-
-def _stmt_names(s: N.Stmt) -> list[str]:
-    return [n.name for n in walk(s) if isinstance(n, N.Store)]
-
-
 def _is_const(e: N.Expr) -> bool:
     return isinstance(e, N.Const)
 
-
-
-def _subst_coords(st: N.Store) -> dict[N.Var, N.Expr]:
-    return {it: c for it, c in zip(st.iters, st.coords) if c is not it}
 
 
 class _ExprEmitter:
@@ -142,7 +70,7 @@ class _ExprEmitter:
         coordinates in the current loops (the caller closes the block)."""
         self.line(f"{{  // {st.name}")
         self.ind += 1
-        self.cur_sub = _subst_coords(st)
+        self.cur_sub = subst_coords(st)
         for it, c in zip(st.iters, st.coords):
             if c is not it:
                 self.line(f"const {self.ix} {self.var(it)} = {self.expr(c)};")

@@ -36,8 +36,10 @@ import math
 from dataclasses import dataclass
 
 from loopir import nodes as N
+from loopir.affine import eval_index
 from loopir.printer import expr_str
-from loopir.visit import free_vars, substitute, walk
+from loopir.gpu import reduction_parts
+from loopir.visit import free_vars, loops_of, stmt_names, substitute, walk
 
 from .expr import (  # noqa: F401  (re-exported: tests and callers import them from codegen.cuda)
     _AXES,
@@ -47,19 +49,13 @@ from .expr import (  # noqa: F401  (re-exported: tests and callers import them f
     _STORAGE,
     CudaCodegenError,
     UnboundLoopError,
-    _body_list,
     _ExprEmitter,
     _is_const,
-    _loops,
     _Names,
-    _poly,
     _sanitize,
-    _stmt_names,
-    _subst_coords,
-    eval_index,
 )
 from .prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
-from .reduce import _RED_OPS, _identity, _reduction_parts, _ReductionEmitter  # noqa: F401
+from .reduce import _identity, _ReductionEmitter  # noqa: F401
 from .staging import _StagingEmitter
 from .vector import _VEC_SCOPES, _monotone_guard, _VectorEmitter  # noqa: F401
 
@@ -88,8 +84,13 @@ class LaunchPlan:
     block: tuple[N.Expr, N.Expr, N.Expr]
 
     def dims(self, sizes: dict[N.Var, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-        return (tuple(eval_index(e, sizes) for e in self.grid),  # type: ignore[return-value]
-                tuple(eval_index(e, sizes) for e in self.block))
+        out = []
+        for e in self.grid + self.block:
+            try:
+                out.append(eval_index(e, sizes))
+            except (ValueError, TypeError, ZeroDivisionError) as err:
+                raise CudaCodegenError(f"cannot evaluate launch expression {e} on the host: {err}") from err
+        return tuple(out[:3]), tuple(out[3:])  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         return LaunchPlan(k.grid, k.block)
 
     def _size_vars(self) -> set[N.Var]:
-        defined = {f.var for f in _loops(self.nest)}
+        defined = {f.var for f in loops_of(self.nest)}
         for n in walk(self.nest):
             if isinstance(n, N.Store):
                 # an iteration variable that is a host loop's own variable (coordinate t = t) is a parameter
@@ -270,7 +271,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.open_store(st)
         self.sincos(st.value)
         if target is not None:
-            op, e = _reduction_parts(st)  # type: ignore[misc]
+            op, e = reduction_parts(st)  # type: ignore[misc]
             val = self.red_combine(op, target, self.expr(e))
             self.line(f"{target} = {val};")
         else:
@@ -392,12 +393,12 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         if self.uses_async and LAUNCH_MIN_BLOCKS and all(_is_const(e) for e in nthreads):
             bounds = f"__launch_bounds__({math.prod(int(e.value) for e in nthreads)}, {LAUNCH_MIN_BLOCKS}) "  # type: ignore[attr-defined]
         head = [f'extern "C" __global__ void {bounds}{self.kname}(' + ", ".join(params) + ") {"]
-        stmts = ", ".join(dict.fromkeys(_stmt_names(self.nest)))
+        stmts = ", ".join(dict.fromkeys(stmt_names(self.nest)))
         launch = (f"  // statements: {stmts}; grid ({', '.join(str(e) for e in plan.grid)}), "
                   f"block ({', '.join(str(e) for e in plan.block)})")
         decl = [f"  __shared__ {ct} {nm}[32];  // cross-thread reduction scratch" for ct, nm in self.red_smem.items()]
         text = "\n".join(head + [launch] + decl + body + ["}"])
-        return text, Kernel(self.kname, tuple(args), plan, tuple(dict.fromkeys(_stmt_names(self.nest))))
+        return text, Kernel(self.kname, tuple(args), plan, tuple(dict.fromkeys(stmt_names(self.nest))))
 
 
 def _host_expr(e: N.Expr, what: str) -> N.Expr:
@@ -417,7 +418,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
 
     def kernel(kn: N.Kernel, host_vars: tuple[N.Var, ...]) -> int:
         k = len(kernels)
-        first = (_stmt_names(kn.body) or [f"nest{k}"])[0]
+        first = (stmt_names(kn.body) or [f"nest{k}"])[0]
         kname = names.fresh(f"{program.name}_{first}")
         gen = _KernelGen(program, kn, kname, host_vars=host_vars)
         text, kern = gen.generate()
@@ -470,4 +471,4 @@ def generate_cuda(program: N.Program) -> CudaSource:
 
 __all__ = ["generate_cuda", "CudaSource", "Kernel", "KernelArg", "LaunchPlan", "Launch", "HostLoop", "HostIf",
            "HostStep", "CudaCodegenError",
-           "UnboundLoopError", "eval_index"]
+           "UnboundLoopError"]

@@ -36,24 +36,11 @@ from __future__ import annotations
 
 from loopir import nodes as N
 from loopir.dtypes import is_int
-from loopir.visit import free_vars, substitute, walk
+from loopir.gpu import REDUCE_OPS, reduction_parts, reduction_stores
+from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
-from .expr import _CTYPE, CudaCodegenError, _loops, _subst_coords
+from .expr import _CTYPE, CudaCodegenError
 
-_RED_OPS = ("add", "mul", "max", "min")
-
-
-def _reduction_parts(st: N.Store) -> tuple[str, N.Expr] | None:
-    """(op, e) when st is `C[idx] = C[idx] op e` (either operand order), else None."""
-    v = st.value
-    if not isinstance(v, N.Binary) or v.op not in _RED_OPS:
-        return None
-    self_load = N.Load(st.buffer, st.indices)
-    if v.a == self_load:
-        return v.op, v.b
-    if v.b == self_load:
-        return v.op, v.a
-    return None
 
 
 def _identity(op: str, dtype: str) -> str:
@@ -75,19 +62,6 @@ class _ReductionEmitter:
     """Finds and emits cross-thread reductions; uses `_KernelGen`'s state (nest, names, forward, init_consts,
     red_targets, red_smem) and its statement emission (bound_loop, stmt)."""
 
-    def _reductions_in(self, f: N.For) -> list[N.Store]:
-        """Stores inside f whose index does not use f's var nor loops inside f (a "local" buffer is
-        per thread: every thread writing element 0 of its own registers is no cross-thread reduction)."""
-        inner = {x.var for x in _loops(f)}
-        out = []
-        for n in walk(f.body):
-            if isinstance(n, N.Store) and n.buffer.scope != "local":
-                idx = tuple(substitute(i, _subst_coords(n)) for i in n.indices)
-                used = set().union(*(free_vars(i) for i in idx)) if idx else set()
-                if not (used & inner):
-                    out.append(n)
-        return out
-
     def _is_reduction_loop(self, f: N.For) -> bool:
         return f.var in self.kern.reductions  # decided by codegen.passes.launch
 
@@ -99,7 +73,7 @@ class _ReductionEmitter:
 
     # ---------------------------------------------------------------- predication
     def _thread_vars(self) -> set[N.Var]:
-        return {x.var for x in _loops(self.nest) if x.kind == "thread" and x.thread.startswith("threadIdx")}
+        return {x.var for x in loops_of(self.nest) if x.kind == "thread" and x.thread.startswith("threadIdx")}
 
     def _thread_dependent(self, e: N.Expr) -> bool:
         return bool(free_vars(e) & self._thread_vars())
@@ -151,17 +125,17 @@ class _ReductionEmitter:
 
     # ---------------------------------------------------------------- cross-thread reduction
     def reduction_loop(self, f: N.For, last: bool) -> None:
-        reds = self._reductions_in(f)
+        reds = reduction_stores(f)
         for st in reds:
-            if _reduction_parts(st) is None:
+            if reduction_parts(st) is None:
                 raise CudaCodegenError(
                     f"statement {st.name!r} inside loop {f.var.name!r} (bound to threadIdx.x) writes the same "
                     f"element of {st.buffer.name!r} from every thread, and is not a reduction C = C op e "
-                    f"(op in {', '.join(_RED_OPS)})")
+                    f"(op in {', '.join(REDUCE_OPS)})")
         self.uses_reduce = True
         accs: dict[int, str] = {}
         for st in reds:
-            op, _ = _reduction_parts(st)  # type: ignore[misc]
+            op, _ = reduction_parts(st)  # type: ignore[misc]
             ct = _CTYPE[st.buffer.dtype]
             acc = self.names.fresh(f"{st.name}_acc")
             accs[id(st)] = acc
@@ -171,12 +145,12 @@ class _ReductionEmitter:
         self.bound_loop(f, lambda: self.stmt(f.body, last))
         self.red_targets = saved
         for st in reds:
-            op, _ = _reduction_parts(st)  # type: ignore[misc]
+            op, _ = reduction_parts(st)  # type: ignore[misc]
             ct = _CTYPE[st.buffer.dtype]
             acc = accs[id(st)]
             smem = None if self.subwarp else self.red_smem.setdefault(
                 ct, self.names.fresh(f"loopir_red_{ct.replace(' ', '_')}"))
-            idx = tuple(substitute(i, _subst_coords(st)) for i in st.indices)
+            idx = tuple(substitute(i, subst_coords(st)) for i in st.indices)
             flat = self.flat(st.buffer, idx)
             ref = f"{self.buf(st.buffer)}[{self.expr(flat)}]"
             # read the current value BEFORE the barriers of the all-reduce: thread 0 overwrites it after them

@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
+from loopir.affine import eval_index
 from loopir.args import bind_shapes, eval_expr, size_of
-from loopir.errors import RuntimeLaunchError
+from loopir.errors import CudaCodegenError, RuntimeLaunchError
 from loopir.nodes import Buffer, Var
 
-from .kernel import CudaSource, HostIf, HostLoop, HostStep, Kernel, Launch, eval_index
+from .kernel import CudaSource, HostIf, HostLoop, HostStep, Kernel, Launch
 from ..module import Module
 from .nvrtc import compile_cubin
 
@@ -328,7 +329,13 @@ class CudaModule(Module):
             elif isinstance(st, HostLoop):
                 # one iteration's launches are queued on the stream before the next iteration's: the stream
                 # orders them, so step t + 1 sees every block of step t finished
-                lo, hi = eval_index(st.lo, env), eval_index(st.hi, env)
+                lo, hi = st.lo, st.hi
+                try:
+                    lo = eval_index(st.lo, env)
+                    hi = eval_index(st.hi, env)
+                except (ValueError, TypeError, ZeroDivisionError) as err:
+                    bad = hi if isinstance(lo, int) else lo
+                    raise CudaCodegenError(f"cannot evaluate launch expression {bad} on the host: {err}") from err
                 for v in range(lo, hi):
                     env[st.var] = v
                     self._run_steps(st.body, env, fns, p)

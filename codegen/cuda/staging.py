@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 
 from loopir import nodes as N
-from loopir.visit import substitute
+from loopir.visit import subst_coords, substitute
 
-from .expr import _AXES, _is_const, _subst_coords
+from .expr import _AXES, _is_const
 
 
 class _StagingEmitter:
@@ -32,7 +32,7 @@ class _StagingEmitter:
         if isinstance(inner, N.If) and inner.orelse is None:
             guard, inner = inner.cond, inner.then
         assert isinstance(inner, N.Store), "codegen.passes.launch marks only copy nests cooperative"
-        sub = _subst_coords(inner)
+        sub = subst_coords(inner)
         dims = [int(x.hi.value) for x in loops]  # type: ignore[attr-defined]
         total = math.prod(dims)
         ext = [self.launch.get(f"threadIdx.{a}", N.const(1)) for a in _AXES]

@@ -19,9 +19,10 @@ sin and cos of one argument share one `sincosf`, per lane too.
 from __future__ import annotations
 
 from loopir import nodes as N
-from loopir.visit import free_vars, substitute, walk
+from loopir.affine import polynomial
+from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
-from .expr import _is_const, _loops, _poly, _subst_coords
+from .expr import _is_const
 
 _VEC_SCOPES = ("global", "shared")  # float4 accesses: global memory, and shared arrays (declared __align__(16))
 
@@ -32,7 +33,7 @@ def _monotone_guard(cond: N.Expr, v: N.Var) -> bool:
         return _monotone_guard(cond.a, v) and _monotone_guard(cond.b, v)  # type: ignore[arg-type]
     if not (isinstance(cond, N.Compare) and cond.op in ("lt", "le")):
         return False
-    p = _poly(N.binary("sub", cond.a, cond.b))
+    p = polynomial(N.binary("sub", cond.a, cond.b))
     if p is None or any(id(v) in k and k != (id(v),) for k in p):
         return False
     return p.get((id(v),), 0) >= 0
@@ -67,7 +68,7 @@ class _VectorEmitter:
         outs: list[tuple[N.Store, N.Expr, N.Expr]] = []  # (store, base, value in loop variables)
         vec_loads: list[tuple[N.Load, N.Expr]] = []
         for st in stores:
-            sub = _subst_coords(st)
+            sub = subst_coords(st)
             sflat = self.flat(st.buffer, tuple(substitute(i, sub) for i in st.indices))
             base = self._aligned_base(sflat, v, checks)
             if base is None:
@@ -138,12 +139,12 @@ class _VectorEmitter:
 
     def _aligned_base(self, flat: N.Expr, v: N.Var, checks: list[str]) -> N.Expr | None:
         """flat - v if flat = base + v with base a multiple of 4 (run-time checks appended), else None."""
-        p = _poly(flat)
+        p = polynomial(flat)
         if p is None or p.get((id(v),)) != 1:
             return None
         if any(id(v) in k for k in p if k != (id(v),)):
             return None
-        loopvars = {id(x.var) for x in _loops(self.nest)}
+        loopvars = {id(x.var) for x in loops_of(self.nest)}
         byid = {id(x): x for x in free_vars(flat)}
         for k, c in p.items():
             if k == (id(v),) or c % 4 == 0:

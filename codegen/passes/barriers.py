@@ -26,21 +26,18 @@ from dataclasses import dataclass
 import islpy as isl
 
 from loopir import nodes as N
-from loopir.isl_conv import NonAffine, _Names, aff, eval_index
+from loopir.affine import eval_index
+from loopir.isl_conv import NonAffine, _Names, aff
 from loopir.poly_model import StmtInfo, _accessed, _Builder
-from loopir.visit import walk
+from loopir.gpu import is_block_loop, is_thread_loop, reduction_parts, reduction_stores
+from loopir.visit import loops_of, walk
 
 from .kernels import map_kernels
 from .gpu_model import (
     BLOCK_AXES,
     THREAD_AXES,
     KernelModel,
-    is_block_loop,
-    is_thread_loop,
     kernel_model,
-    loops_of,
-    reduction_parts,
-    reduction_stores,
 )
 
 

@@ -24,54 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loopir import nodes as N
-from loopir.visit import free_vars, substitute, walk
+from loopir.gpu import is_block_loop, is_thread_loop
+from loopir.visit import free_vars, loops_of
 
 THREAD_AXES = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
 BLOCK_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
-REDUCE_OPS = ("add", "mul", "max", "min")
-
-
-def loops_of(s: N.Stmt) -> list[N.For]:
-    return [n for n in walk(s) if isinstance(n, N.For)]
-
-
-def is_thread_loop(f: N.For) -> bool:
-    return f.kind == "thread" and (f.thread or "").startswith("threadIdx")
-
-
-def is_block_loop(f: N.For) -> bool:
-    return f.kind == "thread" and (f.thread or "").startswith("blockIdx")
-
-
-def subst_coords(st: N.Store) -> dict[N.Var, N.Expr]:
-    return dict(zip(st.iters, st.coords))
-
-
-def reduction_stores(f: N.For) -> list[N.Store]:
-    """The stores inside `f` whose index uses neither f's variable nor a loop inside f (a "local" buffer is
-    per thread: every thread writing element 0 of its own registers is no cross-thread reduction)."""
-    inner = {x.var for x in loops_of(f)}
-    out = []
-    for n in walk(f.body):
-        if isinstance(n, N.Store) and n.buffer.scope != "local":
-            idx = tuple(substitute(i, subst_coords(n)) for i in n.indices)
-            used = set().union(*(free_vars(i) for i in idx)) if idx else set()
-            if not (used & inner):
-                out.append(n)
-    return out
-
-
-def reduction_parts(st: N.Store) -> tuple[str, N.Expr] | None:
-    """(op, e) when st is `C[idx] = C[idx] op e` (either operand order), else None."""
-    v = st.value
-    if not isinstance(v, N.Binary) or v.op not in REDUCE_OPS:
-        return None
-    self_load = N.Load(st.buffer, st.indices)
-    if v.a == self_load:
-        return v.op, v.b
-    if v.b == self_load:
-        return v.op, v.a
-    return None
 
 
 @dataclass(frozen=True)
@@ -129,5 +86,4 @@ def kernel_model(k: N.Kernel) -> KernelModel:
         frozenset(div))
 
 
-__all__ = ["kernel_model", "KernelModel", "reduction_stores", "reduction_parts", "is_thread_loop", "is_block_loop",
-           "THREAD_AXES", "BLOCK_AXES", "loops_of", "subst_coords"]
+__all__ = ["kernel_model", "KernelModel", "THREAD_AXES", "BLOCK_AXES"]

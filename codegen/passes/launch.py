@@ -32,9 +32,9 @@ from loopir import nodes as N
 from loopir.errors import CudaCodegenError, UnboundLoopError
 from loopir.isl_conv import NonAffine, aff, aff_to_expr, cond, pw_to_expr
 from loopir.isl_conv import _Names as _IslNames
-from loopir.visit import free_vars, substitute, walk
+from loopir.gpu import is_reduction_loop, is_thread_loop, upper_extent
+from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
-from .gpu_model import is_thread_loop, loops_of, reduction_stores, subst_coords
 from .kernels import kernels, map_kernels
 
 AXES = ("x", "y", "z")
@@ -65,7 +65,7 @@ def _plan(program: N.Program, nest: N.Stmt, host_vars: frozenset[N.Var]) -> N.St
     sizes = size_vars(nest, host_vars)
     params = set(program.params) | sizes
     bound = [f for f in loops if f.kind == "thread"]
-    reductions = frozenset(f.var for f in bound if _is_reduction_loop(f))
+    reductions = frozenset(f.var for f in bound if is_reduction_loop(f))
     extent, launch = _launch(nest, bound, params)
     subwarp = subwarp_width(nest, launch, reductions)
     if "threadIdx.x" in launch and reductions and not subwarp:  # whole warps for the block all-reduce
@@ -96,18 +96,6 @@ def size_vars(nest: N.Stmt, host_vars: frozenset[N.Var] = frozenset()) -> set[N.
     return free_vars(nest) - defined
 
 
-def _upper_extent(ext: N.Expr, allowed: set[N.Var]) -> N.Expr | None:
-    """An upper bound of `ext` using only `allowed` vars (min(a, b) -> a side that qualifies)."""
-    if free_vars(ext) <= allowed:
-        return ext
-    if isinstance(ext, N.Binary) and ext.op == "min":
-        for side in (ext.a, ext.b):
-            ub = _upper_extent(side, allowed)
-            if ub is not None:
-                return ub
-    return None
-
-
 def _launch(nest: N.Stmt, bound: list[N.For], params: set[N.Var]) -> tuple[dict[int, N.Expr], dict[str, N.Expr]]:
     ext: dict[str, list[N.Expr]] = {}
     extent: dict[int, N.Expr] = {}
@@ -117,7 +105,7 @@ def _launch(nest: N.Stmt, bound: list[N.For], params: set[N.Var]) -> tuple[dict[
         if f.thread not in N.GPU_AXES:
             raise CudaCodegenError(f"loop {f.var.name!r} is bound to unknown GPU axis {f.thread!r}; "
                                    f"use one of {', '.join(N.GPU_AXES)}")
-        e = _upper_extent(N.binary("sub", f.hi, f.lo), params)
+        e = upper_extent(N.binary("sub", f.hi, f.lo), params)
         if e is None:
             # an extent that varies with the block index (a compute_at'd producer's clipped tile): launch
             # its exact maximum over the loops around it; the loop keeps its exact guard
@@ -187,10 +175,6 @@ def _check_nesting(s: N.Stmt, seen: set[str]) -> None:
             _check_nesting(s.orelse, seen)
     elif isinstance(s, N.Allocate):
         _check_nesting(s.body, seen)
-
-
-def _is_reduction_loop(f: N.For) -> bool:
-    return f.kind == "thread" and f.thread == "threadIdx.x" and bool(reduction_stores(f))
 
 
 def _check_reductions(nest: N.Stmt, reductions: frozenset[N.Var]) -> None:

@@ -14,9 +14,9 @@ import dataclasses
 import math
 
 from loopir import nodes as N
-from loopir.visit import free_vars, substitute, walk
+from loopir.gpu import is_thread_loop
+from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
-from .gpu_model import is_thread_loop, loops_of, subst_coords
 from .launch import copy_nest, uniform_path
 
 # software pipelining of shared block-tile copies; off: the plain copy, barrier, compute

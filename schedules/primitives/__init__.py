@@ -34,7 +34,7 @@ from typing import Any
 from loopir.errors import ArgumentError, NotFoundError
 from loopir.nodes import Allocate, Expr, For, If, Program, Seq, Stmt, Store, Var
 from loopir.poly import Deps, Witness
-from loopir.visit import Transformer, substitute, walk_stmts
+from loopir.visit import Transformer, loop_vars, subst_loops, walk_stmts
 
 __all__ = [
     "primitive",
@@ -43,6 +43,7 @@ __all__ = [
     "REGISTRY",
     "find_loop",
     "loop_path",
+    "find_loop_path",
     "replace_loop",
     "subst_loops",
     "fresh_name",
@@ -97,11 +98,6 @@ def primitive(name: str, *, check: str | Callable[[CheckContext], Witness | None
 # ----------------------------------------------------------------------------- IR helpers
 
 
-def loop_vars(program: Program | Stmt) -> list[Var]:
-    """Loop variables in pre-order."""
-    return [n.var for n in walk_stmts(program) if isinstance(n, For)]
-
-
 def all_names(program: Program) -> set[str]:
     """Names in use: loop variables, iteration variables, sizes, buffers."""
     names = {v.name for v in loop_vars(program)} | {p.name for p in program.params}
@@ -151,9 +147,14 @@ def find_path(body: Stmt, match: Callable[[Stmt], bool]) -> tuple[Stmt, Path] | 
     return go(body, ())
 
 
+def find_loop_path(body: Stmt, var: Var) -> tuple[For, Path] | None:
+    """The For whose variable is `var`, with the path of (ancestor, child index) down to it."""
+    return find_path(body, lambda s: isinstance(s, For) and s.var is var)  # type: ignore[return-value]
+
+
 def loop_path(program: Program, var: Var) -> list[Stmt] | None:
     """The chain of statements from the body root down to the For of `var` (inclusive), or None."""
-    found = find_path(program.body, lambda s: isinstance(s, For) and s.var is var)
+    found = find_loop_path(program.body, var)
     return None if found is None else [a for a, _ in found[1]] + [found[0]]
 
 
@@ -181,33 +182,3 @@ def replace_loop(program: Program, var: Var, new: Stmt) -> Program:
             return super().visit(node)
 
     return dataclasses.replace(program, body=_R().visit(program.body))
-
-
-def subst_loops(stmt: Stmt, mapping: dict[Var, Expr]) -> Stmt:
-    """Replace loop variables in loop bounds, guards and statement coords — never in a
-    statement's indices or value (those are in its original iteration variables)."""
-    if not mapping:
-        return stmt
-
-    class _S(Transformer):
-        def visit_Store(self, s: Store) -> Store:
-            coords = tuple(substitute(c, mapping) for c in s.coords)
-            if all(a is b for a, b in zip(coords, s.coords)):
-                return s
-            return dataclasses.replace(s, coords=coords)
-
-        def visit_For(self, f: For) -> For:
-            lo, hi, body = substitute(f.lo, mapping), substitute(f.hi, mapping), self.visit(f.body)
-            if lo is f.lo and hi is f.hi and body is f.body:
-                return f
-            return dataclasses.replace(f, lo=lo, hi=hi, body=body)
-
-        def visit_If(self, s: If) -> If:
-            c = substitute(s.cond, mapping)
-            t = self.visit(s.then)
-            o = self.visit(s.orelse) if s.orelse is not None else None
-            if c is s.cond and t is s.then and o is s.orelse:
-                return s
-            return If(c, t, o)
-
-    return _S().visit(stmt)

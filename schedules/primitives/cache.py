@@ -34,8 +34,10 @@ from typing import Any
 import islpy as isl
 
 from loopir import poly
+from loopir.affine import simplify
 from loopir.dtypes import INDEX
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
+from loopir.isl_conv import _conj, _exists
 from loopir.nodes import (
     Allocate,
     Barrier,
@@ -57,8 +59,7 @@ from loopir.nodes import (
 from loopir.visit import Transformer, seq, statements, substitute, walk
 
 from . import CheckContext, find_loop, fresh_name, primitive, replace_loop, subst_loops
-from .cache_write import NonAffine, Names, _conj, _exists, _prefix, isl_expr, loop_constraints, pw_to_expr
-from .loop_fusion import simplify
+from .cache_write import NonAffine, Names, _prefix, isl_expr, loop_constraints, pw_to_expr
 
 __all__ = ["bind_reduction", "cache_read", "reduction_parts", "without_reduction_deps"]
 

@@ -39,7 +39,6 @@ Legality (all exact, with isl):
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,6 +47,8 @@ import islpy as isl
 from loopir import poly
 from loopir.dtypes import INDEX
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
+from loopir.isl_conv import _conj, _exists
+from loopir.names import sanitize
 from loopir.nodes import (Allocate, Binary, Buffer, Cast, Compare, Const, Expr, For, If, Load, Logical, Program, Seq,
     Stmt, Store, Unary, Var, binary, const)
 from loopir.visit import Transformer, seq, statements, substitute, walk
@@ -75,7 +76,7 @@ class Names:
 
     def __call__(self, v: Var) -> str:
         if v not in self.of:
-            base = re.sub(r"\W", "_", v.name) or "v"
+            base = sanitize(v.name)
             name = f"{base}_{len(self.of)}"
             self.of[v] = name
             self.var[name] = v
@@ -409,14 +410,6 @@ def _loop_var(loop: Any) -> Var:
 def _prefix(params: Any, nm: Names) -> str:
     names = [nm(p) for p in params]
     return f"[{', '.join(names)}] -> " if names else ""
-
-
-def _exists(names: list[str], body: str) -> str:
-    return f"exists ({', '.join(names)} : {body})" if names else body
-
-
-def _conj(cs: list[str]) -> str:
-    return " and ".join(cs) if cs else "0 = 0"
 
 
 def _elems(st: Store) -> tuple[Expr, ...]:

@@ -24,14 +24,15 @@ from typing import Any
 import islpy as isl
 
 from loopir import poly
+from loopir.affine import const_diff, same_value, simplify
 from loopir.dtypes import INDEX
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.footprint import simplify_in_context
 from loopir.nodes import Allocate, Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt, Store, Var, binary
 from loopir.visit import StmtContext, Transformer, buffers_of, map_stmts, seq, statements, substitute, walk
 
-from . import fresh_name, primitive
-from .loop_fusion import affine, find_loop, find_path, replace_at, same_value, simplify
+from . import find_loop_path, find_path, fresh_name, primitive
+from .loop_fusion import replace_at
 
 # ----------------------------------------------------------------------------- producer lookup
 
@@ -257,14 +258,14 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
             f"compute_at: {buf.name!r} is an argument of program {program.name!r} (an output); computing only "
             "the regions its readers need would leave parts of it unwritten"
         )
-    found = find_loop(program.body, loop)
+    found = find_loop_path(program.body, loop)
     if found is None:
         raise NotFoundError(f"compute_at: loop {loop.name!r} is not in program {program.name!r}")
     target, _ = found
     names = {w.store.name for w in ws}
     nest = _producer_nest(program, buf, ws)
     in_target = {c.store.name for c in statements(target)}
-    if names & in_target or (isinstance(nest, For) and find_loop(nest, loop) is not None):
+    if names & in_target or (isinstance(nest, For) and find_loop_path(nest, loop) is not None):
         raise ArgumentError(
             f"compute_at: loop {loop.name!r} is in the nest that computes {buf.name!r}; pick a loop of a consumer"
         )
@@ -320,7 +321,7 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
     taken: set[str] = set()
     # the loops around the new producer nest: its bounds are simplified for the values they take (isl),
     # so `min(8*y_o + 10, h + 2) - max(8*y_o, 0)` reads 10 at sizes where it is 10
-    _, target_path = find_loop(program.body, loop)
+    _, target_path = find_loop_path(program.body, loop)
     around = [a for a, _ in target_path if isinstance(a, For)] + [target]
 
     def tidy(e: Expr) -> Expr:
@@ -356,7 +357,7 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
 
     moved = rebuild(nest, {})
     new_target = replace(target, body=seq(moved, target.body))
-    _, tpath = find_loop(program.body, loop)
+    _, tpath = find_loop_path(program.body, loop)
     body = replace_at(tpath, new_target)
     npath = _find_node(body, nest)
     assert npath is not None
@@ -372,30 +373,17 @@ def _is_zero(e: Expr) -> bool:
 
 
 def _max(a: Expr, b: Expr) -> Expr:
-    d = _const_diff(a, b)
+    d = const_diff(a, b)
     if d is not None:
         return a if d >= 0 else b
     return binary("max", a, b)
 
 
 def _min(a: Expr, b: Expr) -> Expr:
-    d = _const_diff(a, b)
+    d = const_diff(a, b)
     if d is not None:
         return a if d <= 0 else b
     return binary("min", a, b)
-
-
-def _const_diff(a: Expr, b: Expr) -> int | None:
-    la, lb = affine(a), affine(b)
-    if la is None or lb is None:
-        return None
-    diff = dict(la)
-    for k, v in lb.items():
-        diff[k] = diff.get(k, 0) - v
-    diff = {k: v for k, v in diff.items() if v}
-    if set(diff) <= {1}:
-        return diff.get(1, 0)
-    return None
 
 
 # ----------------------------------------------------------------------------- rebasing

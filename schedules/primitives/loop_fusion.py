@@ -15,98 +15,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from loopir.affine import const_diff, same_value, simplify
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
-from loopir.nodes import Allocate, Binary, Cast, Const, Expr, For, If, Program, Seq, Stmt, Store, Unary, Var, binary
-from loopir.visit import Transformer, seq, substitute
+from loopir.nodes import Expr, If, Program, Seq, Stmt, Var, binary
+from loopir.visit import seq
 
-from . import Path, find_path, primitive
+from . import Path, find_loop_path, primitive, subst_loops
 
 # ----------------------------------------------------------------------------- tree helpers
-
-
-
-def affine(e: Expr) -> dict[Any, int] | None:
-    """`e` as {Var: coefficient, 1: constant}, or None when it is not affine (integer)."""
-    if isinstance(e, Const):
-        return {1: int(e.value)} if not isinstance(e.value, float) or e.value == int(e.value) else None
-    if isinstance(e, Var):
-        return {e: 1}
-    if isinstance(e, Cast):
-        return affine(e.a)
-    if isinstance(e, Unary) and e.op == "neg":
-        a = affine(e.a)
-        return None if a is None else {k: -v for k, v in a.items()}
-    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
-        a, b = affine(e.a), affine(e.b)
-        if a is None or b is None:
-            return None
-        if e.op == "mul":
-            if set(a) <= {1}:
-                a, b = b, a
-            if not set(b) <= {1}:
-                return None
-            c = b.get(1, 0)
-            return {k: v * c for k, v in a.items() if v * c}
-        sign = 1 if e.op == "add" else -1
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = out.get(k, 0) + sign * v
-        return {k: v for k, v in out.items() if v}
-    return None
-
-
-def _const_diff(a: Expr, b: Expr) -> int | None:
-    """a - b when it is a constant (affine normal form), else None."""
-    la, lb = affine(a), affine(b)
-    if la is None or lb is None:
-        return None
-    d = {k: la.get(k, 0) - lb.get(k, 0) for k in set(la) | set(lb)}
-    if any(v for k, v in d.items() if k != 1):
-        return None
-    return d.get(1, 0)
-
-
-def same_value(a: Expr, b: Expr) -> bool:
-    """True when `a` and `b` are provably equal (affine normal form, else structure)."""
-    la, lb = affine(a), affine(b)
-    if la is not None and lb is not None:
-        return {k: v for k, v in la.items() if v} == {k: v for k, v in lb.items() if v}
-    return a == b
-
-
-def simplify(e: Expr) -> Expr:
-    """An affine integer expression in a canonical form (variables in first-use order, then
-    the constant); `max`/`min` operands simplified; anything else unchanged."""
-    if isinstance(e, Binary) and e.op in ("max", "min"):
-        a, b = simplify(e.a), simplify(e.b)
-        la, lb = affine(a), affine(b)
-        if la is not None and lb is not None:
-            d = {k: la.get(k, 0) - lb.get(k, 0) for k in set(la) | set(lb)}
-            if all(v == 0 for k, v in d.items() if k != 1):
-                c = d.get(1, 0)
-                return a if (c >= 0) == (e.op == "max") else b
-        return Binary(e.op, a, b, e.dtype)
-    la = affine(e)
-    if la is None or isinstance(e, (Const, Var)):
-        return e
-    out: Expr | None = None
-    for k, v in la.items():
-        if k == 1 or v == 0:
-            continue
-        term: Expr = k if v in (1, -1) else k * v
-        if out is None:
-            out = term if v != -1 else -term
-        else:
-            out = out + term if v != -1 else out - term
-    c = la.get(1, 0)
-    if out is None:
-        return Const(c, e.dtype)
-    return out + c if c > 0 else out - (-c) if c < 0 else out
-
-
-def find_loop(body: Stmt, var: Var) -> tuple[For, Path] | None:
-    """The For whose variable is `var`, with the path of (ancestor, child index) down to it."""
-    return find_path(body, lambda s: isinstance(s, For) and s.var is var)  # type: ignore[return-value]
 
 
 def replace_at(path: Path, new: Stmt | None) -> Stmt | None:
@@ -129,50 +45,6 @@ def replace_at(path: Path, new: Stmt | None) -> Stmt | None:
         else:
             new = replace(parent, body=new)
     return new
-
-
-def subst_loops(stmt: Stmt, mapping: dict[Var, Expr]) -> Stmt:
-    """Substitute loop variables where they live: loop bounds, guards and statement coords.
-
-    A statement's indices and value are in its original iters and are left untouched."""
-    if not mapping:
-        return stmt
-
-    class _T(Transformer):
-        def visit_Store(self, st: Store) -> Store:
-            coords = tuple(substitute(c, mapping) for c in st.coords)
-            return st if all(a is b for a, b in zip(coords, st.coords)) else replace(st, coords=coords)
-
-        def visit_For(self, f: For) -> For:
-            return replace(f, var=mapping.get(f.var, f.var), lo=substitute(f.lo, mapping),
-                           hi=substitute(f.hi, mapping), body=self.visit(f.body))
-
-        def visit_If(self, s: If) -> If:
-            return replace(s, cond=substitute(s.cond, mapping), then=self.visit(s.then),
-                           orelse=None if s.orelse is None else self.visit(s.orelse))
-
-    return _T().visit(stmt)
-
-
-def loop_vars(stmt: Stmt) -> list[Var]:
-    out: list[Var] = []
-
-    def go(s: Stmt) -> None:
-        if isinstance(s, For):
-            out.append(s.var)
-            go(s.body)
-        elif isinstance(s, Seq):
-            for c in s.body:
-                go(c)
-        elif isinstance(s, If):
-            go(s.then)
-            if s.orelse is not None:
-                go(s.orelse)
-        elif isinstance(s, Allocate):
-            go(s.body)
-
-    go(stmt)
-    return out
 
 
 # ----------------------------------------------------------------------------- fuse
@@ -198,7 +70,7 @@ def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
             raise ArgumentTypeError(f"fuse: the {what} loop must be a loop handle, got {type(v).__name__} {v!r}")
     if loop_a is loop_b:
         raise ArgumentError(f"fuse: both handles are loop {loop_a.name!r}; give two sibling loops")
-    fa, fb = find_loop(program.body, loop_a), find_loop(program.body, loop_b)
+    fa, fb = find_loop_path(program.body, loop_a), find_loop_path(program.body, loop_b)
     for v, f in ((loop_a, fa), (loop_b, fb)):
         if f is None:
             raise NotFoundError(f"fuse: loop {v.name!r} is not in program {program.name!r}")
@@ -237,7 +109,7 @@ def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
     if not same_value(ext_a, ext_b):
         # different extents (fdtd-2d: nx - 1 and nx): the fused loop runs the longer one, and the body of the
         # shorter one (either, when the difference is not a constant) is guarded by its own extent
-        d = _const_diff(ext_a, ext_b)
+        d = const_diff(ext_a, ext_b)
         hi = simplify(a.lo + (ext_a if d is not None and d > 0 else ext_b if d is not None
                               else binary("max", ext_a, ext_b)))
         if d is None or d < 0:

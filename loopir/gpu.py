@@ -1,0 +1,72 @@
+"""GPU facts of a loop nest that the CUDA lowering decides and the GPU interpreter must decide the same way.
+
+Pure functions of the IR, here so that `codegen.passes` (gpu_model, launch), the CUDA renderer and
+`loopir.interp_gpu` (which may not import codegen) read one definition:
+
+- `is_thread_loop` / `is_block_loop`: a For bound to a threadIdx / blockIdx axis;
+- `reduction_stores(f)` and `is_reduction_loop(f)`: the cross-thread reductions of a threadIdx.x loop;
+- `reduction_parts(st)`: `C[idx] = C[idx] op e` as (op, e);
+- `upper_extent(ext, allowed)`: an upper bound of a loop extent over allowed variables (launch sizes).
+"""
+
+from __future__ import annotations
+
+from .nodes import Binary, Expr, For, Load, Store, Var
+from .visit import free_vars, loops_of, subst_coords, substitute, walk
+
+__all__ = ["REDUCE_OPS", "is_block_loop", "is_reduction_loop", "is_thread_loop", "reduction_parts",
+           "reduction_stores", "upper_extent"]
+
+REDUCE_OPS = ("add", "mul", "max", "min")
+
+
+def is_thread_loop(f: For) -> bool:
+    return f.kind == "thread" and (f.thread or "").startswith("threadIdx")
+
+
+def is_block_loop(f: For) -> bool:
+    return f.kind == "thread" and (f.thread or "").startswith("blockIdx")
+
+
+def reduction_stores(f: For) -> list[Store]:
+    """The stores inside `f` whose index uses neither f's variable nor a loop inside f (a "local" buffer is
+    per thread: every thread writing element 0 of its own registers is no cross-thread reduction)."""
+    inner = {x.var for x in loops_of(f)}
+    out = []
+    for n in walk(f.body):
+        if isinstance(n, Store) and n.buffer.scope != "local":
+            idx = tuple(substitute(i, subst_coords(n)) for i in n.indices)
+            used = set().union(*(free_vars(i) for i in idx)) if idx else set()
+            if not (used & inner):
+                out.append(n)
+    return out
+
+
+def is_reduction_loop(f: For) -> bool:
+    """A threadIdx.x loop with cross-thread reductions inside (the lowering's decision, `Kernel.reductions`)."""
+    return f.kind == "thread" and f.thread == "threadIdx.x" and bool(reduction_stores(f))
+
+
+def reduction_parts(st: Store) -> tuple[str, Expr] | None:
+    """(op, e) when st is `C[idx] = C[idx] op e` (either operand order), else None."""
+    v = st.value
+    if not isinstance(v, Binary) or v.op not in REDUCE_OPS:
+        return None
+    self_load = Load(st.buffer, st.indices)
+    if v.a == self_load:
+        return v.op, v.b
+    if v.b == self_load:
+        return v.op, v.a
+    return None
+
+
+def upper_extent(ext: Expr, allowed: set[Var]) -> Expr | None:
+    """An upper bound of `ext` using only `allowed` vars (min(a, b) -> a side that qualifies)."""
+    if free_vars(ext) <= allowed:
+        return ext
+    if isinstance(ext, Binary) and ext.op == "min":
+        for side in (ext.a, ext.b):
+            ub = upper_extent(side, allowed)
+            if ub is not None:
+                return ub
+    return None
