@@ -21,6 +21,7 @@ control flow.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from loopir import nodes as N
@@ -29,6 +30,28 @@ from loopir.visit import free_vars, loops_of
 
 THREAD_AXES = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
 BLOCK_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
+
+
+def by_thread_depth(nest: N.Stmt, visit: Callable[[N.Stmt, int], bool]) -> None:
+    """Call `visit(s, depth)` on every Store and For of `nest` in textual order, `depth` the number of
+    threadIdx loops around `s`; a For whose visit returns True is not entered."""
+    def go(s: N.Stmt, depth: int) -> None:
+        if isinstance(s, N.Store):
+            visit(s, depth)
+        elif isinstance(s, N.For):
+            if not visit(s, depth):
+                go(s.body, depth + is_thread_loop(s))
+        elif isinstance(s, N.Seq):
+            for c in s.body:
+                go(c, depth)
+        elif isinstance(s, N.If):
+            go(s.then, depth)
+            if s.orelse is not None:
+                go(s.orelse, depth)
+        elif isinstance(s, N.Allocate):
+            go(s.body, depth)
+
+    go(nest, 0)
 
 
 @dataclass(frozen=True)
@@ -86,4 +109,4 @@ def kernel_model(k: N.Kernel) -> KernelModel:
         frozenset(div))
 
 
-__all__ = ["kernel_model", "KernelModel", "THREAD_AXES", "BLOCK_AXES"]
+__all__ = ["by_thread_depth", "kernel_model", "KernelModel", "THREAD_AXES", "BLOCK_AXES"]

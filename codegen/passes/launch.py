@@ -35,6 +35,7 @@ from loopir.isl_conv import _Names as _IslNames
 from loopir.gpu import is_reduction_loop, is_thread_loop, upper_extent
 from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
+from .gpu_model import by_thread_depth
 from .kernels import kernels, map_kernels
 
 AXES = ("x", "y", "z")
@@ -214,23 +215,13 @@ def _single_thread(nest: N.Stmt) -> frozenset[str]:
         return frozenset()
     out: set[str] = set()
 
-    def go(s: N.Stmt, depth: int) -> None:
-        if isinstance(s, N.Store):
-            if depth == 0 and any(isinstance(n, N.Load) and n.buffer is s.buffer for n in walk(s.value)):
-                out.add(s.name)
-        elif isinstance(s, N.For):
-            go(s.body, depth + is_thread_loop(s))
-        elif isinstance(s, N.Seq):
-            for c in s.body:
-                go(c, depth)
-        elif isinstance(s, N.If):
-            go(s.then, depth)
-            if s.orelse is not None:
-                go(s.orelse, depth)
-        elif isinstance(s, N.Allocate):
-            go(s.body, depth)
+    def visit(s: N.Stmt, depth: int) -> bool:
+        if isinstance(s, N.Store) and depth == 0 and any(
+                isinstance(n, N.Load) and n.buffer is s.buffer for n in walk(s.value)):
+            out.add(s.name)
+        return False
 
-    go(nest, 0)
+    by_thread_depth(nest, visit)
     return frozenset(out)
 
 
@@ -303,23 +294,13 @@ def _cooperative(nest: N.Stmt, guarded: frozenset[N.Var]) -> frozenset[N.Var]:
     """The outermost loops of the copy nests inside thread loops that the block's threads share."""
     out: set[N.Var] = set()
 
-    def go(s: N.Stmt, depth: int) -> None:
-        if isinstance(s, N.For):
-            if s.kind == "parallel" and depth > 0 and thread_free_copy(nest, s, guarded):
-                out.add(s.var)
-                return
-            go(s.body, depth + is_thread_loop(s))
-        elif isinstance(s, N.Seq):
-            for c in s.body:
-                go(c, depth)
-        elif isinstance(s, N.If):
-            go(s.then, depth)
-            if s.orelse is not None:
-                go(s.orelse, depth)
-        elif isinstance(s, N.Allocate):
-            go(s.body, depth)
+    def visit(s: N.Stmt, depth: int) -> bool:
+        if isinstance(s, N.For) and s.kind == "parallel" and depth > 0 and thread_free_copy(nest, s, guarded):
+            out.add(s.var)
+            return True  # the whole nest is one copy
+        return False
 
-    go(nest, 0)
+    by_thread_depth(nest, visit)
     return frozenset(out)
 
 

@@ -17,6 +17,7 @@ from loopir import nodes as N
 from loopir.gpu import is_thread_loop
 from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
+from .gpu_model import by_thread_depth
 from .launch import copy_nest, uniform_path
 
 # software pipelining of shared block-tile copies; off: the plain copy, barrier, compute
@@ -55,22 +56,12 @@ def plan_staging(program: N.Program) -> N.Program:
 def _candidates(k: N.Kernel) -> list[N.For]:
     out: list[N.For] = []
 
-    def go(s: N.Stmt, depth: int) -> None:
-        if isinstance(s, N.For):
-            if s.kind == "serial" and depth > 0:
-                out.append(s)
-            go(s.body, depth + is_thread_loop(s))
-        elif isinstance(s, N.Seq):
-            for c in s.body:
-                go(c, depth)
-        elif isinstance(s, N.If):
-            go(s.then, depth)
-            if s.orelse is not None:
-                go(s.orelse, depth)
-        elif isinstance(s, N.Allocate):
-            go(s.body, depth)
+    def visit(s: N.Stmt, depth: int) -> bool:
+        if isinstance(s, N.For) and s.kind == "serial" and depth > 0:
+            out.append(s)
+        return False
 
-    go(k.body, 0)
+    by_thread_depth(k.body, visit)
     return out
 
 
