@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import gpu_programs as G
+
 from codegen import build
 from codegen.passes import lower, pipeline
 from codegen.passes.barriers import BarrierError, CrossBlockRaceError, place_barriers
@@ -133,29 +135,10 @@ def test_existing_barriers_are_counted() -> None:
 
 
 def test_attention_fused_gets_exact_barriers_and_compiles() -> None:
-    ins, y = _attention(2, 8, 40, 8)
-    s = auto_schedule([y], target="cuda")
-    low = lower(s.program, "cuda")
-    assert _barriers(low) > _barriers(s.program)
-    build(s, [*ins, y], target="cuda")
-
-
-def _attention(bs: int, n: int, m: int, d: int) -> tuple[list[te.Tensor], te.Tensor]:
-    """Attention written naively, as a user would (the race-free issue's repro)."""
-    q = te.placeholder((bs, n, d), "float32", name="Q")
-    k = te.placeholder((bs, m, d), "float32", name="K")
-    v = te.placeholder((bs, m, d), "float32", name="V")
-    r = te.reduce_axis(d, "r")
-    sc = te.compute((bs, n, m), lambda b, i, j: te.sum(q[b, i, r] * k[b, j, r], axis=r), name="scores")
-    r2 = te.reduce_axis(m, "r2")
-    mx = te.compute((bs, n), lambda b, i: te.max(sc[b, i, r2], axis=r2), name="mx")
-    p = te.compute((bs, n, m), lambda b, i, j: te.exp(sc[b, i, j] - mx[b, i]) * 0.125, name="p")
-    r3 = te.reduce_axis(m, "r3")
-    sm = te.compute((bs, n), lambda b, i: te.sum(p[b, i, r3], axis=r3), name="sm")
-    r4 = te.reduce_axis(m, "r4")
-    o = te.compute((bs, n, d), lambda b, i, c: te.sum(p[b, i, r4] * v[b, r4, c], axis=r4), name="o")
-    y = te.compute((bs, n, d), lambda b, i, c: o[b, i, c] / sm[b, i], name="y")
-    return [q, k, v], y
+    case = G.attention(2, 8, 40, 32)  # the issue's naive attention, fused into one kernel by auto_schedule
+    low = lower(case.program, "cuda")
+    assert _barriers(low) > _barriers(case.program)
+    build(case.program, list(case.program.args), target="cuda")
 
 
 def test_thread_dependent_trip_count_cannot_hold_a_barrier() -> None:
