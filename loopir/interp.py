@@ -279,7 +279,9 @@ class _Compiler:
         else:
             raise TypeError(f"the interpreter cannot execute {type(s).__name__} {s!r}")
 
-    def store(self, s: Store, depth: int) -> None:
+    def bind_iters(self, s: Store, depth: int) -> tuple[dict[Var, str | None], list[str]]:
+        """Emit `iters[k] = coords[k]` for a statement instance: (the names they shadowed, to restore with
+        `unbind_iters`; the Python names of the iteration variables' values)."""
         if len(s.iters) != len(s.coords):
             raise ValueError(f"statement {s.name!r} has {len(s.iters)} iteration variables but {len(s.coords)} coords")
         # All coords first: they are in the loops around the statement now, before any iter is rebound.
@@ -295,6 +297,17 @@ class _Compiler:
             saved.setdefault(it, self.vars.get(it))
             self.vars[it] = name
             bound.append(name)
+        return saved, bound
+
+    def unbind_iters(self, saved: dict[Var, str | None]) -> None:
+        for it, old in saved.items():
+            if old is None:
+                del self.vars[it]
+            else:
+                self.vars[it] = old
+
+    def store(self, s: Store, depth: int) -> None:
+        saved, bound = self.bind_iters(s, depth)
         if self.traced:
             vals = ", ".join(f"int({b})" for b in bound)
             self.emit(depth, f"_trace.append(({s.name!r}, ({vals}{',' if len(bound) == 1 else ''})))")
@@ -306,11 +319,7 @@ class _Compiler:
             self.emit(depth, f"if not ({cond}):")
             self.emit(depth + 1, f"_oob({s.buffer.name!r}, {idx}, {shape}, 'store {s.name}')")
         self.emit(depth, f"{sub} = _val")
-        for it, old in saved.items():
-            if old is None:
-                del self.vars[it]
-            else:
-                self.vars[it] = old
+        self.unbind_iters(saved)
 
     # ---------------------------------------------------------------- the function
 

@@ -425,20 +425,7 @@ class _KernelCompiler(_Compiler):
 
     def gpu_store(self, s: Store, depth: int, red: tuple[str, str, str] | None = None) -> None:
         """A statement instance: into its accumulator register (`red`), or to memory, then `yield`."""
-        if len(s.iters) != len(s.coords):
-            raise ValueError(f"statement {s.name!r} has {len(s.iters)} iteration variables but {len(s.coords)} coords")
-        texts = [None if (c is it and it in self.vars) else self.expr(c) for it, c in zip(s.iters, s.coords)]
-        saved: dict[Var, str | None] = {}
-        bound: list[str] = []
-        for it, text in zip(s.iters, texts):
-            if text is None:
-                bound.append(self.vars[it])
-                continue
-            name = self.fresh("i_" + it.name)
-            self.emit(depth, f"{name} = {text}")
-            saved.setdefault(it, self.vars.get(it))
-            self.vars[it] = name
-            bound.append(name)
+        saved, bound = self.bind_iters(s, depth)
         self.cur_sub = subst_coords(s)
         if self.traced:
             vals = ", ".join(f"int({b})" for b in bound)
@@ -459,11 +446,7 @@ class _KernelCompiler(_Compiler):
                 self.emit(depth + 1, f"_oob({s.buffer.name!r}, {idx}, ({', '.join(dims)},), 'store {s.name}')")
             self.emit(depth, f"{sub} = _val")
             self.emit(depth, "yield")
-        for it, old in saved.items():
-            if old is None:
-                del self.vars[it]
-            else:
-                self.vars[it] = old
+        self.unbind_iters(saved)
         if red is None:
             self.invalidate(s.buffer)
             if isinstance(s.value, Const) and s.buffer.dtype != "float16":

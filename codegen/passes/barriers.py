@@ -109,7 +109,6 @@ def _met(r: _Req, points: list[float]) -> bool:
 
 class _Kernel:
     def __init__(self, program: N.Program, kernel: N.Kernel) -> None:
-        self.program = program
         self.nest = kernel.body
         self.sub = dataclasses.replace(program, body=self.nest)
         self.b = _Builder(self.sub)
@@ -145,8 +144,7 @@ class _Kernel:
         lvals = [names.env[lp.var] for lp in info.loops]
         coop = any(self.model.is_coop(lp, any(is_thread_loop(x) for x in info.loops[:j]))
                    for j, lp in enumerate(info.loops))
-        rmw0 = (not any(is_thread_loop(lp) for lp in info.loops) and self.model.thread_axes
-                and any(isinstance(n, N.Load) and n.buffer is info.store.buffer for n in _loads(info.store)))
+        rmw0 = info.store.name in self.model.kernel.single_thread  # decided by plan_kernels
         coords = []
         for axes, used in ((THREAD_AXES, self.model.thread_axes), (BLOCK_AXES, self.model.block_axes)):
             for ax in axes:
@@ -237,11 +235,16 @@ class _Kernel:
                     reqs += self._pair(m, kind, scope, s, t, pos[s_tag], pos[t_tag])
         return self._place(reqs)
 
+    def _every_thread(self, info: StmtInfo) -> bool:
+        """A statement outside every thread loop that is not a thread-0 read-modify-write: every thread runs it."""
+        return (not any(lp.kind in ("thread", "parallel") for lp in info.loops if not is_block_loop(lp))
+                and info.store.name not in self.model.kernel.single_thread)
+
     def _synchronised(self, kind: str, s: _Access, t: _Access) -> bool:
         """Pairs ordered by a cross-thread reduction's own synchronisation (see gpu_model)."""
         if s.red_loop is not None and s.red_loop is t.red_loop:
             return True  # both inside one reduction: the all-reduce combines them
-        if t.role == "final" and s.role == "plain" and _every_thread(s.info):
+        if t.role == "final" and s.role == "plain" and self._every_thread(s.info):
             return True  # each thread stored the same value itself; the total is stored after the all-reduce
         if s.role == "share" and kind == "anti" and self.model.block_sync:
             return True  # shares are read before the all-reduce that every later statement follows
@@ -422,7 +425,7 @@ class _Kernel:
                 gaps[body_id] = {int(p + 0.5) for p in chosen}
         if not gaps:
             return self.nest
-        return _insert(self.nest, gaps, self.model)
+        return _insert(self.nest, gaps)
 
     def _check_lockstep(self, body_id: int, rs: list[_Req]) -> None:
         path = _path_to(self.nest, body_id) if body_id else []
@@ -442,16 +445,6 @@ class _Kernel:
                     f"block, so a block barrier must separate them, but {bad}: threads may not all reach a barrier "
                     "there. Bind the loops so that the thread loop's extent equals the block size (split by the "
                     "block size), or move the communicating statements out of the thread-dependent region.")
-
-
-def _every_thread(info: StmtInfo) -> bool:
-    """A statement outside every thread loop that is not a thread-0 read-modify-write: every thread runs it."""
-    return not any(lp.kind in ("thread", "parallel") for lp in info.loops if not is_block_loop(lp)) and not any(
-        isinstance(n, N.Load) and n.buffer is info.store.buffer for n in _loads(info.store))
-
-
-def _loads(st: N.Store) -> list[N.Load]:
-    return [n for n in walk(st.value) if isinstance(n, N.Load)]
 
 
 def _path_to(nest: N.Stmt, loop_id: int) -> list[N.Stmt]:
@@ -504,7 +497,7 @@ def _sync_points(body: N.Stmt, model: KernelModel) -> tuple[int, list[float]]:
     return ctr[0], pts
 
 
-def _insert(nest: N.Stmt, gaps: dict[int, set[int]], model: KernelModel) -> N.Stmt:
+def _insert(nest: N.Stmt, gaps: dict[int, set[int]]) -> N.Stmt:
     """`nest` with a Barrier before child g (g == number of children: at the end) of each listed body."""
     def in_body(body: N.Stmt, want: set[int]) -> N.Stmt:
         ctr = [0]

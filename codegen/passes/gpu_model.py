@@ -86,22 +86,12 @@ def kernel_model(k: N.Kernel) -> KernelModel:
     loops = loops_of(k.body)
     div: set[N.Var] = {f.var for f in loops if is_thread_loop(f)}
 
-    def coop(s: N.Stmt, inside: bool) -> None:
-        if isinstance(s, N.For):
-            if s.kind == "parallel" and inside:
-                div.add(s.var)
-            coop(s.body, inside or is_thread_loop(s))
-        elif isinstance(s, N.Seq):
-            for c in s.body:
-                coop(c, inside)
-        elif isinstance(s, N.If):
-            coop(s.then, inside)
-            if s.orelse is not None:
-                coop(s.orelse, inside)
-        elif isinstance(s, N.Allocate):
-            coop(s.body, inside)
+    def coop(s: N.Stmt, depth: int) -> bool:
+        if isinstance(s, N.For) and s.kind == "parallel" and depth > 0:
+            div.add(s.var)
+        return False
 
-    coop(k.body, False)
+    by_thread_depth(k.body, coop)
     return KernelModel(
         k,
         frozenset(f.thread for f in loops if is_thread_loop(f) and f.thread),
