@@ -34,6 +34,8 @@ def cases(small: bool) -> list:
            G.transposed_tiles(13, 8), G.softmax_matmul(5, 37, 8), G.softmax_matmul(5, 37, 8, gemm=False)]
     if not small:
         out += [G.attention(4, 512, 512, 64), G.attention(8, 1024, 1024, 64), G.attention(3, 333, 517, 64),
+                G.attention_user(3, 333, 517, 64), G.attention_user(4, 512, 512, 64, "float16"),
+                G.attention_user(2, 100, 1000, 64, "float16"),
                 G.reversed_rows(1000, 4099), G.shifted_rows(1023, 1000), G.transposed_tiles(1000, 16),
                 G.softmax_matmul(1000, 1000, 64)]
     return out

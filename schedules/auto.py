@@ -35,11 +35,12 @@ from __future__ import annotations
 from typing import Any
 
 from loopir.affine import simplify
+from loopir.errors import ArgumentError
 from loopir.nodes import Allocate, Const, Expr, For, If, Seq, Store, Var
 from loopir.te import Tensor
 from loopir.visit import substitute, walk
 
-from .errors import ScheduleError
+from .errors import InexactCheckError, ScheduleError
 from .fusion import THREADS, FusionGroup, FusionPlan, plan_fusion
 from .primitives.cache import reduction_parts
 from .recipes import matmul_stage, schedule_gemm, schedule_gemm_cuda
@@ -144,13 +145,14 @@ def _multiple_of(e: Expr, k: int) -> bool:
 
 def _collapse(s: Schedule, loops: list[Any]) -> list[Any]:
     """Collapse the nested `loops` into one where the checker can prove it legal; with symbolic
-    extents the collapsed index (v // n, v % n) is not affine, the analysis over-approximates and
-    may refuse — then the loops stay separate (and map to several grid dimensions)."""
+    extents the collapsed index (v // n, v % n) is not affine, so collapse refuses a nest whose
+    statements depend on each other (ArgumentError) or the analysis cannot decide (InexactCheckError)
+    — then the loops stay separate (and map to several grid dimensions)."""
     out = [loops[0]]
     for nxt in loops[1:]:
         try:
             out[-1] = s.collapse(out[-1], nxt)
-        except ScheduleError:
+        except (ScheduleError, InexactCheckError, ArgumentError):
             out.append(nxt)
     return out
 

@@ -68,13 +68,13 @@ class GpuCase:
         """(the arrays in the program's argument order, the inputs by name); outputs NaN-filled."""
         p = program or self.program
         ins = self.make_inputs(np.random.default_rng(seed))
+        shapes = {k: v.shape for k, v in self.reference(ins).items()}  # outputs of symbolic shape too
         out = []
         for b in p.args:
             if b.name in ins:
                 out.append(ins[b.name].copy())
             else:
-                shape = tuple(int(d.value) for d in b.shape)  # type: ignore[attr-defined]
-                out.append(np.full(shape, np.nan, dtype=b.dtype))
+                out.append(np.full(shapes[b.name], np.nan, dtype=b.dtype))
         return out, ins
 
     def run(self, order: Any, seed: int = 0, lower: bool = True) -> tuple[Arrays, Arrays]:
@@ -136,13 +136,11 @@ def _auto(outs: list[Any], **kw: Any) -> Program:
 ATTENTION_SIZES = ((2, 5, 37, 8), (1, 4, 32, 4), (2, 3, 130, 8), (2, 5, 37, 32), (1, 3, 20, 40))
 
 
-@functools.cache
-def attention(B: int, n: int, m: int, d: int) -> GpuCase:
-    """S = sum_r Q[b,i,r] K[b,j,r]; mx = max_r2 S; P = exp(S - mx) * 0.125; sm = sum_r3 P;
-    O = sum_r4 P[b,i,r4] V[b,r4,c]; Y = O / sm — auto_schedule(target="cuda"): one kernel."""
-    Q = te.placeholder((B, n, d), name="Q")
-    K = te.placeholder((B, m, d), name="K")
-    V = te.placeholder((B, m, d), name="V")
+def _attention_te(B: Any, n: Any, m: Any, d: Any, dtype: str = "float32") -> tuple[list[Any], Any]:
+    """The naive attention of the race-free issue in te: (Q, K, V) and Y; sizes may be te.var."""
+    Q = te.placeholder((B, n, d), dtype, name="Q")
+    K = te.placeholder((B, m, d), dtype, name="K")
+    V = te.placeholder((B, m, d), dtype, name="V")
     r = te.reduce_axis(d, "r")
     S = te.compute((B, n, m), lambda b, i, j: te.sum(Q[b, i, r] * K[b, j, r], axis=r), name="scores")
     r2 = te.reduce_axis(m, "r2")
@@ -153,18 +151,39 @@ def attention(B: int, n: int, m: int, d: int) -> GpuCase:
     r4 = te.reduce_axis(m, "r4")
     O = te.compute((B, n, d), lambda b, i, c: te.sum(P[b, i, r4] * V[b, r4, c], axis=r4), name="O")  # noqa: E741
     Y = te.compute((B, n, d), lambda b, i, c: O[b, i, c] / sm[b, i], name="Y")
+    return [Q, K, V], Y
 
-    def ref(a: Arrays) -> Arrays:
-        q, k, v = (a[x].astype(np.float64) for x in "QKV")
-        s = np.einsum("bir,bjr->bij", q, k)
-        p = np.exp(s - s.max(axis=-1, keepdims=True)) * 0.125
-        return {"Y": np.einsum("bij,bjc->bic", p, v) / p.sum(axis=-1)[..., None]}
 
+def _attention_ref(a: Arrays) -> Arrays:
+    q, k, v = (a[x].astype(np.float64) for x in "QKV")
+    s = np.einsum("bir,bjr->bij", q, k)
+    p = np.exp(s - s.max(axis=-1, keepdims=True)) * 0.125
+    return {"Y": np.einsum("bij,bjc->bic", p, v) / p.sum(axis=-1)[..., None]}
+
+
+@functools.cache
+def attention(B: int, n: int, m: int, d: int) -> GpuCase:
+    """S = sum_r Q[b,i,r] K[b,j,r]; mx = max_r2 S; P = exp(S - mx) * 0.125; sm = sum_r3 P;
+    O = sum_r4 P[b,i,r4] V[b,r4,c]; Y = O / sm — auto_schedule(target="cuda"): one kernel."""
+    _, Y = _attention_te(B, n, m, d)
     return GpuCase(f"attention_B{B}_n{n}_m{m}_d{d}", _auto([Y]),
-                   _rng_inputs({"Q": (B, n, d), "K": (B, m, d), "V": (B, m, d)}), ref,
+                   _rng_inputs({"Q": (B, n, d), "K": (B, m, d), "V": (B, m, d)}), _attention_ref,
                    needs_barriers=d >= 32,
                    notes="p materialized (d >= 32): written 4 columns per thread, read by all" if d >= 32 else
                    "p inlined: scores and O are read by other threads only after a cross-thread reduction")
+
+
+def attention_user(B: int, n: int, m: int, d: int, dtype: str = "float32") -> GpuCase:
+    """The user's path: batch, rows and keys as te.var (d fixed), built for the sizes given at call time."""
+    _, Y = _attention_te(te.var("B"), te.var("n"), te.var("m"), d, dtype)
+
+    def inputs(rng: np.random.Generator) -> Arrays:
+        return {k: rng.standard_normal(s).astype(dtype) for k, s in
+                {"Q": (B, n, d), "K": (B, m, d), "V": (B, m, d)}.items()}
+
+    # float16: scores, p and O are stored as halves (11-bit mantissa) between the stages
+    return GpuCase(f"attention_var_B{B}_n{n}_m{m}_d{d}_{dtype}", _auto([Y]), inputs, _attention_ref,
+                   tolerance=1e-1 if dtype == "float16" else 1e-4)
 
 
 # ----------------------------------------------------------------------------- producer / consumer pairs
