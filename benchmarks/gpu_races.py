@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "benchmarks")]
 
 
 def cases(small: bool) -> list:
@@ -68,11 +68,45 @@ def run_case(case, repeats: int, rng: np.random.Generator) -> tuple[float, int]:
     return worst, bad
 
 
+def timing() -> list[str]:
+    """The user's path for attention (`build(outputs, args)`, batch/rows/keys as te.var, float32 and float16,
+    shapes nobody tuned for) against the same math in PyTorch, eager and torch.compile, in this run.
+    Medians of CUDA-event timings (benchmarks/gpu_suite.py's `time_cuda`); correctness is the table above."""
+    import torch
+    from gpu_suite import time_cuda
+
+    import gpu_programs as G
+    from codegen import build
+
+    def ref(q: Any, k: Any, v: Any) -> Any:
+        s = torch.einsum("bir,bjr->bij", q, k)
+        p = torch.exp(s - s.amax(-1, keepdim=True)) * 0.125
+        return torch.einsum("bij,bjc->bic", p, v) / p.sum(-1, keepdim=True)
+
+    compiled = torch.compile(ref, dynamic=False)
+    rows = ["| attention (B, n, m, d) dtype | ours ms | torch eager ms | torch.compile ms | ours / compile |",
+            "|---|---|---|---|---|"]
+    for (B, n, m, d), dtype in [((4, 512, 512, 64), "float32"), ((3, 333, 517, 64), "float32"),
+                                ((4, 512, 512, 64), "float16"), ((2, 100, 1000, 64), "float16")]:
+        case = G.attention_user(B, n, m, d, dtype)
+        mod = build(case.program, list(case.program.args), target="cuda")
+        tdt = getattr(torch, dtype)
+        q, k, v = (torch.randn(B, x, d, device="cuda", dtype=tdt) for x in (n, m, m))
+        y = torch.empty(B, n, d, device="cuda", dtype=tdt)
+        ours = time_cuda(torch, lambda: mod(q, k, v, y), batch=3, repeat=7, warmup=2)  # noqa: B023
+        eager = time_cuda(torch, lambda: ref(q, k, v), batch=3, repeat=7, warmup=2)  # noqa: B023
+        comp = time_cuda(torch, lambda: compiled(q, k, v), batch=3, repeat=7, warmup=3)  # noqa: B023
+        rows.append(f"| ({B}, {n}, {m}, {d}) {dtype} | {ours:.3f} | {eager:.3f} | {comp:.3f} | {ours / comp:.1f}x |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--time", action="store_true", help="also time attention on the user's path against PyTorch")
     ap.add_argument("--no-barriers", action="store_true",
                     help="control run: drop the place_barriers pass (the kernels race; shows the check can fail)")
     a = ap.parse_args()
@@ -100,6 +134,8 @@ def main() -> int:
     print("\n| case | runs | worst max rel. error | verdict |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['case']} | {r['runs']} | {r['worst_rel_err']:.2e} | {r['verdict']} |")
+    if a.time:
+        print("\n" + "\n".join(timing()))
     return 0 if all(r["verdict"] == "ok" for r in rows) else 1
 
 
