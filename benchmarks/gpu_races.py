@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
