@@ -1,15 +1,29 @@
 """loopir: tensor expressions, the affine loop IR, and its analysis.
 
-Submodules load on first use (`loopir.te`, `loopir.ir`, `loopir.interp`, ...), so importing
-the package is cheap and a module's absence only matters to whoever asks for it. The error tree
-(`loopir.errors`, rooted at `LoopirError`) is exported here: it imports nothing.
+The package imports its submodules (`loopir.te`, `loopir.ir`, `loopir.interp`, ...) when it loads:
+`import loopir` costs what numpy and islpy cost (about 0.15 s), which any use of the package pays anyway,
+and importing `loopir.printer` here is what makes `str()` of every IR node work (see `loopir.nodes`).
+The error tree (`loopir.errors`, rooted at `LoopirError`) is exported here.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from . import (
+    affine,
+    args,
+    dtypes,
+    errors,
+    interp,
+    ir,
+    lower,
+    nodes,
+    poly,
+    printer,
+    target,
+    te,
+    visit,
+    workloads,
+)
 from .errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -22,7 +36,7 @@ from .errors import (
     UnboundLoopError,
 )
 
-_SUBMODULES = (
+__all__ = [
     "affine",
     "args",
     "dtypes",
@@ -37,10 +51,6 @@ _SUBMODULES = (
     "te",
     "visit",
     "workloads",
-)
-
-__all__ = [
-    *_SUBMODULES,
     # the error tree (loopir.errors)
     "ArgumentError",
     "ArgumentTypeError",
@@ -53,12 +63,3 @@ __all__ = [
     "UnboundLoopError",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_SUBMODULES))

@@ -68,7 +68,7 @@ import numpy as np
 from .affine import polynomial
 from .gpu import REDUCE_OPS, is_reduction_loop, reduction_parts, reduction_stores, upper_extent
 from .dtypes import is_float
-from .interp import _Compiler, _ident
+from .interp_compile import _Compiler, _ident
 from .nodes import (
     GPU_AXES,
     Allocate,

@@ -1,7 +1,8 @@
 """Conversions between loopir integer expressions and isl: Expr -> isl text (`aff`, `cond`),
-isl (piecewise) quasi-affine functions -> Expr (`aff_to_expr`, `pw_to_expr`); the bounds rebuilt
-from isl go through `loopir.affine.simplify_affine` so that they print the way a person would
-write them (`i - m + 3`, not `-1 * m + i + 3`).
+isl (piecewise) quasi-affine functions -> Expr (`aff_to_expr`, `pw_to_expr`, `constraints_to_cond`); the
+bounds rebuilt from isl go through `loopir.affine.simplify_affine` so that they print the way a person
+would write them (`i - m + 3`, not `-1 * m + i + 3`). Formula pieces: `prefix` (the parameter list),
+`loop_constraints` (the bounds and guards around a statement), `_conj`, `_exists`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ __all__ = [
     "aff",
     "cond",
     "aff_to_expr",
+    "constraints_to_cond",
+    "loop_constraints",
+    "prefix",
     "pw_to_expr",
 ]
 
@@ -37,12 +41,28 @@ _sanitize = functools.partial(sanitize, reserved=_ISL_WORDS)
 
 
 class _Names:
-    """isl identifiers for Vars (by identity) within one formula; unknown Vars become parameters."""
+    """isl identifiers for Vars (by identity) within one formula; unknown Vars become parameters.
 
-    def __init__(self, params: dict[str, Var], taken: set[str] | None = None) -> None:
-        self.params = params
+    `_Names.unique()` names every Var on first sight `<name>_<k>` instead (call the object, or let
+    `aff` meet it): for formulas built piece by piece over several statements whose loop variables
+    may share a name, and whose own fixed names (`x0`, `q0`, `it0`, `o`) never end in `_<k>`."""
+
+    def __init__(self, params: dict[str, Var] | None = None, taken: set[str] | None = None,
+                 unique: bool = False) -> None:
+        self.params = {} if params is None else params
         self.env: dict[Var, str] = {}
-        self.taken = set(taken or ()) | set(params)
+        self.taken = set(taken or ()) | set(self.params)
+        self.unique = unique
+
+    def __call__(self, v: Var) -> str:
+        n = self.env.get(v)
+        if n is None:
+            n = self.env[v] = fresh(f"{sanitize(v.name)}_{len(self.env)}", self.taken)
+        return n
+
+    def by_name(self) -> dict[str, Var]:
+        """The Var each isl identifier stands for (what `aff_to_expr` maps names back with)."""
+        return {n: v for v, n in self.env.items()}
 
     def bind(self, v: Var, hint: str | None = None) -> str:
         name = fresh(_sanitize(hint or v.name), self.taken)
@@ -53,6 +73,8 @@ class _Names:
         n = self.env.get(v)
         if n is not None:
             return n
+        if self.unique:
+            return self(v)
         p = _sanitize(v.name)
         if p not in self.params:
             self.params[p] = v
@@ -66,6 +88,19 @@ def _exists(names: list[str], body: str) -> str:
 
 def _conj(cs: list[str]) -> str:
     return " and ".join(cs) if cs else "0 = 0"
+
+
+def prefix(params: Any, names: _Names) -> str:
+    """The parameter list `[n, m] -> ` of a formula over `params` (Vars), empty for none."""
+    ps = [names(p) for p in params]
+    return f"[{', '.join(ps)}] -> " if ps else ""
+
+
+def loop_constraints(loops: Any, guards: Any, names: _Names) -> list[str]:
+    """The constraints of the loops (`lo <= i < hi`, outermost first) and guards around a statement."""
+    out = [f"{aff(f.lo, names)} <= {names(f.var)} < {aff(f.hi, names)}" for f in loops]
+    out.extend(cond(g, names) for g in guards)
+    return out
 
 
 # ----------------------------------------------------------------------------- Expr -> isl text
@@ -136,9 +171,16 @@ def cond(e: Expr, names: _Names, negate: bool = False) -> str:
 # ----------------------------------------------------------------------------- isl -> Expr
 
 
-def pw_to_expr(pw: isl.PwAff, vars_by_name: dict[str, Var], what: str = "bound") -> Expr:
+def pw_to_expr(pw: isl.PwAff, vars_by_name: dict[str, Var], what: str = "bound", single: bool = False) -> Expr:
     """A loopir Expr for an isl piecewise quasi-affine function that is one affine piece or the
-    max / min of its pieces (pieces not needed for that are dropped); ValueError otherwise."""
+    max / min of its pieces (pieces not needed for that are dropped); ValueError otherwise.
+    `single`: one affine piece after coalescing, else NonAffine (callers that fall back to another
+    region rather than take a max / min)."""
+    if single:
+        pieces = pw.coalesce().get_pieces()
+        if len(pieces) != 1:
+            raise NonAffine(f"{what} is piecewise ({pw}); one affine expression is needed")
+        return aff_to_expr(pieces[0][1], vars_by_name)
     pieces = pw.get_pieces()
     if not pieces:
         raise ValueError(f"the {what} is empty (no iteration)")
@@ -198,6 +240,20 @@ def aff_to_expr(a: isl.Aff, vars_by_name: dict[str, Var]) -> Expr:
     out = _rebuild(_collect(terms), c0, "int64" if not terms else _dtype_of(terms))
     if den != 1:
         out = binary("floordiv", out, const(den))
+    return out
+
+
+def constraints_to_cond(bset: isl.BasicSet, vars_by_name: dict[str, Var]) -> Expr | None:
+    """The constraints of a basic set as one loopir condition (None when there are none)."""
+    conds: list[Expr] = []
+    for c in bset.get_constraints():
+        e = aff_to_expr(c.get_aff(), vars_by_name)
+        conds.append(e.eq(0) if c.is_equality() else e >= 0)
+    if not conds:
+        return None
+    out = conds[0]
+    for c in conds[1:]:
+        out = out & c
     return out
 
 

@@ -25,9 +25,14 @@ structural equality (use `.eq()` / `.ne()` to build those comparisons).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Union
+from collections.abc import Callable
+from typing import Any, Literal, Union
 
 from .dtypes import INDEX, check_dtype, is_float, is_int, promote, weak_scalar_dtype
+
+# str() of a node prints it with loopir.printer, which imports this module: the printer fills this
+# table when it loads (loopir/__init__ imports it, so it has loaded before any node can be printed)
+PRINTERS: dict[str, Callable[[Any], str]] = {}
 
 Scalar = Union[int, float, bool]
 
@@ -147,9 +152,7 @@ class Expr(Node):
         raise TypeError(f"loopir expression {self} cannot be used as a Python int")
 
     def __str__(self) -> str:
-        from .printer import expr_str
-
-        return expr_str(self)
+        return PRINTERS["expr"](self)
 
 
 ExprLike = Union[Expr, int, float, bool]
@@ -282,9 +285,7 @@ class Stmt(Node):
     __slots__ = ()
 
     def __str__(self) -> str:
-        from .printer import stmt_str
-
-        return stmt_str(self)
+        return PRINTERS["stmt"](self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,9 +375,7 @@ class Program(Node):
     params: tuple[Var, ...] = ()
 
     def __str__(self) -> str:
-        from .printer import program_str
-
-        return program_str(self)
+        return PRINTERS["program"](self)
 
 
 # ----------------------------------------------------------------------------- smart constructors

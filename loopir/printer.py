@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from .nodes import (
+    PRINTERS,
     Allocate,
     Barrier,
     Kernel,
@@ -211,5 +212,7 @@ def program_str(p: Program, marks: dict[Var, str] | None = None) -> str:
         _lines(p.body, 1, marks or {}, out)
     return "\n".join(out)
 
+
+PRINTERS.update(expr=expr_str, stmt=stmt_str, program=program_str)  # str() of a node (see loopir.nodes)
 
 __all__ = ["program_str", "stmt_str", "expr_str"]

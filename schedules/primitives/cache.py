@@ -37,7 +37,7 @@ from loopir import poly
 from loopir.affine import simplify
 from loopir.dtypes import INDEX
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
-from loopir.isl_conv import _conj, _exists
+from loopir.isl_conv import NonAffine, _conj, _exists, _Names, aff, loop_constraints, prefix, pw_to_expr
 from loopir.nodes import (
     Allocate,
     Barrier,
@@ -59,7 +59,6 @@ from loopir.nodes import (
 from loopir.visit import Transformer, seq, statements, substitute, walk
 
 from . import CheckContext, find_loop, fresh_name, primitive, replace_loop, subst_loops
-from .cache_write import NonAffine, Names, _prefix, isl_expr, loop_constraints, pw_to_expr
 
 __all__ = ["bind_reduction", "cache_read", "reduction_parts", "without_reduction_deps"]
 
@@ -362,10 +361,10 @@ def _hull(program: Program, readers: list[Any], buf: Buffer, f: For,
           projected: list[For]) -> tuple[list[Expr], list[Expr], set[tuple[int, str]]]:
     # the constant box hull: lower corner = the exact minimum (one affine piece), size = the maximum extent
     # over every value of the outer loops and sizes, so guards like min(8*ko + 8, n) keep a constant shape
-    nm = Names()
+    nm = _Names(unique=True)
     depth = next(k for k, lp in enumerate(readers[0].loops) if lp is f)
     keep = [lp for lp in readers[0].loops[: depth + 1] if not any(lp is q for q in projected)]
-    pre = _prefix(list(program.params) + [lp.var for lp in keep], nm)
+    pre = prefix(list(program.params) + [lp.var for lp in keep], nm)
     xs = [f"x{d}" for d in range(buf.ndim)]
     w = None
     for c in readers:
@@ -375,23 +374,23 @@ def _hull(program: Program, readers: list[Any], buf: Buffer, f: For,
         for ld in walk(c.store.value):
             if not (isinstance(ld, Load) and ld.buffer is buf):
                 continue
-            eqs = [f"{x} = {isl_expr(substitute(i, sub), nm)}" for x, i in zip(xs, ld.indices)]
+            eqs = [f"{x} = {aff(substitute(i, sub), nm)}" for x, i in zip(xs, ld.indices)]
             s = isl.Set(f"{pre}{{ B[{', '.join(xs)}] : {_exists(exist, _conj(eqs + cons))} }}")
             w = s if w is None else w.union(s)
     assert w is not None
     # reads outside the buffer are never executed by a correct program (a padded input read under a
     # `where`): the region is the reads' image intersected with the buffer, both sides
-    inb = _conj([f"0 <= x{d} < {isl_expr(n, nm)}" for d, n in enumerate(buf.shape)])
+    inb = _conj([f"0 <= x{d} < {aff(n, nm)}" for d, n in enumerate(buf.shape)])
     reads, w = w.coalesce(), w.intersect(isl.Set(f"{pre}{{ B[{', '.join(xs)}] : {inb} }}")).coalesce()
     lows = []
     for d in range(buf.ndim):
         what = f"the lowest index of {buf.name!r} along dimension {d}"
         try:
-            lows.append(pw_to_expr(w.dim_min(d), [], nm, what))
+            lows.append(pw_to_expr(w.dim_min(d), nm.by_name(), what, single=True))
         except NonAffine:  # max(64*i_o - 1, 0) at a padded edge: start at the unclipped corner (the copy is clipped)
-            lows.append(pw_to_expr(reads.dim_min(d), [], nm, what))
+            lows.append(pw_to_expr(reads.dim_min(d), nm.by_name(), what, single=True))
     rs = [f"r{d}" for d in range(buf.ndim)]
-    shift = _conj([f"r{d} = x{d} - ({isl_expr(lo, nm)})" for d, lo in enumerate(lows)])
+    shift = _conj([f"r{d} = x{d} - ({aff(lo, nm)})" for d, lo in enumerate(lows)])
     region = w.apply(isl.Map(f"{pre}{{ B[{', '.join(xs)}] -> R[{', '.join(rs)}] : {shift} }}"))
     flat = region.project_out(isl.dim_type.param, 0, region.dim(isl.dim_type.param))
     if not flat.is_bounded():
@@ -402,17 +401,17 @@ def _hull(program: Program, readers: list[Any], buf: Buffer, f: For,
 
 
 def _inside_sides(program: Program, keep: list[For], lows: list[Expr], sizes: list[int], buf: Buffer,
-                  nm: Names | None = None) -> set[tuple[int, str]]:
+                  nm: _Names | None = None) -> set[tuple[int, str]]:
     """The sides (d, "lo" | "hi") on which the box lows[d] + [0, sizes[d]) stays inside the buffer for
     every value of the loops `keep` (isl; a side that cannot be decided exactly is not in the set)."""
-    nm = nm or Names()
+    nm = nm or _Names(unique=True)
     try:
-        pre = _prefix(list(program.params) + [lp.var for lp in keep], nm)
+        pre = prefix(list(program.params) + [lp.var for lp in keep], nm)
         ctx = isl.Set(f"{pre}{{ : {_conj(loop_constraints(keep, [], nm))} }}")
         out = set()
         for d, (lo, n) in enumerate(zip(lows, sizes)):
-            low = isl.Set(f"{pre}{{ : ({isl_expr(lo, nm)}) < 0 }}").intersect_params(ctx)
-            high = isl.Set(f"{pre}{{ : ({isl_expr(lo, nm)}) + {n} > {isl_expr(buf.shape[d], nm)} }}")
+            low = isl.Set(f"{pre}{{ : ({aff(lo, nm)}) < 0 }}").intersect_params(ctx)
+            high = isl.Set(f"{pre}{{ : ({aff(lo, nm)}) + {n} > {aff(buf.shape[d], nm)} }}")
             if low.is_empty():
                 out.add((d, "lo"))
             if high.intersect_params(ctx).is_empty():

@@ -38,7 +38,6 @@ Legality (all exact, with isl):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,10 +46,10 @@ import islpy as isl
 from loopir import poly
 from loopir.dtypes import INDEX
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
-from loopir.isl_conv import _conj, _exists
-from loopir.names import sanitize
-from loopir.nodes import (Allocate, Binary, Buffer, Cast, Compare, Const, Expr, For, If, Load, Logical, Program, Seq,
-    Stmt, Store, Unary, Var, binary, const)
+from loopir.isl_conv import (NonAffine, _conj, _exists, _Names, aff, aff_to_expr, constraints_to_cond, loop_constraints,
+    prefix, pw_to_expr)
+from loopir.nodes import (Allocate, Buffer, Expr, For, If, Load, Program, Seq,
+    Stmt, Store, Var, binary, const)
 from loopir.visit import Transformer, seq, statements, substitute, walk
 
 from schedules.errors import ScheduleError
@@ -60,145 +59,8 @@ from . import fresh_name, primitive
 SCOPES = ("local", "shared")
 
 
-class NonAffine(ValueError):
-    """An expression isl cannot represent (raised with the expression in the message)."""
-
-
-# ----------------------------------------------------------------------------- loopir <-> isl
-
-
-class Names:
-    """Unique isl names for loopir variables (Vars are identified by object, names may repeat)."""
-
-    def __init__(self) -> None:
-        self.of: dict[Var, str] = {}
-        self.var: dict[str, Var] = {}
-
-    def __call__(self, v: Var) -> str:
-        if v not in self.of:
-            base = sanitize(v.name)
-            name = f"{base}_{len(self.of)}"
-            self.of[v] = name
-            self.var[name] = v
-        return self.of[v]
-
-
-def isl_expr(e: Expr, nm: Names) -> str:
-    """An affine (quasi-affine) loopir integer expression as isl text."""
-    if isinstance(e, Const):
-        if isinstance(e.value, bool) or not isinstance(e.value, int):
-            raise NonAffine(f"non-integer constant {e}")
-        return f"({e.value})"
-    if isinstance(e, Var):
-        return nm(e)
-    if isinstance(e, Cast) and e.dtype in ("int32", "int64"):
-        return isl_expr(e.a, nm)
-    if isinstance(e, Unary) and e.op == "neg":
-        return f"(-{isl_expr(e.a, nm)})"
-    if isinstance(e, Binary):
-        a, b = e.a, e.b
-        if e.op in ("add", "sub"):
-            return f"({isl_expr(a, nm)} {'+' if e.op == 'add' else '-'} {isl_expr(b, nm)})"
-        if e.op == "mul":
-            if isinstance(a, Const):
-                return f"({a.value} * {isl_expr(b, nm)})"
-            if isinstance(b, Const):
-                return f"({b.value} * {isl_expr(a, nm)})"
-        if e.op in ("floordiv", "mod") and isinstance(b, Const) and b.value > 0:
-            if e.op == "floordiv":
-                return f"floor({isl_expr(a, nm)} / {b.value})"
-            return f"({isl_expr(a, nm)} mod {b.value})"
-        if e.op in ("max", "min"):
-            return f"{e.op}({isl_expr(a, nm)}, {isl_expr(b, nm)})"
-    raise NonAffine(f"{e} is not an affine integer expression")
-
-
-def isl_cond(e: Expr, nm: Names) -> str:
-    """A loopir condition (comparisons combined with & | ~) as isl constraint text."""
-    ops = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "="}
-    if isinstance(e, Compare):
-        if e.op == "ne":
-            a, b = isl_expr(e.a, nm), isl_expr(e.b, nm)
-            return f"({a} < {b} or {a} > {b})"
-        return f"({isl_expr(e.a, nm)} {ops[e.op]} {isl_expr(e.b, nm)})"
-    if isinstance(e, Logical):
-        if e.op == "not":
-            return f"(not {isl_cond(e.a, nm)})"
-        assert e.b is not None
-        return f"({isl_cond(e.a, nm)} {e.op} {isl_cond(e.b, nm)})"
-    if isinstance(e, Const) and e.dtype == "bool":
-        return "(0 = 0)" if e.value else "(1 = 0)"
-    raise NonAffine(f"condition {e} is not affine")
-
-
-def loop_constraints(loops: tuple[For, ...] | list[For], guards: tuple[Expr, ...] | list[Expr], nm: Names) -> list[str]:
-    out = []
-    for f in loops:
-        v = nm(f.var)
-        out.append(f"{isl_expr(f.lo, nm)} <= {v} < {isl_expr(f.hi, nm)}")
-    out.extend(isl_cond(g, nm) for g in guards)
-    return out
-
-
 def _val(v: isl.Val) -> tuple[int, int]:
     return v.get_num_si(), v.get_den_val().get_num_si()
-
-
-def aff_to_expr(aff: isl.Aff, in_vars: list[Var], nm: Names) -> Expr:
-    """An isl Aff (integer-valued) back to a loopir expression; params map back through `nm`."""
-    terms: list[tuple[Fraction_, Expr | None]] = []
-    n, d = _val(aff.get_constant_val())
-    terms.append(((n, d), None))
-    for k in range(aff.dim(isl.dim_type.in_)):
-        n, d = _val(aff.get_coefficient_val(isl.dim_type.in_, k))
-        if n:
-            terms.append(((n, d), in_vars[k]))
-    for k in range(aff.dim(isl.dim_type.param)):
-        n, d = _val(aff.get_coefficient_val(isl.dim_type.param, k))
-        if n:
-            name = aff.get_dim_name(isl.dim_type.param, k)
-            terms.append(((n, d), nm.var[name]))
-    for k in range(aff.dim(isl.dim_type.div)):
-        n, d = _val(aff.get_coefficient_val(isl.dim_type.div, k))
-        if n:
-            div = aff.get_div(k)
-            num = aff_to_expr(div.scale_val(div.get_denominator_val()), in_vars, nm)
-            terms.append(((n, d), binary("floordiv", num, int(div.get_denominator_val().get_num_si()))))
-    den = 1
-    for (_n, d), _ in terms:
-        den = den * d // math.gcd(den, d)
-    total: Expr = const(0, INDEX)
-    for (n, d), t in terms:
-        c = n * (den // d)
-        if t is None:
-            total = binary("add", total, c) if c else total
-        else:
-            total = binary("add", total, t if c == 1 else binary("mul", c, t))
-    return binary("floordiv", total, den) if den != 1 else total
-
-
-Fraction_ = tuple[int, int]
-
-
-def pw_to_expr(pa: isl.PwAff, in_vars: list[Var], nm: Names, what: str) -> Expr:
-    pieces = pa.coalesce().get_pieces()
-    if len(pieces) != 1:
-        raise NonAffine(f"{what} is piecewise ({pa}); cache_write needs one affine expression")
-    return aff_to_expr(pieces[0][1], in_vars, nm)
-
-
-def constraints_to_cond(bset: isl.BasicSet, in_vars: list[Var], nm: Names) -> Expr | None:
-    """The constraints of a basic set as one loopir condition (None when there are none)."""
-    conds: list[Expr] = []
-    for c in bset.get_constraints():
-        e = aff_to_expr(c.get_aff(), in_vars, nm)
-        conds.append(e.eq(0) if c.is_equality() else e >= 0)
-    if not conds:
-        return None
-    out = conds[0]
-    for c in conds[1:]:
-        out = out & c
-    return out
 
 
 # ----------------------------------------------------------------------------- IR helpers
@@ -407,11 +269,6 @@ def _loop_var(loop: Any) -> Var:
 # ----------------------------------------------------------------------------- analyses
 
 
-def _prefix(params: Any, nm: Names) -> str:
-    names = [nm(p) for p in params]
-    return f"[{', '.join(names)}] -> " if names else ""
-
-
 def _elems(st: Store) -> tuple[Expr, ...]:
     """The statement's write indices in terms of the loops around it."""
     sub = dict(zip(st.iters, st.coords))
@@ -419,16 +276,16 @@ def _elems(st: Store) -> tuple[Expr, ...]:
 
 
 def _layout(buf: Buffer, writers: list[tuple[Store, tuple[For, ...], tuple[Expr, ...]]], outer: tuple[For, ...],
-            outer_guards: tuple[Expr, ...], params: tuple[Var, ...], nm: Names) -> _Layout:
+            outer_guards: tuple[Expr, ...], params: tuple[Var, ...], nm: _Names) -> _Layout:
     """The constant-size, stride-compacted box of the elements written in one iteration of the loop."""
     pnames = list(params) + [f.var for f in outer]
-    pre = _prefix(pnames, nm)
+    pre = prefix(pnames, nm)
     octx = loop_constraints(outer, outer_guards, nm)
     xs = [f"x{d}" for d in range(buf.ndim)]
     pieces = []
     try:
         for st, loops, guards in writers:
-            eqs = [f"{x} = {isl_expr(e, nm)}" for x, e in zip(xs, _elems(st))]
+            eqs = [f"{x} = {aff(e, nm)}" for x, e in zip(xs, _elems(st))]
             body = _conj(eqs + loop_constraints(loops, guards, nm) + octx)
             pieces.append(isl.Set(f"{pre}{{ B[{', '.join(xs)}] : {_exists([nm(f.var) for f in loops], body)} }}"))
         context = isl.Set(f"{pre}{{ : {_conj(octx)} }}")
@@ -448,19 +305,20 @@ def _layout(buf: Buffer, writers: list[tuple[Store, tuple[For, ...], tuple[Expr,
             offs.append(const(0, INDEX))
             strides.append(1)
         else:
-            offs.append(aff_to_expr(si.get_offset(), [], nm))
+            offs.append(aff_to_expr(si.get_offset(), nm.by_name()))
             strides.append(n_)
-        eqs.append(f"{xs[d]} = {isl_expr(offs[d], nm)} + {strides[d]} * q{d}")
+        eqs.append(f"{xs[d]} = {aff(offs[d], nm)} + {strides[d]} * q{d}")
     qs = [f"q{d}" for d in range(buf.ndim)]
     wq = w.apply(isl.Map(f"{pre}{{ B[{', '.join(xs)}] -> Q[{', '.join(qs)}] : {_conj(eqs)} }}"))
     los: list[Expr] = []
     for d in range(buf.ndim):
         try:
-            los.append(pw_to_expr(wq.dim_min(d), [], nm, f"the lowest index of {buf.name!r} along dimension {d}"))
+            los.append(pw_to_expr(wq.dim_min(d), nm.by_name(), f"the lowest index of {buf.name!r} along dimension {d}",
+                                  single=True))
         except NonAffine as e:
             raise ArgumentError(f"cache_write: {e}") from None
     rs = [f"r{d}" for d in range(buf.ndim)]
-    shift = _conj([f"r{d} = q{d} - ({isl_expr(los[d], nm)})" for d in range(buf.ndim)])
+    shift = _conj([f"r{d} = q{d} - ({aff(los[d], nm)})" for d in range(buf.ndim)])
     region = wq.apply(isl.Map(f"{pre}{{ Q[{', '.join(qs)}] -> R[{', '.join(rs)}] : {shift} }}")).coalesce()
     flat = region.project_out(isl.dim_type.param, 0, region.dim(isl.dim_type.param))
     sizes: list[int] = []
@@ -476,7 +334,7 @@ def _layout(buf: Buffer, writers: list[tuple[Store, tuple[For, ...], tuple[Expr,
     return _Layout(offs, strides, los, sizes, region, context)
 
 
-def _region_guard(lay: _Layout, qs: list[Var], nm: Names) -> Expr | None:
+def _region_guard(lay: _Layout, qs: list[Var], nm: _Names) -> Expr | None:
     """The condition, over the box, that selects the elements really written (None: all of them)."""
     region = lay.region
     pre = region.get_space()
@@ -489,7 +347,7 @@ def _region_guard(lay: _Layout, qs: list[Var], nm: Names) -> Expr | None:
     g = region.gist(box).coalesce()
     conds: list[Expr] = []
     for bset in g.get_basic_sets():
-        c = constraints_to_cond(bset, qs, nm)
+        c = constraints_to_cond(bset, {**nm.by_name(), **{f"r{d}": q for d, q in enumerate(qs)}})
         if c is None:
             return None
         conds.append(c)
@@ -509,18 +367,18 @@ def _local_index(idx: tuple[Expr, ...], st: Store, loops: tuple[For, ...], guard
         else binary("sub", binary("sub", substitute(e, sub), lay.off[d]), lay.lo[d])
         for d, e in enumerate(idx)
     ]
-    nm = Names()
+    nm = _Names(unique=True)
     its = [f"it{k}" for k in range(len(st.iters))]
     try:
-        cons = [f"{it} = {isl_expr(c, nm)}" for it, c in zip(its, st.coords)] + loop_constraints(loops, guards, nm)
+        cons = [f"{it} = {aff(c, nm)}" for it, c in zip(its, st.coords)] + loop_constraints(loops, guards, nm)
         out = []
         for e in direct:
-            body = _conj([f"o = {isl_expr(e, nm)}"] + cons)
-            text = f"{_prefix(params, nm)}{{ [{', '.join(its)}] -> [o] : {_exists([nm(f.var) for f in loops], body)} }}"
+            body = _conj([f"o = {aff(e, nm)}"] + cons)
+            text = f"{prefix(params, nm)}{{ [{', '.join(its)}] -> [o] : {_exists([nm(f.var) for f in loops], body)} }}"
             m = isl.Map(text)
             pa = m.as_pw_multi_aff().get_pw_aff(0)
-            nm.var.update({f"it{k}": v for k, v in enumerate(st.iters)})
-            out.append(pw_to_expr(pa, list(st.iters), nm, "index"))
+            its_vars = {**nm.by_name(), **{f"it{k}": v for k, v in enumerate(st.iters)}}
+            out.append(pw_to_expr(pa, its_vars, "index", single=True))
         return tuple(out)
     except (NonAffine, isl.Error):
         inv = {c: v for v, c in zip(st.iters, st.coords) if isinstance(c, Var)}
@@ -541,13 +399,13 @@ def _check_order(before: Program, after: Program, buf: Buffer, what: str) -> Non
 
 
 def _check_sourced(buf: Buffer, target: For, outer: tuple[For, ...], outer_guards: tuple[Expr, ...],
-                   params: tuple[Var, ...], nm: Names) -> None:
+                   params: tuple[Var, ...], nm: _Names) -> None:
     """Every read of buf inside one iteration of `target` has a source write in that same iteration."""
     # formal condition: no_source(reads of buf inside target | writes of buf inside target, schedule of the body) = {}
     inside = _inside(target.body)
     times = _timevecs(target.body)
     width = max(len(t) for t in times.values()) if times else 0
-    pre = _prefix(list(params) + [f.var for f in outer], nm)
+    pre = prefix(list(params) + [f.var for f in outer], nm)
     octx = loop_constraints(outer, outer_guards, nm)
     dom, sched, reads, writes = [], [], [], []
     names: dict[str, Store] = {}
@@ -560,9 +418,9 @@ def _check_sourced(buf: Buffer, target: For, outer: tuple[For, ...], outer_guard
         sched.append(f"{sname}[{lv}] -> [{', '.join(tv)}]")
         sub = dict(zip(st.iters, st.coords))
         for ld in _loads_of(st.value, buf):
-            reads.append(f"{sname}[{lv}] -> B[{', '.join(isl_expr(substitute(i, sub), nm) for i in ld.indices)}]")
+            reads.append(f"{sname}[{lv}] -> B[{', '.join(aff(substitute(i, sub), nm) for i in ld.indices)}]")
         if st.buffer is buf:
-            writes.append(f"{sname}[{lv}] -> B[{', '.join(isl_expr(i, nm) for i in _elems(st))}]")
+            writes.append(f"{sname}[{lv}] -> B[{', '.join(aff(i, nm) for i in _elems(st))}]")
     if not reads:
         return
     d = isl.UnionSet(f"{pre}{{ {'; '.join(dom)} }}")
@@ -685,7 +543,7 @@ def cache_write(
     writers_in = [x for x in inside if x[0].buffer is buf]
     if not writers_in:
         raise ArgumentError(f"cache_write: no statement inside loop {lvar.name!r} writes {buf.name!r}")
-    nm = Names()
+    nm = _Names(unique=True)
 
     # 1. re-base every statement inside `loop` that touches `buf` (iters := its loops)
     touched = {id(st): _rebase(st, outer + loops)
