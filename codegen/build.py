@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from loopir.errors import ArgumentError, ArgumentTypeError, ResourceLimitError
 from loopir.nodes import Allocate, Buffer, Node, Program, Var
 from loopir.visit import buffers_of, deep_recursion, walk
 from schedules.auto import auto_schedule
@@ -58,7 +59,7 @@ def _buffer_of(x: Any, k: int) -> Buffer:
         return x
     if _is_tensor(x):
         return x.buffer
-    raise TypeError(f"build: args[{k}] must be a te Tensor or a Buffer, got {type(x).__name__} {x!r}")
+    raise ArgumentTypeError(f"build: args[{k}] must be a te Tensor or a Buffer, got {type(x).__name__} {x!r}")
 
 
 def to_program(obj: Any, target: str, args: Sequence[Any] | None = None) -> Program:
@@ -70,14 +71,14 @@ def to_program(obj: Any, target: str, args: Sequence[Any] | None = None) -> Prog
         return prog
     tensors = list(obj) if isinstance(obj, (list, tuple)) else [obj]
     if not tensors or not all(_is_tensor(t) for t in tensors):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"build takes a Schedule, a Program, a te Tensor or a list of Tensors, got {type(obj).__name__}"
         )
     s = auto_schedule(tensors, target=target)
     p = s if isinstance(s, Program) else getattr(s, "program", None)
     if isinstance(p, Program):
         return p
-    raise TypeError(f"auto_schedule returned {type(s).__name__}, not a Schedule or Program")
+    raise ArgumentTypeError(f"auto_schedule returned {type(s).__name__}, not a Schedule or Program")
 
 
 def with_args(program: Program, args: Sequence[Any] | None) -> Program:
@@ -90,14 +91,14 @@ def with_args(program: Program, args: Sequence[Any] | None) -> Program:
     seen: set[Buffer] = set()
     for b in bufs:
         if b in seen:
-            raise ValueError(f"build: argument {b.name!r} is listed twice in args")
+            raise ArgumentError(f"build: argument {b.name!r} is listed twice in args")
         seen.add(b)
     scoped = {n.buffer for n in walk(program.body) if isinstance(n, Allocate)}
     reads, writes = buffers_of(program.body)
     temps = tuple(t for t in program.temps if t not in seen)
     for b in [*reads, *writes, *program.args]:
         if b not in seen and b not in scoped and b not in temps:
-            raise ValueError(
+            raise ArgumentError(
                 f"build: buffer {b.name!r} is used by program {program.name!r} but is missing from args "
                 f"(args: {', '.join(x.name for x in bufs) or 'none'})"
             )
@@ -114,7 +115,7 @@ def _refuse_unwritten_stages(program: Program, bufs: list[Buffer], writes: list[
     for b in bufs:
         t = tensor_of(b)
         if t is not None and isinstance(t.op, ComputeOp) and b not in written:
-            raise ValueError(
+            raise ArgumentError(
                 f"build: argument {b.name!r} is a computed stage that program {program.name!r} never writes "
                 "(a schedule step inlined it: compute_inline, or auto_schedule's fusion), so its array would be "
                 f"left untouched; drop {b.name!r} from args, or keep it computed (do not inline it)"
@@ -128,7 +129,7 @@ def check_unroll(program: Program, limit: int | None = None) -> None:
     for s in walk_stmts(program):
         if isinstance(s, For) and s.kind == "unroll":
             if isinstance(s.lo, Const) and isinstance(s.hi, Const) and s.hi.value - s.lo.value > limit:
-                raise ValueError(
+                raise ResourceLimitError(
                     f"build: loop {s.var.name!r} is unrolled over {s.hi.value - s.lo.value} iterations, more than "
                     f"the limit of {limit}; split it first (s.split(loop, 8)) and unroll the inner loop"
                 )
@@ -192,7 +193,7 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", **op
 
 def _build(obj: Any, args: Sequence[Any] | None, target: str, **opts: Any) -> Module:
     if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; loopir targets: {', '.join(TARGETS)}")
+        raise ArgumentError(f"unknown target {target!r}; loopir targets: {', '.join(TARGETS)}")
     dump = opts.pop("dump_passes", False)
     _check_opts(target, opts)
     program = with_args(to_program(obj, target, args), args)
@@ -221,10 +222,10 @@ def _check_opts(target: str, opts: dict[str, Any]) -> None:
     if target == "cpu":
         for o in opts:
             if o not in _CPU_OPTS:
-                raise TypeError(f"build: unknown option {o!r} for target 'cpu' (known: {', '.join(_CPU_OPTS)})")
+                raise ArgumentTypeError(f"build: unknown option {o!r} for target 'cpu' (known: {', '.join(_CPU_OPTS)})")
         th = opts.get("threads")
         if th is not None and (isinstance(th, bool) or not isinstance(th, (int, np.integer)) or th < 1):
-            raise ValueError(f"build: threads must be a positive integer (or None for all CPUs), got {th!r}")
+            raise ArgumentError(f"build: threads must be a positive integer (or None for all CPUs), got {th!r}")
         if th is not None:
             opts["threads"] = int(th)
         return
@@ -233,9 +234,9 @@ def _check_opts(target: str, opts: dict[str, Any]) -> None:
     o = opts.get("options")
     if o is not None:
         if isinstance(o, (str, bytes)) or not all(isinstance(x, str) for x in o):
-            raise TypeError(f"build: options must be a tuple of str (one NVRTC option each), got {o!r}; "
-                            f"write options=({o!r},)" if isinstance(o, str) else
-                            f"build: options must be a tuple of str (one NVRTC option each), got {o!r}")
+            raise ArgumentTypeError(f"build: options must be a tuple of str (one NVRTC option each), got {o!r}; "
+                                    f"write options=({o!r},)" if isinstance(o, str) else
+                                    f"build: options must be a tuple of str (one NVRTC option each), got {o!r}")
 
 
 def compile_cpu(program: Program) -> Any:
@@ -243,7 +244,7 @@ def compile_cpu(program: Program) -> Any:
     n_params = len(program.args) + len(program.temps) + len(size_vars(program)) + 2
     # the native functions are called through ctypes, which passes at most MAX_NATIVE_ARGS arguments
     if n_params > MAX_NATIVE_ARGS:
-        raise ValueError(
+        raise ResourceLimitError(
             f"build: program {program.name!r} needs {len(program.args) + len(program.temps)} buffers "
             f"({len(program.args)} arguments, {len(program.temps)} temporaries): more than a native CPU call can "
             f"take ({MAX_NATIVE_ARGS} parameters); inline stages (s.compute_inline) or fuse them so that fewer "

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from loopir.errors import ArgumentError, ResourceLimitError
 from loopir.args import bind_args, size_of
 from loopir.nodes import Buffer, Program, Var
 from loopir.visit import buffers_of
@@ -49,7 +50,8 @@ class Module:
             pre.check(sizes)
         for buf, a in zip(self.program.args, arrays):
             if buf in self.written and not a.flags.writeable:
-                raise ValueError(f"argument {buf.name!r} is written by program {self.program.name!r} but is read-only")
+                raise ArgumentError(
+                    f"argument {buf.name!r} is written by program {self.program.name!r} but is read-only")
         return sizes
 
     def __call__(self, *arrays: Any) -> None:
@@ -89,7 +91,7 @@ class CpuModule(Module):
             for j in range(i + 1, len(args)):
                 if (args[i] in self.written or args[j] in self.written) and arrays[i].size and arrays[j].size:
                     if np.may_share_memory(arrays[i], arrays[j]):
-                        raise ValueError(
+                        raise ArgumentError(
                             f"arguments {args[i].name!r} and {args[j].name!r} overlap in memory and one of them "
                             "is written; pass separate arrays (copy one)"
                         )
@@ -99,10 +101,10 @@ class CpuModule(Module):
         out = []
         for v in self.size_vars:
             if v not in sizes:
-                raise ValueError(f"size variable {v.name!r} of program {self.program.name!r} has no value")
+                raise ArgumentError(f"size variable {v.name!r} of program {self.program.name!r} has no value")
             x = int(sizes[v])
             if not -INT64_MAX <= x <= INT64_MAX:
-                raise ValueError(f"size variable {v.name!r} = {x} does not fit in 64 bits")
+                raise ArgumentError(f"size variable {v.name!r} = {x} does not fit in 64 bits")
             out.append(x)
         return out
 
@@ -114,7 +116,7 @@ class CpuModule(Module):
             for d in shape:
                 nbytes *= d
             if nbytes > INT64_MAX // 2:
-                raise ValueError(f"temporary {t.name!r} of shape {shape} ({t.dtype}) is too large to allocate")
+                raise ResourceLimitError(f"temporary {t.name!r} of shape {shape} ({t.dtype}) is too large to allocate")
             shapes.append(shape)
         key = tuple(x for s in shapes for x in (len(s), *s))
         cached = getattr(self._local, "temps", None)

@@ -29,9 +29,11 @@ from .errors import (
     ArgumentTypeError,
     CodegenError,
     CudaCodegenError,
+    IslConversionError,
     LoopirError,
     NotFoundError,
     NotNestedError,
+    ResourceLimitError,
     RuntimeLaunchError,
     UnboundLoopError,
 )
@@ -56,9 +58,11 @@ __all__ = [
     "ArgumentTypeError",
     "CodegenError",
     "CudaCodegenError",
+    "IslConversionError",
     "LoopirError",
     "NotFoundError",
     "NotNestedError",
+    "ResourceLimitError",
     "RuntimeLaunchError",
     "UnboundLoopError",
 ]

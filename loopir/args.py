@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ArgumentError, ArgumentTypeError, NotFoundError
 from .dtypes import check_dtype
 from .nodes import Binary, Call, Cast, Compare, Const, Expr, Load, Logical, Program, Select, Unary, Var
 from .printer import expr_str
@@ -51,7 +52,7 @@ def eval_expr(e: Expr, env: Mapping[Var, int]) -> Any:
         return e.value
     if isinstance(e, Var):
         if e not in env:
-            raise ValueError(f"size variable {e.name!r} has no value here (expression {expr_str(e)})")
+            raise NotFoundError(f"size variable {e.name!r} has no value here (expression {expr_str(e)})")
         return env[e]
     if isinstance(e, Binary):
         a, b = eval_expr(e.a, env), eval_expr(e.b, env)
@@ -96,8 +97,8 @@ def eval_expr(e: Expr, env: Mapping[Var, int]) -> Any:
     if isinstance(e, Call) and e.fn in _CALLS:
         return _CALLS[e.fn](*(eval_expr(a, env) for a in e.args))
     if isinstance(e, Load):
-        raise ValueError(f"cannot evaluate a load of buffer {e.buffer.name!r} here (expression {expr_str(e)})")
-    raise ValueError(f"cannot evaluate {expr_str(e)} as a size expression")
+        raise ArgumentError(f"cannot evaluate a load of buffer {e.buffer.name!r} here (expression {expr_str(e)})")
+    raise ArgumentError(f"cannot evaluate {expr_str(e)} as a size expression")
 
 
 def _affine(e: Expr, env: Mapping[Var, int]) -> dict[Var | None, int] | None:
@@ -157,23 +158,23 @@ def bind_shapes(
     args = program.args
     if len(shapes) != len(args):
         names = ", ".join(b.name for b in args)
-        raise TypeError(f"program {program.name!r} takes {len(args)} argument(s) ({names}), got {len(shapes)}")
+        raise ArgumentTypeError(f"program {program.name!r} takes {len(args)} argument(s) ({names}), got {len(shapes)}")
     for buf, (shape, dtype) in zip(args, shapes):
         if dtype is not None:
             dt = np.dtype(dtype)
             if not dt.isnative:
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"argument {buf.name!r} has non-native byte order ({dt.str}); loopir reads and writes native "
                     f"{buf.dtype}: pass arr.astype(arr.dtype.newbyteorder('='))"
                 )
             got = dt.name
             if got != buf.dtype:
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"argument {buf.name!r} has dtype {got}, but program {program.name!r} expects {buf.dtype}"
                 )
         if len(shape) != len(buf.shape):
             decl = ", ".join(expr_str(d) for d in buf.shape)
-            raise ValueError(
+            raise ArgumentError(
                 f"argument {buf.name!r} has {len(shape)} dimension(s) {tuple(shape)}, "
                 f"but is declared with {len(buf.shape)}: [{decl}]"
             )
@@ -184,9 +185,9 @@ def bind_shapes(
     for key, value in (known or {}).items():
         var = key if isinstance(key, Var) else params_by_name.get(key)
         if var is None:
-            raise ValueError(f"size {key!r} is not a size variable of program {program.name!r}")
+            raise NotFoundError(f"size {key!r} is not a size variable of program {program.name!r}")
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"size {var.name!r} must be an integer, got {type(value).__name__} {value!r}")
+            raise ArgumentTypeError(f"size {var.name!r} must be an integer, got {type(value).__name__} {value!r}")
         env[var] = int(value)
         origin[var] = "given explicitly"
 
@@ -208,7 +209,7 @@ def bind_shapes(
             (v,) = unknown
             c, const_ = aff[v], aff.get(None, 0)
             if (actual - const_) % c != 0:
-                raise ValueError(
+                raise ArgumentError(
                     f"{_where(name, k, dim)} is {actual}, but no integer {v.name!r} gives that "
                     f"({expr_str(dim)} = {actual} needs {v.name} = {(actual - const_) / c:g})"
                 )
@@ -222,16 +223,16 @@ def bind_shapes(
             want = eval_expr(dim, env)
         except ValueError:
             missing = sorted(v.name for v in _vars(dim) if v not in env)
-            raise ValueError(
+            raise ArgumentError(
                 f"cannot infer size(s) {', '.join(missing)} from {_where(name, k, dim)} = {actual}; "
                 "pass them explicitly"
             ) from None
         if want != actual:
-            raise ValueError(_conflict(name, k, dim, actual, want, env, origin))
+            raise ArgumentError(_conflict(name, k, dim, actual, want, env, origin))
 
     for v in program.params:
         if v not in env:
-            raise ValueError(
+            raise ArgumentError(
                 f"size variable {v.name!r} of program {program.name!r} appears in no argument's shape; "
                 "pass it explicitly"
             )
@@ -265,14 +266,15 @@ def bind_args(program: Program, arrays: Sequence[Any], known: Mapping[Var | str,
     and return the value of every size variable."""
     if len(arrays) != len(program.args):
         names = ", ".join(b.name for b in program.args)
-        raise TypeError(f"program {program.name!r} takes {len(program.args)} argument(s) ({names}), got {len(arrays)}")
+        raise ArgumentTypeError(
+            f"program {program.name!r} takes {len(program.args)} argument(s) ({names}), got {len(arrays)}")
     for buf, a in zip(program.args, arrays):
         if not isinstance(a, np.ndarray):
-            raise TypeError(f"argument {buf.name!r} must be a numpy.ndarray, got {type(a).__name__}")
+            raise ArgumentTypeError(f"argument {buf.name!r} must be a numpy.ndarray, got {type(a).__name__}")
     env = bind_shapes(program, [(a.shape, a.dtype) for a in arrays], known)
     for buf, a in zip(program.args, arrays):
         if not a.flags.c_contiguous:
-            raise ValueError(
+            raise ArgumentError(
                 f"argument {buf.name!r} is not C-contiguous (strides {a.strides}); pass numpy.ascontiguousarray(...)"
             )
     return env

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import ArgumentTypeError
+
 DTYPES: tuple[str, ...] = ("float16", "float32", "float64", "int32", "int64", "bool")
 FLOATS = frozenset({"float16", "float32", "float64"})
 INTS = frozenset({"int32", "int64"})
@@ -24,7 +26,7 @@ def check_dtype(dtype: object, what: str = "dtype") -> str:
     if dtype == "float":
         dtype = "float32"
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise TypeError(f"unknown {what} {dtype!r}; loopir supports {', '.join(DTYPES)}")
+        raise ArgumentTypeError(f"unknown {what} {dtype!r}; loopir supports {', '.join(DTYPES)}")
     return dtype
 
 
@@ -51,7 +53,7 @@ def weak_scalar_dtype(value: object, other: str) -> str:
         return other if other != "bool" else INDEX
     if isinstance(value, float):
         return other if is_float(other) else "float64"
-    raise TypeError(f"cannot use {type(value).__name__} {value!r} in an expression")
+    raise ArgumentTypeError(f"cannot use {type(value).__name__} {value!r} in an expression")
 
 
 def np_dtype(dtype: str) -> np.dtype:

@@ -8,7 +8,9 @@
     │   └── ArgumentTypeError (TypeError)   ... of the wrong type
     ├── NotFoundError (LookupError, ValueError)   a name or handle that names nothing (here)
     ├── NotNestedError (ValueError)         loops that should be nested (perfectly) are not
+    ├── IslConversionError (ValueError)     an isl function with no loopir expression of the form asked
     ├── CodegenError (ValueError)           a program a target cannot compile as scheduled
+    │   ├── ResourceLimitError              ... beyond a limit of the target or machine (threads, memory)
     │   ├── codegen.llvm.types.CodegenError       the CPU (LLVM) target
     │   └── codegen.cuda.expr.CudaCodegenError    the CUDA target (UnboundLoopError below it)
     └── RuntimeLaunchError (RuntimeError)   the toolchain or device below the generated code failed
@@ -37,9 +39,11 @@ __all__ = [
     "ArgumentError",
     "ArgumentTypeError",
     "CodegenError",
+    "IslConversionError",
     "LoopirError",
     "NotFoundError",
     "NotNestedError",
+    "ResourceLimitError",
     "RuntimeLaunchError",
 ]
 
@@ -64,8 +68,19 @@ class NotNestedError(LoopirError, ValueError):
     """Loops a step needs nested (perfectly, or in a given order) are not."""
 
 
+class IslConversionError(LoopirError, ValueError):
+    """An isl (piecewise) affine function that has no loopir expression of the form asked: empty, not
+    one piece nor a max / min of its pieces, or naming a variable the caller did not give. Callers that
+    can over-approximate catch it (as ValueError, which it raised before)."""
+
+
 class CodegenError(LoopirError, ValueError):
     """A program that a target cannot compile as scheduled; the message names the offending thing."""
+
+
+class ResourceLimitError(CodegenError):
+    """A program or tile choice beyond a limit of the target or the machine: threads per block, grid
+    size, unrolled iterations, native call parameters, device memory, a temporary too large to allocate."""
 
 
 class CudaCodegenError(CodegenError):

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import islpy as isl
 
+from .errors import NotFoundError, NotNestedError
 from .isl_conv import NonAffine, _exists, _Names, _plus1, _sanitize, aff, aff_to_expr, cond, pw_bound
 from .nodes import Buffer, Const, Expr, For, Load, Program, Var, binary, const
 from .poly_model import _Builder
@@ -28,16 +29,16 @@ def footprint(program: Program, stmt_name: str, buffer: Buffer | str,
     b = _Builder(program)
     info = next((i for i in b.infos if i.store.name == stmt_name), None)
     if info is None:
-        raise ValueError(f"no statement {stmt_name!r} in program {program.name!r}")
+        raise NotFoundError(f"no statement {stmt_name!r} in program {program.name!r}")
     depth = next((k for k, lp in enumerate(info.loops) if lp.var is loop_var), None)
     if depth is None:
-        raise ValueError(f"loop {loop_var.name!r} does not surround statement {stmt_name!r}")
+        raise NotNestedError(f"loop {loop_var.name!r} does not surround statement {stmt_name!r}")
     st = info.store
     loads = [n for n in walk(st.value) if isinstance(n, Load)
              and (n.buffer is buffer or (isinstance(buffer, str) and n.buffer.name == buffer))]
     if not loads:
         name = buffer if isinstance(buffer, str) else buffer.name
-        raise ValueError(f"statement {stmt_name!r} does not read buffer {name!r}")
+        raise NotFoundError(f"statement {stmt_name!r} does not read buffer {name!r}")
     buf = loads[0].buffer
     # two tables: loop variables (bounds, guards, coords) and iteration variables (indices); a
     # freshly lowered loop variable IS its statement's iteration variable, so one table cannot hold both

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .errors import ArgumentError, ArgumentTypeError
 from . import interp_gpu_run
 from .args import bind_args, size_of
 from .interp_compile import _alloc, compiled, source
@@ -60,7 +61,7 @@ def run(
     if not isinstance(program, Program) and isinstance(getattr(program, "program", None), Program):
         program = program.program
     if not isinstance(program, Program):
-        raise TypeError(f"interp.run needs a loopir Program, got {type(program).__name__}")
+        raise ArgumentTypeError(f"interp.run needs a loopir Program, got {type(program).__name__}")
     env = bind_args(program, arrays, sizes)
     if gpu_order is not None:
         temps = [_alloc(size_of(t.shape, env), t.dtype) for t in program.temps]
@@ -69,7 +70,7 @@ def run(
     c = compiled(program, trace is not None)
     missing = [v.name for v in c.size_vars if v not in env]
     if missing:
-        raise ValueError(
+        raise ArgumentError(
             f"program {program.name!r} uses variable(s) {', '.join(repr(m) for m in missing)} that are neither "
             "loop variables around their use nor sizes of its arguments (pass sizes={...} for free sizes)"
         )

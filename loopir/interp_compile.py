@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ArgumentError, ArgumentTypeError
 from .dtypes import is_float, is_int
 from .nodes import (
     Allocate,
@@ -103,7 +104,7 @@ class _Compiler:
 
     def buffer(self, b: Buffer) -> tuple[str, tuple[str, ...]]:
         if b not in self.bufs:
-            raise ValueError(
+            raise ArgumentError(
                 f"program {self.program.name!r} uses buffer {b.name!r}, which is neither an argument, "
                 "a temporary, nor allocated around its use"
             )
@@ -158,7 +159,7 @@ class _Compiler:
             return f"({self.expr(e.a)} if {self.expr(e.cond)} else {self.expr(e.b)})"
         if isinstance(e, Cast):
             return self.cast(e)
-        raise TypeError(f"the interpreter cannot evaluate {type(e).__name__} {e!r}")
+        raise ArgumentTypeError(f"the interpreter cannot evaluate {type(e).__name__} {e!r}")
 
     def call(self, e: Call) -> str:
         x = self.expr(e.args[0])
@@ -173,7 +174,7 @@ class _Compiler:
             return f"({one} / ({one} + _np.exp(-{x})))"
         if e.fn == "erf":
             return f"{self.dtype_fn(e.dtype)}(_math.erf(float({x})))"
-        raise ValueError(f"the interpreter does not know the function {e.fn!r}")
+        raise ArgumentError(f"the interpreter does not know the function {e.fn!r}")
 
     def cast(self, e: Cast) -> str:
         x = self.expr(e.a)
@@ -229,7 +230,7 @@ class _Compiler:
         elif isinstance(s, For):
             lo, hi = self.expr(s.lo), self.expr(s.hi)
             if s.var in self.vars:
-                raise ValueError(f"loop variable {s.var.name!r} is bound by two nested loops")
+                raise ArgumentError(f"loop variable {s.var.name!r} is bound by two nested loops")
             name = self.fresh("v_" + s.var.name)
             self.vars[s.var] = name
             self.emit(depth, f"for {name} in range({lo}, {hi}):")
@@ -257,13 +258,14 @@ class _Compiler:
         elif isinstance(s, Store):
             self.store(s, depth)
         else:
-            raise TypeError(f"the interpreter cannot execute {type(s).__name__} {s!r}")
+            raise ArgumentTypeError(f"the interpreter cannot execute {type(s).__name__} {s!r}")
 
     def bind_iters(self, s: Store, depth: int) -> tuple[dict[Var, str | None], list[str]]:
         """Emit `iters[k] = coords[k]` for a statement instance: (the names they shadowed, to restore with
         `unbind_iters`; the Python names of the iteration variables' values)."""
         if len(s.iters) != len(s.coords):
-            raise ValueError(f"statement {s.name!r} has {len(s.iters)} iteration variables but {len(s.coords)} coords")
+            raise ArgumentError(
+                f"statement {s.name!r} has {len(s.iters)} iteration variables but {len(s.coords)} coords")
         # All coords first: they are in the loops around the statement now, before any iter is rebound.
         texts = [None if (c is it and it in self.vars) else self.expr(c) for it, c in zip(s.iters, s.coords)]
         saved: dict[Var, str | None] = {}
@@ -308,7 +310,7 @@ class _Compiler:
         prologue: list[str] = []
         for k, b in enumerate((*p.args, *p.temps)):
             if b in self.bufs:
-                raise ValueError(f"buffer {b.name!r} appears twice among the arguments and temps of {p.name!r}")
+                raise ArgumentError(f"buffer {b.name!r} appears twice among the arguments and temps of {p.name!r}")
             name, dims = self.declare_buffer(b)
             prologue.append(f"    {name} = _bufs[{k}]")
             if dims:

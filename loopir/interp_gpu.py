@@ -65,6 +65,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ArgumentError, ArgumentTypeError
 from .affine import polynomial
 from .gpu import REDUCE_OPS, is_reduction_loop, reduction_parts, reduction_stores, upper_extent
 from .dtypes import is_float
@@ -403,7 +404,7 @@ class _KernelCompiler(_Compiler):
             else:
                 self.gpu_store(s, depth)
         else:
-            raise TypeError(f"the interpreter cannot execute {type(s).__name__} {s!r}")
+            raise ArgumentTypeError(f"the interpreter cannot execute {type(s).__name__} {s!r}")
 
     def allocate(self, s: Allocate, depth: int, last: bool) -> None:
         b = s.buffer
@@ -460,7 +461,7 @@ class _KernelCompiler(_Compiler):
 
     def loop(self, f: For, depth: int, last: bool) -> None:
         if f.var in self.vars:
-            raise ValueError(f"loop variable {f.var.name!r} is bound by two nested loops")
+            raise ArgumentError(f"loop variable {f.var.name!r} is bound by two nested loops")
         if f.kind == "thread":
             if self.is_reduction(f):
                 self.reduction_loop(f, depth, last)
@@ -617,7 +618,7 @@ class _KernelCompiler(_Compiler):
             return False
         for x in loops:
             if x.var in self.vars:
-                raise ValueError(f"loop variable {x.var.name!r} is bound by two nested loops")
+                raise ArgumentError(f"loop variable {x.var.name!r} is bound by two nested loops")
         dims = [int(x.hi.value) for x in loops]  # type: ignore[attr-defined]
         total = math.prod(dims)
         self.k.cooperative.append(inner.name)
@@ -683,7 +684,7 @@ class _KernelCompiler(_Compiler):
         prologue: list[str] = []
         for k, b in enumerate((*p.args, *p.temps)):
             if b in self.bufs:
-                raise ValueError(f"buffer {b.name!r} appears twice among the arguments and temps of {p.name!r}")
+                raise ArgumentError(f"buffer {b.name!r} appears twice among the arguments and temps of {p.name!r}")
             name, dims = self.declare_buffer(b)
             if b in used:
                 prologue.append(f"    {name} = _bufs[{k}]")

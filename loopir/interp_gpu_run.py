@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ArgumentError, ResourceLimitError
 from .args import eval_expr
 from .dtypes import is_float
 from . import interp_gpu
@@ -231,7 +232,7 @@ def run(program: Program, bufs: list[np.ndarray], env: Mapping[Var, int], gpu_or
     """Run `program` on `bufs` (arguments, then temps) in the GPU mode (see the module docstring);
     called by `loopir.interp.run(..., gpu_order=...)`, which checks the arguments and infers `env`."""
     if isinstance(gpu_order, bool) or not (gpu_order in ORDERS or isinstance(gpu_order, int)):
-        raise ValueError(f"gpu_order must be None, 'reversed', 'forward' or an int seed, got {gpu_order!r}")
+        raise ArgumentError(f"gpu_order must be None, 'reversed', 'forward' or an int seed, got {gpu_order!r}")
     order: str | random.Random = gpu_order if isinstance(gpu_order, str) else random.Random(gpu_order)
     c = compiled(program, trace is not None)
     env = dict(env)
@@ -239,7 +240,7 @@ def run(program: Program, bufs: list[np.ndarray], env: Mapping[Var, int], gpu_or
     def launch(k: _Kernel) -> None:
         missing = [v.name for v in k.size_vars if v not in env]
         if missing:
-            raise ValueError(
+            raise ArgumentError(
                 f"program {program.name!r} uses variable(s) {', '.join(repr(m) for m in missing)} that are neither "
                 "loop variables around their use nor sizes of its arguments (pass sizes={...} for free sizes)")
         sizes = [env[v] for v in k.size_vars]
@@ -247,8 +248,9 @@ def run(program: Program, bufs: list[np.ndarray], env: Mapping[Var, int], gpu_or
         if min(grid) <= 0 or min(bdim) <= 0:
             return  # an empty launch: the runtime skips it
         if bdim[0] * bdim[1] * bdim[2] > _MAX_THREADS:
-            raise ValueError(f"kernel {k.name!r} needs block {bdim}, more than {_MAX_THREADS} threads: CUDA cannot "
-                             "launch it; split the bound loops differently")
+            raise ResourceLimitError(
+                f"kernel {k.name!r} needs block {bdim}, more than {_MAX_THREADS} threads: CUDA cannot "
+                "launch it; split the bound loops differently")
         nb = grid[0] * grid[1] * grid[2]
         blocks = list(range(nb))
         if isinstance(order, random.Random):

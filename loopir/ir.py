@@ -20,6 +20,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from .errors import ArgumentError, ArgumentTypeError
 from .dtypes import check_dtype
 from .nodes import (
     Allocate,
@@ -48,12 +49,12 @@ def buffer(shape: Sequence[ExprLike], dtype: str = "float32", name: str | None =
     if name is None:
         name = f"buf{next(_auto_names)}"
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"buffer name {name!r} is not an identifier")
+        raise ArgumentError(f"buffer name {name!r} is not an identifier")
     if isinstance(shape, (int, Expr)):
         shape = (shape,)
     dims = tuple(as_index(d, f"dimension {k} of buffer {name!r}") for k, d in enumerate(shape))
     if scope not in SCOPES:
-        raise ValueError(f"unknown scope {scope!r} for buffer {name!r}; known: {', '.join(SCOPES)}")
+        raise ArgumentError(f"unknown scope {scope!r} for buffer {name!r}; known: {', '.join(SCOPES)}")
     return Buffer(name, dims, check_dtype(dtype, f"dtype of buffer {name!r}"), scope)
 
 
@@ -73,7 +74,7 @@ class Builder:
 
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"program name {name!r} is not an identifier")
+            raise ArgumentError(f"program name {name!r} is not an identifier")
         self.name = name
         self._frames: list[_Frame] = [_Frame("program")]
         self._names: set[str] = set()
@@ -91,17 +92,17 @@ class Builder:
         open_vars = set(self._enclosing())
         for v in free_vars(e):
             if v in self._loop_vars and v not in open_vars:
-                raise ValueError(f"loop variable {v.name!r} is used outside its loop, in {what}")
+                raise ArgumentError(f"loop variable {v.name!r} is used outside its loop, in {what}")
 
     @contextmanager
     def loop(self, name: str, lo: ExprLike, hi: ExprLike, kind: str = "serial") -> Iterator[Var]:
         """`for name in range(lo, hi)` (half-open); yields the loop variable."""
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"loop name {name!r} is not an identifier")
+            raise ArgumentError(f"loop name {name!r} is not an identifier")
         if any(v.name == name for v in self._enclosing()):
-            raise ValueError(f"loop {name!r} is nested inside another loop named {name!r}; use a different name")
+            raise ArgumentError(f"loop {name!r} is nested inside another loop named {name!r}; use a different name")
         if kind not in ("serial", "parallel", "unroll", "vectorize"):
-            raise ValueError(f"unknown loop kind {kind!r} for loop {name!r} (bind GPU axes with a schedule)")
+            raise ArgumentError(f"unknown loop kind {kind!r} for loop {name!r} (bind GPU axes with a schedule)")
         lo_e = as_index(lo, f"lower bound of loop {name!r}")
         hi_e = as_index(hi, f"upper bound of loop {name!r}")
         for bound in (lo_e, hi_e):
@@ -122,7 +123,7 @@ class Builder:
         """`if cond:` around the statements of the block."""
         if not isinstance(cond, Expr) or cond.dtype != "bool":
             shown = f"{cond} of dtype {cond.dtype}" if isinstance(cond, Expr) else repr(cond)
-            raise TypeError(f"the condition of if_ must be a comparison (dtype bool), got {shown}")
+            raise ArgumentTypeError(f"the condition of if_ must be a comparison (dtype bool), got {shown}")
         self._check_scope(cond, "an if_ condition")
         frame = _Frame("if")
         self._frames.append(frame)
@@ -137,7 +138,7 @@ class Builder:
         """`else:` for the `if_` block just closed at this level."""
         parent = self._frames[-1].stmts
         if not parent or not isinstance(parent[-1], If) or parent[-1].orelse is not None:
-            raise ValueError("else_() must directly follow an if_() block (without an else) at the same level")
+            raise ArgumentError("else_() must directly follow an if_() block (without an else) at the same level")
         frame = _Frame("else")
         self._frames.append(frame)
         try:
@@ -179,15 +180,15 @@ class Builder:
     def store(self, buf: Buffer, idx: ExprLike | Sequence[ExprLike], value: ExprLike, name: str | None = None) -> Store:
         """`buf[idx] = value` as a statement named `name` (default S0, S1, ...)."""
         if not isinstance(buf, Buffer):
-            raise TypeError(f"store() needs a buffer made with ir.buffer, got {type(buf).__name__} {buf!r}")
+            raise ArgumentTypeError(f"store() needs a buffer made with ir.buffer, got {type(buf).__name__} {buf!r}")
         if name is None:
             while f"S{self._counter}" in self._names:
                 self._counter += 1
             name = f"S{self._counter}"
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"statement name {name!r} is not an identifier")
+            raise ArgumentError(f"statement name {name!r} is not an identifier")
         if name in self._names:
-            raise ValueError(f"duplicate statement name {name!r} in program {self.name!r}")
+            raise ArgumentError(f"duplicate statement name {name!r} in program {self.name!r}")
         indices = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
         if len(indices) != len(buf.shape):
             raise IndexError(
@@ -197,19 +198,19 @@ class Builder:
         ix = tuple(as_index(i, f"index {k} of the store {name!r} to {buf.name!r}") for k, i in enumerate(indices))
         if isinstance(value, Expr):
             if value.dtype != buf.dtype:
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"statement {name!r} stores a {value.dtype} value into buffer {buf.name!r} of dtype {buf.dtype}; "
                     f"cast it explicitly (te.cast({buf.dtype!r}, ...))"
                 )
             val = value
         elif isinstance(value, (bool, int, float)):
             if isinstance(value, float) and buf.dtype in ("int32", "int64", "bool"):
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"statement {name!r} stores float {value!r} into buffer {buf.name!r} of dtype {buf.dtype}"
                 )
             val = as_expr(value, buffer_like(buf))
         else:
-            raise TypeError(f"statement {name!r}: cannot store {type(value).__name__} {value!r}")
+            raise ArgumentTypeError(f"statement {name!r}: cannot store {type(value).__name__} {value!r}")
         iters = tuple(self._enclosing())
         st = Store(name, buf, ix, val, iters, iters)
         self._check_scope(st, f"statement {name!r}")
@@ -228,19 +229,20 @@ class Builder:
         args = tuple(args)
         for a in args:
             if not isinstance(a, Buffer):
-                raise TypeError(f"arguments of program {self.name!r} must be buffers, got {type(a).__name__} {a!r}")
+                raise ArgumentTypeError(
+                    f"arguments of program {self.name!r} must be buffers, got {type(a).__name__} {a!r}")
         seen: set[Buffer] = set()
         for a in args:
             if a in seen:
-                raise ValueError(f"buffer {a.name!r} is given twice in the arguments of program {self.name!r}")
+                raise ArgumentError(f"buffer {a.name!r} is given twice in the arguments of program {self.name!r}")
             seen.add(a)
         for t in self._temps:
             if t in seen:
-                raise ValueError(f"buffer {t.name!r} is both a temp and an argument of program {self.name!r}")
+                raise ArgumentError(f"buffer {t.name!r} is both a temp and an argument of program {self.name!r}")
         names = [b.name for b in (*args, *self._temps)]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
-            raise ValueError(f"two different buffers named {dup[0]!r} in program {self.name!r}")
+            raise ArgumentError(f"two different buffers named {dup[0]!r} in program {self.name!r}")
         body = seq(*self._frames[0].stmts)
 
         allocated = {n.buffer for n in walk(body) if isinstance(n, Allocate)}
@@ -252,7 +254,7 @@ class Builder:
         known = seen | set(self._temps) | allocated
         stray = [b.name for b in used if b not in known]
         if stray:
-            raise ValueError(
+            raise ArgumentError(
                 f"program {self.name!r} uses buffer(s) {', '.join(repr(s) for s in stray)} that are not among its "
                 "arguments; pass them to finish() or create them with Builder.temp"
             )

@@ -12,6 +12,7 @@ from typing import Any
 
 import islpy as isl
 
+from .errors import IslConversionError
 from .affine import _collect, _const_int, _is_int_expr, _rebuild, simplify_affine
 from .names import fresh, sanitize
 from .nodes import Binary, Cast, Compare, Const, Expr, Logical, Unary, Var, binary, const
@@ -183,7 +184,7 @@ def pw_to_expr(pw: isl.PwAff, vars_by_name: dict[str, Var], what: str = "bound",
         return aff_to_expr(pieces[0][1], vars_by_name)
     pieces = pw.get_pieces()
     if not pieces:
-        raise ValueError(f"the {what} is empty (no iteration)")
+        raise IslConversionError(f"the {what} is empty (no iteration)")
     if len(pieces) == 1:
         return aff_to_expr(pieces[0][1], vars_by_name)
     dom = pw.domain()
@@ -211,7 +212,7 @@ def pw_to_expr(pw: isl.PwAff, vars_by_name: dict[str, Var], what: str = "bound",
         for a in affs[1:]:
             out = binary(op, out, aff_to_expr(a, vars_by_name))
         return simplify_affine(out)
-    raise ValueError(f"the {what} {pw} is not a max or min of affine pieces")
+    raise IslConversionError(f"the {what} {pw} is not a max or min of affine pieces")
 
 
 def aff_to_expr(a: isl.Aff, vars_by_name: dict[str, Var]) -> Expr:
@@ -230,7 +231,7 @@ def aff_to_expr(a: isl.Aff, vars_by_name: dict[str, Var]) -> Expr:
             if c:
                 name = a.get_dim_name(t, k)
                 if name not in vars_by_name:
-                    raise ValueError(f"unknown variable {name!r} in {a}")
+                    raise IslConversionError(f"unknown variable {name!r} in {a}")
                 terms.append((vars_by_name[name], c))
     for k in range(a.dim(isl.dim_type.div)):
         c = coef(isl.dim_type.div, k)

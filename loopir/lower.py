@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .errors import ArgumentError, ArgumentTypeError
 from . import nodes
 from .nodes import Buffer, Const, Expr, For, Program, Stmt, Store, Var
 from .te import ComputeOp, PlaceholderOp, Reduce, Tensor, identity
@@ -31,7 +32,7 @@ def _as_list(x: Tensor | Sequence[Tensor], what: str) -> list[Tensor]:
     xs = [x] if isinstance(x, Tensor) else list(x)
     for t in xs:
         if not isinstance(t, Tensor):
-            raise TypeError(f"lower: {what} must be te tensors, got {type(t).__name__} {t!r}")
+            raise ArgumentTypeError(f"lower: {what} must be te tensors, got {type(t).__name__} {t!r}")
     return xs
 
 
@@ -46,7 +47,7 @@ def _topo(roots: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
         if s == 2:
             return
         if s == 1:  # cannot be built with te (a tensor exists before its readers), but stay safe
-            raise ValueError(f"lower: tensor {t.name!r} depends on itself")
+            raise ArgumentError(f"lower: tensor {t.name!r} depends on itself")
         state[id(t)] = 1
         if isinstance(t.op, ComputeOp):
             for u in t.op.inputs:
@@ -66,14 +67,14 @@ def _check_names(tensors: list[Tensor]) -> None:
     for t in tensors:
         other = seen.setdefault(t.name, t)
         if other is not t:
-            raise ValueError(
+            raise ArgumentError(
                 f"lower: two different tensors are named {t.name!r} in one program "
                 f"({other!r} and {t!r}); give each tensor its own name"
             )
     stmt_names = {t.name for t in tensors}
     for t in tensors:
         if isinstance(t.op, ComputeOp) and isinstance(t.op.body, Reduce) and f"{t.name}_init" in stmt_names:
-            raise ValueError(
+            raise ArgumentError(
                 f"lower: the init statement of reduction {t.name!r} would be named {t.name + '_init'!r}, "
                 "which is the name of another tensor"
             )
@@ -113,10 +114,10 @@ def lower(
     intermediates become `temps`. A placeholder read but missing from `args` is refused."""
     outs = _as_list(outputs, "outputs")
     if not outs:
-        raise ValueError("lower: no outputs given")
+        raise ArgumentError("lower: no outputs given")
     for t in outs:
         if isinstance(t.op, PlaceholderOp):
-            raise TypeError(f"lower: output {t.name!r} is a placeholder; there is nothing to compute")
+            raise ArgumentTypeError(f"lower: output {t.name!r} is a placeholder; there is nothing to compute")
     arg_list = None if args is None else _as_list(args, "args")
     roots = outs + [t for t in (arg_list or []) if isinstance(t.op, ComputeOp)]
     stages, placeholders = _topo(roots)
@@ -128,17 +129,17 @@ def lower(
         seen: set[int] = set()
         for t in arg_list:
             if id(t) in seen:
-                raise ValueError(f"lower: tensor {t.name!r} appears twice in args")
+                raise ArgumentError(f"lower: tensor {t.name!r} appears twice in args")
             seen.add(id(t))
         for t in placeholders:
             if id(t) not in seen:
-                raise ValueError(
+                raise ArgumentError(
                     f"lower: placeholder {t.name!r} is read but is not among the args "
                     f"({', '.join(a.name for a in arg_list)})"
                 )
         for t in outs:
             if id(t) not in seen:
-                raise ValueError(f"lower: output {t.name!r} is not among the args")
+                raise ArgumentError(f"lower: output {t.name!r} is not among the args")
 
     arg_ids = {id(t) for t in arg_list}
     temps = [t for t in stages if id(t) not in arg_ids]
@@ -196,7 +197,7 @@ def _check_params(params: tuple[Var, ...], args: tuple[Buffer, ...]) -> None:
             known |= free_vars(e)
     for v in params:
         if v not in known:
-            raise ValueError(
+            raise ArgumentError(
                 f"lower: size variable {v.name!r} appears in no argument's shape, so no call can determine it; "
                 "add a tensor shaped by it to the args"
             )
@@ -208,7 +209,7 @@ def _check_var_names(params: tuple[Var, ...], stages: list[Tensor], tensors: lis
     taken: dict[str, str] = {t.name: f"tensor {t.name!r}" for t in tensors}
     for v in params:
         if v.name in taken:
-            raise ValueError(
+            raise ArgumentError(
                 f"lower: two things are named {v.name!r}: the size variable {v.name!r} and the {taken[v.name]}; "
                 "give each size variable (te.var) its own name"
             )
@@ -219,9 +220,9 @@ def _check_var_names(params: tuple[Var, ...], stages: list[Tensor], tensors: lis
         local: set[str] = set()
         for v in op.axis + op.reduce_axis:
             if v.name in local:
-                raise ValueError(f"lower: stage {t.name!r} has two loop variables named {v.name!r}; rename one")
+                raise ArgumentError(f"lower: stage {t.name!r} has two loop variables named {v.name!r}; rename one")
             if v.name in taken:
-                raise ValueError(
+                raise ArgumentError(
                     f"lower: loop variable {v.name!r} of stage {t.name!r} has the name of the {taken[v.name]}"
                 )
             local.add(v.name)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any, Literal, Union
 
+from .errors import ArgumentError, ArgumentTypeError
 from .dtypes import INDEX, check_dtype, is_float, is_int, promote, weak_scalar_dtype
 
 # str() of a node prints it with loopir.printer, which imports this module: the printer fills this
@@ -143,13 +144,13 @@ class Expr(Node):
         return Logical("not", self, None)
 
     def __bool__(self) -> bool:
-        raise TypeError(
+        raise ArgumentTypeError(
             "a loopir expression has no truth value at trace time; "
             "use te.where(cond, a, b) for a choice and & / | to combine conditions"
         )
 
     def __index__(self) -> int:
-        raise TypeError(f"loopir expression {self} cannot be used as a Python int")
+        raise ArgumentTypeError(f"loopir expression {self} cannot be used as a Python int")
 
     def __str__(self) -> str:
         return PRINTERS["expr"](self)
@@ -420,21 +421,21 @@ def as_expr(x: ExprLike, like: Expr | None = None) -> Expr:
         if like is None:
             return const(x)
         return const(x, weak_scalar_dtype(x, like.dtype))
-    raise TypeError(f"cannot use {type(x).__name__} {x!r} in a loopir expression")
+    raise ArgumentTypeError(f"cannot use {type(x).__name__} {x!r} in a loopir expression")
 
 
 def as_index(x: ExprLike, what: str = "index") -> Expr:
     """An integer index expression; floats and non-numbers are refused, naming `what`."""
     x = _py_scalar(x)  # type: ignore[assignment]
     if isinstance(x, bool) or (isinstance(x, float)):
-        raise TypeError(f"{what} must be an integer, got {type(x).__name__} {x!r}")
+        raise ArgumentTypeError(f"{what} must be an integer, got {type(x).__name__} {x!r}")
     if isinstance(x, int):
         return const(x, INDEX)
     if isinstance(x, Expr):
         if not is_int(x.dtype):
-            raise TypeError(f"{what} must be an integer expression, got {x} of dtype {x.dtype}")
+            raise ArgumentTypeError(f"{what} must be an integer expression, got {x} of dtype {x.dtype}")
         return x
-    raise TypeError(f"{what} must be an integer, got {type(x).__name__} {x!r}")
+    raise ArgumentTypeError(f"{what} must be an integer, got {type(x).__name__} {x!r}")
 
 
 def _coerce(a: ExprLike, b: ExprLike) -> tuple[Expr, Expr]:
@@ -467,7 +468,7 @@ def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
     """a <op> b with the promotion rule and folding of constants, x+0, x*1, x*0 (ints)."""
     a, b = _coerce(a, b)
     if a.dtype == "bool" and b.dtype == "bool":
-        raise TypeError(f"arithmetic '{op}' on two conditions; use & and | to combine conditions")
+        raise ArgumentTypeError(f"arithmetic '{op}' on two conditions; use & and | to combine conditions")
     dtype = promote(a.dtype, b.dtype)
     if op == "div" and not is_float(dtype):
         dtype = "float64"  # true division of integers, as numpy
@@ -506,7 +507,7 @@ def _is(e: Expr, v: int) -> bool:
 def power(base: Expr, exponent: object) -> Expr:
     """base ** n for a Python integer n, as repeated multiplication."""
     if isinstance(exponent, bool) or not isinstance(exponent, int):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"'**' takes an integer exponent, got {type(exponent).__name__} {exponent!r}; "
             "use te.exp(y * te.log(x)) for a general power"
         )
@@ -541,7 +542,7 @@ def logical(op: str, a: ExprLike, b: ExprLike) -> Expr:
     a, b = as_expr(a), as_expr(b)
     for x in (a, b):
         if x.dtype != "bool":
-            raise TypeError(f"'&' / '|' combine conditions; {x} has dtype {x.dtype}, not bool")
+            raise ArgumentTypeError(f"'&' / '|' combine conditions; {x} has dtype {x.dtype}, not bool")
     return Logical(op, a, b)
 
 
@@ -558,12 +559,12 @@ def cast(dtype: str, a: ExprLike) -> Expr:
 def call(fn: str, *args: ExprLike) -> Expr:
     """A math function of the language; integers are computed in float64 (as numpy)."""
     if fn not in CALL_FNS:
-        raise ValueError(f"unknown math function {fn!r}; known: {', '.join(CALL_FNS)}")
+        raise ArgumentError(f"unknown math function {fn!r}; known: {', '.join(CALL_FNS)}")
     xs = [as_expr(a) for a in args]
     dtype = xs[0].dtype
     if fn == "abs":
         if dtype == "bool":
-            raise TypeError("abs of a condition")
+            raise ArgumentTypeError("abs of a condition")
         return Call(fn, tuple(xs), dtype)
     if not is_float(dtype):
         dtype = "float64"
@@ -574,7 +575,7 @@ def call(fn: str, *args: ExprLike) -> Expr:
 def select(cond: ExprLike, a: ExprLike, b: ExprLike) -> Expr:
     c = as_expr(cond)
     if c.dtype != "bool":
-        raise TypeError(f"the condition of where() must be a comparison, got {c} of dtype {c.dtype}")
+        raise ArgumentTypeError(f"the condition of where() must be a comparison, got {c} of dtype {c.dtype}")
     a, b = _coerce(a, b)
     dtype = promote(a.dtype, b.dtype)
     return Select(c, cast(dtype, a), cast(dtype, b), dtype)

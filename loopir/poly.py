@@ -28,7 +28,7 @@ from typing import Any
 import islpy as isl
 
 from .affine import _const_int, _is_int_expr, eval_index, simplify_affine
-from .errors import LoopirError
+from .errors import LoopirError, NotFoundError
 from .footprint import _union_box, footprint
 from .isl_conv import (
     _CMP,
@@ -482,7 +482,7 @@ def _loop_depth(program: Program, loop_var: Var) -> tuple[int, set[str]]:
                 depth = k
                 inside.add(info.store.name)
     if depth < 0:
-        raise ValueError(f"loop {loop_var.name!r} is not in program {program.name!r}")
+        raise NotFoundError(f"loop {loop_var.name!r} is not in program {program.name!r}")
     return depth, inside
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from .errors import ArgumentTypeError
 from .nodes import (
     PRINTERS,
     Allocate,
@@ -110,7 +111,7 @@ def _expr(e: Expr) -> tuple[str, int]:
         return f"where({expr_str(e.cond)}, {expr_str(e.a)}, {expr_str(e.b)})", _ATOM
     if isinstance(e, Cast):
         return f"{e.dtype}({expr_str(e.a)})", _ATOM
-    raise TypeError(f"cannot print {type(e).__name__} {e!r} as an expression")
+    raise ArgumentTypeError(f"cannot print {type(e).__name__} {e!r} as an expression")
 
 
 def _paren(e: Expr, prec: int, right: bool) -> str:
@@ -187,7 +188,7 @@ def _lines(s: Stmt, depth: int, marks: dict[Var, str], out: list[str]) -> None:
         out.append(f"{pad}kernel {s.name}<<<({dims(s.grid)}), ({dims(s.block)})>>>:  # {'; '.join(notes)}")
         _lines(s.body, depth + 1, marks, out)
     else:
-        raise TypeError(f"cannot print {type(s).__name__} {s!r} as a statement")
+        raise ArgumentTypeError(f"cannot print {type(s).__name__} {s!r} as a statement")
 
 
 def stmt_str(s: Stmt, marks: dict[Var, str] | None = None, depth: int = 0) -> str:

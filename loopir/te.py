@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ArgumentError, ArgumentTypeError
 from . import nodes
 from .dtypes import DTYPES, INDEX, check_dtype, is_float, is_int
 from .nodes import Buffer, Const, Expr, ExprLike, Load, Var
@@ -144,9 +145,10 @@ class Tensor:
         out = []
         for k, i in enumerate(idx):
             if isinstance(i, Tensor):
-                raise TypeError(f"index {k} of tensor {self.name!r} is the tensor {i.name!r}; index it first")
+                raise ArgumentTypeError(f"index {k} of tensor {self.name!r} is the tensor {i.name!r}; index it first")
             if isinstance(i, slice):
-                raise TypeError(f"index {k} of tensor {self.name!r} is a slice; te indexes one element at a time")
+                raise ArgumentTypeError(
+                    f"index {k} of tensor {self.name!r} is a slice; te indexes one element at a time")
             out.append(nodes.as_index(_py(i), f"index {k} of tensor {self.name!r}"))
         return Load(self.buffer, tuple(out))
 
@@ -154,7 +156,7 @@ class Tensor:
         return True
 
     def __iter__(self) -> Any:
-        raise TypeError(f"tensor {self.name!r} is not iterable; index it as {self.name}[i, ...]")
+        raise ArgumentTypeError(f"tensor {self.name!r} is not iterable; index it as {self.name}[i, ...]")
 
     def __repr__(self) -> str:
         dims = ", ".join(_show(s) for s in self.shape) + ("," if len(self.shape) == 1 else "")
@@ -189,13 +191,13 @@ def var(name: str = "n", dtype: str = INDEX) -> Var:
     """A symbolic integer size. Arithmetic on it (`n - 1`, `2 * n`, `n // 2`) builds expressions."""
     _check_name(name, "size variable")
     if check_dtype(dtype, f"dtype of size variable {name!r}") not in ("int32", "int64"):
-        raise TypeError(f"size variable {name!r} must be an integer, not {dtype}")
+        raise ArgumentTypeError(f"size variable {name!r} must be an integer, not {dtype}")
     return Var(name, INDEX)
 
 
 def _check_name(name: object, what: str) -> str:
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"the name of a {what} must be an identifier, got {name!r}")
+        raise ArgumentError(f"the name of a {what} must be an identifier, got {name!r}")
     return name
 
 
@@ -207,20 +209,20 @@ def _shape(shape: SizeLike | Sequence[SizeLike], who: str) -> tuple[Expr, ...]:
     if isinstance(shape, (int, np.integer, Expr)) and not isinstance(shape, bool):
         shape = (shape,)
     if not isinstance(shape, (tuple, list)):
-        raise TypeError(f"the shape of {who} must be a tuple of sizes, got {type(shape).__name__} {shape!r}")
+        raise ArgumentTypeError(f"the shape of {who} must be a tuple of sizes, got {type(shape).__name__} {shape!r}")
     out = []
     for k, s in enumerate(map(_py, shape)):
         what = f"shape entry {k} of {who}"
         if isinstance(s, (bool, float)):
-            raise TypeError(f"{what} must be an integer or a size variable, got {type(s).__name__} {s!r}")
+            raise ArgumentTypeError(f"{what} must be an integer or a size variable, got {type(s).__name__} {s!r}")
         e = nodes.as_index(s, what)
         if isinstance(e, Const) and e.value < 0:
-            raise ValueError(f"{what} is negative: {e.value}")
+            raise ArgumentError(f"{what} is negative: {e.value}")
         for n in _walk(e):
             if isinstance(n, Load):
-                raise TypeError(f"{what} reads tensor {n.buffer.name!r}; shapes use only sizes")
+                raise ArgumentTypeError(f"{what} reads tensor {n.buffer.name!r}; shapes use only sizes")
             if isinstance(n, Var) and (n in _AXIS_OWNER or n in _REDUCE_DOM):
-                raise ValueError(
+                raise ArgumentError(
                     f"{what} uses the loop variable {n.name!r}; shapes use only size variables (te.var)"
                 )
         out.append(e)
@@ -241,14 +243,14 @@ def reduce_axis(dom: SizeLike | tuple[SizeLike, SizeLike], name: str = "k") -> V
     _check_name(name, "reduce axis")
     if isinstance(dom, (tuple, list)):
         if len(dom) != 2:
-            raise TypeError(f"reduce axis {name!r}: give an extent or a (lo, hi) pair, got {dom!r}")
+            raise ArgumentTypeError(f"reduce axis {name!r}: give an extent or a (lo, hi) pair, got {dom!r}")
         lo_, hi_ = dom
     else:
         lo_, hi_ = 0, dom
     lo = nodes.as_index(_py(lo_), f"lower bound of reduce axis {name!r}")
     hi = nodes.as_index(_py(hi_), f"upper bound of reduce axis {name!r}")
     if isinstance(lo, Const) and isinstance(hi, Const) and hi.value < lo.value:
-        raise ValueError(f"reduce axis {name!r} has an empty negative range [{lo.value}, {hi.value})")
+        raise ArgumentError(f"reduce axis {name!r} has an empty negative range [{lo.value}, {hi.value})")
     v = Var(name, INDEX)
     _REDUCE_DOM[v] = (lo, hi)
     return v
@@ -256,11 +258,11 @@ def reduce_axis(dom: SizeLike | tuple[SizeLike, SizeLike], name: str = "k") -> V
 
 def _lambda_arity(fcompute: Callable[..., Any], ndim: int, name: str) -> list[str]:
     if not callable(fcompute):
-        raise TypeError(f"compute {name!r}: the body must be a function of the indices, got {fcompute!r}")
+        raise ArgumentTypeError(f"compute {name!r}: the body must be a function of the indices, got {fcompute!r}")
     try:
         sig = inspect.signature(fcompute)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"compute {name!r}: cannot read the parameters of {fcompute!r}") from e
+        raise ArgumentTypeError(f"compute {name!r}: cannot read the parameters of {fcompute!r}") from e
     names: list[str] = []
     for p in sig.parameters.values():
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
@@ -270,7 +272,7 @@ def _lambda_arity(fcompute: Callable[..., Any], ndim: int, name: str) -> list[st
         elif p.kind == p.VAR_POSITIONAL and len(names) <= ndim:  # lambda *idx: one variable per dimension
             return names + [f"{p.name}{k}" for k in range(ndim - len(names))]
     if len(names) != ndim:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"compute {name!r}: the lambda takes {len(names)} index argument(s) "
             f"({', '.join(names) or 'none'}) but the shape has {ndim} dimension(s)"
         )
@@ -300,26 +302,26 @@ def compute(shape: SizeLike | Sequence[SizeLike], fcompute: Callable[..., ExprLi
 def _compute(name: str, shp: tuple[Expr, ...], axis: tuple[Var, ...], fcompute: Callable[..., ExprLike]) -> Tensor:
     result = fcompute(*axis)
     if isinstance(result, Tensor):
-        raise TypeError(f"compute {name!r}: the lambda returned the tensor {result.name!r}; index it")
+        raise ArgumentTypeError(f"compute {name!r}: the lambda returned the tensor {result.name!r}; index it")
     try:
         body = nodes.as_expr(result)
     except TypeError as e:
-        raise TypeError(f"compute {name!r}: the lambda must return an expression, got {result!r}") from e
+        raise ArgumentTypeError(f"compute {name!r}: the lambda must return an expression, got {result!r}") from e
     if isinstance(body, Reduce):
         red_axes = body.axis
         if any(isinstance(n, Reduce) for n in _walk(body.body)):
-            raise ValueError(f"compute {name!r}: a reduction inside a reduction; give the inner one its own stage")
+            raise ArgumentError(f"compute {name!r}: a reduction inside a reduction; give the inner one its own stage")
     else:
         red_axes = ()
         if any(isinstance(n, Reduce) for n in _walk(body)):
-            raise ValueError(
+            raise ArgumentError(
                 f"compute {name!r}: a reduction must be the whole body of its stage (te.sum(...) alone); "
                 "compute it in its own stage and combine it in the stage that reads it"
             )
     for k in red_axes:
         owner = _REDUCE_OWNER.get(k)
         if owner is not None and owner != name:
-            raise ValueError(
+            raise ArgumentError(
                 f"compute {name!r}: reduce axis {k.name!r} belongs to the reduction of stage {owner!r}; "
                 "create a new te.reduce_axis for each reduction"
             )
@@ -349,16 +351,16 @@ def _refuse_var(stage: str, v: Var, where: str) -> None:
     if v in _REDUCE_DOM:
         owner = _REDUCE_OWNER.get(v)
         if owner is not None and owner != stage:
-            raise ValueError(
+            raise ArgumentError(
                 f"compute {stage!r}: reduce axis {v.name!r} in {where} belongs to the reduction of stage {owner!r}"
             )
-        raise ValueError(
+        raise ArgumentError(
             f"compute {stage!r}: reduce axis {v.name!r} is used in {where}, outside a reduction over it; "
             f"wrap it in te.sum/max/min(..., axis={v.name})"
         )
     if v in _AXIS_OWNER:
         owner = _AXIS_OWNER[v]
-        raise ValueError(
+        raise ArgumentError(
             f"compute {stage!r}: variable {v.name!r} is a loop variable of stage {owner!r}, "
             f"used in {where} of another stage"
         )
@@ -379,7 +381,7 @@ def _inputs(stage: str, body: Expr) -> tuple[Tensor, ...]:
         if isinstance(n, Load) and id(n.buffer) not in seen:
             t = tensor_of(n.buffer)
             if t is None:
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"compute {stage!r} reads buffer {n.buffer.name!r}, which is not a te tensor; "
                     "use te.placeholder for inputs"
                 )
@@ -392,24 +394,24 @@ def _inputs(stage: str, body: Expr) -> tuple[Tensor, ...]:
 
 def _reduce(op: str, expr: ExprLike, axis: Any) -> Reduce:
     if axis is None:
-        raise TypeError(f"te.{op} needs its reduction axis: te.{op}(expr, axis=k) with k = te.reduce_axis(...)")
+        raise ArgumentTypeError(f"te.{op} needs its reduction axis: te.{op}(expr, axis=k) with k = te.reduce_axis(...)")
     axes = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
     if not axes:
-        raise TypeError(f"te.{op} needs at least one reduction axis, got an empty list")
+        raise ArgumentTypeError(f"te.{op} needs at least one reduction axis, got an empty list")
     for a in axes:
         if not isinstance(a, Var) or a not in _REDUCE_DOM:
             what = repr(a.name) if isinstance(a, Var) else f"{type(a).__name__} {a!r}"
-            raise TypeError(f"te.{op}: axis {what} was not made by te.reduce_axis")
+            raise ArgumentTypeError(f"te.{op}: axis {what} was not made by te.reduce_axis")
     for a, b in itertools.combinations(axes, 2):
         if a is b:
-            raise ValueError(f"te.{op}: reduce axis {a.name!r} is listed twice")
+            raise ArgumentError(f"te.{op}: reduce axis {a.name!r} is listed twice")
     if isinstance(expr, Tensor):
-        raise TypeError(f"te.{op}: got the tensor {expr.name!r}; reduce an element such as {expr.name}[i, k]")
+        raise ArgumentTypeError(f"te.{op}: got the tensor {expr.name!r}; reduce an element such as {expr.name}[i, k]")
     body = nodes.as_expr(expr)
     if body.dtype == "bool":
-        raise TypeError(f"te.{op} of a condition; cast it first: te.cast('int32', cond)")
+        raise ArgumentTypeError(f"te.{op} of a condition; cast it first: te.cast('int32', cond)")
     if any(isinstance(n, Reduce) for n in _walk(body)):
-        raise ValueError(f"te.{op}: a reduction inside a reduction; give the inner one its own stage")
+        raise ArgumentError(f"te.{op}: a reduction inside a reduction; give the inner one its own stage")
     return Reduce(op, body, axes, body.dtype)
 
 
@@ -437,7 +439,7 @@ def identity(op: str, dtype: str) -> Const:
     if is_int(dtype):
         info = np.iinfo(dtype)
         return nodes.const(int(info.min) if op == "max" else int(info.max), dtype)
-    raise TypeError(f"no identity of {op} in dtype {dtype}")
+    raise ArgumentTypeError(f"no identity of {op} in dtype {dtype}")
 
 
 # ----------------------------------------------------------------------------- elementwise math
@@ -446,7 +448,7 @@ def identity(op: str, dtype: str) -> Const:
 def _math(fn: str) -> Callable[[ExprLike], Expr]:
     def f(x: ExprLike) -> Expr:
         if isinstance(x, Tensor):
-            raise TypeError(f"te.{fn}: got the tensor {x.name!r}; apply it to an element such as {x.name}[i]")
+            raise ArgumentTypeError(f"te.{fn}: got the tensor {x.name!r}; apply it to an element such as {x.name}[i]")
         return nodes.call(fn, x)
 
     f.__name__ = fn

@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 from loopir.affine import simplify
-from loopir.errors import ArgumentError
+from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.nodes import Allocate, Const, Expr, For, If, Seq, Store, Var
 from loopir.te import Tensor
 from loopir.visit import substitute, walk
@@ -73,13 +73,14 @@ def auto_schedule(
     the device cannot hold."""
     if not isinstance(outputs, Tensor) and not (isinstance(outputs, (list, tuple)) and outputs
                                                 and all(isinstance(t, Tensor) for t in outputs)):
-        raise TypeError(f"auto_schedule takes a te tensor or a non-empty list of them (the outputs), got "
-                        f"{type(outputs).__name__}; a Program or Schedule is scheduled by hand (Schedule(program))")
+        raise ArgumentTypeError(
+            f"auto_schedule takes a te tensor or a non-empty list of them (the outputs), got "
+            f"{type(outputs).__name__}; a Program or Schedule is scheduled by hand (Schedule(program))")
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 32 or threads > 1024 or threads % 32:
-        raise ValueError(f"auto_schedule: threads must be a multiple of 32 in [32, 1024], got {threads!r}")
+        raise ArgumentError(f"auto_schedule: threads must be a multiple of 32 in [32, 1024], got {threads!r}")
     if isinstance(per_thread, bool) or not isinstance(per_thread, int) or not 1 <= per_thread <= 16:
-        raise ValueError(f"auto_schedule: per_thread must be an int in [1, 16], got {per_thread!r}")
+        raise ArgumentError(f"auto_schedule: per_thread must be an int in [1, 16], got {per_thread!r}")
     plan = plan or plan_fusion(outs, target=target, fuse=fuse, sizes=sizes, gemm=gemm)
     s = Schedule(outs, check=check)
     s.plan = plan  # type: ignore[attr-defined]
@@ -117,8 +118,8 @@ def _map_gemm(s: Schedule, g: FusionGroup, target: str) -> None:
     """The tiled GEMM recipe on the group's matmul, its other stages as the epilogue (in order)."""
     mm, eps = g.stages[0].name, [t.name for t in g.stages[1:]]
     if mm not in matmul_stage(s.program):
-        raise ValueError(f"auto_schedule: the plan maps {mm!r} as a GEMM but its lowered update statement is not "
-                         "matmul-shaped")
+        raise ArgumentError(f"auto_schedule: the plan maps {mm!r} as a GEMM but its lowered update statement is not "
+                            "matmul-shaped")
     prm = dict(g.gemm or {})
     if target == "cuda":
         g.gemm_plan = schedule_gemm_cuda(s, mm, epilogue=eps, **prm)
@@ -241,7 +242,7 @@ def _find(s: Schedule, var: Var) -> For:
     for n in walk(s.program.body):
         if isinstance(n, For) and n.var is var:
             return n
-    raise ValueError(f"loop {var.name!r} is not in the schedule")
+    raise NotFoundError(f"loop {var.name!r} is not in the schedule")
 
 
 def _phases(s: Schedule, block: Var) -> list[For]:

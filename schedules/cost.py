@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from loopir.errors import ArgumentError
 from loopir.nodes import Binary, Call, Cast, Compare, Const, Expr, Load, Logical, Select, Unary, Var
 from loopir.visit import walk
 
@@ -87,7 +88,7 @@ def device_info(target: str = "cuda") -> Device:
     if target == "cpu":
         return CPU
     if target != "cuda":
-        raise ValueError(f"unknown target {target!r} for the cost model; expected 'cuda' or 'cpu'")
+        raise ArgumentError(f"unknown target {target!r} for the cost model; expected 'cuda' or 'cpu'")
     try:
         return _query_cuda()
     except Exception:  # no driver, no device, an old cuda-python: the defaults hold
@@ -172,7 +173,7 @@ def size_value(e: Expr | int, sizes: dict | None = None) -> int:
             "div": lambda: a // b if b else 0,
         }
         return int(ops[e.op]())
-    raise ValueError(f"cannot evaluate the size expression {e} for the cost model")
+    raise ArgumentError(f"cannot evaluate the size expression {e} for the cost model")
 
 
 def elements(shape: tuple, sizes: dict | None = None) -> int:

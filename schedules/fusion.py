@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from loopir.errors import ArgumentError, ArgumentTypeError, ResourceLimitError
 from loopir.nodes import Expr, Load, Var
 from loopir.te import ComputeOp, Reduce, Tensor, tensor_of
 from loopir.visit import substitute, walk
@@ -331,12 +332,12 @@ _MAPPINGS = {
 def _as_list(outputs: Tensor | list[Tensor] | tuple[Tensor, ...]) -> list[Tensor]:
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     if not outs:
-        raise ValueError("plan_fusion: no outputs given")
+        raise ArgumentError("plan_fusion: no outputs given")
     for o in outs:
         if not isinstance(o, Tensor):
-            raise TypeError(f"plan_fusion: outputs must be te tensors, got {type(o).__name__} {o!r}")
+            raise ArgumentTypeError(f"plan_fusion: outputs must be te tensors, got {type(o).__name__} {o!r}")
         if not isinstance(o.op, ComputeOp):
-            raise ValueError(f"plan_fusion: output {o.name!r} is a placeholder; there is nothing to compute")
+            raise ArgumentError(f"plan_fusion: output {o.name!r} is a placeholder; there is nothing to compute")
     return outs
 
 
@@ -356,7 +357,7 @@ def plan_fusion(
     block, thread_tile, k_tile; on cpu cpu_tile; None or True: the defaults; False: no GEMM mapping)."""
     outs = _as_list(outputs)
     if target not in ("cuda", "cpu"):
-        raise ValueError(f"plan_fusion: unknown target {target!r}; expected 'cuda' or 'cpu'")
+        raise ArgumentError(f"plan_fusion: unknown target {target!r}; expected 'cuda' or 'cpu'")
     dev = device or C.device_info(target)
     gparams = None if gemm is False else gemm_params(target, None if gemm is True else gemm)
     order, inputs = _topo(outs)
@@ -765,9 +766,10 @@ class _Planner:
             for need, limit, what_l in limits:
                 # refuse tiles the device cannot hold: need <= limit
                 if limit and need > limit:
-                    raise ValueError(f"auto_schedule: gemm tiles of {mm.name} (block {prm['block']}, thread_tile "
-                                     f"{prm['thread_tile']}, k_tile {kt}) need {need:,} {what_l}; the device has "
-                                     f"{limit:,}")
+                    raise ResourceLimitError(
+                        f"auto_schedule: gemm tiles of {mm.name} (block {prm['block']}, thread_tile "
+                        f"{prm['thread_tile']}, k_tile {kt}) need {need:,} {what_l}; the device has "
+                        f"{limit:,}")
             how = (f"tiled GEMM recipe (schedules.gemm_cuda): block {b0}x{b1} on blockIdx.y/x, {threads} threads "
                    f"each a {t0}x{t1} register tile (cache_write local), k in steps of k_tile {kt}"
                    + (f", the block's tiles of the operands staged in shared memory ({C.fmt_bytes(smem)} per stage, "

@@ -291,7 +291,7 @@ class Schedule:
             out = spec.fn(*call_args, **rkw)
         new, result = (out, None) if isinstance(out, Program) else out
         if not isinstance(new, Program):
-            raise TypeError(f"primitive {name!r} returned {type(new).__name__}, not a Program")
+            raise ArgumentTypeError(f"primitive {name!r} returned {type(new).__name__}, not a Program")
         if self.check:
             with _plain_errors(name, rargs):
                 self._check(spec, old, new, rargs, rkw, result)
@@ -337,7 +337,7 @@ class Schedule:
             else:
                 loop = next((a for a in args if isinstance(a, Var)), None)
                 if loop is None:
-                    raise TypeError(f"primitive {spec.name!r} (check='carried') takes a loop as first argument")
+                    raise ArgumentTypeError(f"primitive {spec.name!r} (check='carried') takes a loop as first argument")
                 w = poly.carried_by(self.deps, new, loop)
         if w is None:
             self._check_kinds(spec, new, args, result)

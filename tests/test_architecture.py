@@ -199,6 +199,32 @@ def test_file_size():
     assert not stale, f"LONG_ALLOWED lists files that are short enough now (remove them): {stale}"
 
 
+BARE = ("ValueError", "TypeError")
+
+
+def test_no_bare_value_or_type_error():
+    # every failure the packages raise on purpose is a class of the tree in loopir/errors.py (each also the built-in
+    # it replaced), so a caller can catch "not found" apart from "bad argument"; re-raising a caught one is fine
+    bad = []
+    for rel in _files(PACKAGES):
+        with open(os.path.join(ROOT, rel)) as fh:
+            tree = ast.parse(fh.read(), rel)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Raise) or node.exc is None:
+                continue
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(exc, ast.Name) and exc.id in BARE:
+                bad.append(f"{rel}:{node.lineno} raises {exc.id}")
+    assert not bad, "raise a class of loopir/errors.py (ArgumentError, NotFoundError, ...):\n" + "\n".join(bad)
+
+
+def test_bare_raise_check_can_fail():
+    tree = ast.parse("def f(x):\n    if x:\n        raise ValueError('no')\n    raise TypeError\n")
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.Raise)
+             and getattr(getattr(n.exc, "func", n.exc), "id", None) in BARE]
+    assert len(found) == 2
+
+
 def _sccs(graph: dict[str, list[str]]) -> list[list[str]]:
     """Tarjan's strongly connected components (iterative: the graph is small, recursion is not the issue)."""
     index: dict[str, int] = {}

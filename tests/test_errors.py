@@ -8,6 +8,8 @@ tree existed, so `except ValueError` around a call keeps working.
 
 from __future__ import annotations
 
+import islpy as isl
+import numpy as np
 import pytest
 
 import codegen.cuda.expr
@@ -16,14 +18,23 @@ import codegen.llvm.types
 import codegen.cuda.nvrtc
 import loopir
 import schedules
+from codegen import build
+from codegen.build import UNROLL_LIMIT
 from codegen.cuda.build import build_cuda
+from codegen.cuda.nvrtc import normalize_arch
+from codegen.passes import pipeline
 from codegen.llvm import generate
 from loopir import errors as E
 from loopir import nodes as N
-from loopir import poly, te
+from loopir import interp, poly, te
+from loopir.footprint import footprint
+from loopir.isl_conv import pw_to_expr
+from loopir.lower import lower
+from loopir.visit import walk
 from loopir import workloads as W
 from schedules import Schedule
 from schedules.errors import InexactCheckError, ScheduleError
+from schedules.recipes import schedule_gemm
 
 # (class, the built-ins it must also be): the whole tree, wherever each class is defined
 TREE = [
@@ -32,6 +43,8 @@ TREE = [
     (E.NotFoundError, (LookupError, ValueError)),
     (E.NotNestedError, (ValueError,)),
     (E.CodegenError, (ValueError,)),
+    (E.ResourceLimitError, (E.CodegenError, ValueError)),
+    (E.IslConversionError, (ValueError,)),
     (E.RuntimeLaunchError, (RuntimeError,)),
     (ScheduleError, ()),
     (InexactCheckError, (ValueError,)),
@@ -215,3 +228,82 @@ def test_nvrtc_refusal(tmp_path, monkeypatch):
     err = _caught_both(lambda: codegen.cuda.nvrtc.compile_cubin(bad, "sm_90", use_cache=False, name="bad.cu"),
                        RuntimeError)
     assert isinstance(err, E.RuntimeLaunchError)
+
+
+# ----------------------------------------------------------------------------- converted raises, by class
+# each site raised a bare ValueError / TypeError before the tree: now its class, still caught as the built-in
+
+
+def _np_args(n: int):
+    rng = np.random.default_rng(7)
+    return rng.standard_normal(n).astype(np.float32), np.full(n, np.nan, np.float32)
+
+
+@pytest.mark.parametrize("call, cls, builtin", [
+    (lambda: te.placeholder((4,), dtype="float32", name="1x"), E.ArgumentError, ValueError),
+    (lambda: te.placeholder((4,), dtype="complex64", name="x"), E.ArgumentTypeError, TypeError),
+    (lambda: te.reduce_axis((3, 1), name="k"), E.ArgumentError, ValueError),
+    (lambda: lower([]), E.ArgumentError, ValueError),
+    (lambda: N.as_index(1.5, "a split factor"), E.ArgumentTypeError, TypeError),
+    (lambda: N.call("no_such_fn", N.const(1.0)), E.ArgumentError, ValueError),
+    (lambda: pipeline("tpu"), E.ArgumentError, ValueError),
+    (lambda: normalize_arch("compute_90"), E.ArgumentError, ValueError),
+    (lambda: schedule_gemm(Schedule(W.matmul_bias_relu(8, 8, 8).program()), target="tpu"), E.ArgumentError,
+     ValueError),
+], ids=["te-name", "dtype", "reduce-axis", "lower-no-outputs", "as-index", "math-fn", "pipeline", "arch",
+        "gemm-target"])
+def test_converted_argument_errors(call, cls, builtin):
+    err = _caught_both(call, builtin)
+    assert type(err) is cls
+
+
+def test_store_name_twice_is_an_argument_error():
+    from loopir import ir
+
+    A = ir.buffer((4,), dtype="float32", name="A")
+    b = ir.Builder("p")
+    with b.loop("i", 0, 4) as i:
+        b.store(A, (i,), A[i] + 1.0, name="S")
+        err = _caught_both(lambda: b.store(A, (i,), A[i] * 2.0, name="S"), ValueError)
+    assert type(err) is E.ArgumentError and "'S'" in str(err)
+
+
+def test_interp_arguments():
+    p = W.sincos(16).program()
+    x, y = _np_args(16)
+    err = _caught_both(lambda: interp.run(p, x), TypeError)  # one argument short
+    assert type(err) is E.ArgumentTypeError
+    err = _caught_both(lambda: interp.run(p, x, y, sizes={"nope": 3}), ValueError)
+    assert type(err) is E.NotFoundError and "'nope'" in str(err)
+    err = _caught_both(lambda: interp.run(p, x, y, gpu_order="sideways"), ValueError)
+    assert type(err) is E.ArgumentError and "sideways" in str(err)
+
+
+def test_footprint_lookups():
+    p = _stencil()
+    (i,) = [f.var for f in walk(p.body) if isinstance(f, N.For) and f.var.name == "i"]
+    err = _caught_both(lambda: footprint(p, "nope", "A", i), LookupError)
+    assert type(err) is E.NotFoundError
+    err = _caught_both(lambda: footprint(p, "S", "A", N.Var("k")), ValueError)
+    assert type(err) is E.NotNestedError
+
+
+def test_isl_conversion_error():
+    err = _caught_both(lambda: pw_to_expr(isl.PwAff("[n] -> { [(n)] : n < 0 and n > 0 }"), {}, "bound"), ValueError)
+    assert type(err) is E.IslConversionError and "empty" in str(err)
+
+
+def test_resource_limits():
+    s = Schedule(W.matmul_bias_relu(64, 64, 64).program())
+    err = _caught_both(lambda: schedule_gemm(s, target="cuda", block=(64, 128), thread_tile=(2, 2), k_tile=8),
+                       ValueError)
+    assert type(err) is E.ResourceLimitError and "1024 threads" in str(err)
+    from loopir import ir
+
+    A = ir.buffer((UNROLL_LIMIT + 1,), dtype="float32", name="A")
+    b = ir.Builder("long")
+    with b.loop("i", 0, UNROLL_LIMIT + 1, kind="unroll") as i:  # the schedule refuses this; a program may say it
+        b.store(A, (i,), A[i] + 1.0, name="S")
+    p = b.finish([A])
+    err = _caught_both(lambda: build(p, [A], target="cpu"), ValueError)
+    assert isinstance(err, E.ResourceLimitError) and "unrolled" in str(err)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loopir.errors import ArgumentTypeError
 from loopir.nodes import Kernel, Program
 from loopir.visit import walk
 
@@ -26,7 +27,7 @@ def build_cuda(program: Program, arch: str | int | None = None, **opts: Any) -> 
     options: extra NVRTC options (tuple of str); cache: False to bypass the disk cache."""
     for o in opts:
         if o not in _OPTS:
-            raise TypeError(f"build: unknown option {o!r} for target 'cuda' (known: {', '.join(_OPTS)})")
+            raise ArgumentTypeError(f"build: unknown option {o!r} for target 'cuda' (known: {', '.join(_OPTS)})")
     options = tuple(opts.get("options", ()))
     if arch is None:
         arch = default_arch()

@@ -23,7 +23,7 @@ import struct
 import tempfile
 from functools import cache
 
-from loopir.errors import RuntimeLaunchError
+from loopir.errors import ArgumentError, RuntimeLaunchError
 
 MAGIC = b"LOOPIRCUBIN1"
 _HEADER = struct.Struct("<12sQ32s")
@@ -127,11 +127,11 @@ def normalize_arch(arch: str | int | None) -> str:
         return "sm_90"
     a = str(arch)
     if a.startswith("compute_"):
-        raise ValueError(f"arch {a!r} is a virtual architecture (PTX only); give a real one such as 'sm_90'")
+        raise ArgumentError(f"arch {a!r} is a virtual architecture (PTX only); give a real one such as 'sm_90'")
     if not a.startswith("sm_"):
         a = "sm_" + a.replace(".", "")
     if not re.fullmatch(r"sm_\d+[a-z]?", a):
-        raise ValueError(f"arch {arch!r} is not of the form 'sm_90'")
+        raise ArgumentError(f"arch {arch!r} is not of the form 'sm_90'")
     return a
 
 

@@ -25,7 +25,8 @@ import numpy as np
 
 from loopir.affine import eval_index
 from loopir.args import bind_shapes, eval_expr, size_of
-from loopir.errors import CudaCodegenError, RuntimeLaunchError
+from loopir.errors import (ArgumentError, ArgumentTypeError, CudaCodegenError, NotFoundError, ResourceLimitError,
+                           RuntimeLaunchError)
 from loopir.nodes import Buffer, Var
 
 from .kernel import CudaSource, HostIf, HostLoop, HostStep, Kernel, Launch
@@ -108,7 +109,7 @@ def device(ordinal: int = 0) -> Device:
     cu = _driver()
     if ordinal not in _DEVICES:
         if not 0 <= ordinal < _INIT["count"]:
-            raise ValueError(f"CUDA device {ordinal} does not exist ({_INIT['count']} device(s))")
+            raise NotFoundError(f"CUDA device {ordinal} does not exist ({_INIT['count']} device(s))")
         dev = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
         attr = cu.CUdevice_attribute
         get = cu.cuDeviceGetAttribute
@@ -181,8 +182,8 @@ def classify(obj: Any, name: str) -> _Arg:
         if not obj.is_cuda:
             return classify(obj.detach().numpy(), name)
         if not obj.is_contiguous():
-            raise ValueError(f"argument {name!r} is a non-contiguous device array (strides {tuple(obj.stride())}); "
-                             "pass a contiguous tensor (.contiguous())")
+            raise ArgumentError(f"argument {name!r} is a non-contiguous device array (strides {tuple(obj.stride())}); "
+                                "pass a contiguous tensor (.contiguous())")
         import torch
 
         dt = np.dtype(str(obj.dtype).removeprefix("torch."))
@@ -193,8 +194,8 @@ def classify(obj: Any, name: str) -> _Arg:
         shape = tuple(int(d) for d in cai["shape"])
         dt = np.dtype(cai["typestr"])
         if not _contiguous(shape, cai.get("strides"), dt.itemsize):
-            raise ValueError(f"argument {name!r} is a non-contiguous device array (strides {cai.get('strides')}); "
-                             "pass a C-contiguous array")
+            raise ArgumentError(f"argument {name!r} is a non-contiguous device array (strides {cai.get('strides')}); "
+                                "pass a C-contiguous array")
         ptr = int(cai["data"][0] or 0)
         stream = None
         if mod.startswith("cupy"):
@@ -209,7 +210,7 @@ def classify(obj: Any, name: str) -> _Arg:
         if int(dev_type) == 1:  # kDLCPU
             return classify(np.from_dlpack(obj), name)
         if int(dev_type) != 2:  # kDLCUDA
-            raise TypeError(f"argument {name!r} lives on DLPack device type {int(dev_type)}, not a CUDA GPU")
+            raise ArgumentTypeError(f"argument {name!r} lives on DLPack device type {int(dev_type)}, not a CUDA GPU")
         from cuda.core.utils import StridedMemoryView
 
         view = StridedMemoryView.from_any_interface(obj, stream_ptr=-1)
@@ -217,11 +218,11 @@ def classify(obj: Any, name: str) -> _Arg:
         dt = np.dtype(view.dtype)
         strides = None if view.strides is None else tuple(s * dt.itemsize for s in view.strides)
         if not _contiguous(shape, strides, dt.itemsize):
-            raise ValueError(f"argument {name!r} is a non-contiguous device array (strides {view.strides}); "
-                             "pass a C-contiguous array")
+            raise ArgumentError(f"argument {name!r} is a non-contiguous device array (strides {view.strides}); "
+                                "pass a C-contiguous array")
         return _Arg(name, shape, dt, ptr=int(view.ptr), device=int(dev_id))
-    raise TypeError(f"argument {name!r} must be a numpy array or a CUDA device array "
-                    f"(__cuda_array_interface__ / DLPack), got {type(obj).__name__}")
+    raise ArgumentTypeError(f"argument {name!r} must be a numpy array or a CUDA device array "
+                            f"(__cuda_array_interface__ / DLPack), got {type(obj).__name__}")
 
 
 # ----------------------------------------------------------------------------- the module
@@ -276,7 +277,8 @@ class CudaModule(Module):
         prog = self.program
         if len(arrays) != len(prog.args):
             names = ", ".join(b.name for b in prog.args)
-            raise TypeError(f"program {prog.name!r} takes {len(prog.args)} argument(s) ({names}), got {len(arrays)}")
+            raise ArgumentTypeError(
+                f"program {prog.name!r} takes {len(prog.args)} argument(s) ({names}), got {len(arrays)}")
         args = [classify(a, b.name) for a, b in zip(arrays, prog.args)]
         sizes = bind_shapes(prog, [(a.shape, a.dtype) for a in args])
         for pre in self.preconditions:
@@ -284,15 +286,16 @@ class CudaModule(Module):
         for a, b in zip(args, prog.args):
             if a.host is not None:
                 if not a.host.flags.c_contiguous:
-                    raise ValueError(f"argument {a.name!r} is not C-contiguous; pass np.ascontiguousarray(...)")
+                    raise ArgumentError(f"argument {a.name!r} is not C-contiguous; pass np.ascontiguousarray(...)")
                 if b in self.written and not a.host.flags.writeable:
-                    raise ValueError(f"argument {a.name!r} is written by program {prog.name!r} but is read-only")
+                    raise ArgumentError(f"argument {a.name!r} is written by program {prog.name!r} but is read-only")
         on_dev = [a for a in args if a.host is None]
         ordinal = next((a.device for a in on_dev if a.device is not None), 0)
         for a in on_dev:
             if a.device is not None and a.device != ordinal:
-                raise ValueError(f"argument {a.name!r} is on CUDA device {a.device}, but argument "
-                                 f"{on_dev[0].name!r} is on device {ordinal}; all device arrays must share one device")
+                raise ArgumentError(
+                    f"argument {a.name!r} is on CUDA device {a.device}, but argument "
+                    f"{on_dev[0].name!r} is on device {ordinal}; all device arrays must share one device")
         dev = device(ordinal)
         cu = _driver()
         stream_handle = next((a.stream for a in on_dev if a.stream is not None), 0)
@@ -343,7 +346,7 @@ class CudaModule(Module):
             elif isinstance(st, HostIf):
                 self._run_steps(st.then if eval_expr(st.cond, env) else st.orelse, env, fns, p)
             else:  # pragma: no cover - the generator makes only these three
-                raise TypeError(f"unknown launch step {st!r}")
+                raise ArgumentTypeError(f"unknown launch step {st!r}")
 
     def _launch_kernel(self, k: Kernel, env: dict[Var, int], fns: dict[str, Any], p: _Prepared) -> None:
         cu = _driver()
@@ -351,8 +354,8 @@ class CudaModule(Module):
         if min(grid) <= 0 or min(block) <= 0:
             return  # empty iteration space
         if block[0] * block[1] * block[2] > 1024 or grid[1] > 65535 or grid[2] > 65535 or grid[0] >= 2**31:
-            raise ValueError(f"kernel {k.name!r} needs grid {grid} and block {block}, beyond CUDA's limits "
-                             "(block <= 1024 threads, grid.y/z <= 65535); split the bound loops differently")
+            raise ResourceLimitError(f"kernel {k.name!r} needs grid {grid} and block {block}, beyond CUDA's limits "
+                                     "(block <= 1024 threads, grid.y/z <= 65535); split the bound loops differently")
         values, types = [], []
         for a in k.args:
             if a.buffer is not None:

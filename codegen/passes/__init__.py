@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from loopir.errors import ArgumentError
 from loopir.nodes import Program
 
 from .barriers import place_barriers
@@ -55,7 +56,7 @@ def pipeline(target: str) -> tuple[Pass, ...]:
     """The passes `build` runs for `target`, in order."""
     pipes = _pipelines()
     if target not in pipes:
-        raise ValueError(f"no lowering pipeline for target {target!r}; known: {', '.join(pipes)}")
+        raise ArgumentError(f"no lowering pipeline for target {target!r}; known: {', '.join(pipes)}")
     return pipes[target]
 
 

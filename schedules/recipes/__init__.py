@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from loopir.errors import ArgumentError
 from .gemm import (
     GemmPlan,
     check_tiles,
@@ -49,13 +50,13 @@ def schedule_gemm(s: Any, stage: str | Any = None, epilogue: Any = "auto", targe
     Returns a GemmPlan (`.explain()`); the schedule `s` is modified in place.
     """
     if target not in ("cuda", "cpu"):
-        raise ValueError(f"schedule_gemm: target must be 'cuda' or 'cpu', got {target!r}")
+        raise ArgumentError(f"schedule_gemm: target must be 'cuda' or 'cpu', got {target!r}")
     if target == "cuda":
         tiles = {k: v for k, v in (("block", block), ("thread_tile", thread_tile), ("k_tile", k_tile))
                  if v is not None}
         return schedule_gemm_cuda(s, stage, epilogue, shared=shared, **tiles, **cuda_opts)
     if cuda_opts:
-        raise ValueError(f"schedule_gemm: {', '.join(sorted(cuda_opts))} only apply to target 'cuda'")
+        raise ArgumentError(f"schedule_gemm: {', '.join(sorted(cuda_opts))} only apply to target 'cuda'")
     return schedule_gemm_cpu(s, stage, epilogue, cpu_tile, who="schedule_gemm")
 
 
@@ -67,19 +68,19 @@ def gemm_params(target: str, gemm: dict[str, Any] | None = None) -> dict[str, An
     cuda: block, thread_tile, k_tile (and shared, strided, unroll_k) of `schedule_gemm_cuda`;
     cpu: cpu_tile (default `default_cpu_tile()`). ValueError naming an unknown key or a bad size."""
     if target not in GEMM_KEYS:
-        raise ValueError(f"gemm_params: target must be 'cuda' or 'cpu', got {target!r}")
+        raise ArgumentError(f"gemm_params: target must be 'cuda' or 'cpu', got {target!r}")
     given = dict(gemm or {})
     bad = [k for k in given if k not in GEMM_KEYS[target]]
     if bad:
-        raise ValueError(f"auto_schedule: unknown gemm parameter {', '.join(map(repr, bad))} for target {target!r}; "
-                         f"expected some of {', '.join(GEMM_KEYS[target])}")
+        raise ArgumentError(f"auto_schedule: unknown gemm parameter {', '.join(map(repr, bad))} for target {target!r}; "
+                            f"expected some of {', '.join(GEMM_KEYS[target])}")
     for k in ("block", "thread_tile", "cpu_tile"):
         if isinstance(given.get(k), list):
             given[k] = tuple(given[k])
     if target == "cpu":
         tile = given.get("cpu_tile") or default_cpu_tile()
         if not (isinstance(tile, tuple) and len(tile) == 2 and all(pos_int(x) for x in tile)):
-            raise ValueError(f"auto_schedule: gemm cpu_tile must be two positive ints, got {tile!r}")
+            raise ArgumentError(f"auto_schedule: gemm cpu_tile must be two positive ints, got {tile!r}")
         return {"cpu_tile": tile}
     sig = inspect.signature(schedule_gemm_cuda).parameters
     out = {k: given.get(k, sig[k].default) for k in GEMM_KEYS["cuda"]}

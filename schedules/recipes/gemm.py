@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from loopir.errors import ArgumentError, NotFoundError, ResourceLimitError
 from loopir.nodes import Binary, Buffer, Load, Program, Store
 from loopir.te import ComputeOp, Reduce
 from loopir.visit import statements, walk
@@ -44,7 +45,7 @@ def _update(program: Program, stage: str) -> Store:
         if c.store.name == stage or (c.store.buffer.name == stage and _is_update(c.store)):
             if _is_update(c.store):
                 return c.store
-    raise ValueError(f"schedule_gemm: no matmul-shaped reduction statement named {stage!r} in {program.name!r}")
+    raise NotFoundError(f"schedule_gemm: no matmul-shaped reduction statement named {stage!r} in {program.name!r}")
 
 
 def _is_update(st: Store) -> bool:
@@ -104,14 +105,15 @@ def pos_int(x: Any) -> bool:
 def check_tiles(block: tuple[int, int], thread_tile: tuple[int, int], k_tile: int) -> None:
     for name, v in (("block", block), ("thread_tile", thread_tile)):
         if not (isinstance(v, tuple) and len(v) == 2 and all(pos_int(x) for x in v)):
-            raise ValueError(f"schedule_gemm: {name} must be two positive ints, got {v!r}")
+            raise ArgumentError(f"schedule_gemm: {name} must be two positive ints, got {v!r}")
     if not pos_int(k_tile):
-        raise ValueError(f"schedule_gemm: k_tile must be a positive int, got {k_tile!r}")
+        raise ArgumentError(f"schedule_gemm: k_tile must be a positive int, got {k_tile!r}")
     for d in range(2):
         if block[d] % thread_tile[d]:
-            raise ValueError(f"schedule_gemm: block {block} is not a multiple of thread_tile {thread_tile}")
+            raise ArgumentError(f"schedule_gemm: block {block} is not a multiple of thread_tile {thread_tile}")
     if (block[0] // thread_tile[0]) * (block[1] // thread_tile[1]) > 1024:
-        raise ValueError(f"schedule_gemm: block {block} / thread_tile {thread_tile} needs more than 1024 threads")
+        raise ResourceLimitError(
+            f"schedule_gemm: block {block} / thread_tile {thread_tile} needs more than 1024 threads")
 
 
 def resolve_stage(program: Program, stage: Any, epilogue: Any, who: str) -> tuple[Store, list[str]]:
@@ -120,7 +122,7 @@ def resolve_stage(program: Program, stage: Any, epilogue: Any, who: str) -> tupl
     if stage is None:
         found = matmul_stage(program)
         if len(found) != 1:
-            raise ValueError(f"{who}: expected one matmul-shaped reduction, found {found or 'none'}")
+            raise ArgumentError(f"{who}: expected one matmul-shaped reduction, found {found or 'none'}")
         stage = found[0]
     if not isinstance(stage, str):
         stage = stage.name

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loopir.errors import ArgumentError
 from loopir.nodes import Load, Store
 from loopir.target import vector_bits, vector_registers
 from loopir.visit import statements, walk
@@ -39,7 +40,7 @@ def schedule_gemm_cpu(s: Any, stage: str | Any = None, epilogue: Any = "auto", c
     """
     if cpu_tile is not None and not (isinstance(cpu_tile, tuple) and len(cpu_tile) == 2 and all(
             pos_int(x) for x in cpu_tile)):
-        raise ValueError(f"{who}: cpu_tile must be two positive ints, got {cpu_tile!r}")
+        raise ArgumentError(f"{who}: cpu_tile must be two positive ints, got {cpu_tile!r}")
     upd, eps = resolve_stage(s.program, stage, epilogue, who)
     plan = GemmPlan(upd.name, list(eps), "cpu")
     _cpu(s, upd, eps, cpu_tile, plan)
