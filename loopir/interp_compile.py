@@ -17,6 +17,7 @@ import numpy as np
 
 from .errors import ArgumentError, ArgumentTypeError
 from .dtypes import is_float, is_int
+from .names import fresh, sanitize
 from .nodes import (
     Allocate,
     Barrier,
@@ -41,6 +42,7 @@ from .nodes import (
     Var,
 )
 
+_PY_KEYWORDS = frozenset(keyword.kwlist)
 _BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _NP_FN = {"exp", "log", "sqrt", "sin", "cos", "tanh"}
@@ -80,14 +82,7 @@ class _Compiler:
     # ---------------------------------------------------------------- names
 
     def fresh(self, base: str) -> str:
-        base = base if base.isidentifier() and not keyword.iskeyword(base) else "x"
-        name = base
-        k = 0
-        while name in self.used:
-            k += 1
-            name = f"{base}_{k}"
-        self.used.add(name)
-        return name
+        return fresh(sanitize(base, reserved=_PY_KEYWORDS), self.used)
 
     def var(self, v: Var) -> str:
         if v in self.vars:

@@ -8,6 +8,7 @@ would write them (`i - m + 3`, not `-1 * m + i + 3`). Formula pieces: `prefix` (
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import islpy as isl
@@ -174,7 +175,7 @@ def cond(e: Expr, names: _Names, negate: bool = False) -> str:
 
 def pw_to_expr(pw: isl.PwAff, vars_by_name: dict[str, Var], what: str = "bound", single: bool = False) -> Expr:
     """A loopir Expr for an isl piecewise quasi-affine function that is one affine piece or the
-    max / min of its pieces (pieces not needed for that are dropped); ValueError otherwise.
+    max / min of its pieces (pieces not needed for that are dropped); IslConversionError (a ValueError) otherwise.
     `single`: one affine piece after coalescing, else NonAffine (callers that fall back to another
     region rather than take a max / min)."""
     if single:
@@ -188,30 +189,12 @@ def pw_to_expr(pw: isl.PwAff, vars_by_name: dict[str, Var], what: str = "bound",
     if len(pieces) == 1:
         return aff_to_expr(pieces[0][1], vars_by_name)
     dom = pw.domain()
-    affs: list[isl.Aff] = []
-    for _, a in pieces:  # the same function on several pieces of the domain counts once
-        if not any(a.plain_is_equal(b) for b in affs):
-            affs.append(a)
+    affs = _distinct(pw)
     for op in ("max", "min"):
-        def combine(xs: list[isl.Aff], op: str = op) -> isl.PwAff:
-            acc = isl.PwAff.from_aff(xs[0])
-            for a in xs[1:]:
-                acc = acc.max(isl.PwAff.from_aff(a)) if op == "max" else acc.min(isl.PwAff.from_aff(a))
-            return acc.intersect_domain(dom)
-
-        if not combine(affs).is_equal(pw):
+        if not _combine(affs, op, dom).is_equal(pw):
             continue
-        k = 0
-        while k < len(affs) and len(affs) > 1:  # drop arguments that never decide the value
-            rest = affs[:k] + affs[k + 1:]
-            if combine(rest).is_equal(pw):
-                affs = rest
-            else:
-                k += 1
-        out = aff_to_expr(affs[0], vars_by_name)
-        for a in affs[1:]:
-            out = binary(op, out, aff_to_expr(a, vars_by_name))
-        return simplify_affine(out)
+        # drop arguments that never decide the value
+        return _fold(_fewest(affs, lambda xs, op=op: _combine(xs, op, dom).is_equal(pw)), op, vars_by_name)
     raise IslConversionError(f"the {what} {pw} is not a max or min of affine pieces")
 
 
@@ -281,31 +264,48 @@ def pw_bound(pw: isl.PwAff, vars_by_name: dict[str, Var], side: str, what: str =
     except ValueError:
         pass
     dom = pw.domain()
+    op = "min" if side == "lo" else "max"
+
+    def bounds(xs: list[isl.Aff]) -> bool:
+        c = _combine(xs, op, dom)
+        ok = c.le_set(pw) if side == "lo" else c.ge_set(pw)
+        return dom.is_subset(ok)
+
+    return _fold(_fewest(_distinct(pw), bounds), op, vars_by_name), False  # drop pieces the bound does not need
+
+
+def _distinct(pw: isl.PwAff) -> list[isl.Aff]:
+    """The functions of `pw`'s pieces, each once (the same function on several pieces counts once)."""
     affs: list[isl.Aff] = []
     for _, a in pw.get_pieces():
         if not any(a.plain_is_equal(b) for b in affs):
             affs.append(a)
-    op = "min" if side == "lo" else "max"
+    return affs
 
-    def combine(xs: list[isl.Aff]) -> isl.PwAff:
-        acc = isl.PwAff.from_aff(xs[0])
-        for a in xs[1:]:
-            acc = acc.min(isl.PwAff.from_aff(a)) if op == "min" else acc.max(isl.PwAff.from_aff(a))
-        return acc.intersect_domain(dom)
 
-    def bounds(xs: list[isl.Aff]) -> bool:
-        c = combine(xs)
-        ok = c.le_set(pw) if side == "lo" else c.ge_set(pw)
-        return dom.is_subset(ok)
+def _combine(xs: list[isl.Aff], op: str, dom: isl.Set) -> isl.PwAff:
+    """The max / min (`op`) of `xs` on `dom`."""
+    acc = isl.PwAff.from_aff(xs[0])
+    for a in xs[1:]:
+        acc = acc.max(isl.PwAff.from_aff(a)) if op == "max" else acc.min(isl.PwAff.from_aff(a))
+    return acc.intersect_domain(dom)
 
+
+def _fewest(affs: list[isl.Aff], enough: Callable[[list[isl.Aff]], bool]) -> list[isl.Aff]:
+    """`affs` less each one that `enough` does not need (tried in order, greedily)."""
     k = 0
-    while k < len(affs) and len(affs) > 1:  # drop pieces the bound does not need
+    while k < len(affs) and len(affs) > 1:
         rest = affs[:k] + affs[k + 1:]
-        if bounds(rest):
+        if enough(rest):
             affs = rest
         else:
             k += 1
+    return affs
+
+
+def _fold(affs: list[isl.Aff], op: str, vars_by_name: dict[str, Var]) -> Expr:
+    """`op` (max / min) of the expressions of `affs`, simplified."""
     out = aff_to_expr(affs[0], vars_by_name)
     for a in affs[1:]:
         out = binary(op, out, aff_to_expr(a, vars_by_name))
-    return simplify_affine(out), False
+    return simplify_affine(out)

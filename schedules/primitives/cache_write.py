@@ -55,6 +55,7 @@ from loopir.visit import Transformer, seq, statements, substitute, walk
 from schedules.errors import ScheduleError
 
 from . import fresh_name, primitive
+from .compute import producer_buffer
 
 SCOPES = ("local", "shared")
 
@@ -238,20 +239,12 @@ def _schedule_error(buf: Buffer, sink: tuple[str, dict[str, int]], source: Any, 
 
 
 def resolve_buffer(program: Program, x: Any) -> Buffer:
-    """A Buffer from a Buffer, a te.Tensor or a buffer / statement name, checked to be in `program`."""
-    if hasattr(x, "buffer") and isinstance(x.buffer, Buffer):
-        x = x.buffer
-    ctxs = statements(program)
-    if isinstance(x, str):
-        for c in ctxs:
-            if c.store.buffer.name == x or c.store.name == x:
-                return c.store.buffer
-        raise NotFoundError(f"cache_write: no buffer or statement named {x!r} in program {program.name!r}")
-    if not isinstance(x, Buffer):
-        raise ArgumentTypeError(f"cache_write: expected a tensor, buffer or name, got {type(x).__name__} {x!r}")
-    if not any(c.store.buffer is x for c in ctxs):
-        raise ArgumentError(f"cache_write: no statement of program {program.name!r} writes buffer {x.name!r}")
-    return x
+    """A Buffer from a Buffer, a te.Tensor or a buffer / statement name (`compute.producer_buffer`), checked
+    to be written by a statement of `program`."""
+    buf = producer_buffer(program, x)
+    if not any(c.store.buffer is buf for c in statements(program)):
+        raise ArgumentError(f"cache_write: no statement of program {program.name!r} writes buffer {buf.name!r}")
+    return buf
 
 
 def _loop_var(loop: Any) -> Var:
