@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from .isl_conv import NonAffine, _Names, aff, cond
+from .isl_conv import NonAffine, _Names, aff, cond, params_text
 from .nodes import Allocate, Buffer, Expr, Load, Program, Select, Store, Var
 from .poly_model import StmtInfo, _program_params, stmt_infos
 from .visit import _child_fields, walk, walk_stmts
@@ -232,7 +232,7 @@ class _Model:
         return _Stmt(info, f"s{k}", loops + its, names, cons, exact)
 
     def prefix(self) -> str:
-        return f"[{', '.join(self.params)}] -> " if self.params else ""
+        return params_text(self.params)
 
     def bname(self, buf: Buffer) -> str:
         return self.bufnames.setdefault(buf, f"b{len(self.bufnames)}")

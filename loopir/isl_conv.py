@@ -25,6 +25,7 @@ __all__ = [
     "aff_to_expr",
     "constraints_to_cond",
     "loop_constraints",
+    "params_text",
     "prefix",
     "pw_to_expr",
 ]
@@ -94,7 +95,12 @@ def _conj(cs: list[str]) -> str:
 
 def prefix(params: Any, names: _Names) -> str:
     """The parameter list `[n, m] -> ` of a formula over `params` (Vars), empty for none."""
-    ps = [names(p) for p in params]
+    return params_text([names(p) for p in params])
+
+
+def params_text(isl_names: Any) -> str:
+    """The parameter list `[n, m] -> ` of a formula over parameters already named, empty for none."""
+    ps = list(isl_names)
     return f"[{', '.join(ps)}] -> " if ps else ""
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from .isl_conv import NonAffine, _exists, _Names, _sanitize, aff, cond
+from .isl_conv import NonAffine, _exists, _Names, _sanitize, aff, cond, params_text
 from .nodes import Allocate, Buffer, Expr, For, If, Load, Program, Seq, Stmt, Store, Var
 from .visit import walk
 
@@ -167,7 +167,7 @@ class _Builder:
         return _exists([names.env[lp.var] for lp in info.loops], " and ".join(cons) if cons else "1 = 1")
 
     def prefix(self) -> str:
-        return f"[{', '.join(self.params)}] -> " if self.params else ""
+        return params_text(self.params)
 
     def domain_text(self) -> str:
         parts = []
