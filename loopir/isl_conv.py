@@ -15,6 +15,7 @@ import islpy as isl
 
 from .errors import IslConversionError
 from .affine import _collect, _const_int, _is_int_expr, _rebuild, simplify_affine
+from .dtypes import INDEX
 from .names import fresh, sanitize
 from .nodes import Binary, Cast, Compare, Const, Expr, Logical, Unary, Var, binary, const
 
@@ -179,16 +180,17 @@ def cond(e: Expr, names: _Names, negate: bool = False) -> str:
 # ----------------------------------------------------------------------------- isl -> Expr
 
 
-def pw_to_expr(pw: isl.PwAff, vars_by_name: dict[str, Var], what: str = "bound", single: bool = False) -> Expr:
+def pw_to_expr(pw: isl.PwAff, vars_by_name: dict[str, Var], what: str = "bound", single: bool = False,
+               simplify: bool = True) -> Expr:
     """A loopir Expr for an isl piecewise quasi-affine function that is one affine piece or the
     max / min of its pieces (pieces not needed for that are dropped); IslConversionError (a ValueError) otherwise.
     `single`: one affine piece after coalescing, else NonAffine (callers that fall back to another
-    region rather than take a max / min)."""
+    region rather than take a max / min); `simplify` as `aff_to_expr`'s, for that piece."""
     if single:
         pieces = pw.coalesce().get_pieces()
         if len(pieces) != 1:
             raise NonAffine(f"{what} is piecewise ({pw}); one affine expression is needed")
-        return aff_to_expr(pieces[0][1], vars_by_name)
+        return aff_to_expr(pieces[0][1], vars_by_name, simplify)
     pieces = pw.get_pieces()
     if not pieces:
         raise IslConversionError(f"the {what} is empty (no iteration)")
@@ -204,9 +206,11 @@ def pw_to_expr(pw: isl.PwAff, vars_by_name: dict[str, Var], what: str = "bound",
     raise IslConversionError(f"the {what} {pw} is not a max or min of affine pieces")
 
 
-def aff_to_expr(a: isl.Aff, vars_by_name: dict[str, Var]) -> Expr:
+def aff_to_expr(a: isl.Aff, vars_by_name: dict[str, Var], simplify: bool = True) -> Expr:
     """A loopir Expr for an isl quasi-affine expression (divisions become floordiv), normalized
-    by `simplify_affine`."""
+    by `simplify_affine`. `simplify=False` writes it as isl holds it instead: the constant, then the
+    input dimensions, the parameters and the divisions, each `c * term` (the regions and guards of
+    cache_read / cache_write print this way; their nests and generated sources depend on it)."""
     den_val = a.get_denominator_val()
     den = int(den_val.to_python())
     terms: list[tuple[Expr, int]] = []
@@ -214,7 +218,7 @@ def aff_to_expr(a: isl.Aff, vars_by_name: dict[str, Var]) -> Expr:
     def coef(t: Any, k: int) -> int:
         return int(a.get_coefficient_val(t, k).mul(den_val).to_python())
 
-    for t in (isl.dim_type.param, isl.dim_type.in_):
+    for t in (isl.dim_type.param, isl.dim_type.in_) if simplify else (isl.dim_type.in_, isl.dim_type.param):
         for k in range(a.dim(t)):
             c = coef(t, k)
             if c:
@@ -225,19 +229,24 @@ def aff_to_expr(a: isl.Aff, vars_by_name: dict[str, Var]) -> Expr:
     for k in range(a.dim(isl.dim_type.div)):
         c = coef(isl.dim_type.div, k)
         if c:
-            terms.append((aff_to_expr(a.get_div(k), vars_by_name), c))
+            terms.append((aff_to_expr(a.get_div(k), vars_by_name, simplify), c))
     c0 = int(a.get_constant_val().mul(den_val).to_python())
+    if not simplify:
+        out: Expr = binary("add", const(0, INDEX), c0) if c0 else const(0, INDEX)
+        for t, c in terms:
+            out = binary("add", out, t if c == 1 else binary("mul", c, t))
+        return binary("floordiv", out, den) if den != 1 else out
     out = _rebuild(_collect(terms), c0, "int64" if not terms else _dtype_of(terms))
     if den != 1:
         out = binary("floordiv", out, const(den))
     return out
 
 
-def constraints_to_cond(bset: isl.BasicSet, vars_by_name: dict[str, Var]) -> Expr | None:
+def constraints_to_cond(bset: isl.BasicSet, vars_by_name: dict[str, Var], simplify: bool = True) -> Expr | None:
     """The constraints of a basic set as one loopir condition (None when there are none)."""
     conds: list[Expr] = []
     for c in bset.get_constraints():
-        e = aff_to_expr(c.get_aff(), vars_by_name)
+        e = aff_to_expr(c.get_aff(), vars_by_name, simplify)
         conds.append(e.eq(0) if c.is_equality() else e >= 0)
     if not conds:
         return None

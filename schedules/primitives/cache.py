@@ -386,9 +386,9 @@ def _hull(program: Program, readers: list[Any], buf: Buffer, f: For,
     for d in range(buf.ndim):
         what = f"the lowest index of {buf.name!r} along dimension {d}"
         try:
-            lows.append(pw_to_expr(w.dim_min(d), nm.by_name(), what, single=True))
+            lows.append(pw_to_expr(w.dim_min(d), nm.by_name(), what, single=True, simplify=False))
         except NonAffine:  # max(64*i_o - 1, 0) at a padded edge: start at the unclipped corner (the copy is clipped)
-            lows.append(pw_to_expr(reads.dim_min(d), nm.by_name(), what, single=True))
+            lows.append(pw_to_expr(reads.dim_min(d), nm.by_name(), what, single=True, simplify=False))
     rs = [f"r{d}" for d in range(buf.ndim)]
     shift = _conj([f"r{d} = x{d} - ({aff(lo, nm)})" for d, lo in enumerate(lows)])
     region = w.apply(isl.Map(f"{pre}{{ B[{', '.join(xs)}] -> R[{', '.join(rs)}] : {shift} }}"))

@@ -298,7 +298,7 @@ def _layout(buf: Buffer, writers: list[tuple[Store, tuple[For, ...], tuple[Expr,
             offs.append(const(0, INDEX))
             strides.append(1)
         else:
-            offs.append(aff_to_expr(si.get_offset(), nm.by_name()))
+            offs.append(aff_to_expr(si.get_offset(), nm.by_name(), simplify=False))
             strides.append(n_)
         eqs.append(f"{xs[d]} = {aff(offs[d], nm)} + {strides[d]} * q{d}")
     qs = [f"q{d}" for d in range(buf.ndim)]
@@ -307,7 +307,7 @@ def _layout(buf: Buffer, writers: list[tuple[Store, tuple[For, ...], tuple[Expr,
     for d in range(buf.ndim):
         try:
             los.append(pw_to_expr(wq.dim_min(d), nm.by_name(), f"the lowest index of {buf.name!r} along dimension {d}",
-                                  single=True))
+                                  single=True, simplify=False))
         except NonAffine as e:
             raise ArgumentError(f"cache_write: {e}") from None
     rs = [f"r{d}" for d in range(buf.ndim)]
@@ -340,7 +340,7 @@ def _region_guard(lay: _Layout, qs: list[Var], nm: _Names) -> Expr | None:
     g = region.gist(box).coalesce()
     conds: list[Expr] = []
     for bset in g.get_basic_sets():
-        c = constraints_to_cond(bset, {**nm.by_name(), **{f"r{d}": q for d, q in enumerate(qs)}})
+        c = constraints_to_cond(bset, {**nm.by_name(), **{f"r{d}": q for d, q in enumerate(qs)}}, simplify=False)
         if c is None:
             return None
         conds.append(c)
@@ -371,7 +371,7 @@ def _local_index(idx: tuple[Expr, ...], st: Store, loops: tuple[For, ...], guard
             m = isl.Map(text)
             pa = m.as_pw_multi_aff().get_pw_aff(0)
             its_vars = {**nm.by_name(), **{f"it{k}": v for k, v in enumerate(st.iters)}}
-            out.append(pw_to_expr(pa, its_vars, "index", single=True))
+            out.append(pw_to_expr(pa, its_vars, "index", single=True, simplify=False))
         return tuple(out)
     except (NonAffine, isl.Error):
         inv = {c: v for v, c in zip(st.iters, st.coords) if isinstance(c, Var)}
