@@ -272,7 +272,8 @@ class CudaModule(Module):
         return check(cu.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc")
 
     # -- one call
-    def prepare(self, arrays: tuple[Any, ...]) -> _Prepared:
+    def _bind(self, arrays: tuple[Any, ...]) -> tuple[list[_Arg], dict[Var, int]]:
+        """Every check of the arguments (no device work): their descriptions and the sizes."""
         prog = self.program
         if len(arrays) != len(prog.args):
             names = ", ".join(b.name for b in prog.args)
@@ -287,6 +288,15 @@ class CudaModule(Module):
                     raise ValueError(f"argument {a.name!r} is not C-contiguous; pass np.ascontiguousarray(...)")
                 if b in self.written and not a.host.flags.writeable:
                     raise ValueError(f"argument {a.name!r} is written by program {prog.name!r} but is read-only")
+        return args, sizes
+
+    def check(self, arrays: tuple[Any, ...]) -> dict[Var, int]:
+        """The size variables, after every check of the arguments (host or device arrays)."""
+        return self._bind(arrays)[1]
+
+    def prepare(self, arrays: tuple[Any, ...], bound: tuple[list[_Arg], dict[Var, int]] | None = None) -> _Prepared:
+        prog = self.program
+        args, sizes = self._bind(arrays) if bound is None else bound
         on_dev = [a for a in args if a.host is None]
         ordinal = next((a.device for a in on_dev if a.device is not None), 0)
         for a in on_dev:
@@ -374,16 +384,26 @@ class CudaModule(Module):
             check(cu.cuStreamSynchronize(p.stream), "cuStreamSynchronize")
 
     def __call__(self, *arrays: Any) -> None:
-        p = self.prepare(arrays)
+        bound = self._bind(arrays)
+        mod = self._select(bound[1])
+        if mod is not self:  # a variant specialized for this call's key (codegen.specialize)
+            mod(*arrays)
+            return
+        p = self.prepare(arrays, bound)
         self.launch(p)
         self.finish(p)
 
     def benchmark(self, *arrays: Any, warmup: int = 3, repeat: int = 20) -> float:
-        """Median milliseconds of one call's kernels (CUDA events on the call's stream, after warm-up).
+        """Median milliseconds of one call's kernels (CUDA events on the call's stream, after warm-up);
+        a specializing module times the variant the call dispatches to.
 
         numpy arguments are uploaded once, before timing, and the results copied back after."""
+        bound = self._bind(arrays)
+        mod = self._select(bound[1])
+        if mod is not self:
+            return mod.benchmark(*arrays, warmup=warmup, repeat=repeat)
         cu = _driver()
-        p = self.prepare(arrays)
+        p = self.prepare(arrays, bound)
         for _ in range(warmup):
             self.launch(p)
         start = check(cu.cuEventCreate(0), "cuEventCreate")
