@@ -216,7 +216,7 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, i
                                 f"{type(obj).__name__} is already scheduled (pin sizes where its tensors are made)")
         program = with_args(to_program(obj, target, args), args)
         mod = _compile(program, target, opts, dump=dump)
-        if specialize and target == "cuda" and size_vars_of(program):
+        if specialize and target == "cuda" and isinstance(mod, Module) and size_vars_of(program):
             _specialize_program(mod, program, opts)
         return mod
     pinned = _check_sizes(sizes, outs)
@@ -225,7 +225,7 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, i
         outs, args = [new[t] for t in outs], _map_args(args, new)
     program = with_args(_schedule(outs, target), args)
     mod = _compile(program, target, opts, dump=dump)
-    if specialize and size_vars_of(program):
+    if specialize and isinstance(mod, Module) and size_vars_of(program):
         _specialize_te(mod, outs, args, target, opts)
     return mod
 
