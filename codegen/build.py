@@ -36,7 +36,7 @@ from .passes import Assume, lower
 from .specialize import Key, Specializer, size_vars_of, substitution
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.te import ComputeOp, tensor_of
-from loopir.te_subst import stages_of, substitute_sizes
+from loopir.subst import stages_of, substitute_program_sizes, substitute_sizes
 from loopir.visit import free_vars
 from loopir.nodes import Const, For
 from loopir.visit import walk_stmts
@@ -216,8 +216,8 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, i
                                 f"{type(obj).__name__} is already scheduled (pin sizes where its tensors are made)")
         program = with_args(to_program(obj, target, args), args)
         mod = _compile(program, target, opts, dump=dump)
-        if specialize and target == "cuda" and isinstance(mod, Module) and size_vars_of(program):
-            _specialize_program(mod, program, opts)
+        if specialize and isinstance(mod, Module) and size_vars_of(program):
+            _specialize_program(mod, program, target, opts)
         return mod
     pinned = _check_sizes(sizes, outs)
     if pinned:
@@ -299,23 +299,29 @@ def _specialize_te(mod: Module, outs: list[Any], args: Sequence[Any] | None, tar
 
     def make(key: Key) -> Module:
         sub, hint = substitution(key, svars)
-        new = substitute_sizes(outs, sub) if sub else {}
-        outs2 = [new.get(t, t) for t in outs]
-        prog = with_args(_schedule(outs2, target, hint or None), _map_args(args, new) if new else args)
-        return _compile(prog, target, opts, assume=Assume(index_int32=key.int32))
+        with deep_recursion():  # called at a call, outside build's own deep_recursion
+            new = substitute_sizes(outs, sub) if sub else {}
+            outs2 = [new.get(t, t) for t in outs]
+            prog = with_args(_schedule(outs2, target, hint or None), _map_args(args, new) if new else args)
+            return _compile(prog, target, opts, assume=Assume(index_int32=key.int32))
 
     mod.specializer = Specializer(mod, svars, [v for v in svars if v in rows], bufs, make, int32=target == "cuda")
 
 
-def _specialize_program(mod: Module, program: Program, opts: dict[str, Any]) -> None:
-    """A hand schedule is not rescheduled: only its index width follows the call's sizes (CUDA)."""
+def _specialize_program(mod: Module, program: Program, target: str, opts: dict[str, Any]) -> None:
+    """A hand schedule is not rescheduled: the key's sizes are substituted in the scheduled program
+    (loopir.subst.substitute_program_sizes), and on CUDA its index width follows the call's sizes."""
     reads, writes = buffers_of(program.body)
     bufs = list(dict.fromkeys([*program.args, *program.temps, *reads, *writes]))
+    svars = size_vars_of(program)
 
     def make(key: Key) -> Module:
-        return _compile(program, "cuda", opts, assume=Assume(index_int32=key.int32))
+        sub, _ = substitution(key, svars)
+        with deep_recursion():  # called at a call, outside build's own deep_recursion
+            prog = substitute_program_sizes(program, sub)
+            return _compile(prog, target, opts, assume=Assume(index_int32=key.int32))
 
-    mod.specializer = Specializer(mod, size_vars_of(program), [], bufs, make, int32=True, divisibility=False)
+    mod.specializer = Specializer(mod, svars, [], bufs, make, int32=target == "cuda")
 
 
 def _compile(program: Program, target: str, opts: dict[str, Any], dump: Any = False,

@@ -18,7 +18,8 @@ correct for every row <= S). A key that asks for nothing is the generic module i
 A variant is built on first use (under a lock: two threads never build one key twice) and kept in
 memory; the cubin disk cache keeps NVRTC out of later processes. A variant that cannot be built falls
 back to the generic module (always correct), and `explain()` says why. A hand-made schedule (Program,
-Schedule) is not rescheduled: only its index width is specialized (CUDA).
+Schedule) is not rescheduled: the key's sizes are substituted in its scheduled program
+(`loopir.subst.substitute_program_sizes`), with no row classes (nothing plans rows again).
 """
 
 from __future__ import annotations

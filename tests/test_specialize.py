@@ -15,7 +15,7 @@ from loopir import interp, te, workloads
 from loopir.lower import lower as te_lower
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.nodes import Kernel
-from loopir.te_subst import substitute_sizes
+from loopir.subst import substitute_program_sizes, substitute_sizes
 from loopir.visit import walk
 from schedules import auto_schedule
 from schedules.auto import _multiple_of
@@ -182,19 +182,39 @@ def test_cuda_divisible_variant_drops_vector_size_check():
     assert "n16" in var.source and "long long i =" not in var.source
 
 
-def test_hand_schedule_specializes_index_width_only():
+def test_hand_schedule_specializes_without_rescheduling():
     w = workloads.gelu()
     s = auto_schedule(list(w.outputs), target="cuda")
     mod = build(s, list(w.args), target="cuda")
     spec = mod.specializer
-    assert spec is not None and not spec.divisibility
     (n,) = spec.vars
-    key = spec.key({n: 4096})
-    assert key.div == ("*",) and key.int32
+    assert spec.key({n: 4096}) == Key(("n",), ("%16",), True, ())
     assert not spec.key({n: 2**31}).int32
-    _call_cuda_interp(mod, w, {"n": 40})
-    assert mod.specializations == ["n* int32"]
-    assert build(s, list(w.args), target="cpu").specializer is None  # nothing to specialize on the CPU
+    for size in (40, 7, 1, 40):
+        _call_cuda_interp(mod, w, {"n": size})
+    assert sorted(mod.specializations) == ["n%4 int32", "n* int32", "n=1 int32"]
+    var, _ = spec.select({n: 40})
+    assert "n4" in var.source and _index_dtypes(var) == {"int32"}
+    cpu = build(auto_schedule(list(w.outputs), target="cpu"), list(w.args), target="cpu")
+    for size in (64, 1, 7, 12):
+        _call_cpu(cpu, w, {"n": size})
+    assert sorted(cpu.specializations) == ["n%16", "n%4", "n=1"]
+
+
+def test_substitute_program_sizes():
+    w = workloads.softmax()
+    m, n = w.sizes
+    prog = auto_schedule(list(w.outputs), target="cpu").program
+    n4 = te.var("n4")
+    new = substitute_program_sizes(prog, {n: 4 * n4, m: 3})
+    assert [str(d) for d in new.args[0].shape] == ["3", str(4 * n4)]
+    assert [str(d) for d in prog.args[0].shape] == ["m", "n"]  # the original is untouched
+    xa = np.random.default_rng(2).standard_normal((3, 8)).astype("float32")
+    ya = np.full((3, 8), np.nan, "float32")
+    interp.run(new, xa, ya)
+    np.testing.assert_allclose(ya, w.reference(xa)[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ArgumentTypeError):
+        substitute_program_sizes(prog, {"n": 3})
 
 
 # ----------------------------------------------------------------------------- sizes= and specialize=False

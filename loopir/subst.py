@@ -1,4 +1,4 @@
-"""Size substitution in a te graph: the same stages with some size variables replaced.
+"""Size substitution: the same te graph, or the same loop-IR program, with some size variables replaced.
 
     n = te.var("n"); n16 = te.var("n16")
     new = substitute_sizes([y], {n: 16 * n16})   # {old tensor: new tensor} for every stage reachable
@@ -10,6 +10,10 @@ then sees constants and provable multiples instead of a bare symbol. The origina
 untouched (tensors are not mutated); every tensor reachable from the outputs gets a new buffer with
 the substituted shape, and every load is redirected to the new buffers. Loop and reduce variables
 are kept (they are the stages' own and stay unique per stage).
+
+`substitute_program_sizes(program, {n: 16 * n16})` does the same to a scheduled program (a hand-made
+schedule is specialized without rescheduling): every expression, and every buffer's shape (each buffer
+replaced by one new buffer wherever it appears: arguments, temporaries, loads, stores, allocations).
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .errors import ArgumentError, ArgumentTypeError
-from .nodes import Const, Expr, Load, Var
-from .te import ComputeOp, PlaceholderOp, Reduce, Tensor
-from .visit import Transformer
+import dataclasses
 
-__all__ = ["substitute_sizes", "stages_of"]
+from .nodes import Allocate, Buffer, Const, Expr, Load, Program, Store, Var
+from .te import ComputeOp, PlaceholderOp, Reduce, Tensor
+from .visit import Transformer, free_vars
+
+__all__ = ["substitute_sizes", "substitute_program_sizes", "stages_of"]
 
 
 def stages_of(outputs: Sequence[Tensor]) -> list[Tensor]:
@@ -66,12 +72,9 @@ class _Subst(Transformer):
         return r if body is r.body else Reduce(r.op, body, r.axis, r.dtype)
 
 
-def substitute_sizes(outputs: Sequence[Tensor], sizes: Mapping[Var, Expr | int]) -> dict[Tensor, Tensor]:
-    """{old: new} for every tensor reachable from `outputs`, with the size variables of `sizes`
-    (Var -> integer expression or int) replaced in shapes, bodies and reduction bounds.
-
-    ArgumentTypeError for a key that is not a Var or a value that is neither an int nor an integer
-    expression; ArgumentError for a negative constant size."""
+def _checked(sizes: Mapping[Var, Expr | int]) -> dict[Var, Expr]:
+    """`sizes` as {Var: Expr}; ArgumentTypeError for a key that is not a Var or a value that is neither
+    an int nor an integer expression, ArgumentError for a negative constant size."""
     sub: dict[Var, Expr] = {}
     for v, e in sizes.items():
         if not isinstance(v, Var):
@@ -85,6 +88,16 @@ def substitute_sizes(outputs: Sequence[Tensor], sizes: Mapping[Var, Expr | int])
             sub[v] = Const(e, "int64")
         else:
             sub[v] = e
+    return sub
+
+
+def substitute_sizes(outputs: Sequence[Tensor], sizes: Mapping[Var, Expr | int]) -> dict[Tensor, Tensor]:
+    """{old: new} for every tensor reachable from `outputs`, with the size variables of `sizes`
+    (Var -> integer expression or int) replaced in shapes, bodies and reduction bounds.
+
+    ArgumentTypeError for a key that is not a Var or a value that is neither an int nor an integer
+    expression; ArgumentError for a negative constant size."""
+    sub = _checked(sizes)
     out: dict[Tensor, Tensor] = {}
     by_buf: dict[int, Tensor] = {}
     tr = _Subst(sub, by_buf)
@@ -103,3 +116,54 @@ def substitute_sizes(outputs: Sequence[Tensor], sizes: Mapping[Var, Expr | int])
         by_buf[id(t.buffer)] = new
     return out
 
+
+
+class _ProgramSubst(Transformer):
+    def __init__(self, sizes: Mapping[Var, Expr]) -> None:
+        self.sizes = sizes
+        self.bufs: dict[int, Buffer] = {}
+
+    def buffer(self, b: Buffer) -> Buffer:
+        new = self.bufs.get(id(b))
+        if new is None:
+            shape = tuple(self.visit(d) for d in b.shape)
+            new = b if all(x is y for x, y in zip(shape, b.shape)) else dataclasses.replace(b, shape=shape)
+            self.bufs[id(b)] = new
+        return new
+
+    def visit_Var(self, v: Var) -> Expr:
+        return self.sizes.get(v, v)
+
+    def visit_Load(self, e: Load) -> Expr:
+        out = self.generic(e)
+        buf = self.buffer(e.buffer)
+        return out if buf is e.buffer else dataclasses.replace(out, buffer=buf)
+
+    def visit_Store(self, s: Store) -> Store:
+        out = self.generic(s)
+        buf = self.buffer(s.buffer)
+        return out if buf is s.buffer else dataclasses.replace(out, buffer=buf)
+
+    def visit_Allocate(self, s: Allocate) -> Allocate:
+        out = self.generic(s)
+        buf = self.buffer(s.buffer)
+        return out if buf is s.buffer else dataclasses.replace(out, buffer=buf)
+
+
+def substitute_program_sizes(program: Program, sizes: Mapping[Var, Expr | int]) -> Program:
+    """`program` with the size variables of `sizes` replaced everywhere (expressions and buffer shapes);
+    a replaced variable leaves `program.params`, the variables of its replacement join them when
+    it had been a parameter. Errors as `substitute_sizes`."""
+    sub = _checked(sizes)
+    if not sub:
+        return program
+    tr = _ProgramSubst(sub)
+    body = tr.visit(program.body)
+    args = tuple(tr.buffer(b) for b in program.args)
+    temps = tuple(tr.buffer(b) for b in program.temps)
+    params: list[Var] = []
+    for v in program.params:
+        for p in ([v] if v not in sub else sorted(free_vars(sub[v]), key=lambda x: x.name)):
+            if p not in params:
+                params.append(p)
+    return dataclasses.replace(program, body=body, args=args, temps=temps, params=tuple(params))
