@@ -234,6 +234,7 @@ class _Prepared:
     dev: Device
     stream: Any
     ptrs: dict[Buffer, int] = field(default_factory=dict)
+    module: Any = None  # the module whose kernels run it (a specialized variant of the one asked)
 
 
 class CudaModule(Module):
@@ -295,8 +296,15 @@ class CudaModule(Module):
         return self._bind(arrays)[1]
 
     def prepare(self, arrays: tuple[Any, ...], bound: tuple[list[_Arg], dict[Var, int]] | None = None) -> _Prepared:
+        """Check the arguments, pick the variant for their sizes (codegen.specialize), upload host arrays;
+        `launch(p)` and `finish(p)` then run on that variant. `bound`: `_bind`'s result, variant chosen."""
         prog = self.program
-        args, sizes = self._bind(arrays) if bound is None else bound
+        if bound is None:
+            bound = self._bind(arrays)
+            mod = self._select(bound[1])
+            if mod is not self:
+                return mod.prepare(arrays)  # type: ignore[attr-defined]
+        args, sizes = bound
         on_dev = [a for a in args if a.host is None]
         ordinal = next((a.device for a in on_dev if a.device is not None), 0)
         for a in on_dev:
@@ -306,7 +314,7 @@ class CudaModule(Module):
         dev = device(ordinal)
         cu = _driver()
         stream_handle = next((a.stream for a in on_dev if a.stream is not None), 0)
-        p = _Prepared(args, sizes, dev, cu.CUstream(stream_handle))
+        p = _Prepared(args, sizes, dev, cu.CUstream(stream_handle), module=self)
         for k, (a, b) in enumerate(zip(args, prog.args)):
             if a.host is None:
                 p.ptrs[b] = a.ptr
@@ -328,6 +336,9 @@ class CudaModule(Module):
 
     def launch(self, p: _Prepared) -> None:
         """Run the launch sequence: kernels in order, host loops as Python loops of launches."""
+        if p.module is not None and p.module is not self:
+            p.module.launch(p)
+            return
         fns = self._functions(p.dev)
         launches = self.gen.launches or tuple(Launch(k) for k in range(len(self.gen.kernels)))
         self._run_steps(launches, dict(p.sizes), fns, p)
@@ -375,6 +386,9 @@ class CudaModule(Module):
               f"cuLaunchKernel({k.name})")
 
     def finish(self, p: _Prepared) -> None:
+        if p.module is not None and p.module is not self:
+            p.module.finish(p)
+            return
         cu = _driver()
         host_out = [(a, b) for a, b in zip(p.args, self.program.args) if a.host is not None and b in self.written]
         for a, b in host_out:
@@ -401,7 +415,7 @@ class CudaModule(Module):
         bound = self._bind(arrays)
         mod = self._select(bound[1])
         if mod is not self:
-            return mod.benchmark(*arrays, warmup=warmup, repeat=repeat)
+            return mod.benchmark(*arrays, warmup=warmup, repeat=repeat)  # type: ignore[attr-defined]
         cu = _driver()
         p = self.prepare(arrays, bound)
         for _ in range(warmup):
