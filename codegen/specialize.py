@@ -38,9 +38,9 @@ from loopir.visit import free_vars
 from .passes.launch import INT32_SLACK
 
 ROW_CLASSES = (2**10, 2**13, 2**16)  # upper bounds of the row-length classes; above the last: unbounded
-_DIV_WHY = {"1": "is 1 -> the constant 1 (loops over it vanish)",
-            "%16": "divisible by 16 -> {v} = 16*{v}16: 128-bit accesses and whole tiles provable, no remainder",
-            "%4": "divisible by 4 (not 16) -> {v} = 4*{v}4: 128-bit accesses provable",
+_DIV_WHY = {"1": "is 1 -> scheduled with the constant 1 (loops over it vanish)",
+            "%16": "divisible by 16 -> scheduled with {v} = 16*{v}16 (vector lanes along it provably whole)",
+            "%4": "divisible by 4, not 16 -> scheduled with {v} = 4*{v}4 (vector lanes along it provably whole)",
             "*": "not divisible by 4 -> generic (guarded) code for {v}"}
 
 
