@@ -34,11 +34,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from loopir.affine import linear_form, simplify
+from loopir.affine import simplify
 from loopir.errors import ArgumentError
 from loopir.nodes import Allocate, Const, Expr, For, If, Seq, Store, Var
 from loopir.te import Tensor
 from loopir.visit import substitute, walk
+from loopir.affine import linear_form
 
 from .errors import InexactCheckError, ScheduleError
 from .fusion import THREADS, FusionGroup, FusionPlan, plan_fusion
