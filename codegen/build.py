@@ -23,21 +23,21 @@ from typing import Any
 
 import numpy as np
 
-from loopir.errors import ArgumentError, ArgumentTypeError, ResourceLimitError
-from loopir.nodes import Allocate, Buffer, Node, Program, Var
-from loopir.visit import buffers_of, deep_recursion, walk
+from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, ResourceLimitError
+from loopir.nodes import Allocate, Buffer, Const, For, Node, Program, Var
+from loopir.subst import stages_of, substitute_program_sizes, substitute_sizes
+from loopir.te import ComputeOp, tensor_of
+from loopir.visit import buffers_of, deep_recursion, free_vars, walk, walk_stmts
 from schedules.auto import auto_schedule
 
 from .cuda.build import build_cuda
+from .cuda.nvrtc import normalize_arch
 from .llvm import generate, size_vars
 from .llvm.runtime import CpuKernel
 from .module import CpuModule, Module
-from .cuda.nvrtc import normalize_arch
-from .passes import lower
-from loopir.te import ComputeOp, tensor_of
-from loopir.nodes import Const, For
-from loopir.visit import walk_stmts
+from .passes import Assume, lower
 from .passes.bounds import notes_for, preconditions_for
+from .specialize import Key, Specializer, size_vars_of, substitution
 
 TARGETS = ("cpu", "cuda")
 _cache: dict[tuple, Any] = {}
@@ -175,7 +175,8 @@ def structural_key(program: Program) -> tuple:
 # ----------------------------------------------------------------------------- build
 
 
-def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", **opts: Any) -> Module:
+def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", sizes: dict[Any, int] | None = None,
+          specialize: bool = True, **opts: Any) -> Module:
     """Compile a Schedule / Program / Tensor(s) for `target` ("cpu" or "cuda"); see the module doc.
 
     `dump_passes=True` prints the program after each pass of the target's lowering pipeline
@@ -186,17 +187,139 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", **op
     ValueError) with a witness; an access isl cannot bound (non-affine index) is guarded at run
     time and `mod.notes` says so. A te stage in `args` that the schedule inlined (never written)
     is refused (see the module doc). A loop unrolled over more than UNROLL_LIMIT iterations is
-    refused. Options: cpu `threads` (a positive int); cuda `arch`, `options` (a tuple of str)."""
+    refused. Options: cpu `threads` (a positive int); cuda `arch`, `options` (a tuple of str).
+
+    Sizes: `sizes={n: 4096}` (size Vars or their names) pins sizes before scheduling (te tensors only).
+    With symbolic sizes left, the module specializes at call time (`codegen.specialize`: a variant per
+    key of the call's sizes, compiled on first use; `mod.specializations`, `mod.explain()`); the generic
+    module is still built here, so errors surface now. `specialize=False`: the generic module only."""
+    if not isinstance(specialize, bool):
+        raise ArgumentTypeError(f"build: specialize must be True or False, got {type(specialize).__name__} "
+                                f"{specialize!r}")
     with deep_recursion():  # the visitors recurse: deep expressions and long stage chains need room
-        return _build(obj, args, target, **opts)
+        return _build(obj, args, target, sizes, specialize, **opts)
 
 
-def _build(obj: Any, args: Sequence[Any] | None, target: str, **opts: Any) -> Module:
+def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, int] | None, specialize: bool,
+           **opts: Any) -> Module:
     if target not in TARGETS:
         raise ArgumentError(f"unknown target {target!r}; loopir targets: {', '.join(TARGETS)}")
     dump = opts.pop("dump_passes", False)
     _check_opts(target, opts)
-    program = with_args(to_program(obj, target, args), args)
+    outs = _tensors(obj)
+    if outs is None:
+        if sizes is not None:
+            raise ArgumentError(f"build: sizes= pins sizes before scheduling, so it needs te tensors; a "
+                                f"{type(obj).__name__} is already scheduled (pin sizes where its tensors are made)")
+        program = with_args(to_program(obj, target, args), args)
+        mod = _compile(program, target, opts, dump=dump)
+        if specialize and isinstance(mod, Module) and size_vars_of(program):
+            _specialize_program(mod, program, target, opts)
+        return mod
+    pinned = _check_sizes(sizes, outs)
+    if pinned:
+        new = substitute_sizes(outs, pinned)
+        outs, args = [new[t] for t in outs], _map_args(args, new)
+    program = with_args(_schedule(outs, target), args)
+    mod = _compile(program, target, opts, dump=dump)
+    if specialize and isinstance(mod, Module) and size_vars_of(program):
+        _specialize_te(mod, outs, args, target, opts)
+    return mod
+
+
+def _tensors(obj: Any) -> list[Any] | None:
+    """The output tensors of a te build (None for a Schedule or Program)."""
+    if isinstance(obj, Program) or isinstance(getattr(obj, "program", None), Program):
+        return None
+    tensors = list(obj) if isinstance(obj, (list, tuple)) else [obj]
+    if not tensors or not all(_is_tensor(t) for t in tensors):
+        return None  # to_program names the mistake
+    return tensors
+
+
+def _schedule(outs: list[Any], target: str, sizes: dict[Var, int] | None = None) -> Program:
+    return auto_schedule(outs, target=target, sizes=sizes).program
+
+
+def _check_sizes(sizes: Any, outs: list[Any]) -> dict[Var, int]:
+    """`sizes` as {Var: int}: each key a size variable of the graph (or its name), each value an int >= 0."""
+    if sizes is None:
+        return {}
+    if not isinstance(sizes, dict):
+        raise ArgumentTypeError(f"build: sizes must be a dict {{size variable or name: int}}, got "
+                                f"{type(sizes).__name__} {sizes!r}")
+    known: dict[str, Var] = {}
+    for t in stages_of(outs):
+        for e in (*t.shape, *(x for lh in getattr(t.op, "reduce_dom", ()) for x in lh)):
+            for v in free_vars(e):
+                if v.name not in known and v not in getattr(t.op, "axis", ()) and \
+                        v not in getattr(t.op, "reduce_axis", ()):
+                    known[v.name] = v
+    out: dict[Var, int] = {}
+    for k, val in sizes.items():
+        v = known.get(k.name if isinstance(k, Var) else k) if isinstance(k, (Var, str)) else None
+        if v is None or (isinstance(k, Var) and k is not v):
+            raise NotFoundError(f"build: sizes names {getattr(k, 'name', k)!r}, which is not a size variable of "
+                                f"these tensors (size variables: {', '.join(sorted(known)) or 'none'})")
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)):
+            raise ArgumentTypeError(f"build: size {v.name!r} must be an int, got {type(val).__name__} {val!r}")
+        if val < 0:
+            raise ArgumentError(f"build: size {v.name!r} must be >= 0, got {int(val)}")
+        out[v] = int(val)
+    return out
+
+
+def _map_args(args: Sequence[Any] | None, new: dict[Any, Any]) -> list[Any] | None:
+    """`args` (tensors or their buffers) of the original graph, as the substituted graph's tensors."""
+    if args is None:
+        return None
+    if isinstance(args, Buffer) or _is_tensor(args):
+        args = [args]
+    out = []
+    for a in args:
+        t = a if _is_tensor(a) else tensor_of(a) if isinstance(a, Buffer) else None
+        out.append(new.get(t, a) if t is not None else a)
+    return out
+
+
+def _specialize_te(mod: Module, outs: list[Any], args: Sequence[Any] | None, target: str,
+                   opts: dict[str, Any]) -> None:
+    """Let `mod` (built from `outs`) dispatch each call to a variant rescheduled for the call's key."""
+    svars = size_vars_of(mod.program)
+    rows = {v for t in stages_of(outs) for lh in getattr(t.op, "reduce_dom", ()) for x in lh for v in free_vars(x)}
+    # the int32 test covers every stage a variant could keep in memory (its schedule may inline fewer)
+    bufs = [*{id(t.buffer): t.buffer for t in stages_of(outs)}.values(), *mod.program.temps]
+
+    def make(key: Key) -> Module:
+        sub, hint = substitution(key, svars)
+        with deep_recursion():  # called at a call, outside build's own deep_recursion
+            new = substitute_sizes(outs, sub) if sub else {}
+            outs2 = [new.get(t, t) for t in outs]
+            prog = with_args(_schedule(outs2, target, hint or None), _map_args(args, new) if new else args)
+            return _compile(prog, target, opts, assume=Assume(index_int32=key.int32))
+
+    mod.specializer = Specializer(mod, svars, [v for v in svars if v in rows], bufs, make, int32=target == "cuda")
+
+
+def _specialize_program(mod: Module, program: Program, target: str, opts: dict[str, Any]) -> None:
+    """A hand schedule is not rescheduled: the key's sizes are substituted in the scheduled program
+    (loopir.subst.substitute_program_sizes), and on CUDA its index width follows the call's sizes."""
+    reads, writes = buffers_of(program.body)
+    bufs = list(dict.fromkeys([*program.args, *program.temps, *reads, *writes]))
+    svars = size_vars_of(program)
+
+    def make(key: Key) -> Module:
+        sub, _ = substitution(key, svars)
+        with deep_recursion():  # called at a call, outside build's own deep_recursion
+            prog = substitute_program_sizes(program, sub)
+            return _compile(prog, target, opts, assume=Assume(index_int32=key.int32))
+
+    mod.specializer = Specializer(mod, svars, [], bufs, make, int32=target == "cuda")
+
+
+def _compile(program: Program, target: str, opts: dict[str, Any], dump: Any = False,
+             assume: Assume | None = None) -> Module:
+    """Lower and compile a scheduled program (arguments in call order) for `target`."""
     check_unroll(program)
     notes: list[str] = []
     pre: list[Any] = []
@@ -205,7 +328,7 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, **opts: Any) -> Mo
         notes.extend(n for n in notes_for(prog) if n not in notes)
         pre.extend(x for x in preconditions_for(prog) if x not in pre)
 
-    program = lower(program, target, dump=dump, after=collect)
+    program = lower(program, target, dump=dump, after=collect, assume=assume)
 
     mod: Module
     if target == "cuda":

@@ -5,6 +5,10 @@
 non-contiguous -> ValueError) before any native code runs, then calls `_run(arrays, sizes)`.
 `.source` is the generated code, `.kernels` the native functions one call runs, `.program`
 the compiled program (arguments in call order).
+
+A module built with symbolic sizes may specialize at call time (`codegen.specialize`): after the
+checks, `_select(sizes)` picks the variant compiled for the call's key (the module itself when the
+key asks for nothing); `.specializations` lists the variants built, `explain()` the last call's key.
 """
 
 from __future__ import annotations
@@ -38,10 +42,30 @@ class Module:
         self.notes: list[str] = []
         # sizes the build proved unsafe (only small ones; loopir.bounds.SizePrecondition): refused per call
         self.preconditions: tuple[Any, ...] = ()
+        # call-time specialization (codegen.specialize.Specializer), None for a module that never dispatches
+        self.specializer: Any = None
+        self._last_call: tuple[Any, dict[Var, int]] | None = None
 
     def explain(self) -> str:
-        """The build's notes, one per line ("" when there is nothing to say)."""
-        return "\n".join(self.notes)
+        """The build's notes, one per line, then which specialization the last call took and why
+        ("" when there is nothing to say)."""
+        lines = list(self.notes)
+        if self.specializer is not None and self._last_call is not None:
+            lines += self.specializer.explain(*self._last_call)
+        return "\n".join(lines)
+
+    @property
+    def specializations(self) -> list[str]:
+        """The keys of the variants compiled so far (readable; [] for a module that does not specialize)."""
+        return [] if self.specializer is None else self.specializer.specializations
+
+    def _select(self, sizes: dict[Var, int]) -> Module:
+        """The module that runs a call with these (checked) sizes: a variant for its key, or this one."""
+        if self.specializer is None:
+            return self
+        mod, key = self.specializer.select(sizes)
+        self._last_call = (key, dict(sizes))
+        return mod
 
     def check(self, arrays: tuple[Any, ...]) -> dict[Var, int]:
         """The size variables, after every check of the arguments."""
@@ -56,6 +80,10 @@ class Module:
 
     def __call__(self, *arrays: Any) -> None:
         sizes = self.check(arrays)
+        mod = self._select(sizes)
+        if mod is not self:
+            mod(*arrays)  # the variant checks again (its own program), then runs
+            return
         self._run(arrays, sizes)
 
     def _run(self, arrays: tuple[Any, ...], sizes: dict[Var, int]) -> None:

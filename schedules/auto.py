@@ -39,6 +39,7 @@ from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.nodes import Allocate, Const, Expr, For, If, Seq, Store, Var
 from loopir.te import Tensor
 from loopir.visit import substitute, walk
+from loopir.affine import linear_form
 
 from .errors import InexactCheckError, ScheduleError
 from .fusion import THREADS, FusionGroup, FusionPlan, plan_fusion
@@ -141,7 +142,10 @@ def _is_const(e: Expr, v: int) -> bool:
 
 
 def _multiple_of(e: Expr, k: int) -> bool:
-    return isinstance(e, Const) and int(e.value) % k == 0
+    """`e` is provably a multiple of k: affine with every coefficient and the constant divisible by k
+    (`4096`, `16*n16` after call-time specialization substituted a size)."""
+    lin = linear_form(e)
+    return lin is not None and all(isinstance(c, int) and c % k == 0 for c in lin.values())
 
 
 def _collapse(s: Schedule, loops: list[Any]) -> list[Any]:

@@ -235,6 +235,7 @@ class _Prepared:
     dev: Device
     stream: Any
     ptrs: dict[Buffer, int] = field(default_factory=dict)
+    module: Any = None  # the module whose kernels run it (a specialized variant of the one asked)
 
 
 class CudaModule(Module):
@@ -273,7 +274,8 @@ class CudaModule(Module):
         return check(cu.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc")
 
     # -- one call
-    def prepare(self, arrays: tuple[Any, ...]) -> _Prepared:
+    def _bind(self, arrays: tuple[Any, ...]) -> tuple[list[_Arg], dict[Var, int]]:
+        """Every check of the arguments (no device work): their descriptions and the sizes."""
         prog = self.program
         if len(arrays) != len(prog.args):
             names = ", ".join(b.name for b in prog.args)
@@ -289,6 +291,22 @@ class CudaModule(Module):
                     raise ArgumentError(f"argument {a.name!r} is not C-contiguous; pass np.ascontiguousarray(...)")
                 if b in self.written and not a.host.flags.writeable:
                     raise ArgumentError(f"argument {a.name!r} is written by program {prog.name!r} but is read-only")
+        return args, sizes
+
+    def check(self, arrays: tuple[Any, ...]) -> dict[Var, int]:
+        """The size variables, after every check of the arguments (host or device arrays)."""
+        return self._bind(arrays)[1]
+
+    def prepare(self, arrays: tuple[Any, ...], bound: tuple[list[_Arg], dict[Var, int]] | None = None) -> _Prepared:
+        """Check the arguments, pick the variant for their sizes (codegen.specialize), upload host arrays;
+        `launch(p)` and `finish(p)` then run on that variant. `bound`: `_bind`'s result, variant chosen."""
+        prog = self.program
+        if bound is None:
+            bound = self._bind(arrays)
+            mod = self._select(bound[1])
+            if mod is not self:
+                return mod.prepare(arrays)  # type: ignore[attr-defined]
+        args, sizes = bound
         on_dev = [a for a in args if a.host is None]
         ordinal = next((a.device for a in on_dev if a.device is not None), 0)
         for a in on_dev:
@@ -299,7 +317,7 @@ class CudaModule(Module):
         dev = device(ordinal)
         cu = _driver()
         stream_handle = next((a.stream for a in on_dev if a.stream is not None), 0)
-        p = _Prepared(args, sizes, dev, cu.CUstream(stream_handle))
+        p = _Prepared(args, sizes, dev, cu.CUstream(stream_handle), module=self)
         for k, (a, b) in enumerate(zip(args, prog.args)):
             if a.host is None:
                 p.ptrs[b] = a.ptr
@@ -321,6 +339,9 @@ class CudaModule(Module):
 
     def launch(self, p: _Prepared) -> None:
         """Run the launch sequence: kernels in order, host loops as Python loops of launches."""
+        if p.module is not None and p.module is not self:
+            p.module.launch(p)
+            return
         fns = self._functions(p.dev)
         launches = self.gen.launches or tuple(Launch(k) for k in range(len(self.gen.kernels)))
         self._run_steps(launches, dict(p.sizes), fns, p)
@@ -368,6 +389,9 @@ class CudaModule(Module):
               f"cuLaunchKernel({k.name})")
 
     def finish(self, p: _Prepared) -> None:
+        if p.module is not None and p.module is not self:
+            p.module.finish(p)
+            return
         cu = _driver()
         host_out = [(a, b) for a, b in zip(p.args, self.program.args) if a.host is not None and b in self.written]
         for a, b in host_out:
@@ -377,16 +401,26 @@ class CudaModule(Module):
             check(cu.cuStreamSynchronize(p.stream), "cuStreamSynchronize")
 
     def __call__(self, *arrays: Any) -> None:
-        p = self.prepare(arrays)
+        bound = self._bind(arrays)
+        mod = self._select(bound[1])
+        if mod is not self:  # a variant specialized for this call's key (codegen.specialize)
+            mod(*arrays)
+            return
+        p = self.prepare(arrays, bound)
         self.launch(p)
         self.finish(p)
 
     def benchmark(self, *arrays: Any, warmup: int = 3, repeat: int = 20) -> float:
-        """Median milliseconds of one call's kernels (CUDA events on the call's stream, after warm-up).
+        """Median milliseconds of one call's kernels (CUDA events on the call's stream, after warm-up);
+        a specializing module times the variant the call dispatches to.
 
         numpy arguments are uploaded once, before timing, and the results copied back after."""
+        bound = self._bind(arrays)
+        mod = self._select(bound[1])
+        if mod is not self:
+            return mod.benchmark(*arrays, warmup=warmup, repeat=repeat)  # type: ignore[attr-defined]
         cu = _driver()
-        p = self.prepare(arrays)
+        p = self.prepare(arrays, bound)
         for _ in range(warmup):
             self.launch(p)
         start = check(cu.cuEventCreate(0), "cuEventCreate")

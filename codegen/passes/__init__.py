@@ -11,6 +11,7 @@ nodes, versioned loops, ...): they make no legality or layout decision of their 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,29 +44,48 @@ class Pass:
         return self.fn(program)
 
 
-def _pipelines() -> dict[str, tuple[Pass, ...]]:
+@dataclass(frozen=True, slots=True)
+class Assume:
+    """Facts about the sizes a program will run with that the caller guarantees (call-time shape
+    specialization, codegen.specialize, checks them before every call of the module built so).
+
+    index_int32: every buffer's padded element count stays below 2**31 (see launch.fits_int32), so
+    kernels may use 32-bit index arithmetic even with symbolic sizes."""
+
+    index_int32: bool = False
+
+
+def _with_args(fn: PassFn, **kw: object) -> PassFn:
+    out = functools.partial(fn, **kw)
+    functools.update_wrapper(out, fn)  # keeps the pass's docstring (Pass.doc, dump_passes)
+    return out
+
+
+def _pipelines(assume: Assume | None = None) -> dict[str, tuple[Pass, ...]]:
+    plan = _with_args(plan_kernels, int32_sizes=True) if assume is not None and assume.index_int32 else plan_kernels
     cuda = (Pass("prove_bounds", prove_bounds), Pass("split_kernels", split_kernels),
-            Pass("plan_kernels", plan_kernels), Pass("place_barriers", place_barriers),
+            Pass("plan_kernels", plan), Pass("place_barriers", place_barriers),
             Pass("plan_staging", plan_staging))
     cpu = (Pass("prove_bounds", prove_bounds), Pass("tighten_guards", tighten_guards),
            Pass("version_tiles", version_tiles))
     return {"cuda": cuda, "cpu": cpu}
 
 
-def pipeline(target: str) -> tuple[Pass, ...]:
-    """The passes `build` runs for `target`, in order."""
-    pipes = _pipelines()
+def pipeline(target: str, assume: Assume | None = None) -> tuple[Pass, ...]:
+    """The passes `build` runs for `target`, in order (`assume`: facts the caller guarantees)."""
+    pipes = _pipelines(assume)
     if target not in pipes:
         raise ArgumentError(f"no lowering pipeline for target {target!r}; known: {', '.join(pipes)}")
     return pipes[target]
 
 
 def lower(program: Program, target: str, dump: bool | Callable[[str], None] = False,
-          after: Callable[[Pass, Program], None] | None = None) -> Program:
+          after: Callable[[Pass, Program], None] | None = None, assume: Assume | None = None) -> Program:
     """Run `target`'s pipeline over `program`; with `dump`, print (or hand to `dump`) the program after each
-    pass; `after(pass, program)` sees every intermediate program (build collects the passes' notes so)."""
+    pass; `after(pass, program)` sees every intermediate program (build collects the passes' notes so);
+    `assume`: facts about the sizes the caller guarantees (`Assume`)."""
     out = print if dump is True else dump or None
-    for p in pipeline(target):
+    for p in pipeline(target, assume):
         new = p(program)
         if out is not None:
             changed = "" if new is program else " (changed)"
@@ -76,4 +96,4 @@ def lower(program: Program, target: str, dump: bool | Callable[[str], None] = Fa
     return program
 
 
-__all__ = ["Pass", "PassFn", "pipeline", "lower"]
+__all__ = ["Assume", "Pass", "PassFn", "pipeline", "lower"]

@@ -41,17 +41,20 @@ from .kernels import kernels, map_kernels
 AXES = ("x", "y", "z")
 
 
-def plan_kernels(program: N.Program) -> N.Program:
+def plan_kernels(program: N.Program, int32_sizes: bool = False) -> N.Program:
     """Wrap every kernel in a `Kernel` node with its launch, index width and lowering decisions.
 
-    identity on the executed instances: a Kernel runs its body once per block and thread of its launch."""
+    identity on the executed instances: a Kernel runs its body once per block and thread of its launch.
+    `int32_sizes`: the caller guarantees that at every size the program will run with, each buffer's padded
+    element count stays below 2**31 (call-time specialization checks it per call, codegen.specialize), so
+    a kernel with symbolic sizes may use 32-bit indices too (constant shapes and loop bounds still checked)."""
     host_vars: dict[int, frozenset[N.Var]] = {}
     for loops, k in kernels(program):
         host_vars[id(k)] = frozenset(lp.var for lp in loops)
-    return map_kernels(program, lambda k: _plan(program, k, host_vars.get(id(k), frozenset())))
+    return map_kernels(program, lambda k: _plan(program, k, host_vars.get(id(k), frozenset()), int32_sizes))
 
 
-def _plan(program: N.Program, nest: N.Stmt, host_vars: frozenset[N.Var]) -> N.Stmt:
+def _plan(program: N.Program, nest: N.Stmt, host_vars: frozenset[N.Var], int32_sizes: bool = False) -> N.Stmt:
     if isinstance(nest, N.Kernel):
         return nest
     loops = loops_of(nest)
@@ -80,7 +83,7 @@ def _plan(program: N.Program, nest: N.Stmt, host_vars: frozenset[N.Var]) -> N.St
     _check_reductions(nest, reductions)
     globals_sizes = {v for n in walk(nest) if isinstance(n, (N.Load, N.Store)) and n.buffer.scope == "global"
                      for d in n.buffer.shape for v in free_vars(d)}
-    index = "int32" if not (sizes | globals_sizes) and fits_int32(nest) else "int64"
+    index = "int32" if (int32_sizes or not (sizes | globals_sizes)) and fits_int32(nest, int32_sizes) else "int64"
     coop = _cooperative(nest, guarded)
     single = _single_thread(nest)
     return N.Kernel("", nest, grid, block, index, guarded, reductions, coop, frozenset(), single,  # type: ignore[arg-type]
@@ -310,10 +313,11 @@ def _cooperative(nest: N.Stmt, guarded: frozenset[N.Var]) -> frozenset[N.Var]:
 INT32_SLACK = 2048  # a guarded access may run a tile past a dimension's end before its guard is tested
 
 
-def fits_int32(nest: N.Stmt) -> bool:
+def fits_int32(nest: N.Stmt, assume_sizes: bool = False) -> bool:
     """Every buffer of the nest has a constant shape whose padded element count, prod(d + INT32_SLACK),
     stays below 2**31: then every index the kernel computes (flat offsets of guarded, possibly out-of-range
-    tile elements included) fits a 32-bit int, and index arithmetic may be `int` (fewer registers)."""
+    tile elements included) fits a 32-bit int, and index arithmetic may be `int` (fewer registers).
+    `assume_sizes`: buffers of symbolic shape are taken to fit (the caller checks them at each call)."""
     seen: dict[int, N.Buffer] = {}
     for n in walk(nest):
         b = getattr(n, "buffer", None)
@@ -321,6 +325,8 @@ def fits_int32(nest: N.Stmt) -> bool:
             seen[id(b)] = b
     for b in seen.values():
         if not all(isinstance(d, N.Const) for d in b.shape):
+            if assume_sizes:
+                continue
             return False
         if math.prod(int(d.value) + INT32_SLACK for d in b.shape) >= 2**31:  # type: ignore[attr-defined]
             return False

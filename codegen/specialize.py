@@ -1,0 +1,209 @@
+"""Call-time shape specialization: a module built with symbolic sizes dispatches each call to a variant
+compiled for a small key of the call's sizes.
+
+    mod = build([y], [x, y], target="cuda")     # n = te.var("n"): the generic kernel is compiled now
+    mod(x, y)                                    # n = 4096: key "n%16, int32" -> variant compiled, cached
+    mod.specializations                          # ['n%16 int32']
+    print(mod.explain())                         # which key the last call took and why
+
+The key, per size variable (in the order the arguments' shapes name them): `1` when it is 1 (the variant
+substitutes the constant), `%16` when 16 divides it (n -> 16*n16 with a fresh size variable, so the
+scheduler proves 4-wide vector lanes and tiles exact), `%4` when only 4 does (n -> 4*n4), `*` otherwise;
+on CUDA whether every buffer's padded element count (launch.fits_int32: prod(d + INT32_SLACK)) stays below
+2**31 at these sizes (the variant is lowered with `Assume(index_int32=True)`: 32-bit index arithmetic);
+and for each size a row length depends on (the bounds of a reduction) a coarse class, <= 2**10, 2**13,
+2**16 or larger, whose upper bound is handed to `auto_schedule(sizes=...)` (a plan for rows <= S is
+correct for every row <= S). A key that asks for nothing is the generic module itself.
+
+A variant is built on first use (under a lock: two threads never build one key twice) and kept in
+memory; the cubin disk cache keeps NVRTC out of later processes. A variant that cannot be built falls
+back to the generic module (always correct), and `explain()` says why. A hand-made schedule (Program,
+Schedule) is not rescheduled: the key's sizes are substituted in its scheduled program
+(`loopir.subst.substitute_program_sizes`), with no row classes (nothing plans rows again).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from loopir.args import eval_expr
+from loopir.errors import LoopirError
+from loopir.nodes import Buffer, Program, Var, binary, const
+from loopir.visit import free_vars
+
+from .passes.launch import INT32_SLACK
+
+ROW_CLASSES = (2**10, 2**13, 2**16)  # upper bounds of the row-length classes; above the last: unbounded
+_DIV_WHY = {"1": "is 1 -> scheduled with the constant 1 (loops over it vanish)",
+            "%16": "divisible by 16 -> scheduled with {v} = 16*{v}16 (vector lanes along it provably whole)",
+            "%4": "divisible by 4, not 16 -> scheduled with {v} = 4*{v}4 (vector lanes along it provably whole)",
+            "*": "not divisible by 4 -> generic (guarded) code for {v}"}
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """What a variant may rely on. `div` per size variable ("1", "%16", "%4", "*"), `int32` (CUDA: every
+    buffer's padded element count below 2**31), `rows` per row-length size variable its class's upper
+    bound (0: unbounded)."""
+
+    names: tuple[str, ...]
+    div: tuple[str, ...]
+    int32: bool
+    rows: tuple[tuple[str, int], ...]
+
+    @property
+    def generic(self) -> bool:
+        """The generic module already is this variant: nothing to substitute or assume."""
+        return all(d == "*" for d in self.div) and not self.int32 and not any(b for _, b in self.rows)
+
+    def __str__(self) -> str:
+        parts = [f"{n}{'=1' if d == '1' else d}" for n, d in zip(self.names, self.div)]
+        if self.int32:
+            parts.append("int32")
+        parts += [f"{n}<={b}" for n, b in self.rows if b]
+        return " ".join(parts)
+
+
+def div_class(value: int) -> str:
+    if value == 1:
+        return "1"
+    if value > 0 and value % 16 == 0:
+        return "%16"
+    if value > 0 and value % 4 == 0:
+        return "%4"
+    return "*"
+
+
+def row_class(value: int) -> int:
+    """The upper bound of the row-length class of `value` (0: larger than every class)."""
+    return next((b for b in ROW_CLASSES if value <= b), 0)
+
+
+def fits_int32_at(buffers: Sequence[Buffer], sizes: dict[Var, int]) -> bool:
+    """Every buffer's padded element count prod(d + INT32_SLACK) at `sizes` stays below 2**31."""
+    for b in buffers:
+        try:
+            dims = [int(eval_expr(d, sizes)) for d in b.shape]
+        except (ValueError, KeyError, TypeError, ZeroDivisionError):
+            return False
+        if math.prod(max(d, 0) + INT32_SLACK for d in dims) >= 2**31:
+            return False
+    return True
+
+
+def size_vars_of(program: Program) -> list[Var]:
+    """The size variables of the program's arguments, in the order their shapes name them."""
+    out: list[Var] = []
+    for b in program.args:
+        for d in b.shape:
+            for v in sorted(free_vars(d), key=lambda v: v.name):
+                if v not in out:
+                    out.append(v)
+    return out
+
+
+Make = Callable[[Key], Any]  # a key -> its compiled Module
+
+
+class Specializer:
+    """The dispatch of one generic module: the key of a call's sizes and the variants built so far.
+
+    `vars`: the size variables keyed (divisibility); `rows`: those a row length depends on; `buffers`:
+    the buffers whose element counts decide `int32` (an empty tuple: the target has no index width to
+    choose); `make(key)` compiles a variant; `divisibility=False` keys only the index width (a hand
+    schedule, which is not rescheduled)."""
+
+    def __init__(self, generic: Any, vars: Sequence[Var], rows: Sequence[Var], buffers: Sequence[Buffer],
+                 make: Make, int32: bool, divisibility: bool = True) -> None:
+        self.generic = generic
+        self.vars = tuple(vars)
+        self.rows = tuple(v for v in rows if v in self.vars) if divisibility else ()
+        self.buffers = tuple(buffers)
+        self.make = make
+        self.int32 = int32
+        self.divisibility = divisibility
+        self.variants: dict[Key, Any] = {}
+        self.failed: dict[Key, str] = {}
+        self._lock = threading.Lock()
+
+    def key(self, sizes: dict[Var, int]) -> Key:
+        """The key of a call with these sizes (cheap: no allocation, no compilation)."""
+        names = tuple(v.name for v in self.vars)
+        div = tuple(div_class(int(sizes[v])) if self.divisibility and v in sizes else "*" for v in self.vars)
+        i32 = self.int32 and fits_int32_at(self.buffers, sizes)
+        rows = tuple((v.name, row_class(int(sizes[v])) if v in sizes else 0) for v in self.rows)
+        return Key(names, div, i32, rows)
+
+    def select(self, sizes: dict[Var, int]) -> tuple[Any, Key]:
+        """The module for a call with these sizes (built on first use) and its key."""
+        key = self.key(sizes)
+        if key.generic:
+            return self.generic, key
+        mod = self.variants.get(key)
+        if mod is not None:
+            return mod, key
+        with self._lock:
+            mod = self.variants.get(key)
+            if mod is None:
+                if key in self.failed:
+                    return self.generic, key
+                try:
+                    mod = self.make(key)
+                except (LoopirError, ValueError, TypeError) as e:  # the generic module is right for every key
+                    self.failed[key] = f"{type(e).__name__}: {e}"
+                    return self.generic, key
+                self.variants[key] = mod
+        return mod, key
+
+    def explain(self, key: Key, sizes: dict[Var, int]) -> list[str]:
+        """Why a call with `sizes` took `key`, one line per decision."""
+        lines = [f"specialization {str(key) or '(generic)'}:"]
+        for v, d in zip(self.vars, key.div):
+            if v in sizes and self.divisibility:
+                lines.append(f"  {v.name}={sizes[v]}: {_DIV_WHY[d].format(v=v.name)}")
+        if self.buffers:
+            lines.append("  every buffer < 2^31 elements (padded) -> 32-bit indices" if key.int32 else
+                         "  some buffer reaches 2^31 elements (padded) -> 64-bit indices" if self.int32 else
+                         "  64-bit indices")
+        for name, b in key.rows:
+            v = next(x for x in self.vars if x.name == name)
+            lines.append(f"  {name}={sizes.get(v)}: row length <= {b} -> planned with {name}={b}" if b else
+                         f"  {name}={sizes.get(v)}: row length > {ROW_CLASSES[-1]} -> planned for any length")
+        if key in self.failed:
+            lines.append(f"  variant could not be built ({self.failed[key]}); ran the generic module")
+        elif key.generic:
+            lines.append("  nothing to specialize: ran the generic module")
+        return lines
+
+    @property
+    def specializations(self) -> list[str]:
+        return [str(k) for k in self.variants]
+
+
+def substitution(key: Key, vars: Sequence[Var]) -> tuple[dict[Var, Any], dict[Var, int]]:
+    """The size substitution of a key ({old var: 1 | k*fresh var}) and the sizes hint for the planner
+    ({var of the variant: the row class's upper bound})."""
+    sub: dict[Var, Any] = {}
+    hint: dict[Var, int] = {}
+    bounds = dict(key.rows)
+    for v, d in zip(vars, key.div):
+        b = bounds.get(v.name, 0)
+        if d == "1":
+            sub[v] = 1
+        elif d in ("%16", "%4"):
+            k = 16 if d == "%16" else 4
+            fresh = Var(f"{v.name}{k}", v.dtype)
+            sub[v] = binary("mul", const(k), fresh)
+            if b:
+                hint[fresh] = b // k
+        elif b:
+            hint[v] = b
+    return sub, hint
+
+
+__all__ = ["Key", "Specializer", "ROW_CLASSES", "div_class", "row_class", "fits_int32_at", "size_vars_of",
+           "substitution"]

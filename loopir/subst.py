@@ -1,0 +1,169 @@
+"""Size substitution: the same te graph, or the same loop-IR program, with some size variables replaced.
+
+    n = te.var("n"); n16 = te.var("n16")
+    new = substitute_sizes([y], {n: 16 * n16})   # {old tensor: new tensor} for every stage reachable
+    y16 = new[y]                                   # y over (16*n16,), reading x over (16*n16,)
+
+Call-time shape specialization (codegen.specialize) builds its variants so: a size known to be 1
+becomes the constant 1, a size known to be a multiple of 16 becomes `16 * n16`, and the scheduler
+then sees constants and provable multiples instead of a bare symbol. The original graph is left
+untouched (tensors are not mutated); every tensor reachable from the outputs gets a new buffer with
+the substituted shape, and every load is redirected to the new buffers. Loop and reduce variables
+are kept (they are the stages' own and stay unique per stage).
+
+`substitute_program_sizes(program, {n: 16 * n16})` does the same to a scheduled program (a hand-made
+schedule is specialized without rescheduling): every expression, and every buffer's shape (each buffer
+replaced by one new buffer wherever it appears: arguments, temporaries, loads, stores, allocations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .errors import ArgumentError, ArgumentTypeError
+import dataclasses
+
+from .nodes import Allocate, Buffer, Const, Expr, Load, Program, Store, Var
+from .te import ComputeOp, PlaceholderOp, Reduce, Tensor
+from .visit import Transformer, free_vars
+
+__all__ = ["substitute_sizes", "substitute_program_sizes", "stages_of"]
+
+
+def stages_of(outputs: Sequence[Tensor]) -> list[Tensor]:
+    """Every tensor reachable from `outputs` (inputs first: a producer precedes its consumers)."""
+    order: list[Tensor] = []
+    seen: set[int] = set()
+    stack: list[tuple[Tensor, bool]] = [(t, False) for t in reversed(list(outputs))]
+    while stack:  # iterative post-order: long stage chains must not exhaust the recursion limit
+        t, done = stack.pop()
+        if done:
+            if id(t) not in seen:
+                seen.add(id(t))
+                order.append(t)
+            continue
+        if id(t) in seen:
+            continue
+        stack.append((t, True))
+        for i in reversed(t.op.inputs):
+            if id(i) not in seen:
+                stack.append((i, False))
+    return order
+
+
+class _Subst(Transformer):
+    def __init__(self, sizes: Mapping[Var, Expr], tensors: dict[int, Tensor]) -> None:
+        self.sizes = sizes
+        self.tensors = tensors  # id(old buffer) -> new tensor
+
+    def visit_Var(self, v: Var) -> Expr:
+        return self.sizes.get(v, v)
+
+    def visit_Load(self, e: Load) -> Expr:
+        idx = tuple(self.visit(i) for i in e.indices)
+        new = self.tensors.get(id(e.buffer))
+        buf = e.buffer if new is None else new.buffer
+        if buf is e.buffer and all(a is b for a, b in zip(idx, e.indices)):
+            return e
+        return Load(buf, idx)
+
+    def visit_Reduce(self, r: Reduce) -> Expr:
+        body = self.visit(r.body)
+        return r if body is r.body else Reduce(r.op, body, r.axis, r.dtype)
+
+
+def _checked(sizes: Mapping[Var, Expr | int]) -> dict[Var, Expr]:
+    """`sizes` as {Var: Expr}; ArgumentTypeError for a key that is not a Var or a value that is neither
+    an int nor an integer expression, ArgumentError for a negative constant size."""
+    sub: dict[Var, Expr] = {}
+    for v, e in sizes.items():
+        if not isinstance(v, Var):
+            raise ArgumentTypeError(f"substitute_sizes: keys must be size variables (te.var), got {v!r}")
+        if isinstance(e, bool) or not isinstance(e, (int, Expr)):
+            raise ArgumentTypeError(f"substitute_sizes: size {v.name!r} must become an int or an integer "
+                                    f"expression, got {type(e).__name__} {e!r}")
+        if isinstance(e, int):
+            if e < 0:
+                raise ArgumentError(f"substitute_sizes: size {v.name!r} cannot be negative, got {e}")
+            sub[v] = Const(e, "int64")
+        else:
+            sub[v] = e
+    return sub
+
+
+def substitute_sizes(outputs: Sequence[Tensor], sizes: Mapping[Var, Expr | int]) -> dict[Tensor, Tensor]:
+    """{old: new} for every tensor reachable from `outputs`, with the size variables of `sizes`
+    (Var -> integer expression or int) replaced in shapes, bodies and reduction bounds.
+
+    ArgumentTypeError for a key that is not a Var or a value that is neither an int nor an integer
+    expression; ArgumentError for a negative constant size."""
+    sub = _checked(sizes)
+    out: dict[Tensor, Tensor] = {}
+    by_buf: dict[int, Tensor] = {}
+    tr = _Subst(sub, by_buf)
+    for t in stages_of(outputs):
+        shape = tuple(tr.visit(d) for d in t.shape)
+        op = t.op
+        if isinstance(op, PlaceholderOp):
+            new_op: PlaceholderOp | ComputeOp = PlaceholderOp(op.name)
+        else:
+            assert isinstance(op, ComputeOp)
+            new_op = ComputeOp(op.name, op.axis, tr.visit(op.body), op.reduce_axis,
+                               tuple((tr.visit(lo), tr.visit(hi)) for lo, hi in op.reduce_dom),
+                               tuple(out[i] for i in op.inputs))
+        new = Tensor(t.name, shape, t.dtype, new_op)
+        out[t] = new
+        by_buf[id(t.buffer)] = new
+    return out
+
+
+
+class _ProgramSubst(Transformer):
+    def __init__(self, sizes: Mapping[Var, Expr]) -> None:
+        self.sizes = sizes
+        self.bufs: dict[int, Buffer] = {}
+
+    def buffer(self, b: Buffer) -> Buffer:
+        new = self.bufs.get(id(b))
+        if new is None:
+            shape = tuple(self.visit(d) for d in b.shape)
+            new = b if all(x is y for x, y in zip(shape, b.shape)) else dataclasses.replace(b, shape=shape)
+            self.bufs[id(b)] = new
+        return new
+
+    def visit_Var(self, v: Var) -> Expr:
+        return self.sizes.get(v, v)
+
+    def visit_Load(self, e: Load) -> Expr:
+        out = self.generic(e)
+        buf = self.buffer(e.buffer)
+        return out if buf is e.buffer else dataclasses.replace(out, buffer=buf)
+
+    def visit_Store(self, s: Store) -> Store:
+        out = self.generic(s)
+        buf = self.buffer(s.buffer)
+        return out if buf is s.buffer else dataclasses.replace(out, buffer=buf)
+
+    def visit_Allocate(self, s: Allocate) -> Allocate:
+        out = self.generic(s)
+        buf = self.buffer(s.buffer)
+        return out if buf is s.buffer else dataclasses.replace(out, buffer=buf)
+
+
+def substitute_program_sizes(program: Program, sizes: Mapping[Var, Expr | int]) -> Program:
+    """`program` with the size variables of `sizes` replaced everywhere (expressions and buffer shapes);
+    a replaced variable leaves `program.params`, the variables of its replacement join them when
+    it had been a parameter. Errors as `substitute_sizes`."""
+    sub = _checked(sizes)
+    if not sub:
+        return program
+    tr = _ProgramSubst(sub)
+    body = tr.visit(program.body)
+    args = tuple(tr.buffer(b) for b in program.args)
+    temps = tuple(tr.buffer(b) for b in program.temps)
+    params: list[Var] = []
+    for v in program.params:
+        for p in ([v] if v not in sub else sorted(free_vars(sub[v]), key=lambda x: x.name)):
+            if p not in params:
+                params.append(p)
+    return dataclasses.replace(program, body=body, args=args, temps=temps, params=tuple(params))
