@@ -68,12 +68,14 @@ LAUNCH_MIN_BLOCKS: int | None = None
 
 @dataclass(frozen=True)
 class KernelArg:
-    """One kernel parameter: a buffer (pointer) or a size parameter (long long)."""
+    """One kernel parameter: a buffer (pointer) or a size parameter (`int` in a kernel whose index width is
+    32 bits, else `long long`; `int32` says which, so the launcher passes the matching C type)."""
 
     name: str
     buffer: N.Buffer | None = None
     var: N.Var | None = None
     written: bool = False
+    int32: bool = False
 
 
 @dataclass(frozen=True)
@@ -378,11 +380,13 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             st = _STORAGE[b.dtype]
             params.append(f"{'' if w else 'const '}{st}* __restrict__ {nm}")
             args.append(KernelArg(nm, buffer=b, written=w))
+        # sizes take the kernel's index width: a 64-bit size in `i * n` would widen 32-bit index arithmetic
+        narrow = self.kern.index_dtype == "int32"
         for s in sizes:
             nm = self.var(s)
-            params.append(f"const long long {nm}")
-            args.append(KernelArg(nm, var=s))
-        self.ix = "int" if self.kern.index_dtype == "int32" else "long long"
+            params.append(f"const {'int' if narrow else 'long long'} {nm}")
+            args.append(KernelArg(nm, var=s, int32=narrow))
+        self.ix = "int" if narrow else "long long"
         self.lines = []
         self.ind = 1
         body_start = len(self.lines)

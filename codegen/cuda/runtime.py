@@ -383,8 +383,12 @@ class CudaModule(Module):
                 values.append(p.ptrs[a.buffer])
                 types.append(ctypes.c_void_p)
             else:
-                values.append(int(env[a.var]))
-                types.append(ctypes.c_longlong)
+                v = int(env[a.var])
+                if a.int32 and not -2**31 <= v < 2**31:  # the variant's int32 key promised otherwise
+                    raise ResourceLimitError(f"kernel {k.name!r} has 32-bit indices but size {a.name!r} = {v} "
+                                             "does not fit 32 bits; build with specialize=False")
+                values.append(v)
+                types.append(ctypes.c_int if a.int32 else ctypes.c_longlong)
         check(cu.cuLaunchKernel(fns[k.name], *grid, *block, 0, p.stream, (tuple(values), tuple(types)), 0),
               f"cuLaunchKernel({k.name})")
 

@@ -14,6 +14,7 @@ from typing import Any
 import islpy as isl
 
 from loopir import poly
+from loopir.affine import linear_form, simplify
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
 from loopir.isl_conv import pw_bound
 from loopir.nodes import Allocate, Const, Expr, For, If, Program, Seq, Stmt, Var, binary, const, logical
@@ -134,7 +135,9 @@ def split(program: Program, loop: Var, factor: int) -> tuple[Program, tuple[Var,
         ext = binary("sub", f.hi, f.lo)
         olo: Expr = const(0)
         ohi = binary("floordiv", binary("add", ext, const(factor - 1)), fc)
-        exact = _is_const(ext) and ext.value % factor == 0  # type: ignore[attr-defined]
+        # exact when the extent is provably a multiple (4096, or 16*n16 after call-time specialization)
+        lin = linear_form(simplify(ext))
+        exact = lin is not None and all(isinstance(c, int) and c % factor == 0 for c in lin.values())
         guard = None if exact else value < f.hi
     else:
         value = binary("add", binary("mul", vo, fc), vi)
