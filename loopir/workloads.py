@@ -341,3 +341,59 @@ __all__ = [
     "softmax",
     "stencil5",
 ]
+
+
+# ----------------------------------------------------------------------------- more memory-bound rows
+# (benchmarks/shapes.py runs these beside the seeds; they are not seeds, so not in SEEDS)
+
+RMSNORM_EPS = 1e-6
+
+
+def _acc(dtype: str) -> str:
+    """The accumulation dtype of a row statistic: float32 for 16-bit inputs (as PyTorch does; a float16 sum
+    of 65,536 squares, or the size itself as a float16, overflows), else the dtype itself."""
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
+def rmsnorm(m: Size | None = None, n: Size | None = None, dtype: str = "float32") -> Workload:
+    """RMSNorm over the rows of x (m, n) with weight (n,): ms = mean(x^2) (accumulated in float32 for
+    16-bit inputs), y = x * rsqrt(ms + eps) * weight. Two stages: the row statistic, then the scaling."""
+    m, n = _size(m, "m"), _size(n, "n")
+    acc = _acc(dtype)
+    x = te.placeholder((m, n), dtype, name="x")
+    w = te.placeholder((n,), dtype, name="weight")
+    k = te.reduce_axis(n, name="k")
+    ms = te.compute((m,), lambda i: te.sum(te.cast(acc, x[i, k]) * te.cast(acc, x[i, k]) / _f(n, acc), axis=k),
+                    name="mean_sq")
+    y = te.compute(
+        (m, n),
+        lambda i, j: te.cast(dtype, te.cast(acc, x[i, j]) * te.rsqrt(ms[i] + RMSNORM_EPS) * te.cast(acc, w[j])),
+        name="y",
+    )
+
+    def ref(xa: Array, wa: Array) -> tuple[Array, ...]:
+        x64 = xa.astype(np.float64)
+        r = 1.0 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + RMSNORM_EPS)
+        return ((x64 * r * wa.astype(np.float64)).astype(dtype),)
+
+    return Workload("rmsnorm", (x, w), (y,), ref, _vars(m, n), tolerance=1e-4)
+
+
+def bias_gelu(m: Size | None = None, n: Size | None = None, dtype: str = "float32") -> Workload:
+    """GELU of a biased activation, as after a linear layer: h = x + bias (bias (n,) broadcast over the m
+    rows of x (m, n)), y = 0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3))). Two stages."""
+    m, n = _size(m, "m"), _size(n, "n")
+    x = te.placeholder((m, n), dtype, name="x")
+    b = te.placeholder((n,), dtype, name="bias")
+    h = te.compute((m, n), lambda i, j: x[i, j] + b[j], name="h")
+    y = te.compute(
+        (m, n),
+        lambda i, j: 0.5 * h[i, j] * (1.0 + te.tanh(GELU_C * (h[i, j] + 0.044715 * h[i, j] * h[i, j] * h[i, j]))),
+        name="y",
+    )
+
+    def ref(xa: Array, ba: Array) -> tuple[Array, ...]:
+        h64 = xa.astype(np.float64) + ba.astype(np.float64)
+        return ((0.5 * h64 * (1.0 + np.tanh(GELU_C * (h64 + 0.044715 * h64**3)))).astype(dtype),)
+
+    return Workload("bias_gelu", (x, b), (y,), ref, _vars(m, n))

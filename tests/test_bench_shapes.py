@@ -1,0 +1,172 @@
+"""benchmarks/shapes.py's machinery on a tiny CPU grid: rows for every (workload, shape, dtype, sizes mode), a
+wrong result reported FAIL and a build that raises reported ERROR (never dropped), the markdown table, the PNG
+(a valid PNG: signature, chunk CRCs, image data of the declared size), merging parts and the worst rows.
+Also the two workloads added for it (rmsnorm, bias_gelu) against their numpy references on the CPU target."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+from codegen import build
+from loopir import workloads as W
+from loopir.errors import ArgumentError
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+import _shapes_report as R  # noqa: E402
+import shapes as S  # noqa: E402
+
+
+def _broken_reference(shape, dtype):
+    """gelu whose reference is off by one: every row of it must come out FAIL."""
+    w = S._mn(W.gelu)(shape, dtype)
+    good = w.reference
+    return dataclasses.replace(w, reference=lambda *xs: tuple(r + 1.0 for r in good(*xs)))
+
+
+def _no_symbolic(shape, dtype):
+    """sincos that cannot be made at symbolic sizes: the sym row must be ERROR with the exception's class."""
+    if shape is None:
+        raise ArgumentError("no symbolic version of this test workload\nsecond line not shown")
+    return W.sincos(shape[0] * shape[1], dtype=dtype)
+
+
+BROKEN = S.Spec("broken", "ew", _broken_reference, S._t_gelu, S._n_gelu)
+NOSYM = S.Spec("nosym", "ew", _no_symbolic, lambda x: x, lambda x: np.sin(x) ** 2 + np.cos(x) ** 2)
+
+
+@pytest.fixture(scope="module")
+def data():
+    groups = [(S.SPECS["gelu"], (3, 37)), (S.SPECS["softmax"], (5, 70)), (S.SPECS["rmsnorm"], (2, 33)),
+              (BROKEN, (2, 9)), (NOSYM, (1, 17))]
+    return S.run_part("cpu", backend=S.CpuBackend(1, copy_bytes=1 << 20), groups=groups)
+
+
+def test_every_row_reported(data):
+    rows = data["rows"]
+    assert len(rows) == 5 * 2  # five groups x (fixed, sym), float32
+    got = {(r["workload"], r["shape"], r["dtype"], r["mode"]): r for r in rows}
+    for name, shape in (("gelu", "3x37"), ("softmax", "5x70"), ("rmsnorm", "2x33")):
+        for mode in ("fixed", "sym"):
+            r = got[(name, shape, "float32", mode)]
+            assert r["status"] == "ok", r
+            assert r["max_err"] < 1e-5 and r["ms_ours"] > 0 and r["ms_other"] > 0
+            assert r["ours_other"] == pytest.approx(r["ms_ours"] / r["ms_other"])
+        assert got[(name, shape, "float32", "sym")]["sym_fixed"] is not None
+    for mode in ("fixed", "sym"):
+        bad = got[("broken", "2x9", "float32", mode)]
+        assert bad["status"] == "FAIL" and "max rel. error" in bad["error"]
+    assert got[("nosym", "1x17", "float32", "fixed")]["status"] == "ok"
+    err = got[("nosym", "1x17", "float32", "sym")]
+    assert err["status"] == "ERROR" and "ArgumentError: no symbolic version" in err["error"]
+    assert "second line" not in err["error"]
+
+
+def test_table_lists_every_row(data):
+    md = R.markdown(data)
+    lines = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    for r in data["rows"]:
+        prefix = f"| {r['workload']} | {r['shape']} | {r['dtype']} | {r['mode']} |"
+        assert sum(ln.startswith(prefix) for ln in lines) >= 1, prefix
+    assert "## The worst 5 rows" in md and "## Failing rows" in md
+    assert md.count("**FAIL**") == 2 and md.count("**ERROR**") == 1
+
+
+def test_worst_rows_have_a_reason(data):
+    w = R.worst(data["rows"])
+    assert 0 < len(w) <= 5 and all(r["status"] == "ok" for r in w)
+    ratios = [R.headline(r) for r in w]
+    assert ratios == sorted(ratios, reverse=True)
+    assert all(isinstance(R.why(r), str) and R.why(r) for r in w)
+    assert R.why({"status": "FAIL", "workload": "gelu", "shape": "2x9", "mode": "sym"}) == "wrong result (see error)"
+
+
+def _chunks(png: bytes) -> list[tuple[bytes, bytes]]:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    out, pos = [], 8
+    while pos < len(png):
+        (n,) = struct.unpack(">I", png[pos:pos + 4])
+        kind, body = png[pos + 4:pos + 8], png[pos + 8:pos + 8 + n]
+        (crc,) = struct.unpack(">I", png[pos + 8 + n:pos + 12 + n])
+        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF, kind
+        out.append((kind, body))
+        pos += 12 + n
+    return out
+
+
+def test_png_is_valid(data, tmp_path):
+    paths = R.write_all(data, str(tmp_path), "t", use_matplotlib=False)
+    png = open(paths["png"], "rb").read()
+    chunks = _chunks(png)
+    assert [k for k, _ in chunks][0] == b"IHDR" and chunks[-1][0] == b"IEND"
+    w, h, depth, ctype, _, _, _ = struct.unpack(">IIBBBBB", chunks[0][1])
+    assert (depth, ctype) == (8, 2)
+    raw = zlib.decompress(b"".join(b for k, b in chunks if k == b"IDAT"))
+    assert len(raw) == h * (1 + 3 * w)
+    img = np.frombuffer(raw, np.uint8).reshape(h, 1 + 3 * w)
+    assert (img[:, 0] == 0).all()  # filter byte "none" on every row
+    pix = img[:, 1:].reshape(h, w, 3)
+    assert (pix == 40).all(axis=2).any()  # a failing cell is drawn (dark)
+    assert len(R.heat_rows(data["rows"])) == 10  # one strip per workload x dtype x sizes mode
+    saved = json.load(open(paths["json"]))
+    assert len(saved["rows"]) == len(data["rows"])
+
+
+def test_encode_png_refuses_a_bad_image():
+    with pytest.raises(ArgumentError, match="uint8"):
+        R.encode_png(np.zeros((4, 4, 3), np.float32))
+
+
+def test_merge_combines_parts(data, tmp_path):
+    rows = data["rows"]
+    a = {"title": "a", "meta": [{"part": "cpu"}], "rows": rows[:6]}
+    b = {"title": "b", "meta": [{"part": "cpu"}], "rows": rows[4:]}  # rows 4, 5 overlap: counted once
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    assert S.main(["--merge", str(pa), str(pb), "--out", str(tmp_path), "--no-matplotlib"]) == 0
+    merged = json.load(open(tmp_path / "shapes_merged.json"))
+    assert len(merged["rows"]) == len(rows) and len(merged["meta"]) == 2
+    md = (tmp_path / "shapes_merged.md").read_text()
+    assert all(f"| {r['workload']} | {r['shape']} |" in md for r in rows)
+    assert _chunks((tmp_path / "shapes_merged.png").read_bytes())
+
+
+def test_max_rel_err_sees_nan_and_shape():
+    ref = (np.arange(1.0, 5.0),)
+    assert S.max_rel_err((np.arange(1.0, 5.0),), ref) == 0.0
+    assert S.max_rel_err((np.array([1.0, np.nan, 3.0, 4.0]),), ref) == float("inf")
+    assert S.max_rel_err((np.arange(1.0, 4.0),), ref) == float("inf")
+
+
+def test_grid_covers_the_parts():
+    for part in ("gpu-mem", "gpu-gemm", "cpu"):
+        for quick in (False, True):
+            g = S.grid(part, quick, None)
+            assert g and {s.kind for s, _ in g} <= set(S.KINDS[part])
+    names = {s.name for s, _ in S.grid("gpu-mem", False, None)}
+    assert names == {"sincos", "gelu", "horizontal", "bias_gelu", "softmax", "layernorm", "rmsnorm"}
+    assert {s.name for s, _ in S.grid("gpu-mem", True, {"softmax"})} == {"softmax"}
+    assert (1024, 1024, 1024) in [sh for _, sh in S.grid("cpu", True, None)]
+    assert "float16" in S.default_dtypes("gpu-mem") and S.default_dtypes("cpu") == ["float32"]
+
+
+@pytest.mark.parametrize("make", [W.rmsnorm, W.bias_gelu])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_new_workloads_match_numpy(make, dtype):
+    w = make(dtype=dtype)
+    sizes = {"m": 3, "n": 41}
+    ins = w.random_inputs(sizes, np.random.default_rng())
+    outs = w.empty_outputs(sizes)
+    build(list(w.outputs), list(w.args), target="cpu")(*w.call_args(ins, outs))
+    ref = w.reference(*ins)[0].astype(np.float64)
+    err = np.abs(outs[0].astype(np.float64) - ref).max() / np.abs(ref).max()
+    assert err < (1e-5 if dtype == "float32" else 5e-3)
