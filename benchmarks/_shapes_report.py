@@ -83,8 +83,9 @@ KNOWN_REASONS: list[tuple[Callable[[Row], bool], str]] = [
      "GEMM size not a multiple of the tile: guarded remainder tiles (issue 11 item 5)"),
     (lambda r: r["mode"] == "sym" and (r.get("sym_fixed") or 0) > 1.05,
      "symbolic sizes: bound guards in the innermost loops, no 16-byte accesses (issue 11 items 1-2)"),
-    (lambda r: _gpu(r) and r.get("kind") == "row" and _dims(r)[-1] >= 32768 and _dims(r)[0] < 1024,
-     "very wide rows, few of them: one block per row, no multi-block combine (issue 11 item 4)"),
+    (lambda r: _gpu(r) and r.get("kind") == "row" and _dims(r)[-1] >= 16384,
+     "very wide rows: a row does not fit on chip, so each stage re-reads it from DRAM; no several-blocks-per-row "
+     "or online combine (issue 11 item 4)"),
     (lambda r: _gpu(r) and r.get("kind") == "row" and len(_dims(r)) == 2 and _dims(r)[0] < 264,
      "few rows: fewer blocks than 2 per SM (issue 11 item 4)"),
     (lambda r: (r.get("floor_ms") or 1) < 0.01, "tiny problem: launch latency and host overhead dominate"),
@@ -98,13 +99,7 @@ def _dims(r: Row) -> tuple[int, ...]:
 
 
 def why(r: Row) -> str:
-    for pred, reason in KNOWN_REASONS:
-        try:
-            if pred(r):
-                return reason
-        except (KeyError, IndexError, TypeError):
-            continue
-    return "?"
+    return next((reason for pred, reason in KNOWN_REASONS if _safe(pred, r)), "?")
 
 
 def worst(rows: list[Row], k: int = 5) -> list[Row]:
@@ -160,8 +155,53 @@ def markdown(data: dict[str, Any]) -> str:
     out += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     out += [table_row(r) for r in rows]
     out += ["", f"{len(rows)} rows, {len(failures(rows))} failing.", ""]
-    out += worst_section(rows)
+    out += goals_section(rows) + [""] + worst_section(rows)
     return "\n".join(out) + "\n"
+
+
+# issue 11's "done when": (goal, applies to the row, the row's number, met by that number)
+GOALS: list[tuple[str, Callable[[Row], bool], Callable[[Row], float | None], Callable[[float], bool]]] = [
+    ("GPU memory-bound: ours <= 1.05x torch.compile",
+     lambda r: r.get("part") == "gpu-mem", lambda r: r.get("ours_compile"), lambda v: v <= 1.05),
+    ("GPU symbolic sizes within 5% of fixed (sym/fixed <= 1.05)",
+     lambda r: r.get("part") != "cpu" and r["mode"] == "sym", lambda r: r.get("sym_fixed"), lambda v: v <= 1.05),
+    ("GPU GEMM float32 squares >= 1024: >= 0.8x cuBLAS (ours/cuBLAS <= 1.25)",
+     lambda r: r.get("part") == "gpu-gemm" and r["dtype"] == "float32" and _dims(r)[0] >= 1024,
+     lambda r: r.get("ours_other"), lambda v: v <= 1.25),
+    ("GPU skinny GEMM (M <= 64): >= 80% of its bandwidth floor",
+     lambda r: r.get("part") == "gpu-gemm" and _dims(r)[0] <= 64, lambda r: r.get("pct_floor"), lambda v: v >= 80),
+    ("CPU GEMM 1024^3: >= 0.8x PyTorch CPU (ours/eager <= 1.25)",
+     lambda r: r.get("part") == "cpu" and r["workload"] == "matmul_bias_relu",
+     lambda r: r.get("ours_eager"), lambda v: v <= 1.25),
+    ("CPU GEMM 1024^3: symbolic within 10% of fixed",
+     lambda r: r.get("part") == "cpu" and r["workload"] == "matmul_bias_relu" and r["mode"] == "sym",
+     lambda r: r.get("sym_fixed"), lambda v: v <= 1.1),
+]
+
+
+def goals_section(rows: list[Row]) -> list[str]:
+    """Issue 11's goals: the rows each applies to, how many meet it, how many miss it (a failing row misses), and
+    how many have no number for it (a baseline not run, e.g. no PyTorch)."""
+    out = ["## Goals (issue 11, done when)", "", "| goal | rows | met | missed | no data | missed (up to 3) |",
+           "|---|---|---|---|---|---|"]
+    for name, applies, metric, ok in GOALS:
+        rs = [r for r in rows if _safe(applies, r)]
+        if not rs:
+            continue
+        nodata = [r for r in rs if r.get("status") == "ok" and metric(r) is None]
+        miss = [r for r in rs if r.get("status") != "ok" or (metric(r) is not None and not ok(metric(r)))]
+        miss.sort(key=lambda r: -(metric(r) or 99))
+        shown = ", ".join(f"{r['workload']} {r['shape']} {_short(r['dtype'])} {r['mode']}" for r in miss[:3])
+        out.append(f"| {name} | {len(rs)} | {len(rs) - len(miss) - len(nodata)} | {len(miss)} | {len(nodata)} | "
+                   f"{shown} |")
+    return out
+
+
+def _safe(pred: Callable[[Row], bool], r: Row) -> bool:
+    try:
+        return bool(pred(r))
+    except (KeyError, IndexError, TypeError):
+        return False
 
 
 def worst_section(rows: list[Row], k: int = 5) -> list[str]:

@@ -556,10 +556,15 @@ def run_part(part: str, quick: bool = False, only: set[str] | None = None, dtype
             "device": getattr(backend, "device", platform.processor() or platform.machine()),
             "copy bandwidth GB/s": round(backend.bandwidth / 1e9, 1), "seconds": round(time.time() - start, 1),
             "command": " ".join(["python3", "benchmarks/shapes.py", *sys.argv[1:]])}
+    groups = [r for r in runner.rows if r.get("group_s")]
+    meta["torch.compile s (sum)"] = round(sum(r.get("compile_s") or 0 for r in groups), 1)
+    meta["our builds s (sum)"] = round(sum(r.get("build_s") or 0 for r in runner.rows if r.get("mode") == "fixed")
+                                       + sum(v[1] for v in runner.sym.values() if isinstance(v, tuple)), 1)
     torch = getattr(backend, "torch", None)
     meta["torch"] = getattr(torch, "__version__", "n/a (not importable)")
     if part == "cpu":
         meta["threads"] = getattr(backend, "threads", 2)
+        meta["floor"] = "bytes over a numpy copyto's bandwidth (one thread)"
     if getattr(backend, "l2", None):
         meta["L2 MiB"] = round(backend.l2 / 2**20, 1)
     if runner.skipped:

@@ -170,3 +170,37 @@ def test_new_workloads_match_numpy(make, dtype):
     ref = w.reference(*ins)[0].astype(np.float64)
     err = np.abs(outs[0].astype(np.float64) - ref).max() / np.abs(ref).max()
     assert err < (1e-5 if dtype == "float32" else 5e-3)
+
+
+def _row(part, workload, shape, mode, ms, **kw):
+    kind = {"softmax": "row", "gelu": "ew", "matmul_bias_relu": "gemm"}[workload]
+    return dict(part=part, workload=workload, kind=kind, shape=shape, dtype="float32", mode=mode, status="ok",
+                ms_ours=ms, **kw)
+
+
+def test_goals_and_reasons_on_gpu_rows(tmp_path):
+    """Rows as the GPU parts write them (numbers made up here): the ratios, the goal counts, the reasons."""
+    rows = R.derive([
+        _row("gpu-mem", "softmax", "1024x50257", "fixed", 1.0, ms_compile=0.5, ms_eager=0.8, floor_ms=0.4),
+        _row("gpu-mem", "softmax", "1024x50257", "sym", 1.5, ms_compile=0.5, ms_eager=0.8, floor_ms=0.4),
+        _row("gpu-mem", "gelu", "8192x8192", "fixed", 0.5, ms_compile=0.5, floor_ms=0.48),
+        _row("gpu-mem", "gelu", "8192x8192", "sym", 0.51, ms_compile=0.5, floor_ms=0.48),
+        _row("gpu-gemm", "matmul_bias_relu", "1000x1000x1000", "fixed", 2.0, ms_compile=1.0, ms_other=1.0),
+        _row("gpu-gemm", "matmul_bias_relu", "16x4096x4096", "fixed", 0.1, ms_compile=0.05, ms_other=0.05,
+             floor_ms=0.09),
+        dict(_row("gpu-mem", "softmax", "1x1000", "sym", None), status="FAIL", error="max rel. error 1e+00"),
+    ])
+    r0 = rows[1]
+    assert r0["sym_fixed"] == pytest.approx(1.5) and r0["ours_compile"] == pytest.approx(3.0)
+    assert r0["pct_floor"] == pytest.approx(100 * 0.4 / 1.5)
+    goals = {ln.split(" | ")[0][2:]: ln.split(" | ")[1:5] for ln in R.goals_section(rows) if ln.startswith("| GPU")}
+    assert goals["GPU memory-bound: ours <= 1.05x torch.compile"] == ["5", "2", "3", "0"]
+    assert goals["GPU symbolic sizes within 5% of fixed (sym/fixed <= 1.05)"] == ["3", "1", "2", "0"]
+    assert goals["GPU skinny GEMM (M <= 64): >= 80% of its bandwidth floor"] == ["1", "1", "0", "0"]
+    assert R.why(rows[4]).startswith("GEMM size not a multiple")
+    assert R.why(rows[5]).startswith("skinny M")
+    assert R.why(rows[0]).startswith("very wide rows")
+    assert [(r["shape"], r["mode"]) for r in R.worst(rows, 1)] == [("1024x50257", "sym")]  # 3.0x compile
+    assert len(R.worst(rows)) == 5 and R.failures(rows) == [rows[-1]]
+    paths = R.write_all({"title": "gpu", "meta": [], "rows": rows}, str(tmp_path), "g", use_matplotlib=False)
+    assert _chunks(open(paths["png"], "rb").read())
