@@ -52,6 +52,7 @@ import itertools  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import re  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -404,10 +405,10 @@ class GpuBackend(Backend):
                     row["baseline_error"] = "cuBLAS " + _err_line(exc)
 
 
-def _floor_ms(spec: Spec, w: Workload, nbytes: int, bandwidth: float, target: str) -> float | None:
+def _floor_ms(spec: Spec, w: Workload, nbytes: int, bandwidth: float, part: str) -> float | None:
     """The DRAM floor: every byte in and out once over the copy bandwidth. For GEMM only where it binds
     (skinny M on the GPU, M <= 64); square GEMMs are judged against cuBLAS instead."""
-    if spec.kind == "gemm" and (target != "cuda" or dims(w, w.outputs[0])[0] > 64):
+    if spec.kind == "gemm" and (part == "cpu" or dims(w, w.outputs[0])[0] > 64):
         return None
     return nbytes / bandwidth * 1e3
 
@@ -460,7 +461,7 @@ class Runner:
             outs = self.b.outputs(fixed, ncopies)
             ref = spec.make(shape, "float64").reference(*[self.b.host64(a) for a in ins[0]])
             shared: Row = {"bytes": nbytes, "l2": l2, "copies": ncopies,
-                           "floor_ms": _floor_ms(spec, fixed, nbytes, self.b.bandwidth, self.b.target)}
+                           "floor_ms": _floor_ms(spec, fixed, nbytes, self.b.bandwidth, part)}
             self.b.baselines(spec, ins, shared)
         except Exception as exc:  # noqa: BLE001 - the whole group fails alike
             for r in rows:
@@ -519,6 +520,8 @@ class Runner:
         ms = r.get("ms_ours")
         shown = f"{ms:.4f} ms" if ms else "-"
         extra = "" if r["status"] == "ok" else f" {r['status']}: {r.get('error', '')[:100]}"
+        if r.get("baseline_error"):
+            extra += f" (baseline: {r['baseline_error'][:100]})"
         print(f"  {r['workload']:16s} {r['shape']:16s} {r['dtype']:8s} {r['mode']:5s} ours {shown:12s} "
               f"eager {r.get('ms_eager') or 0:.4f} compile {r.get('ms_compile') or 0:.4f} "
               f"other {r.get('ms_other') or 0:.4f} err {r.get('max_err', float('nan')):.1e}{extra}", flush=True)
@@ -527,26 +530,34 @@ class Runner:
 # ----------------------------------------------------------------------------- parts
 
 
-def grid(part: str, quick: bool, only: set[str] | None) -> list[tuple[Spec, Shape]]:
+def grid(part: str, quick: bool, only: set[str] | None, shapes: set[str] | None = None) -> list[tuple[Spec, Shape]]:
+    """The (workload, shape) pairs of a part; `only` keeps those workloads, `shapes` those shape labels
+    ("4096x3000"; a label not in the grid is run as given, for every workload of its rank)."""
     g = (QUICK if quick else GRID)[part]
     out = []
     for spec in SPECS.values():
         if spec.kind not in KINDS[part] or (only and spec.name not in only):
             continue
-        out += [(spec, s) for s in g.get(spec.kind, [])]
+        todo = g.get(spec.kind, [])
+        if shapes:
+            rank = len(todo[0]) if todo else (3 if spec.kind == "gemm" else 2)
+            todo = [tuple(int(d) for d in lb.split("x")) for lb in sorted(shapes)]
+            todo = [t for t in todo if len(t) == rank]
+        out += [(spec, s) for s in todo]
     return out
 
 
 def run_part(part: str, quick: bool = False, only: set[str] | None = None, dtypes: Sequence[str] | None = None,
              max_seconds: float | None = None, modes: Sequence[str] = ("fixed", "sym"),
-             backend: Backend | None = None, groups: Sequence[tuple[Spec, Shape]] | None = None) -> dict[str, Any]:
+             backend: Backend | None = None, groups: Sequence[tuple[Spec, Shape]] | None = None,
+             shapes: set[str] | None = None) -> dict[str, Any]:
     """Run one part; returns {"title", "meta", "rows"} (rows in run order, ratios filled)."""
     start = time.time()
     if backend is None:
         backend = CpuBackend(2) if part == "cpu" else GpuBackend(quick)
     dts = list(dtypes or default_dtypes(part))
     runner = Runner(backend, modes, None if max_seconds is None else start + max_seconds)
-    todo = list(groups) if groups is not None else grid(part, quick, only)
+    todo = list(groups) if groups is not None else grid(part, quick, only, shapes)
     print(f"{part}: {len(todo)} shape(s) x {len(dts)} dtype(s) x {len(modes)} size mode(s); copy bandwidth "
           f"{backend.bandwidth / 1e9:.1f} GB/s", flush=True)
     for spec, shape in todo:
@@ -583,6 +594,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--part", choices=sorted(KINDS), help="which part of the grid to run")
     ap.add_argument("--quick", action="store_true", help="a few shapes per workload")
     ap.add_argument("--only", default="", help="comma-separated workload names (" + ", ".join(SPECS) + ")")
+    ap.add_argument("--shapes", default="", help="comma-separated shapes to run instead of the grid's, e.g. "
+                                                 "4096x3000,1024x50257 (GEMM: MxNxK)")
     ap.add_argument("--dtypes", default="", help="comma-separated dtypes (default: float32,float16[,bfloat16] "
                                                  "on the GPU, float32 on the CPU)")
     ap.add_argument("--modes", default="fixed,sym", help="fixed, sym or both")
@@ -608,8 +621,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         modes = [m for m in a.modes.split(",") if m]
         if set(modes) - {"fixed", "sym"}:
             ap.error(f"--modes takes fixed and/or sym, got {a.modes}")
-        data = run_part(a.part, a.quick, only, dts, a.max_seconds, modes)
-        tag = _tag(a.part, a.quick, only, dts)
+        shapes = set(filter(None, a.shapes.split(","))) or None
+        if shapes and not all(re.fullmatch(r"\d+(x\d+)+", x) for x in shapes):
+            ap.error(f"--shapes takes labels like 4096x3000, got {a.shapes}")
+        data = run_part(a.part, a.quick, only, dts, a.max_seconds, modes, shapes=shapes)
+        tag = _tag(a.part, a.quick, only, dts) + ("_" + "-".join(sorted(shapes)) if shapes else "")
     else:
         ap.error("give --part or --merge")
     paths = R.write_all(data, a.out, tag, mpl)

@@ -5,11 +5,14 @@ Also the two workloads added for it (rmsnorm, bias_gelu) against their numpy ref
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import struct
 import sys
+import time
+import types
 import zlib
 
 import numpy as np
@@ -157,6 +160,10 @@ def test_grid_covers_the_parts():
     assert {s.name for s, _ in S.grid("gpu-mem", True, {"softmax"})} == {"softmax"}
     assert (1024, 1024, 1024) in [sh for _, sh in S.grid("cpu", True, None)]
     assert "float16" in S.default_dtypes("gpu-mem") and S.default_dtypes("cpu") == ["float32"]
+    picked = S.grid("gpu-mem", False, {"softmax", "gelu"}, {"4096x3000", "7x9", "16x4096x4096"})
+    assert sorted((s.name, sh) for s, sh in picked) == [("gelu", (7, 9)), ("gelu", (4096, 3000)),
+                                                        ("softmax", (7, 9)), ("softmax", (4096, 3000))]
+    assert [sh for _, sh in S.grid("gpu-gemm", False, None, {"16x4096x4096", "7x9"})] == [(16, 4096, 4096)]
 
 
 @pytest.mark.parametrize("make", [W.rmsnorm, W.bias_gelu])
@@ -204,3 +211,100 @@ def test_goals_and_reasons_on_gpu_rows(tmp_path):
     assert len(R.worst(rows)) == 5 and R.failures(rows) == [rows[-1]]
     paths = R.write_all({"title": "gpu", "meta": [], "rows": rows}, str(tmp_path), "g", use_matplotlib=False)
     assert _chunks(open(paths["png"], "rb").read())
+
+
+class _FakeTensor(np.ndarray):
+    """A numpy array with the few torch.Tensor methods the GPU backend calls (a stand-in: no torch here)."""
+
+    def detach(self):
+        return self
+
+    def double(self):
+        return self.astype(np.float64)
+
+    def cpu(self):
+        return self
+
+    def numpy(self):
+        return np.asarray(self)
+
+    def fill_(self, v):
+        self.fill(v)
+        return self
+
+    def tanh(self):
+        return np.tanh(self)
+
+    def relu(self):
+        return np.maximum(self, 0)
+
+
+class _FakeEvent:
+    def __init__(self, enable_timing=False):
+        self.t = 0.0
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def _fake_torch():
+    """Just enough of torch's surface for GpuBackend, run on the host (the module under test is built for "cpu")."""
+    rng = np.random.default_rng()
+    ns = types.SimpleNamespace
+    calls = {"compile": 0, "reset": 0, "matmul": 0}
+
+    def compile_(fn, dynamic=None):
+        assert dynamic is False
+        calls["compile"] += 1
+        return fn
+
+    def reset():
+        calls["reset"] += 1
+
+    def matmul(a, b):
+        calls["matmul"] += 1
+        return np.asarray(a) @ np.asarray(b)
+
+    return ns(
+        float32="float32", float16="float16", __version__="fake", calls=calls,
+        randn=lambda shape, device=None, dtype="float32": rng.standard_normal(shape).astype(dtype).view(_FakeTensor),
+        full=lambda shape, v, device=None, dtype="float32": np.full(shape, v, dtype).view(_FakeTensor),
+        manual_seed=lambda s: None, compile=compile_, matmul=matmul, no_grad=contextlib.nullcontext,
+        _dynamo=ns(reset=reset),
+        backends=ns(cuda=ns(matmul=ns(allow_tf32=True)), cudnn=ns(allow_tf32=True)),
+        cuda=ns(synchronize=lambda: None, Event=_FakeEvent, empty_cache=lambda: None,
+                get_device_name=lambda i: "fake device",
+                get_device_properties=lambda i: ns(L2_cache_size=1 << 16)),
+    )
+
+
+def test_gpu_backend_flow_with_a_stand_in_torch(monkeypatch):
+    """GpuBackend's path (inputs, L2 rotation, eager / torch.compile / cuBLAS baselines, timing through
+    gpu_suite.time_cuda, ratios) with a host stand-in for torch; the modules are CPU builds of the same programs."""
+    fake = _fake_torch()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(S, "copy_bandwidth", lambda torch, n: 1e10)
+    monkeypatch.setattr(S, "TIME_BUDGET_S", 0.01)
+
+    class HostGpu(S.GpuBackend):
+        target = "cpu"  # build for the host: the stand-in tensors are numpy arrays
+
+    b = HostGpu(quick=True)
+    assert fake.backends.cuda.matmul.allow_tf32 is False and b.l2 == 1 << 16
+    assert b.copies(1 << 10) == (64, "L2") and b.copies(1 << 20) == (1, "cold")
+    groups = [(S.SPECS["gelu"], (4, 50)), (S.SPECS["matmul_bias_relu"], (8, 24, 16))]
+    data = S.run_part("gpu-mem", dtypes=["float32"], backend=b, groups=groups)
+    rows = data["rows"]
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows), rows
+    assert fake.calls["compile"] == fake.calls["reset"] == 2 and fake.calls["matmul"] > 0
+    for r in rows:
+        assert r["ms_ours"] > 0 and r["ms_compile"] > 0 and r["ours_compile"] is not None and r["max_err"] < 1e-5
+    gemm = [r for r in rows if r["workload"] == "matmul_bias_relu"]
+    assert all(r["other_name"] == "cuBLAS" and r["ms_other"] > 0 and r["floor_ms"] for r in gemm)  # M = 8: skinny
+    assert data["meta"][0]["device"] == "fake device"
