@@ -129,6 +129,8 @@ COLUMNS = ("workload", "shape", "dtype", "sizes", "ms ours", "ms ours launch", "
 
 def table_row(r: Row) -> str:
     status = r["status"] if r["status"] == "ok" else f"**{r['status']}** {r.get('error', '')[:120]}"
+    if r.get("baseline_error"):
+        status += f" (baseline: {r['baseline_error'][:100]})"
     status = status.replace("|", "/").replace("\n", " ")
     pct = "" if r.get("pct_floor") is None else f"{r['pct_floor']:.0f}%"
     err = "" if r.get("max_err") is None else f"{r['max_err']:.1e}"

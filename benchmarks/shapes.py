@@ -74,6 +74,11 @@ from loopir import dtypes as D  # noqa: E402
 from loopir import workloads as W  # noqa: E402
 from loopir.workloads import Workload  # noqa: E402
 
+try:  # a module global, so the functions torch.compile traces hold no import statement
+    import torch as _torch
+except ImportError:  # the report side and --part cpu run without PyTorch
+    _torch = None
+
 Shape = tuple[int, ...]
 Row = dict[str, Any]
 GELU_C = math.sqrt(2.0 / math.pi)
@@ -95,16 +100,12 @@ def _t_softmax(x: Any) -> Any:
 
 
 def _t_layernorm(x: Any, w: Any, b: Any) -> Any:
-    import torch
-
-    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps=W.LAYERNORM_EPS)
+    return _torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps=W.LAYERNORM_EPS)
 
 
 def _t_rmsnorm(x: Any, w: Any) -> Any:
-    import torch
-
     xf = x.float()
-    return (xf * torch.rsqrt((xf * xf).mean(dim=-1, keepdim=True) + W.RMSNORM_EPS) * w.float()).to(x.dtype)
+    return (xf * ((xf * xf).mean(dim=-1, keepdim=True) + W.RMSNORM_EPS).rsqrt() * w.float()).to(x.dtype)
 
 
 def _t_gemm(a: Any, b: Any, bias: Any) -> Any:
@@ -251,7 +252,15 @@ class Backend:
     def poison(self, outs: list[Any]) -> None: ...
     def sync(self) -> None: ...
     def time(self, fn: Callable[[], Any]) -> float: ...
-    def baselines(self, spec: Spec, ins: list[list[Any]], row: Row) -> None: ...
+    def baselines(self, spec: Spec, ins: list[list[Any]], row: Row, ref: tuple[np.ndarray, ...]) -> None: ...
+
+    def check(self, name: str, got: Any, ref: tuple[np.ndarray, ...], row: Row) -> None:
+        """Record a baseline's own error against the reference (`<name>_err`): a baseline that computes
+        something else would make its timing meaningless."""
+        err = max_rel_err([self.host64(g) for g in _tuple(got)], ref)
+        row[f"{name}_err"] = err
+        if not err <= TOL.get(row.get("dtype", ""), 1e-2) * 10:
+            row["baseline_error"] = f"{name} result differs from the reference (max rel. error {err:.1e})"
     def copies(self, nbytes: int) -> tuple[int, str]: ...
     def build_opts(self) -> dict[str, Any]: ...
 
@@ -308,10 +317,11 @@ class CpuBackend(Backend):
     def build_opts(self) -> dict[str, Any]:
         return {"threads": self.threads}
 
-    def baselines(self, spec: Spec, ins: list[list[Any]], row: Row) -> None:
+    def baselines(self, spec: Spec, ins: list[list[Any]], row: Row, ref: tuple[np.ndarray, ...]) -> None:
         args = ins[0]
         row["other_name"] = "numpy"
         try:
+            self.check("numpy", spec.np_fn(*args), ref, row)
             row["ms_other"] = self.time(lambda: spec.np_fn(*args))
         except Exception as exc:  # noqa: BLE001 - a baseline failing must not drop the row
             row["baseline_error"] = _err_line(exc)
@@ -319,6 +329,7 @@ class CpuBackend(Backend):
             try:
                 targs = [self.torch.from_numpy(a) for a in args]
                 with self.torch.no_grad():
+                    self.check("eager", spec.torch_fn(*targs), ref, row)
                     row["ms_eager"] = self.time(lambda: spec.torch_fn(*targs))
             except Exception as exc:  # noqa: BLE001
                 row["baseline_error"] = _err_line(exc)
@@ -379,11 +390,12 @@ class GpuBackend(Backend):
     def build_opts(self) -> dict[str, Any]:
         return {}
 
-    def baselines(self, spec: Spec, ins: list[list[Any]], row: Row) -> None:
+    def baselines(self, spec: Spec, ins: list[list[Any]], row: Row, ref: tuple[np.ndarray, ...]) -> None:
         torch = self.torch
         cyc = itertools.cycle(ins)
         with torch.no_grad():
             try:
+                self.check("eager", spec.torch_fn(*ins[0]), ref, row)
                 row["ms_eager"] = self.time(lambda: spec.torch_fn(*next(cyc)))
             except Exception as exc:  # noqa: BLE001
                 row["baseline_error"] = "eager " + _err_line(exc)
@@ -391,9 +403,10 @@ class GpuBackend(Backend):
                 torch._dynamo.reset()  # a fresh cache per shape: the recompile limit never falls back to eager
                 compiled = torch.compile(spec.torch_fn, dynamic=False)
                 s = time.perf_counter()
-                compiled(*ins[0])
+                got = compiled(*ins[0])
                 torch.cuda.synchronize()
                 row["compile_s"] = round(time.perf_counter() - s, 2)
+                self.check("compile", got, ref, row)
                 row["ms_compile"] = self.time(lambda: compiled(*next(cyc)))
             except Exception as exc:  # noqa: BLE001
                 row["baseline_error"] = "compile " + _err_line(exc)
@@ -460,9 +473,9 @@ class Runner:
             ins = self.b.inputs(fixed, self.rng, ncopies)
             outs = self.b.outputs(fixed, ncopies)
             ref = spec.make(shape, "float64").reference(*[self.b.host64(a) for a in ins[0]])
-            shared: Row = {"bytes": nbytes, "l2": l2, "copies": ncopies,
+            shared: Row = {"dtype": dtype, "bytes": nbytes, "l2": l2, "copies": ncopies,
                            "floor_ms": _floor_ms(spec, fixed, nbytes, self.b.bandwidth, part)}
-            self.b.baselines(spec, ins, shared)
+            self.b.baselines(spec, ins, shared, ref)
         except Exception as exc:  # noqa: BLE001 - the whole group fails alike
             for r in rows:
                 r.update(status="ERROR", error="setup " + _err_line(exc), trace=traceback.format_exc(limit=3))

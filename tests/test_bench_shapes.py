@@ -63,6 +63,7 @@ def test_every_row_reported(data):
             assert r["status"] == "ok", r
             assert r["max_err"] < 1e-5 and r["ms_ours"] > 0 and r["ms_other"] > 0
             assert r["ours_other"] == pytest.approx(r["ms_ours"] / r["ms_other"])
+            assert r["numpy_err"] < 1e-5 and "baseline_error" not in r
         assert got[(name, shape, "float32", "sym")]["sym_fixed"] is not None
     for mode in ("fixed", "sym"):
         bad = got[("broken", "2x9", "float32", mode)]
@@ -308,3 +309,4 @@ def test_gpu_backend_flow_with_a_stand_in_torch(monkeypatch):
     gemm = [r for r in rows if r["workload"] == "matmul_bias_relu"]
     assert all(r["other_name"] == "cuBLAS" and r["ms_other"] > 0 and r["floor_ms"] for r in gemm)  # M = 8: skinny
     assert data["meta"][0]["device"] == "fake device"
+    assert all(r["eager_err"] < 1e-5 and r["compile_err"] < 1e-5 and "baseline_error" not in r for r in rows)
