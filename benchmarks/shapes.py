@@ -299,6 +299,7 @@ class CpuBackend(Backend):
         pass
 
     def time(self, fn: Callable[[], Any]) -> float:
+        time.sleep(0.1)  # let the previous timing's BLAS / OpenMP threads stop spinning (they would take a core)
         fn()
         t = time.perf_counter()
         fn()
