@@ -72,8 +72,6 @@ KNOWN_REASONS: list[tuple[Callable[[Row], bool], str]] = [
      "CPU GEMM through the default auto_schedule path (a 6x16 register tile), not the hand recipe (issue 11 item 5)"),
     (lambda r: not _gpu(r) and (r.get("floor_ms") or 1) < 0.1,
      "tiny problem on the CPU: the ctypes call and argument checks dominate"),
-    (lambda r: r["status"] == "FAIL" and r["workload"] == "layernorm" and r["dtype"] != "float32",
-     "the layernorm seed accumulates in its own 16-bit dtype and divides by n cast to it (inf at 65,536)"),
     (lambda r: r["status"] == "FAIL", "wrong result (see error)"),
     (lambda r: r["workload"] == "matmul_bias_relu" and r["mode"] == "sym" and (r.get("sym_fixed") or 0) > 2,
      "GEMM at symbolic sizes: bound guards in the inner tile, no vector or staged loads (issue 11 item 1/5)"),

@@ -2,7 +2,9 @@
 eager, torch.compile (dynamic=False), cuBLAS and the DRAM floor, all timed in one process.
 
 Workloads: the memory-bound seeds of loopir/workloads.py (sincos, gelu, horizontal, softmax, layernorm) plus
-rmsnorm and bias_gelu; the GEMM relu(A @ B + bias) (workloads.matmul_bias_relu) on squares and skinny M. Each
+rmsnorm and bias_gelu (for float16 / bfloat16, softmax and layernorm are the seeds' float32-accumulating twins
+`softmax_mixed` / `layernorm_mixed`, as PyTorch computes them: the seeds accumulate in their own dtype and fail the
+float64 check on wide rows); the GEMM relu(A @ B + bias) (workloads.matmul_bias_relu) on squares and skinny M. Each
 (workload, shape, dtype) is built twice: at symbolic sizes (`te.var`, the user's path
 `build(outs, ins + outs, target=...)`, one module per workload and dtype reused for every shape) and at sizes fixed
 at build time. Every row is checked against the float64 numpy reference (fresh random inputs, outputs poisoned
@@ -152,6 +154,16 @@ def _mn(f: Callable[..., Workload]) -> Callable[[Shape | None, str], Workload]:
     return make
 
 
+def _mixed(seed: Callable[..., Workload], mixed: Callable[..., Workload]) -> Callable[[Shape | None, str], Workload]:
+    """The seed for float32 / float64; for 16-bit dtypes its float32-accumulating twin (what PyTorch computes; the
+    seeds as written accumulate in their own dtype and fail the float64 check on wide rows)."""
+    s, m = _mn(seed), _mn(mixed)
+
+    def make(shape: Shape | None, dtype: str) -> Workload:
+        return m(shape, dtype) if dtype in ("float16", "bfloat16") else s(shape, dtype)
+    return make
+
+
 def _sincos(shape: Shape | None, dtype: str) -> Workload:
     return W.sincos(None if shape is None else shape[0] * shape[1], dtype=dtype)  # 1-D: the shape flattened
 
@@ -169,8 +181,8 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
     Spec("horizontal", "ew", _mn(W.horizontal), lambda x: (x.relu(), x.sigmoid(), x.tanh()),
          lambda x: (np.maximum(x, 0), 1 / (1 + np.exp(-x)), np.tanh(x))),
     Spec("bias_gelu", "ew", _mn(W.bias_gelu), lambda x, b: _t_gelu(x + b), lambda x, b: _n_gelu(x + b)),
-    Spec("softmax", "row", _mn(W.softmax), _t_softmax, _n_softmax),
-    Spec("layernorm", "row", _mn(W.layernorm), _t_layernorm, _n_layernorm),
+    Spec("softmax", "row", _mixed(W.softmax, W.softmax_mixed), _t_softmax, _n_softmax),
+    Spec("layernorm", "row", _mixed(W.layernorm, W.layernorm_mixed), _t_layernorm, _n_layernorm),
     Spec("rmsnorm", "row", _mn(W.rmsnorm), _t_rmsnorm, _n_rmsnorm),
     Spec("matmul_bias_relu", "gemm", _gemm, _t_gemm, lambda a, b, bias: np.maximum(a @ b + bias, 0)),
 ]}
