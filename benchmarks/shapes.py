@@ -273,6 +273,7 @@ class Backend:
         row[f"{name}_err"] = err
         if not err <= TOL.get(row.get("dtype", ""), 1e-2) * 10:
             row["baseline_error"] = f"{name} result differs from the reference (max rel. error {err:.1e})"
+
     def copies(self, nbytes: int) -> tuple[int, str]: ...
     def build_opts(self) -> dict[str, Any]: ...
 
@@ -294,18 +295,25 @@ class CpuBackend(Backend):
         ms = self.time(lambda: np.copyto(b, a))
         self.bandwidth = 2 * a.nbytes / (ms * 1e-3)
 
+    @staticmethod
+    def _host(a: np.ndarray, dtype: str) -> np.ndarray:
+        """float64 values as a host array of `dtype` (bfloat16: its uint16 bits, loopir.dtypes.to_bfloat16)."""
+        return D.to_bfloat16(a) if dtype == "bfloat16" else a.astype(dtype)  # type: ignore[attr-defined]
+
     def inputs(self, w: Workload, rng: np.random.Generator, copies: int) -> list[list[Any]]:
-        return [[rng.standard_normal(dims(w, x)).astype(x.dtype) for x in w.inputs] for _ in range(copies)]
+        return [[self._host(rng.standard_normal(dims(w, x)), x.dtype) for x in w.inputs] for _ in range(copies)]
 
     def outputs(self, w: Workload, copies: int) -> list[list[Any]]:
-        return [[np.full(dims(w, o), np.nan, o.dtype) for o in w.outputs] for _ in range(copies)]
+        return [[self._host(np.full(dims(w, o), np.nan), o.dtype) for o in w.outputs] for _ in range(copies)]
 
     def host64(self, a: Any) -> np.ndarray:
+        if a.dtype == np.uint16:  # bfloat16 bits (no workload here has 16-bit integers)
+            return D.from_bfloat16(a).astype(np.float64)  # type: ignore[attr-defined]
         return np.asarray(a, dtype=np.float64)
 
     def poison(self, outs: list[Any]) -> None:
         for o in outs:
-            o.fill(np.nan)
+            o[...] = self._host(np.full(o.shape, np.nan), "bfloat16" if o.dtype == np.uint16 else str(o.dtype))
 
     def sync(self) -> None:
         pass
@@ -331,18 +339,21 @@ class CpuBackend(Backend):
         return {"threads": self.threads}
 
     def baselines(self, spec: Spec, ins: list[list[Any]], row: Row, ref: tuple[np.ndarray, ...]) -> None:
-        args = ins[0]
-        row["other_name"] = "numpy"
+        # numpy has no bfloat16: its baseline (and PyTorch's input) is the float32 widening of the bits
+        wide = [self.host64(a).astype(np.float32) if a.dtype == np.uint16 else a for a in ins[0]]
+        row["other_name"] = "numpy" if all(a.dtype != np.uint16 for a in ins[0]) else "numpy float32"
         try:
-            self.check("numpy", spec.np_fn(*args), ref, row)
-            row["ms_other"] = self.time(lambda: spec.np_fn(*args))
+            self.check("numpy", spec.np_fn(*wide), ref, row)
+            row["ms_other"] = self.time(lambda: spec.np_fn(*wide))
         except Exception as exc:  # noqa: BLE001 - a baseline failing must not drop the row
             row["baseline_error"] = _err_line(exc)
         if self.torch is not None:
             try:
-                targs = [self.torch.from_numpy(a) for a in args]
-                with self.torch.no_grad():
-                    self.check("eager", spec.torch_fn(*targs), ref, row)
+                torch = self.torch
+                targs = [torch.from_numpy(w).to(torch.bfloat16) if a.dtype == np.uint16 else torch.from_numpy(a)
+                         for a, w in zip(ins[0], wide)]
+                with torch.no_grad():
+                    self.check("eager", [o.double().numpy() for o in _tuple(spec.torch_fn(*targs))], ref, row)
                     row["ms_eager"] = self.time(lambda: spec.torch_fn(*targs))
             except Exception as exc:  # noqa: BLE001
                 row["baseline_error"] = _err_line(exc)
