@@ -529,6 +529,8 @@ class Runner:
             mod(*ins[0], *outs[0])
             self.b.sync()
             r["max_err"] = err = max_rel_err([self.b.host64(o) for o in outs[0]], ref)
+            if callable(getattr(mod, "explain", None)):  # the build's notes and the specialization this call took
+                r["explain"] = str(mod.explain())[:600]
             r["tol"] = tol = max(TOL.get(dtype, 1e-2), fixed.tolerance)
             if not err <= tol:
                 r.update(status="FAIL", error=f"max rel. error {err:.2e} > tolerance {tol:.0e}")
