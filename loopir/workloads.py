@@ -341,3 +341,101 @@ __all__ = [
     "softmax",
     "stencil5",
 ]
+
+
+# ----------------------------------------------------------------------------- more memory-bound rows
+# (benchmarks/shapes.py runs these beside the seeds; they are not seeds, so not in SEEDS)
+
+RMSNORM_EPS = 1e-6
+
+
+def _acc(dtype: str) -> str:
+    """The accumulation dtype of a row statistic: float32 for 16-bit inputs (as PyTorch does; a float16 sum
+    of 65,536 squares, or the size itself as a float16, overflows), else the dtype itself."""
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
+def rmsnorm(m: Size | None = None, n: Size | None = None, dtype: str = "float32") -> Workload:
+    """RMSNorm over the rows of x (m, n) with weight (n,): ms = mean(x^2) (accumulated in float32 for
+    16-bit inputs), y = x * rsqrt(ms + eps) * weight. Two stages: the row statistic, then the scaling."""
+    m, n = _size(m, "m"), _size(n, "n")
+    acc = _acc(dtype)
+    x = te.placeholder((m, n), dtype, name="x")
+    w = te.placeholder((n,), dtype, name="weight")
+    k = te.reduce_axis(n, name="k")
+    ms = te.compute((m,), lambda i: te.sum(te.cast(acc, x[i, k]) * te.cast(acc, x[i, k]) / _f(n, acc), axis=k),
+                    name="mean_sq")
+    y = te.compute(
+        (m, n),
+        lambda i, j: te.cast(dtype, te.cast(acc, x[i, j]) * te.rsqrt(ms[i] + RMSNORM_EPS) * te.cast(acc, w[j])),
+        name="y",
+    )
+
+    def ref(xa: Array, wa: Array) -> tuple[Array, ...]:
+        x64 = xa.astype(np.float64)
+        r = 1.0 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + RMSNORM_EPS)
+        return ((x64 * r * wa.astype(np.float64)).astype(dtype),)
+
+    return Workload("rmsnorm", (x, w), (y,), ref, _vars(m, n), tolerance=1e-4)
+
+
+def bias_gelu(m: Size | None = None, n: Size | None = None, dtype: str = "float32") -> Workload:
+    """GELU of a biased activation, as after a linear layer: h = x + bias (bias (n,) broadcast over the m
+    rows of x (m, n)), y = 0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3))). Two stages."""
+    m, n = _size(m, "m"), _size(n, "n")
+    x = te.placeholder((m, n), dtype, name="x")
+    b = te.placeholder((n,), dtype, name="bias")
+    h = te.compute((m, n), lambda i, j: x[i, j] + b[j], name="h")
+    y = te.compute(
+        (m, n),
+        lambda i, j: 0.5 * h[i, j] * (1.0 + te.tanh(GELU_C * (h[i, j] + 0.044715 * h[i, j] * h[i, j] * h[i, j]))),
+        name="y",
+    )
+
+    def ref(xa: Array, ba: Array) -> tuple[Array, ...]:
+        h64 = xa.astype(np.float64) + ba.astype(np.float64)
+        return ((0.5 * h64 * (1.0 + np.tanh(GELU_C * (h64 + 0.044715 * h64**3)))).astype(dtype),)
+
+    return Workload("bias_gelu", (x, b), (y,), ref, _vars(m, n))
+
+
+def softmax_mixed(m: Size | None = None, n: Size | None = None, dtype: str = "float16") -> Workload:
+    """The row softmax of `softmax` for 16-bit inputs as PyTorch computes it: the exponentials and their sum in
+    float32 (a float16 sum of 50,257 terms is off by percents), the result cast back to `dtype`."""
+    m, n = _size(m, "m"), _size(n, "n")
+    acc = _acc(dtype)
+    x = te.placeholder((m, n), dtype, name="x")
+    k1 = te.reduce_axis(n, name="k")
+    mx = te.compute((m,), lambda i: te.max(te.cast(acc, x[i, k1]), axis=k1), name="row_max")
+    k2 = te.reduce_axis(n, name="k")
+    sm = te.compute((m,), lambda i: te.sum(te.exp(te.cast(acc, x[i, k2]) - mx[i]), axis=k2), name="row_sum")
+    y = te.compute((m, n), lambda i, j: te.cast(dtype, te.exp(te.cast(acc, x[i, j]) - mx[i]) / sm[i]), name="y")
+
+    def ref(xa: Array) -> tuple[Array, ...]:
+        return (_softmax_ref(xa.astype(np.float64)).astype(dtype),)
+
+    return Workload("softmax", (x,), (y,), ref, _vars(m, n))
+
+
+def layernorm_mixed(m: Size | None = None, n: Size | None = None, dtype: str = "float16") -> Workload:
+    """The layer norm of `layernorm` for 16-bit inputs as PyTorch computes it: mean and variance in float32 (the
+    seed divides by n cast to `dtype`, inf in float16 at n = 65,536), the result cast back to `dtype`."""
+    m, n = _size(m, "m"), _size(n, "n")
+    acc = _acc(dtype)
+    x = te.placeholder((m, n), dtype, name="x")
+    w = te.placeholder((n,), dtype, name="weight")
+    b = te.placeholder((n,), dtype, name="bias")
+    k1 = te.reduce_axis(n, name="k")
+    mean = te.compute((m,), lambda i: te.sum(te.cast(acc, x[i, k1]) / _f(n, acc), axis=k1), name="mean")
+    k2 = te.reduce_axis(n, name="k")
+    var = te.compute((m,), lambda i: te.sum((te.cast(acc, x[i, k2]) - mean[i]) ** 2 / _f(n, acc), axis=k2),
+                     name="var")
+    y = te.compute(
+        (m, n),
+        lambda i, j: te.cast(dtype, (te.cast(acc, x[i, j]) - mean[i]) * te.rsqrt(var[i] + LAYERNORM_EPS)
+                             * te.cast(acc, w[j]) + te.cast(acc, b[j])),
+        name="y",
+    )
+    seed_ref = layernorm(m, n, dtype).reference
+
+    return Workload("layernorm", (x, w, b), (y,), seed_ref, _vars(m, n), tolerance=1e-4)
