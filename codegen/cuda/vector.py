@@ -84,7 +84,7 @@ class _VectorEmitter:
             base = self._aligned_base(sflat, v, checks, lanes)
             if base is None:
                 return None
-            checks.append(self._pointer_check(st.buffer))
+            checks += self._pointer_check(st.buffer)
             value = substitute(st.value, sub)
             for n in walk(value):
                 if isinstance(n, N.Load) and id(n.buffer) in written and len(stores) > 1:
@@ -98,7 +98,7 @@ class _VectorEmitter:
                         continue
                     if all(n != x for x, _ in vec_loads):
                         vec_loads.append((n, lbase))
-                        checks.append(self._pointer_check(n.buffer))
+                        checks += self._pointer_check(n.buffer)
             outs.append((st, base, value))
         return checks, stores, outs, vec_loads
 
@@ -163,6 +163,12 @@ class _VectorEmitter:
             self.line(f"const uint4 {nm} = {f'LOOPIR_LD4({ptr})' if ld.buffer.scope == 'global' else '*' + ptr};")
         for st, base, value in outs:
             out = self.names.fresh(f"{st.name}_v")
+            ptr = f"reinterpret_cast<uint4*>(&{self.buf(st.buffer)}[{self.expr(base)}])"
+            if isinstance(value, N.Load) and value in lane_names:  # a copy (a cache_read row): the bits as they are
+                self.line(f"{'LOOPIR_ST4(' + ptr + ', ' if st.buffer.scope == 'global' else '*' + ptr + ' = '}"
+                          f"{lane_names[value]}{')' if st.buffer.scope == 'global' else ''};  // {st.name}: a copy")
+                self._invalidate(st.buffer)
+                continue
             vals = [self.names.fresh(f"{st.name}_{lane}") for lane in range(8)]
             for lane in range(8):
                 lc = N.const(lane)
@@ -176,16 +182,15 @@ class _VectorEmitter:
             self.pre = {}
             words = ", ".join(f"{_PACK[dt]}({vals[2 * k]}, {vals[2 * k + 1]})" for k in range(4))
             self.line(f"const uint4 {out} = make_uint4({words});  // {st.name}")
-            ptr = f"reinterpret_cast<uint4*>(&{self.buf(st.buffer)}[{self.expr(base)}])"
             self.line(f"LOOPIR_ST4({ptr}, {out});" if st.buffer.scope == "global" else f"*{ptr} = {out};")
             self._invalidate(st.buffer)
 
-    def _pointer_check(self, b: N.Buffer) -> str:
-        """`b` is 16-byte aligned: a global buffer's test is one `const bool` at the kernel entry."""
-        cond = f"(((unsigned long long){self.buf(b)}) & 15) == 0"
+    def _pointer_check(self, b: N.Buffer) -> list[str]:
+        """`b` is 16-byte aligned: a global buffer's test is one `const bool` at the kernel entry; a shared
+        array needs none (declared `__align__(16)` by `allocate`)."""
         if b.scope != "global":
-            return cond  # a shared array is declared inside the kernel (and __align__(16))
-        return self._entry_check(cond, f"{b.name}_aligned16")
+            return []
+        return [self._entry_check(f"(((unsigned long long){self.buf(b)}) & 15) == 0", f"{b.name}_aligned16")]
 
     def _entry_check(self, cond: str, base: str) -> str:
         if cond not in self.entry_checks:

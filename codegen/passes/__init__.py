@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from loopir.nodes import Program
 
+from .accumulate import widen_accumulators
 from .barriers import place_barriers
 from .bounds import prove_bounds
 from .guards import tighten_guards
@@ -43,10 +44,12 @@ class Pass:
 
 
 def _pipelines() -> dict[str, tuple[Pass, ...]]:
-    cuda = (Pass("prove_bounds", prove_bounds), Pass("split_kernels", split_kernels),
+    cuda = (Pass("widen_accumulators", widen_accumulators),
+            Pass("prove_bounds", prove_bounds), Pass("split_kernels", split_kernels),
             Pass("plan_kernels", plan_kernels), Pass("place_barriers", place_barriers),
             Pass("plan_staging", plan_staging))
-    cpu = (Pass("prove_bounds", prove_bounds), Pass("tighten_guards", tighten_guards),
+    cpu = (Pass("widen_accumulators", widen_accumulators),
+           Pass("prove_bounds", prove_bounds), Pass("tighten_guards", tighten_guards),
            Pass("version_tiles", version_tiles))
     return {"cuda": cuda, "cpu": cpu}
 
