@@ -44,12 +44,12 @@ class Pass:
 
 
 def _pipelines() -> dict[str, tuple[Pass, ...]]:
-    cuda = (Pass("widen_accumulators", widen_accumulators),
-            Pass("prove_bounds", prove_bounds), Pass("split_kernels", split_kernels),
+    cuda = (Pass("prove_bounds", prove_bounds), Pass("widen_accumulators", widen_accumulators),
+            Pass("split_kernels", split_kernels),
             Pass("plan_kernels", plan_kernels), Pass("place_barriers", place_barriers),
             Pass("plan_staging", plan_staging))
-    cpu = (Pass("widen_accumulators", widen_accumulators),
-           Pass("prove_bounds", prove_bounds), Pass("tighten_guards", tighten_guards),
+    cpu = (Pass("prove_bounds", prove_bounds), Pass("widen_accumulators", widen_accumulators),
+           Pass("tighten_guards", tighten_guards),
            Pass("version_tiles", version_tiles))
     return {"cuda": cuda, "cpu": cpu}
 
