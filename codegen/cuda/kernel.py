@@ -20,8 +20,8 @@ How a program maps to kernels
   parameters, evaluated at call time (`LaunchPlan.dims(sizes)`).
 * Serial/parallel/unroll loops inside a kernel are plain `for` loops (`#pragma unroll` for unroll).
 * Index arithmetic is `int` or `long long` as `Kernel.index_dtype` says. `//` and `%` follow Python (floor).
-* float16 is stored as 16-bit words and computed in float, converted with the PTX `cvt`
-  instructions (no `cuda_fp16.h`: the pip NVRTC ships without CUDA headers).
+* float16 and bfloat16 are stored as 16-bit words and computed in float, converted with the PTX `cvt`
+  instructions (no `cuda_fp16.h` / `cuda_bf16.h`: the pip NVRTC ships without CUDA headers).
 
 The parts of the generator, each a mixin of `_KernelGen` or a text module:
 `codegen.cuda.expr` (C types and names, launch-size evaluation, affine forms, expression rendering),
