@@ -94,9 +94,18 @@ def vector_lanes(dtype: str) -> int:
 
 
 def to_bfloat16(x: object) -> np.ndarray:
-    """The bfloat16 bits (uint16 array) of float values `x`, rounded to nearest, ties to even."""
-    f = np.asarray(x, dtype=np.float32)
+    """The bfloat16 bits (uint16 array) of float values `x`, rounded to nearest, ties to even (once: float64
+    values go through float32 rounded to odd, which keeps the final rounding exact, as the LLVM target does)."""
+    a = np.asarray(x)
+    with np.errstate(over="ignore"):  # beyond float32's range: infinity, as bfloat16 rounds it too
+        f = a.astype(np.float32)
     bits = f.view(np.uint32).astype(np.uint64)
+    if a.dtype == np.float64:
+        back = f.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            over = np.abs(back) > np.abs(a)  # rounded away from zero: step back toward it (sign-magnitude)
+            inexact = (back != a) & ~np.isnan(a)
+        bits = (bits - over.astype(np.uint64)) | inexact.astype(np.uint64)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     out = rounded.astype(np.uint16)
     nan = np.isnan(f)
@@ -115,4 +124,4 @@ def from_bfloat16(bits: object) -> np.ndarray:
 
 def round_bfloat16(x: object) -> np.float32:
     """A float rounded to the nearest bfloat16, as a float32 scalar (how the interpreter holds a bfloat16 value)."""
-    return np.float32(from_bfloat16(to_bfloat16(np.float32(x)))[()])
+    return np.float32(from_bfloat16(to_bfloat16(np.float64(x)))[()])

@@ -82,6 +82,32 @@ def test_bfloat16_round_to_nearest_even() -> None:
     assert np.isnan(from_bfloat16(nan)).all()
 
 
+def test_bfloat16_from_float64_rounds_once() -> None:
+    # just above / below the tie 1 + 2^-8: rounding to float32 first would land on the tie and go to even
+    t = np.array([1 + 2**-8 + 2**-30, 1 + 2**-8 - 2**-30, 1e39, -1e39, 0.0, -0.0])
+    assert list(to_bfloat16(t)) == [0x3F81, 0x3F80, 0x7F80, 0xFF80, 0x0000, 0x8000]
+
+
+def test_cpu_casts_match_the_interpreter_bit_for_bit() -> None:
+    n = 301
+    x = te.placeholder((n,), "bfloat16", name="x")
+    d = te.placeholder((n,), "float64", name="d")
+    k = te.placeholder((n,), "int32", name="k")
+    y = te.compute((n,), lambda i: te.cast("bfloat16", d[i]) + te.cast("bfloat16", k[i]) * x[i], name="y")
+    h = te.compute((n,), lambda i: te.cast("float16", x[i] * 3.0), name="h")
+    rng = np.random.default_rng(11)
+    xa = to_bfloat16(rng.standard_normal(n))
+    # float64 values a hair off bfloat16 ties, and integers beyond bfloat16's 8-bit significand
+    da = (1 + 2**-8 + rng.choice([-1, 1], n) * 2.0**-30) * rng.standard_normal(n)
+    ka = rng.integers(-100000, 100000, n).astype(np.int32)
+    got = (poisoned((n,), "bfloat16"), poisoned((n,), "float16"))
+    want = (poisoned((n,), "bfloat16"), poisoned((n,), "float16"))
+    mod = build([y, h], [x, d, k, y, h], target="cpu")
+    mod(xa, da, ka, *got)
+    interp.run(mod.program, xa, da, ka, *want)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1].view(np.uint16), want[1].view(np.uint16))
+
+
 def test_from_bfloat16_refuses_floats() -> None:
     with pytest.raises(ArgumentTypeError, match="uint16"):
         from_bfloat16(np.ones(3, np.float32))
