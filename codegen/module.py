@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from loopir.errors import ArgumentError, ResourceLimitError
+from loopir.dtypes import np_dtype
 from loopir.args import bind_args, size_of
 from loopir.nodes import Buffer, Program, Var
 from loopir.visit import buffers_of
@@ -140,7 +141,7 @@ class CpuModule(Module):
         shapes = []
         for t in self.program.temps:
             shape = tuple(max(d, 0) for d in size_of(t.shape, sizes))
-            nbytes = np.dtype(t.dtype).itemsize
+            nbytes = np_dtype(t.dtype).itemsize
             for d in shape:
                 nbytes *= d
             if nbytes > INT64_MAX // 2:
@@ -153,7 +154,7 @@ class CpuModule(Module):
         arrs = []
         for t, shape in zip(self.program.temps, shapes):
             try:
-                arrs.append(np.empty(shape, dtype=t.dtype))
+                arrs.append(np.empty(shape, dtype=np_dtype(t.dtype)))
             except MemoryError:
                 raise MemoryError(f"cannot allocate temporary {t.name!r} of shape {shape} ({t.dtype})") from None
         self._local.temps = (key, arrs)

@@ -4,6 +4,8 @@ Every runtime (the interpreter, the CPU and the CUDA modules) goes through here,
 argument gives the same clear error on every target:
 
 - wrong number of arguments, a non-array, a wrong dtype: `TypeError` naming the argument;
+  a bfloat16 buffer takes only a uint16 array of bits (`loopir.dtypes.to_bfloat16`), anything
+  else is an `ArgumentTypeError`;
 - a wrong rank, a shape contradicting the declared one (a constant, or an affine expression
   of size variables such as `n - 2` or `2 * n`), or two arguments disagreeing on a size
   variable, a non-C-contiguous array: `ValueError` naming the argument or the variable and
@@ -168,6 +170,8 @@ def bind_shapes(
                     f"{buf.dtype}: pass arr.astype(arr.dtype.newbyteorder('='))"
                 )
             got = dt.name
+            if buf.dtype == "bfloat16":
+                got = _bfloat16_arg(buf.name, program.name, dt)
             if got != buf.dtype:
                 raise ArgumentTypeError(
                     f"argument {buf.name!r} has dtype {got}, but program {program.name!r} expects {buf.dtype}"
@@ -237,6 +241,16 @@ def bind_shapes(
                 "pass it explicitly"
             )
     return env
+
+
+def _bfloat16_arg(name: str, program: str, dt: np.dtype) -> str:
+    """A bfloat16 buffer takes exactly its host representation, uint16 bits (`loopir.dtypes.to_bfloat16`)."""
+    if dt != np.dtype(np.uint16):
+        raise ArgumentTypeError(
+            f"argument {name!r} has dtype {dt.name}, but program {program!r} expects bfloat16, passed as a "
+            "numpy uint16 array of bits (loopir.dtypes.to_bfloat16(x)) or a torch.bfloat16 tensor"
+        )
+    return "bfloat16"
 
 
 def _vars(e: Expr) -> list[Var]:

@@ -15,6 +15,9 @@ Every other target is tested against it, so it follows the IR to the letter:
   sizes uses Python ints. Integer `//` and `%` floor (Python semantics, as the IR defines).
   `max`/`min` of floats propagate NaN (numpy.maximum/minimum); `erf` is math.erf in double,
   rounded to the dtype; `sigmoid(x) = 1 / (1 + exp(-x))`, `rsqrt(x) = 1 / sqrt(x)` in the dtype.
+  bfloat16 (numpy has none) is held as float32 scalars, as the compiled targets compute it: a load
+  widens the buffer's uint16 bits (`loopir.dtypes.from_bfloat16`), arithmetic is float32, a cast to
+  bfloat16 and a store round to nearest even (`to_bfloat16`).
   `where(c, a, b)` and `and`/`or` evaluate only the branch taken, as C does.
 - Every load and store is bounds-checked: an index outside `[0, dim)` raises IndexError
   naming the buffer (numpy's wrap-around of negative indices never happens).

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ArgumentError, ArgumentTypeError
-from .dtypes import is_float, is_int
+from .dtypes import is_float, is_int, round_bfloat16, to_bfloat16
 from .names import fresh, sanitize
 from .nodes import (
     Allocate,
@@ -57,7 +57,19 @@ def _fill_value(dtype: str) -> Any:
 
 
 def _alloc(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        return np.full(shape, 0x7FC0, dtype=np.uint16)  # a quiet NaN's bits
     return np.full(shape, _fill_value(dtype), dtype=dtype)
+
+
+def _bf2f(bits: Any) -> np.float32:
+    """A bfloat16 element (uint16 bits) as the float32 scalar the interpreter computes with."""
+    return (np.uint32(bits) << np.uint32(16)).view(np.float32)
+
+
+def _f2bf(value: Any) -> np.uint16:
+    """A value stored into a bfloat16 buffer: its bits, rounded to nearest even."""
+    return to_bfloat16(np.float32(value))[()]
 
 
 def _oob(name: str, idx: tuple[int, ...], shape: tuple[int, ...], what: str) -> Any:
@@ -71,7 +83,8 @@ class _Compiler:
         self.program = program
         self.traced = traced
         self.lines: list[str] = []
-        self.ns: dict[str, Any] = {"_np": np, "_math": math, "_oob": _oob, "_alloc": _alloc}
+        self.ns: dict[str, Any] = {"_np": np, "_math": math, "_oob": _oob, "_alloc": _alloc, "_bf2f": _bf2f,
+                                   "_f2bf": _f2bf}
         self.used: set[str] = set(self.ns) | set(dir(builtins))
         self.vars: dict[Var, str] = {}
         self.bufs: dict[Buffer, tuple[str, tuple[str, ...]]] = {}
@@ -113,13 +126,13 @@ class _Compiler:
         key = (value, dtype)
         if key not in self.consts:
             name = self.fresh(f"k_{dtype}")
-            self.ns[name] = np.dtype(dtype).type(value)
+            self.ns[name] = round_bfloat16(value) if dtype == "bfloat16" else np.dtype(dtype).type(value)
             self.consts[key] = name
         return self.consts[key]
 
     def dtype_fn(self, dtype: str) -> str:
         name = f"T_{dtype}"
-        self.ns[name] = np.dtype(dtype).type
+        self.ns[name] = round_bfloat16 if dtype == "bfloat16" else np.dtype(dtype).type
         self.used.add(name)
         return name
 
@@ -167,8 +180,8 @@ class _Compiler:
             return f"({one} / _np.sqrt({x}))"
         if e.fn == "sigmoid":
             return f"({one} / ({one} + _np.exp(-{x})))"
-        if e.fn == "erf":
-            return f"{self.dtype_fn(e.dtype)}(_math.erf(float({x})))"
+        if e.fn == "erf":  # bfloat16 computes in float32 (rounded where stored or cast)
+            return f"{self.dtype_fn('float32' if e.dtype == 'bfloat16' else e.dtype)}(_math.erf(float({x})))"
         raise ArgumentError(f"the interpreter does not know the function {e.fn!r}")
 
     def cast(self, e: Cast) -> str:
@@ -200,6 +213,11 @@ class _Compiler:
         return f"{name}[{', '.join(names)}]", " & ".join(conds), f"({', '.join(names)},)"
 
     def load(self, e: Load) -> str:
+        if e.buffer.dtype == "bfloat16":
+            return f"_bf2f({self.load_raw(e)})"
+        return self.load_raw(e)
+
+    def load_raw(self, e: Load) -> str:
         sub, cond, idx = self.indexed(e.buffer, e.indices)
         if cond == "True":
             return sub
@@ -289,6 +307,8 @@ class _Compiler:
             vals = ", ".join(f"int({b})" for b in bound)
             self.emit(depth, f"_trace.append(({s.name!r}, ({vals}{',' if len(bound) == 1 else ''})))")
         self.emit(depth, f"_val = {self.expr(s.value)}")
+        if s.buffer.dtype == "bfloat16":
+            self.emit(depth, "_val = _f2bf(_val)")
         sub, cond, idx = self.indexed(s.buffer, s.indices)
         if cond != "True":
             dims = self.buffer(s.buffer)[1]

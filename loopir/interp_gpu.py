@@ -68,7 +68,7 @@ import numpy as np
 from .errors import ArgumentError, ArgumentTypeError
 from .affine import polynomial
 from .gpu import REDUCE_OPS, is_reduction_loop, reduction_parts, reduction_stores, upper_extent
-from .dtypes import is_float
+from .dtypes import HALVES, is_float
 from .interp_compile import _Compiler, _ident
 from .nodes import (
     GPU_AXES,
@@ -445,12 +445,14 @@ class _KernelCompiler(_Compiler):
                 dims = self.buffer(s.buffer)[1]
                 self.emit(depth, f"if not ({cond}):")
                 self.emit(depth + 1, f"_oob({s.buffer.name!r}, {idx}, ({', '.join(dims)},), 'store {s.name}')")
+            if s.buffer.dtype == "bfloat16":
+                self.emit(depth, "_val = _f2bf(_val)")
             self.emit(depth, f"{sub} = _val")
             self.emit(depth, "yield")
         self.unbind_iters(saved)
         if red is None:
             self.invalidate(s.buffer)
-            if isinstance(s.value, Const) and s.buffer.dtype != "float16":
+            if isinstance(s.value, Const) and s.buffer.dtype not in HALVES:
                 # a reduction's init: the cross-thread reduction right after it (same scope) starts from it
                 key = (s.buffer, substitute(_flat(s.buffer, s.indices), self.cur_sub))
                 self.init_consts[key] = (self.forward[-1], self.expr(s.value))
@@ -540,7 +542,7 @@ class _KernelCompiler(_Compiler):
                 dims = self.buffer(st.buffer)[1]
                 self.emit(depth + 1, f"if not ({cond}):")
                 self.emit(depth + 2, f"_oob({st.buffer.name!r}, {ix}, ({', '.join(dims)},), 'store {st.name}')")
-            self.emit(depth + 1, f"{sub} = {total}")
+            self.emit(depth + 1, f"{sub} = {'_f2bf(' + total + ')' if st.buffer.dtype == 'bfloat16' else total}")
             self.emit(depth + 1, "yield")
             self.invalidate(st.buffer)
             self.forward[-1][(st.buffer, flat)] = total

@@ -218,7 +218,7 @@ class _Block:
             return
         op, dtype = extra
         fn = _combine_fn(op, dtype)
-        ident = np.dtype(dtype).type(_identity(op, dtype))
+        ident = np.dtype("float32" if dtype == "bfloat16" else dtype).type(_identity(op, dtype))  # bf16: float32
         bx = self.bdim[0]
         for row in range(0, self.T, bx):
             vals = [waiting[t][1] for t in range(row, row + bx)]

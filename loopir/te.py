@@ -11,7 +11,8 @@ are plain `nodes.Var` objects and become the loop variables of the lowered nest
 (`loopir.lower`). A reduction (`te.sum / te.max / te.min`) must be the whole body of a
 stage (TVM's rule); to scale a sum, do it in the stage that reads it.
 
-dtypes: float16, float32, float64, int32, int64, bool.
+dtypes: float16, bfloat16, float32, float64, int32, int64, bool (bfloat16 data on the host:
+uint16 arrays of bits, `loopir.dtypes.to_bfloat16` / `from_bfloat16`; halves compute in float32).
 Promotion (see `loopir.dtypes`): two typed operands combine as `numpy.promote_types`;
 a Python scalar is *weak* and takes the other operand's dtype (numpy's NEP 50), except
 that a Python float next to an integer or bool expression gives float64. Integer true
@@ -43,6 +44,7 @@ from .nodes import Buffer, Const, Expr, ExprLike, Load, Var
 from .visit import walk
 
 float16, float32, float64, int32, int64, bool_ = "float16", "float32", "float64", "int32", "int64", "bool"
+bfloat16 = "bfloat16"
 
 SizeLike = int | Expr
 REDUCE_OPS = ("sum", "max", "min")
@@ -507,6 +509,7 @@ __all__ = [
     "cos",
     "erf",
     "exp",
+    "bfloat16",
     "float16",
     "float32",
     "float64",

@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 from loopir.affine import simplify
+from loopir.dtypes import vector_lanes
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.nodes import Allocate, Const, Expr, For, If, Seq, Store, Var
 from loopir.te import Tensor
@@ -185,12 +186,13 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
         return
     root = _group_root(s, g)
     if g.mapping in ("flat", "thread"):
-        vec = g.mapping == "flat" and all(t.dtype == "float32" for t in g.stages)
+        lanes = _flat_lanes(g)  # 16 bytes of the stages' dtype: float32 4, float16 / bfloat16 8
+        vec = g.mapping == "flat" and lanes > 0
         if vec:
             # 128-bit accesses: a 4-wide vector loop innermost — unguarded when 4 provably divides the
             # extent; otherwise guarded, and the target checks at run time (size divisible by 4, guard
             # true for the last lane, 16-byte aligned pointers) before taking the float4 path
-            jo, lane = s.split(root[-1], 4)
+            jo, lane = s.split(root[-1], lanes)
             s.vectorize(lane)
             root = root[:-1] + [jo]
         rows = g.stages[0].shape[0]
@@ -227,12 +229,25 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
             while isinstance(phase.body, For) and _is_const(phase.hi - phase.lo, 1):
                 phase = phase.body  # e.g. the row copy of cache_read: for c0 in 0..1: for c1 in 0..n
             var = phase.var
-            if _is_const(phase.lo, 0) and _multiple_of(phase.hi, 4) and _single_store(phase.body):
+            lanes = _store_lanes(phase.body)
+            if _is_const(phase.lo, 0) and _multiple_of(phase.hi, lanes) and _single_store(phase.body):
                 # 128-bit accesses along the row (the row copy into shared memory and the epilogue)
-                var, lane = s.split(var, 4)
+                var, lane = s.split(var, lanes)
                 s.vectorize(lane)
             _, ti = s.split(var, threads)
             s.bind(ti, "threadIdx.x")
+
+
+def _flat_lanes(g: FusionGroup) -> int:
+    """Lanes of a 16-byte access when every stage of `g` has one dtype that has one (else 0)."""
+    dts = {t.dtype for t in g.stages}
+    return vector_lanes(dts.pop()) if len(dts) == 1 else 0
+
+
+def _store_lanes(body: Any) -> int:
+    """Lanes of a 16-byte access of the dtype stored in a row phase (4 when it has none: not vectorized then)."""
+    stores = [n for n in walk(body) if isinstance(n, Store)]
+    return (vector_lanes(stores[0].buffer.dtype) or 4) if stores else 4
 
 
 def _single_store(body: Any) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from loopir.dtypes import np_dtype
 from loopir.errors import ArgumentError
 from loopir.nodes import Binary, Call, Cast, Compare, Const, Expr, Load, Logical, Select, Unary, Var
 from loopir.visit import walk
@@ -184,7 +185,7 @@ def elements(shape: tuple, sizes: dict | None = None) -> int:
 
 
 def itemsize(dtype: str) -> int:
-    return 1 if dtype == "bool" else int(np.dtype(dtype).itemsize)
+    return 1 if dtype == "bool" else int(np_dtype(dtype).itemsize)
 
 
 def buffer_bytes(shape: tuple, dtype: str, sizes: dict | None = None) -> int:

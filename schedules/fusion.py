@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from loopir.dtypes import np_dtype
 from loopir.errors import ArgumentError, ArgumentTypeError, ResourceLimitError
 from loopir.nodes import Expr, Load, Var
 from loopir.te import ComputeOp, Reduce, Tensor, tensor_of
@@ -755,9 +756,7 @@ class _Planner:
             how = (f"tiled GEMM recipe for the CPU: {t0}x{t1} register tile (cache_write local), column panels "
                    "of the right operand on parallel threads, the tile loops unrolled and vectorized")
         else:
-            import numpy as np
-
-            itemsize = max(np.dtype(n.buffer.dtype).itemsize for n in walk(mm.op.body.body) if isinstance(n, Load))
+            itemsize = max(np_dtype(n.buffer.dtype).itemsize for n in walk(mm.op.body.body) if isinstance(n, Load))
             threads, smem, acc = gemm_resources(prm, itemsize)
             (b0, b1), (t0, t1), kt = prm["block"], prm["thread_tile"], prm["k_tile"]
             limits = [(threads, self.dev.max_threads_per_block, "threads per block"),

@@ -3,8 +3,10 @@ launch sizes, affine (polynomial) forms of index expressions, the choice of 32-b
 rendering of loopir expressions as C text (`_ExprEmitter`, a part of `codegen.cuda.kernel._KernelGen`).
 
 Index arithmetic is 64-bit (`long long`) unless `_fits_int32` proves every index of the kernel fits 32 bits.
-`//` and `%` follow Python (floor), through the prelude's `loopir_floordiv` / `loopir_mod`. float16 values
-are computed in float: loads go through `loopir_h2f`, casts to float16 round through `loopir_round_half`."""
+`//` and `%` follow Python (floor), through the prelude's `loopir_floordiv` / `loopir_mod`. float16 and
+bfloat16 values are computed in float: loads go through `loopir_h2f` / `loopir_bf2f`, casts to them round through
+`loopir_round_half` / `loopir_round_bf16`, stores convert with `loopir_f2h` / `loopir_f2bf` (round to nearest even);
+bfloat16 constants are rounded to bfloat16 (as the interpreter holds them)."""
 
 from __future__ import annotations
 
@@ -14,16 +16,20 @@ from dataclasses import dataclass, field
 
 
 from loopir import nodes as N
-from loopir.dtypes import is_int
+from loopir.dtypes import is_int, round_bfloat16
 from loopir.names import fresh, sanitize
 from loopir.errors import CodegenError, CudaCodegenError, UnboundLoopError  # noqa: F401
 from loopir.visit import subst_coords, substitute, walk
 
 
-_CTYPE = {"float16": "float", "float32": "float", "float64": "double", "int32": "int", "int64": "long long",
-          "bool": "bool"}
-_STORAGE = {**_CTYPE, "float16": "unsigned short"}
-_NPTYPE = {"float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+_CTYPE = {"float16": "float", "bfloat16": "float", "float32": "float", "float64": "double", "int32": "int",
+          "int64": "long long", "bool": "bool"}
+_STORAGE = {**_CTYPE, "float16": "unsigned short", "bfloat16": "unsigned short"}
+_NPTYPE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+# 16-bit floats: stored as bits, computed in float (prelude PRELUDE_HALF)
+_TO_FLOAT = {"float16": "loopir_h2f", "bfloat16": "loopir_bf2f"}
+_FROM_FLOAT = {"float16": "loopir_f2h", "bfloat16": "loopir_f2bf"}
+_ROUND = {"float16": "loopir_round_half", "bfloat16": "loopir_round_bf16"}
 _AXES = ("x", "y", "z")
 _C_KEYWORDS = frozenset(
     "auto bool break case char const continue default do double else enum extern float for goto if inline int "
@@ -104,9 +110,9 @@ class _ExprEmitter:
                 if key in scope:
                     return scope[key]
             ref = f"{self.buf(e.buffer)}[{self.expr(flat)}]"
-            if e.buffer.dtype == "float16":
+            if e.buffer.dtype in _TO_FLOAT:
                 self.uses_half = True
-                return f"loopir_h2f({ref})"
+                return f"{_TO_FLOAT[e.buffer.dtype]}({ref})"
             return ref
         if isinstance(e, N.Binary):
             a, b = self.expr(e.a), self.expr(e.b)
@@ -130,9 +136,9 @@ class _ExprEmitter:
             return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
         if isinstance(e, N.Cast):
             inner = self.expr(e.a)
-            if e.dtype == "float16":
+            if e.dtype in _ROUND:
                 self.uses_half = True
-                return f"loopir_round_half((float)({inner}))"
+                return f"{_ROUND[e.dtype]}((float)({inner}))"
             if e.dtype == "bool":
                 return f"({inner} != 0)"
             return f"(({_CTYPE[e.dtype]})({inner}))"
@@ -146,6 +152,8 @@ class _ExprEmitter:
         if c.dtype == "int32":
             return str(int(c.value))
         f = float(c.value)
+        if c.dtype == "bfloat16":
+            f = float(round_bfloat16(f))
         single = _CTYPE[c.dtype] == "float"
         if math.isnan(f):
             return "__int_as_float(0x7fc00000)" if single else "__longlong_as_double(0x7ff8000000000000LL)"

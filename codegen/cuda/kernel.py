@@ -20,8 +20,8 @@ How a program maps to kernels
   parameters, evaluated at call time (`LaunchPlan.dims(sizes)`).
 * Serial/parallel/unroll loops inside a kernel are plain `for` loops (`#pragma unroll` for unroll).
 * Index arithmetic is `int` or `long long` as `Kernel.index_dtype` says. `//` and `%` follow Python (floor).
-* float16 is stored as 16-bit words and computed in float, converted with the PTX `cvt`
-  instructions (no `cuda_fp16.h`: the pip NVRTC ships without CUDA headers).
+* float16 and bfloat16 are stored as 16-bit words and computed in float, converted with the PTX `cvt`
+  instructions (no `cuda_fp16.h` / `cuda_bf16.h`: the pip NVRTC ships without CUDA headers).
 
 The parts of the generator, each a mixin of `_KernelGen` or a text module:
 `codegen.cuda.expr` (C types and names, launch-size evaluation, affine forms, expression rendering),
@@ -45,8 +45,10 @@ from .expr import (  # noqa: F401  (re-exported: tests and callers import them f
     _AXES,
     _C_KEYWORDS,
     _CTYPE,
+    _FROM_FLOAT,
     _NPTYPE,
     _STORAGE,
+    _TO_FLOAT,
     CudaCodegenError,
     UnboundLoopError,
     _ExprEmitter,
@@ -195,6 +197,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.uses_async = False
         self.pred: str | None = None  # C condition: does this thread really run the statements here (predication)
         self.uniform_memo: dict[int, bool] = {}
+        self.entry_checks: dict[str, str] = {}  # vector-path condition -> const bool computed once at kernel entry
 
     # ---------------------------------------------------------------- the launch, as planned
     def analyse(self) -> LaunchPlan:
@@ -262,7 +265,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         if not _is_const(size):
             raise CudaCodegenError(f"{b.scope} buffer {b.name!r} has non-constant size {size}; "
                                    "shared and local allocations need a constant shape")
-        if b.dtype == "float16":
+        if b.dtype in _TO_FLOAT:
             self.uses_half = True
         qual = "__shared__ __align__(16) " if b.scope == "shared" else ""
         self.line(f"{qual}{_STORAGE[b.dtype]} {self.buf(b)}[{int(size.value)}];  // {b.scope} {b.name}")  # type: ignore[attr-defined]
@@ -279,14 +282,14 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         else:
             flat = self.flat(st.buffer, st.indices)
             val = self.expr(st.value)
-            if st.buffer.dtype == "float16":
+            if st.buffer.dtype in _FROM_FLOAT:
                 self.uses_half = True
-                val = f"loopir_f2h({val})"
+                val = f"{_FROM_FLOAT[st.buffer.dtype]}({val})"
             elif _CTYPE[st.value.dtype] != _CTYPE[st.buffer.dtype]:
                 val = f"({_STORAGE[st.buffer.dtype]})({val})"
             self.line(f"{self.buf(st.buffer)}[{self.expr(flat)}] = {val};")
             self._invalidate(st.buffer)
-            if isinstance(st.value, N.Const) and st.buffer.dtype != "float16":
+            if isinstance(st.value, N.Const) and st.buffer.dtype not in _FROM_FLOAT:
                 # a reduction's init (C[i] = identity): the cross-thread reduction right after it in this
                 # scope starts from this constant instead of reading C[i] back from global memory
                 self.init_consts[(id(st.buffer), substitute(flat, self.cur_sub))] = (self.forward[-1], val)
@@ -401,6 +404,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         launch = (f"  // statements: {stmts}; grid ({', '.join(str(e) for e in plan.grid)}), "
                   f"block ({', '.join(str(e) for e in plan.block)})")
         decl = [f"  __shared__ {ct} {nm}[32];  // cross-thread reduction scratch" for ct, nm in self.red_smem.items()]
+        decl += [f"  const bool {nm} = {cond};  // tested once per thread, not per access" for cond, nm in
+                 self.entry_checks.items()]
         text = "\n".join(head + [launch] + decl + body + ["}"])
         return text, Kernel(self.kname, tuple(args), plan, tuple(dict.fromkeys(stmt_names(self.nest))))
 

@@ -1,7 +1,8 @@
 """The device-side helper text every generated CUDA source starts with (see `codegen.cuda.generate_cuda`).
 
 `PRELUDE` always (floor division and modulo with Python semantics, min/max overloads, the 128-bit access
-macros `LOOPIR_LD4` / `LOOPIR_ST4`); `PRELUDE_HALF` when a kernel touches float16 (PTX `cvt` conversions);
+macros `LOOPIR_LD4` / `LOOPIR_ST4`); `PRELUDE_HALF` when a kernel touches float16 or bfloat16 (PTX `cvt` conversions,
+round to nearest even; `cvt.rn.bf16.f32` needs sm_80, and the packed `*x2` forms pack two lanes of a 16-byte access);
 `PRELUDE_REDUCE` when a kernel has a cross-thread reduction (`codegen.cuda.reduce`), `PRELUDE_SUBWARP` when one
 reduces rows narrower than a warp (TVM's layout: rows on threadIdx.y, 16 threads on x); `PRELUDE_ASYNC` when a
 kernel has software-pipelined `cp.async` tile copies (`codegen.cuda.staging`)."""
@@ -68,6 +69,19 @@ PRELUDE_HALF = r"""__device__ __forceinline__ float loopir_h2f(unsigned short h)
 __device__ __forceinline__ unsigned short loopir_f2h(float f) {
   unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 __device__ __forceinline__ float loopir_round_half(float f) { return loopir_h2f(loopir_f2h(f)); }
+__device__ __forceinline__ float loopir_bf2f(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
+__device__ __forceinline__ unsigned short loopir_f2bf(float f) {
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float loopir_round_bf16(float f) { return loopir_bf2f(loopir_f2bf(f)); }
+// one 32-bit word of a 16-byte access holds lanes 2k (low half) and 2k + 1 (high half)
+__device__ __forceinline__ float loopir_h2f_lo(unsigned w) { return loopir_h2f((unsigned short)(w & 0xffffu)); }
+__device__ __forceinline__ float loopir_h2f_hi(unsigned w) { return loopir_h2f((unsigned short)(w >> 16)); }
+__device__ __forceinline__ float loopir_bf2f_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float loopir_bf2f_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ unsigned loopir_f2h_x2(float lo, float hi) {
+  unsigned w; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo)); return w; }
+__device__ __forceinline__ unsigned loopir_f2bf_x2(float lo, float hi) {
+  unsigned w; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo)); return w; }
 """
 
 PRELUDE_REDUCE = r"""struct loopir_op_add {

@@ -39,7 +39,7 @@ from loopir.dtypes import is_int
 from loopir.gpu import REDUCE_OPS, reduction_parts, reduction_stores
 from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
-from .expr import _CTYPE, CudaCodegenError
+from .expr import _CTYPE, _FROM_FLOAT, _TO_FLOAT, CudaCodegenError
 
 
 
@@ -156,7 +156,7 @@ class _ReductionEmitter:
             # read the current value BEFORE the barriers of the all-reduce: thread 0 overwrites it after them
             cur = self.names.fresh(f"{st.name}_before")
             init = self.init_consts.get((id(st.buffer), flat))
-            load = f"loopir_h2f({ref})" if st.buffer.dtype == "float16" else ref
+            load = f"{_TO_FLOAT[st.buffer.dtype]}({ref})" if st.buffer.dtype in _TO_FLOAT else ref
             if init is not None and init[0] is self.forward[-1]:  # written in this scope, nothing since
                 self.line(f"const {ct} {cur} = {init[1]};  // {st.buffer.name}[...] as initialized above")
             elif self.pred is not None:  # a thread outside the guard must not read C[idx] (out of bounds)
@@ -172,7 +172,7 @@ class _ReductionEmitter:
                           f"({ct}){_identity(op, st.buffer.dtype)}, {smem});  // {st.name}: across threads")
             total = self.names.fresh(f"{st.name}_total")
             self.line(f"const {ct} {total} = {self.red_combine(op, cur, acc)};")
-            val = f"loopir_f2h({total})" if st.buffer.dtype == "float16" else total
+            val = f"{_FROM_FLOAT[st.buffer.dtype]}({total})" if st.buffer.dtype in _FROM_FLOAT else total
             self.line(f"if ({'' if self.pred is None else self.pred + ' && '}threadIdx.x == 0) {ref} = {val};")
             self._invalidate(st.buffer)
             self.forward[-1][(id(st.buffer), flat)] = total

@@ -7,6 +7,8 @@
   arrays (PyTorch tensors, CuPy arrays, anything with `__cuda_array_interface__` or a CUDA DLPack
   capsule) are used in place (zero copy) and the kernels run on the caller's current stream
   (PyTorch's / CuPy's current stream, the CAI producer stream, else the legacy default stream).
+  bfloat16 data is its bits: numpy uint16 arrays (`loopir.dtypes.to_bfloat16`), torch.bfloat16 tensors
+  (taken as their bits, zero copy on the device) and DLPack / CAI arrays whose dtype is named bfloat16.
 * A host loop (`codegen.passes.kernels`) is a Python loop of launches on that one stream: the stream
   runs them in order, so each iteration's kernels start after the previous iteration's have finished.
 * No GPU (no libcuda, no device): a `NoGpuError` (a RuntimeError) at the first call, never a crash.
@@ -25,6 +27,7 @@ import numpy as np
 
 from loopir.affine import eval_index
 from loopir.args import bind_shapes, eval_expr, size_of
+from loopir.dtypes import np_dtype
 from loopir.errors import (ArgumentError, ArgumentTypeError, CudaCodegenError, NotFoundError, ResourceLimitError,
                            RuntimeLaunchError)
 from loopir.nodes import Buffer, Var
@@ -173,26 +176,36 @@ def _pointer_device(ptr: int) -> int | None:
         return None
 
 
+def _bits_if_bfloat16(dt: np.dtype) -> np.dtype:
+    """A bfloat16 array type from another library (ml_dtypes' `bfloat16`) is its bits: uint16, as loopir takes it."""
+    return np.dtype(np.uint16) if dt.name == "bfloat16" and dt.itemsize == 2 else dt
+
+
 def classify(obj: Any, name: str) -> _Arg:
     """Describe one argument: a numpy array (host) or a device array (zero copy)."""
     if isinstance(obj, np.ndarray):
         return _Arg(name, tuple(obj.shape), obj.dtype, host=obj)
     mod = type(obj).__module__ or ""
     if mod.startswith("torch") and hasattr(obj, "is_cuda"):
+        bf16 = str(obj.dtype) == "torch.bfloat16"  # numpy has no bfloat16: its bits as uint16 (loopir.dtypes)
         if not obj.is_cuda:
+            if bf16:
+                import torch
+
+                return classify(obj.detach().view(torch.int16).numpy().view(np.uint16), name)
             return classify(obj.detach().numpy(), name)
         if not obj.is_contiguous():
             raise ArgumentError(f"argument {name!r} is a non-contiguous device array (strides {tuple(obj.stride())}); "
                                 "pass a contiguous tensor (.contiguous())")
         import torch
 
-        dt = np.dtype(str(obj.dtype).removeprefix("torch."))
+        dt = np.dtype(np.uint16) if bf16 else np.dtype(str(obj.dtype).removeprefix("torch."))
         stream = torch.cuda.current_stream(obj.device).cuda_stream
         return _Arg(name, tuple(obj.shape), dt, ptr=obj.data_ptr(), device=obj.device.index, stream=stream)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         shape = tuple(int(d) for d in cai["shape"])
-        dt = np.dtype(cai["typestr"])
+        dt = _bits_if_bfloat16(np.dtype(cai["typestr"]))
         if not _contiguous(shape, cai.get("strides"), dt.itemsize):
             raise ArgumentError(f"argument {name!r} is a non-contiguous device array (strides {cai.get('strides')}); "
                                 "pass a C-contiguous array")
@@ -215,7 +228,7 @@ def classify(obj: Any, name: str) -> _Arg:
 
         view = StridedMemoryView.from_any_interface(obj, stream_ptr=-1)
         shape = tuple(view.shape)
-        dt = np.dtype(view.dtype)
+        dt = _bits_if_bfloat16(np.dtype(view.dtype))
         strides = None if view.strides is None else tuple(s * dt.itemsize for s in view.strides)
         if not _contiguous(shape, strides, dt.itemsize):
             raise ArgumentError(f"argument {name!r} is a non-contiguous device array (strides {view.strides}); "
@@ -332,7 +345,7 @@ class CudaModule(Module):
         tkey = (dev.ordinal, tuple(sorted((v.name, n) for v, n in sizes.items())), threading.get_ident())
         if prog.temps and tkey not in self._temps:
             self._temps[tkey] = [self._alloc(int(np.prod(size_of(t.shape, sizes), dtype=np.int64)) *
-                                             np.dtype(t.dtype).itemsize) for t in prog.temps]
+                                             np_dtype(t.dtype).itemsize) for t in prog.temps]
         for t, ptr in zip(prog.temps, self._temps.get(tkey, [])):
             p.ptrs[t] = int(ptr)
         return p

@@ -2,15 +2,19 @@
 
 Vector loads (loop kind "vectorize")
 ------------------------------------
-A vectorized loop `v in 0..4` whose body is one float32 Store whose flat index is `base + v`
-becomes one 128-bit `float4` store, with `float4` loads for every float32 load of the form
-`base' + v`. `base` must be a multiple of 4: proven statically from its affine form where every
-term's coefficient is a multiple of 4, otherwise checked at run time in the kernel (size
-parameters divisible, base pointers 16-byte aligned) with the scalar unrolled loop as fallback.
+A vectorized loop `v in 0..L` whose body is one Store of a dtype with L = 16 / itemsize lanes
+(float32: 4, float16 / bfloat16: 8) and whose flat index is `base + v` becomes one 128-bit store
+(`float4`; `uint4` of packed half pairs for the 16-bit floats, converted two lanes at a time with
+`cvt.rn.f16x2.f32` / `cvt.rn.bf16x2.f32`), with 128-bit loads for every load of the same dtype of
+the form `base' + v` (halves are widened to float lane by lane: the arithmetic is float32). `base`
+must be a multiple of L: proven statically from its affine form where every term's coefficient is
+a multiple of L, otherwise checked at run time (size parameters divisible, base pointers 16-byte
+aligned) with the scalar unrolled loop as fallback. The checks on pointers and sizes are computed
+once at the kernel's entry (`const bool`s, `_KernelGen.entry_checks`), not at each access.
 Anything else emits the scalar unrolled loop. Also handled: several float32 stores in one lane loop
 (horizontally fused outputs: the loads are shared and hoisted, so no store may write a buffer the
 group reads), and a lane loop body under a guard that is a conjunction of `a < b` / `a <= b` growing
-with the lane (a non-dividing split, a cache_read clip): checked at lane 3, scalar fallback otherwise.
+with the lane (a non-dividing split, a cache_read clip): checked at the last lane, scalar fallback otherwise.
 Global float4 accesses go through `LOOPIR_LD4` / `LOOPIR_ST4` (plain by default; the NVRTC options
 `-DLOOPIR_STREAMING_LOADS` / `-DLOOPIR_STREAMING_STORES` make them evict-first `__ldcs` / `__stcs`).
 sin and cos of one argument share one `sincosf`, per lane too.
@@ -20,11 +24,15 @@ from __future__ import annotations
 
 from loopir import nodes as N
 from loopir.affine import polynomial
+from loopir.dtypes import vector_lanes
 from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
 from .expr import _is_const
 
 _VEC_SCOPES = ("global", "shared")  # float4 accesses: global memory, and shared arrays (declared __align__(16))
+# a 32-bit word of a 128-bit access of halves: (lane 2k in the low half, lane 2k + 1 in the high half)
+_UNPACK = {"float16": ("loopir_h2f_lo", "loopir_h2f_hi"), "bfloat16": ("loopir_bf2f_lo", "loopir_bf2f_hi")}
+_PACK = {"float16": "loopir_f2h_x2", "bfloat16": "loopir_f2bf_x2"}
 
 
 def _monotone_guard(cond: N.Expr, v: N.Var) -> bool:
@@ -47,47 +55,50 @@ class _VectorEmitter:
     def _vector_prepare(self, f: N.For) -> tuple | None:
         """(checks, stores, [(store, base, value)], [(load, base)]) when f maps to float4 accesses."""
         body = f.body
-        if not (_is_const(f.lo) and _is_const(f.hi) and f.lo.value == 0 and f.hi.value == 4):  # type: ignore[attr-defined]
+        if not (_is_const(f.lo) and _is_const(f.hi) and f.lo.value == 0):  # type: ignore[attr-defined]
             return None
+        lanes = f.hi.value  # type: ignore[attr-defined]
         guard = None
         if isinstance(body, N.If) and body.orelse is None and isinstance(body.then, (N.Store, N.Seq)):
             guard, body = body.cond, body.then  # a non-dividing split's guard, a cache_read copy's clip
         # one store, or several (horizontally fused outputs of one element) sharing the lane loop
         stores = list(body.body) if isinstance(body, N.Seq) else [body]
-        if not all(isinstance(st, N.Store) and st.buffer.dtype == "float32" and st.buffer.scope in _VEC_SCOPES
-                   for st in stores):
+        if not all(isinstance(st, N.Store) and st.buffer.scope in _VEC_SCOPES for st in stores):
+            return None
+        dt = stores[0].buffer.dtype  # type: ignore[union-attr]
+        if vector_lanes(dt) != lanes or any(st.buffer.dtype != dt for st in stores):  # type: ignore[union-attr]
             return None
         v = f.var
         checks: list[str] = []
         if guard is not None:
             if not _monotone_guard(guard, v):
                 return None
-            # every conjunct grows with the lane: holding at lane 3 it holds at lanes 0..3
-            checks.append(self.expr(substitute(guard, {v: N.const(3)})))
+            # every conjunct grows with the lane: holding at the last lane it holds at all of them
+            checks.append(self.expr(substitute(guard, {v: N.const(lanes - 1)})))
         written = {id(st.buffer) for st in stores}
         outs: list[tuple[N.Store, N.Expr, N.Expr]] = []  # (store, base, value in loop variables)
         vec_loads: list[tuple[N.Load, N.Expr]] = []
         for st in stores:
             sub = subst_coords(st)
             sflat = self.flat(st.buffer, tuple(substitute(i, sub) for i in st.indices))
-            base = self._aligned_base(sflat, v, checks)
+            base = self._aligned_base(sflat, v, checks, lanes)
             if base is None:
                 return None
-            checks.append(f"(((unsigned long long){self.buf(st.buffer)}) & 15) == 0")
+            checks += self._pointer_check(st.buffer)
             value = substitute(st.value, sub)
             for n in walk(value):
                 if isinstance(n, N.Load) and id(n.buffer) in written and len(stores) > 1:
                     return None  # loads are hoisted above all the stores: none may read what they write
                 if isinstance(n, N.Load) and v in free_vars(n):
                     lflat = self.flat(n.buffer, n.indices)
-                    if n.buffer.dtype != "float32" or n.buffer.scope not in _VEC_SCOPES:
+                    if n.buffer.dtype != dt or n.buffer.scope not in _VEC_SCOPES:
                         continue
-                    lbase = self._aligned_base(lflat, v, checks)
+                    lbase = self._aligned_base(lflat, v, checks, lanes)
                     if lbase is None:
                         continue
                     if all(n != x for x, _ in vec_loads):
                         vec_loads.append((n, lbase))
-                        checks.append(f"(((unsigned long long){self.buf(n.buffer)}) & 15) == 0")
+                        checks += self._pointer_check(n.buffer)
             outs.append((st, base, value))
         return checks, stores, outs, vec_loads
 
@@ -97,17 +108,21 @@ class _VectorEmitter:
             return False
         checks, stores, outs, vec_loads = prep
         v = f.var
-        cond = " && ".join(dict.fromkeys(checks))
+        lanes = f.hi.value  # type: ignore[attr-defined]
+        cond = " && ".join(dict.fromkeys(checks)) or "true"
         names = ", ".join(st.name for st in stores)
         self.line(f"if ({cond}) {{  // {names}: 128-bit vector loads/stores over {v.name}")
         self.ind += 1
-        self._vector_emit(v, outs, vec_loads)
+        if stores[0].buffer.dtype == "float32":
+            self._vector_emit(v, outs, vec_loads)
+        else:
+            self._vector_emit_half(v, outs, vec_loads, stores[0].buffer.dtype)
         self.ind -= 1
         self.line("} else {")
         self.ind += 1
         vn = self.var(v)
         self.line("#pragma unroll")
-        self.line(f"for ({self.ix} {vn} = 0; {vn} < 4; ++{vn}) {{")
+        self.line(f"for ({self.ix} {vn} = 0; {vn} < {lanes}; ++{vn}) {{")
         self.block(f.body, False)
         self.line("}")
         self.ind -= 1
@@ -137,8 +152,53 @@ class _VectorEmitter:
             self.line(f"LOOPIR_ST4({ptr}, {out});" if st.buffer.scope == "global" else f"*{ptr} = {out};")
             self._invalidate(st.buffer)
 
-    def _aligned_base(self, flat: N.Expr, v: N.Var, checks: list[str]) -> N.Expr | None:
-        """flat - v if flat = base + v with base a multiple of 4 (run-time checks appended), else None."""
+    def _vector_emit_half(self, v: N.Var, outs: list, vec_loads: list, dt: str) -> None:
+        """8 lanes of float16 / bfloat16 per 128-bit access: a `uint4` of 4 words, each word two lanes."""
+        self.uses_half = True
+        lane_names = {}
+        for ld, lbase in vec_loads:
+            nm = self.names.fresh(f"{ld.buffer.name}_v")
+            lane_names[ld] = nm
+            ptr = f"reinterpret_cast<const uint4*>(&{self.buf(ld.buffer)}[{self.expr(lbase)}])"
+            self.line(f"const uint4 {nm} = {f'LOOPIR_LD4({ptr})' if ld.buffer.scope == 'global' else '*' + ptr};")
+        for st, base, value in outs:
+            out = self.names.fresh(f"{st.name}_v")
+            ptr = f"reinterpret_cast<uint4*>(&{self.buf(st.buffer)}[{self.expr(base)}])"
+            if isinstance(value, N.Load) and value in lane_names:  # a copy (a cache_read row): the bits as they are
+                self.line(f"{'LOOPIR_ST4(' + ptr + ', ' if st.buffer.scope == 'global' else '*' + ptr + ' = '}"
+                          f"{lane_names[value]}{')' if st.buffer.scope == 'global' else ''};  // {st.name}: a copy")
+                self._invalidate(st.buffer)
+                continue
+            vals = [self.names.fresh(f"{st.name}_{lane}") for lane in range(8)]
+            for lane in range(8):
+                lc = N.const(lane)
+                word = f".{'xyzw'[lane // 2]}"
+                self.vec_lanes = {substitute(ld, {v: lc}): f"{_UNPACK[dt][lane % 2]}({nm}{word})"
+                                  for ld, nm in lane_names.items()}
+                lane_value = substitute(value, {v: lc})
+                self.sincos(lane_value)
+                self.line(f"const float {vals[lane]} = {self.expr(lane_value)};")
+            self.vec_lanes = {}
+            self.pre = {}
+            words = ", ".join(f"{_PACK[dt]}({vals[2 * k]}, {vals[2 * k + 1]})" for k in range(4))
+            self.line(f"const uint4 {out} = make_uint4({words});  // {st.name}")
+            self.line(f"LOOPIR_ST4({ptr}, {out});" if st.buffer.scope == "global" else f"*{ptr} = {out};")
+            self._invalidate(st.buffer)
+
+    def _pointer_check(self, b: N.Buffer) -> list[str]:
+        """`b` is 16-byte aligned: a global buffer's test is one `const bool` at the kernel entry; a shared
+        array needs none (declared `__align__(16)` by `allocate`)."""
+        if b.scope != "global":
+            return []
+        return [self._entry_check(f"(((unsigned long long){self.buf(b)}) & 15) == 0", f"{b.name}_aligned16")]
+
+    def _entry_check(self, cond: str, base: str) -> str:
+        if cond not in self.entry_checks:
+            self.entry_checks[cond] = self.names.fresh(base)
+        return self.entry_checks[cond]
+
+    def _aligned_base(self, flat: N.Expr, v: N.Var, checks: list[str], lanes: int = 4) -> N.Expr | None:
+        """flat - v if flat = base + v with base a multiple of `lanes` (run-time checks appended), else None."""
         p = polynomial(flat)
         if p is None or p.get((id(v),)) != 1:
             return None
@@ -147,11 +207,14 @@ class _VectorEmitter:
         loopvars = {id(x.var) for x in loops_of(self.nest)}
         byid = {id(x): x for x in free_vars(flat)}
         for k, c in p.items():
-            if k == (id(v),) or c % 4 == 0:
+            if k == (id(v),) or c % lanes == 0:
                 continue
             sizes = [byid[i] for i in k if i not in loopvars]
             if not sizes:
-                return None  # a loop-variable term with a coefficient not divisible by 4
+                return None  # a loop-variable term with a coefficient not divisible by the lanes
             prod = " * ".join(self.var(s) for s in sizes)
-            checks.append(f"(({c}LL * {prod}) % 4 == 0)")
+            check = f"(({c}LL * {prod}) % {lanes} == 0)"
+            params = set(self.program.params) | self.host_vars
+            # a check on kernel parameters only is computed once at the entry
+            checks.append(self._entry_check(check, "sizes_divisible") if all(s in params for s in sizes) else check)
         return substitute(flat, {v: N.const(0)})

@@ -181,6 +181,8 @@ class _FnEmitter(_ExprEmitter):
             val = self.cast(val, s.value.dtype, dt)
         if dt == "float16":
             val = self.op(f"fptrunc float {val} to half")
+        elif dt == "bfloat16":
+            val = self.float_to_bf16(val)
         elif dt == "bool":
             val = self.op(f"zext i1 {val} to i8")
         self.emit(f"store {STORE_T[dt]} {val}, ptr {ptr}, align {ITEMSIZE[dt]}")

@@ -85,6 +85,8 @@ class _ExprEmitter:
             raw = self.op(f"load {st}, ptr {ptr}, align {ITEMSIZE[e.dtype]}")
             if e.dtype == "float16":
                 return self.op(f"fpext half {raw} to float")
+            if e.dtype == "bfloat16":
+                return self.bf16_to_float(raw)
             if e.dtype == "bool":
                 return self.op(f"trunc i8 {raw} to i1")
             return raw
@@ -110,6 +112,28 @@ class _ExprEmitter:
         if isinstance(e, Cast):
             return self.cast(self.expr(e.a, index), e.a.dtype, e.dtype)
         raise CodegenError(f"cannot compile expression {type(e).__name__}")
+
+    def bf16_to_float(self, raw: str) -> str:
+        """bfloat16 bits (i16) -> float: the bits are the top half of the float's (exact)."""
+        w = self.op(f"zext i16 {raw} to i32")
+        s = self.op(f"shl i32 {w}, 16")
+        return self.op(f"bitcast i32 {s} to float")
+
+    def float_to_bf16(self, v: str) -> str:
+        """float -> bfloat16 bits (i16), rounded to nearest even; a NaN stays a quiet NaN."""
+        bits = self.op(f"bitcast float {v} to i32")
+        hi = self.op(f"lshr i32 {bits}, 16")
+        lsb = self.op(f"and i32 {hi}, 1")
+        bias = self.op(f"add i32 {lsb}, 32767")
+        r = self.op(f"add i32 {bits}, {bias}")
+        rounded = self.op(f"lshr i32 {r}, 16")
+        quiet = self.op(f"or i32 {hi}, 64")
+        nan = self.op(f"fcmp uno float {v}, 0.0")
+        out = self.op(f"select i1 {nan}, i32 {quiet}, i32 {rounded}")
+        return self.op(f"trunc i32 {out} to i16")
+
+    def round_bf16(self, v: str) -> str:
+        return self.bf16_to_float(self.float_to_bf16(v))
 
     def round_half(self, v: str) -> str:
         h = self.op(f"fptrunc float {v} to half")
@@ -137,6 +161,8 @@ class _ExprEmitter:
             return v
         ts, td = VALUE_T[src], VALUE_T[dst]
         if src in FLT and dst in FLT:
+            if dst == "bfloat16":  # from double: round to odd first, so the value rounds once
+                return self.round_bf16(self.double_to_float_odd(v) if ts == "double" else v)
             if dst == "float16":
                 if ts == "double":
                     v = self.double_to_float_odd(v)
@@ -150,6 +176,8 @@ class _ExprEmitter:
         if src in INTS and dst in FLT:
             if dst == "float16":
                 return self.round_half(self.op(f"sitofp {ts} {v} to float"))
+            if dst == "bfloat16":
+                return self.round_bf16(self.op(f"sitofp {ts} {v} to float"))
             return self.op(f"sitofp {ts} {v} to {td}")
         if src in FLT and dst in INTS:
             return self.op(f"fptosi {ts} {v} to {td}")

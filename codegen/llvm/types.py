@@ -1,6 +1,9 @@
 """The LLVM types and constant literals of loopir dtypes, shared by the CPU code generator's modules.
 
 float16 is stored as `half` but computed as `float` (VALUE_T vs STORE_T); bool is stored as a byte.
+bfloat16 is stored as `i16` bits and computed as `float`: a load widens the bits (shift into the top half
+of a float), a store rounds to nearest even with integer operations (`codegen.llvm.expr`). Not LLVM's own
+`bfloat`: without a native instruction its float conversion becomes a libcall the JIT cannot resolve.
 """
 
 from __future__ import annotations
@@ -10,14 +13,15 @@ import struct
 import numpy as np
 
 from loopir import errors
+from loopir.dtypes import round_bfloat16
 from loopir.nodes import Const
 
-VALUE_T = {"float16": "float", "float32": "float", "float64": "double",
+VALUE_T = {"float16": "float", "bfloat16": "float", "float32": "float", "float64": "double",
            "int32": "i32", "int64": "i64", "bool": "i1"}
-STORE_T = {"float16": "half", "float32": "float", "float64": "double",
+STORE_T = {"float16": "half", "bfloat16": "i16", "float32": "float", "float64": "double",
            "int32": "i32", "int64": "i64", "bool": "i8"}
-ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
-FLT = {"float16", "float32", "float64"}
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+FLT = {"float16", "bfloat16", "float32", "float64"}
 INTS = {"int32", "int64"}
 
 
@@ -32,6 +36,8 @@ class CodegenError(errors.CodegenError):
 def fconst(value: float, dtype: str) -> str:
     if dtype == "float16":
         value = float(np.float16(value))
+    elif dtype == "bfloat16":
+        value = float(round_bfloat16(value))
     elif dtype == "float32":
         value = float(np.float32(value))
     return f"0x{struct.unpack('<Q', struct.pack('<d', float(value)))[0]:016X}"

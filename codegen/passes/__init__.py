@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from loopir.errors import ArgumentError
 from loopir.nodes import Program
 
+from .accumulate import widen_accumulators
 from .barriers import place_barriers
 from .bounds import prove_bounds
 from .guards import tighten_guards
@@ -63,10 +64,12 @@ def _with_args(fn: PassFn, **kw: object) -> PassFn:
 
 def _pipelines(assume: Assume | None = None) -> dict[str, tuple[Pass, ...]]:
     plan = _with_args(plan_kernels, int32_sizes=True) if assume is not None and assume.index_int32 else plan_kernels
-    cuda = (Pass("prove_bounds", prove_bounds), Pass("split_kernels", split_kernels),
+    cuda = (Pass("prove_bounds", prove_bounds), Pass("widen_accumulators", widen_accumulators),
+            Pass("split_kernels", split_kernels),
             Pass("plan_kernels", plan), Pass("place_barriers", place_barriers),
             Pass("plan_staging", plan_staging))
-    cpu = (Pass("prove_bounds", prove_bounds), Pass("tighten_guards", tighten_guards),
+    cpu = (Pass("prove_bounds", prove_bounds), Pass("widen_accumulators", widen_accumulators),
+           Pass("tighten_guards", tighten_guards),
            Pass("version_tiles", version_tiles))
     return {"cuda": cuda, "cpu": cpu}
 
