@@ -210,8 +210,12 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
         else:
             _bind_blocks(s, loops[:-1] + [bo])
         return
-    # "row": one block per point of the shared loops, threads across each phase below
     blocks = _collapse(s, root)
+    if g.mapping == "warp" and g.strategy is not None and len(blocks) == 1:
+        _map_warp_rows(s, g, blocks[0])
+        return
+    # "row" (and "warp" rows whose loops stay apart): one block per point of the shared loops, threads
+    # across each phase below
     _bind_blocks(s, blocks)
     for c in g.caches:  # rows that several phases read, kept in shared memory (the plan checked the size)
         s.cache_read(c.tensor, c.scope, blocks[-1])
@@ -228,6 +232,29 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
                 s.vectorize(lane)
             _, ti = s.split(var, threads)
             s.bind(ti, "threadIdx.x")
+
+
+def _map_warp_rows(s: Schedule, g: FusionGroup, row: Any) -> None:
+    """Rows of `g.strategy.lanes` threads (threadIdx.x), `g.strategy.rows` rows per block (threadIdx.y):
+    the (collapsed) row loop `split` by the rows per block, each reduction phase
+    `bind_reduction(threads=lanes)`, each spatial phase `split` by the lanes (and by 4, vectorized, when
+    every lane gets whole float4s)."""
+    st = g.strategy
+    assert st is not None
+    bo, bi = s.split(row, st.rows)
+    s.bind(bo, "blockIdx.x")
+    s.bind(bi, "threadIdx.y")
+    for phase in _phases(s, bi.var):
+        if _is_reduction_loop(phase):
+            s.bind_reduction(phase.var, threads=st.lanes)
+            continue
+        var = phase.var
+        n = simplify(phase.hi - phase.lo)
+        if _is_const(phase.lo, 0) and _multiple_of(n, 4 * st.lanes) and _single_store(phase.body):
+            var, lane = s.split(var, 4)  # 128-bit accesses when every lane gets whole float4s
+            s.vectorize(lane)
+        _, ti = s.split(var, st.lanes)
+        s.bind(ti, "threadIdx.x")
 
 
 def _single_store(body: Any) -> bool:
@@ -247,8 +274,8 @@ def _find(s: Schedule, var: Var) -> For:
 def _phases(s: Schedule, block: Var) -> list[For]:
     """The loops directly under the block loop (through sequences), in order."""
     body = _find(s, block).body
-    while isinstance(body, Allocate):
-        body = body.body
+    while isinstance(body, Allocate) or (isinstance(body, If) and body.orelse is None):
+        body = body.body if isinstance(body, Allocate) else body.then  # the guard of a split row loop
     kids = body.body if isinstance(body, Seq) else (body,)
     return [k for k in kids if isinstance(k, For)]
 

@@ -1,0 +1,167 @@
+"""Row kernels on CUDA: which strategy a group of row phases gets, and what it keeps in shared memory.
+
+The fusion planner (`schedules.fusion`) groups a reduction with its prologue and epilogue under a shared
+row loop (row softmax: max, sum of exp, normalize). How those rows map to the GPU depends on the row
+length L and the row count R, evaluated at the plan's sizes (`auto_schedule(..., sizes=)`; a symbolic size
+not given is unknown, and then the safe block-per-row strategy is kept):
+
+* **warp** — L <= WARP_ROW_MAX: W lanes of one warp per row (W = 32, or a smaller power of two for rows
+  shorter than 64), THREADS // W rows per block on threadIdx.y; the reductions are shuffles within the
+  row's lanes (`Kernel.subwarp`), no shared memory and no block barrier. Several rows per block for short
+  rows (strategy (d) of issue 11) is this strategy with W < 32. A kernel planned so is correct at every
+  size (each lane strides over the row), and fast for the rows it was planned for.
+* **block** — one block of THREADS threads per row, the row's reductions block all-reduces, 128-bit
+  accesses where the row length is a constant multiple of 4; a row read by several phases is kept in
+  shared memory when the kernel's whole shared-memory budget allows it (`fit_shared`).
+
+Very wide rows with few of them (vocabulary-sized softmax over a handful of rows) would want a row split
+over several blocks with a combine kernel; that is not built yet: they get `block`, and the plan says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from loopir.nodes import Binary, Load, Var
+from loopir.te import ComputeOp, Reduce, Tensor
+from loopir.visit import walk
+
+from . import cost as C
+
+WARP_ROW_MAX = 1024  # rows up to this many elements: a warp (or less) per row
+SPLIT_ROW_MIN = 32768  # rows at least this long and fewer than the SMs would want a split over blocks
+RED_SCRATCH_SLOTS = 32  # the block all-reduce's shared scratch: one slot per warp (codegen.cuda.reduce)
+
+
+@dataclass(frozen=True)
+class RowStrategy:
+    """How one row group maps to the GPU: `name` "warp" or "block", `lanes` threads per row, `rows`
+    rows per block, and the numbers that chose it (for explain())."""
+
+    name: str
+    lanes: int
+    rows: int
+    why: str
+
+
+def _pow2_floor(n: int) -> int:
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p
+
+
+def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: bool, threads: int,
+                        dev: C.Device) -> RowStrategy:
+    """The strategy of a row group with rows of `row_len` elements (at the plan's sizes) and `rows` rows.
+    `symbolic`: the row length's sizes that are symbolic; `given`: whether the plan was given their values."""
+    nums = f"row length {row_len:,}, {rows:,} row{'s' if rows != 1 else ''}"
+    if symbolic and not given:
+        return RowStrategy("block", threads, 1, f"{nums} at the costed size, but the row length "
+                           f"({', '.join(symbolic)}) is symbolic and no sizes were given: a block per row is "
+                           "fast at every length")
+    if row_len <= WARP_ROW_MAX:
+        lanes = 32 if row_len >= 64 else max(2, _pow2_floor(max(1, row_len // 2)))
+        per_block = threads // lanes
+        return RowStrategy("warp", lanes, per_block,
+                           f"{nums}: rows of at most {WARP_ROW_MAX} elements get {lanes} lanes each "
+                           f"({per_block} rows per block of {threads} threads; shuffles only, no block barrier)")
+    why = f"{nums}: rows longer than {WARP_ROW_MAX} elements get a block of {threads} threads each"
+    if row_len >= SPLIT_ROW_MIN and rows < dev.sm_count:
+        why += (f" (only {rows} block{'s' if rows != 1 else ''} for {dev.sm_count} SMs: a split of each row over "
+                "several blocks would fill the GPU; not built yet)")
+    return RowStrategy("block", threads, 1, why)
+
+
+def fit_shared(candidates: list[tuple[str, int, int]], scratch: int, budget: int) -> tuple[list[str], list[str]]:
+    """Which of the `candidates` (name, bytes, bytes of DRAM traffic saved) stay in shared memory when the
+    kernel also needs `scratch` bytes (reduction slots, staging) and may use `budget` bytes per block: the
+    most saving first, each only while the running total fits. Returns (kept names, dropped names)."""
+    kept, dropped, total = [], [], scratch
+    for name, nbytes, _ in sorted(candidates, key=lambda c: -c[2]):
+        if total + nbytes <= budget:
+            kept.append(name)
+            total += nbytes
+        else:
+            dropped.append(name)
+    return kept, dropped
+
+
+def reduction_scratch(stages: list[Tensor]) -> int:
+    """Bytes of the block all-reduce scratch a row kernel of `stages` declares: one array of
+    RED_SCRATCH_SLOTS per C type of its reductions (float and double kept apart)."""
+    types = {C.itemsize(t.dtype) if t.dtype != "float16" else 4 for t in stages if isinstance(t.op.body, Reduce)}
+    return sum(RED_SCRATCH_SLOTS * s for s in types)
+
+
+def operands_split(t: Tensor) -> bool:
+    """A matmul's operands each read at most one of its two output axes (X[i, k] * Y[k, j]); a sum of
+    products whose factors both read the whole output point (a variance, sum of (x[i, t, q] - m)^2) is a
+    row reduction, not a GEMM, and its tiles would not be what the GEMM recipe sizes."""
+    op = t.op
+    if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce) or len(op.axis) != 2:
+        return False
+    body = op.body.body
+    if not isinstance(body, Binary):
+        return False
+    i, j = op.axis
+
+    def axes(e) -> set[Var]:
+        return {n for ld in walk(e) if isinstance(ld, Load) for ix in ld.indices for n in walk(ix)
+                if isinstance(n, Var) and n in (i, j)}
+
+    a, b = axes(body.a), axes(body.b)
+    return len(a) <= 1 and len(b) <= 1 and a != b
+
+
+def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], list[tuple[Tensor, tuple]]],
+                    ev: dict, dev: C.Device) -> list[tuple[Tensor, bool, int, str]]:
+    """The rows a block-per-row kernel of `stages` (sharing `depth` outer loops; `loads(t)`: what t reads,
+    producers inlined) keeps in shared memory: an input row read by several phases, while everything the
+    kernel keeps there (these rows and the reduction scratch) fits one block's budget. Returns
+    (tensor, kept, bytes, why) per candidate, for the plan's log."""
+    readers: dict[int, tuple[Tensor, set[str]]] = {}
+    ids = {id(t) for t in stages}
+    for t in stages:
+        for p, idx in loads(t):
+            if id(p) in ids or len(p.shape) <= depth:
+                continue
+            if all(idx[k] is t.op.axis[k] for k in range(depth)):
+                readers.setdefault(id(p), (p, set()))[1].add(t.name)
+    # above the static 48 KiB a row lives in dynamic shared memory (codegen.passes.shared); at most half the
+    # opt-in maximum, so that two blocks still share an SM (one block per SM would leave the row loads idle)
+    scratch, budget = reduction_scratch(stages), max(dev.smem_per_block, dev.smem_per_block_optin // 2)
+    out: list[tuple[Tensor, bool, int, str]] = []
+    cands: dict[str, tuple[Tensor, int, str]] = {}
+    for p, users in readers.values():
+        if len(users) < 2:
+            continue
+        row_shape = p.shape[depth:]
+        nbytes = C.buffer_bytes(row_shape, p.dtype, ev)
+        sym = [str(s) for s in row_shape if any(isinstance(n, Var) for n in walk(s))]
+        users_s = ", ".join(sorted(users))
+        if sym:
+            out.append((p, False, nbytes, f"its row ({C.fmt_bytes(nbytes)} at the costed size) is read by {users_s}, "
+                        f"but its length {', '.join(sym)} is symbolic and a shared buffer needs a constant size — "
+                        "re-read from global memory (L2-resident)"))
+        else:
+            cands[p.name] = (p, nbytes, users_s)
+    kept, _ = fit_shared([(n, b, b * u.count(",")) for n, (_, b, u) in cands.items()], scratch, budget)
+    used = scratch + sum(cands[n][1] for n in kept)
+    dyn = " (dynamic shared memory above the static 48 KiB)" if used > dev.smem_per_block else ""
+    for name, (p, nbytes, users_s) in cands.items():
+        if name in kept:
+            out.append((p, True, nbytes, f"its row ({C.fmt_bytes(nbytes)}) is read by {users_s}; the kernel's shared "
+                        f"memory ({C.fmt_bytes(used)} with {scratch} B of reduction scratch) fits the "
+                        f"{C.fmt_bytes(budget)} per block (shared-memory budget){dyn}: "
+                        "loaded once per row"))
+        else:
+            out.append((p, False, nbytes, f"its row ({C.fmt_bytes(nbytes)}) is read by {users_s}, but with it the "
+                        f"kernel's shared memory would exceed the {C.fmt_bytes(budget)} per block (shared-memory "
+                        "budget) — re-read from global memory"))
+    return out
+
+
+__all__ = ["RowStrategy", "choose_row_strategy", "fit_shared", "reduction_scratch", "operands_split",
+           "WARP_ROW_MAX", "SPLIT_ROW_MIN", "plan_row_caches"]
