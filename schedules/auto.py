@@ -218,7 +218,10 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
     # across each phase below
     _bind_blocks(s, blocks)
     for c in g.caches:  # rows that several phases read, kept in shared memory (the plan checked the size)
-        s.cache_read(c.tensor, c.scope, blocks[-1])
+        if all(isinstance(simplify(d), Const) for d in c.tensor.shape[g.depth:]):
+            s.cache_read(c.tensor, c.scope, blocks[-1])
+        else:  # a row of symbolic length: dynamic shared memory, sized per launch
+            s.cache_row(c.tensor, blocks[-1])
     for phase in _phases(s, blocks[-1].var):
         if _is_reduction_loop(phase):
             s.bind_reduction(phase.var, threads=threads)

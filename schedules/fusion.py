@@ -723,7 +723,7 @@ class _Planner:
 
     def _plan_row_cache(self, g: FusionGroup) -> None:
         for p, ok, nbytes, why in R.plan_row_caches(g.stages, g.depth, lambda t: _effective_loads(t, self.inlined),
-                                                    self.ev, self.dev):
+                                                    self.ev, self.dev, self.given):
             if ok:
                 g.caches.append(RowCache(p, "shared", nbytes))
             self._cache_note(g, p, ok, why)

@@ -59,8 +59,8 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
     nums = f"row length {row_len:,}, {rows:,} row{'s' if rows != 1 else ''}"
     if symbolic and not given:
         return RowStrategy("block", threads, 1, f"{nums} at the costed size, but the row length "
-                           f"({', '.join(symbolic)}) is symbolic and no sizes were given: a block per row is "
-                           "fast at every length")
+                           f"({', '.join(symbolic)}) is symbolic and no sizes were given: a block per row, "
+                           "which holds up at every length")
     if row_len <= WARP_ROW_MAX:
         lanes = 32 if row_len >= 64 else max(2, _pow2_floor(max(1, row_len // 2)))
         per_block = threads // lanes
@@ -116,11 +116,13 @@ def operands_split(t: Tensor) -> bool:
 
 
 def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], list[tuple[Tensor, tuple]]],
-                    ev: dict, dev: C.Device) -> list[tuple[Tensor, bool, int, str]]:
+                    ev: dict, dev: C.Device, given: set[str]) -> list[tuple[Tensor, bool, int, str]]:
     """The rows a block-per-row kernel of `stages` (sharing `depth` outer loops; `loads(t)`: what t reads,
     producers inlined) keeps in shared memory: an input row read by several phases, while everything the
-    kernel keeps there (these rows and the reduction scratch) fits one block's budget. Returns
-    (tensor, kept, bytes, why) per candidate, for the plan's log."""
+    kernel keeps there (these rows and the reduction scratch) fits one block's budget. A row of symbolic
+    length is a candidate only when its sizes are `given` (the plan is for sizes up to those): it lives in
+    dynamic shared memory sized per launch, and a launch whose row the device cannot hold is refused
+    (codegen.cuda.runtime.SharedMemoryError). Returns (tensor, kept, bytes, why) per candidate."""
     readers: dict[int, tuple[Tensor, set[str]]] = {}
     ids = {id(t) for t in stages}
     for t in stages:
@@ -139,9 +141,9 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
             continue
         row_shape = p.shape[depth:]
         nbytes = C.buffer_bytes(row_shape, p.dtype, ev)
-        sym = [str(s) for s in row_shape if any(isinstance(n, Var) for n in walk(s))]
+        sym = sorted({n.name for s in row_shape for n in walk(s) if isinstance(n, Var)})
         users_s = ", ".join(sorted(users))
-        if sym:
+        if sym and not set(sym) <= given:
             out.append((p, False, nbytes, f"its row ({C.fmt_bytes(nbytes)} at the costed size) is read by {users_s}, "
                         f"but its length {', '.join(sym)} is symbolic and a shared buffer needs a constant size — "
                         "re-read from global memory (L2-resident)"))
@@ -152,8 +154,10 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
     dyn = " (dynamic shared memory above the static 48 KiB)" if used > dev.smem_per_block else ""
     for name, (p, nbytes, users_s) in cands.items():
         if name in kept:
-            out.append((p, True, nbytes, f"its row ({C.fmt_bytes(nbytes)}) is read by {users_s}; the kernel's shared "
-                        f"memory ({C.fmt_bytes(used)} with {scratch} B of reduction scratch) fits the "
+            symbolic = any(isinstance(n, Var) for d in p.shape[depth:] for n in walk(d))
+            at = " at the given sizes; symbolic: dynamic shared memory sized per launch" if symbolic else ""
+            out.append((p, True, nbytes, f"its row ({C.fmt_bytes(nbytes)}{at}) is read by {users_s}; the kernel's "
+                        f"shared memory ({C.fmt_bytes(used)} with {scratch} B of reduction scratch) fits the "
                         f"{C.fmt_bytes(budget)} per block (shared-memory budget){dyn}: "
                         "loaded once per row"))
         else:
