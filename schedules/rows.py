@@ -5,9 +5,10 @@ row loop (row softmax: max, sum of exp, normalize). How those rows map to the GP
 length L and the row count R, evaluated at the plan's sizes (`auto_schedule(..., sizes=)`; a symbolic size
 not given is unknown, and then the safe block-per-row strategy is kept):
 
-* **warp** — L <= WARP_ROW_MAX: W lanes of one warp per row (W = 32, or a smaller power of two for rows
+* **warp** — L < 1024 (WARP_ROW_MAX) and enough rows to give every SM a block of them (or rows shorter
+  than a block's threads): W lanes of one warp per row (W = 32, or a smaller power of two for rows
   shorter than 64), THREADS // W rows per block on threadIdx.y; the reductions are shuffles within the
-  row's lanes (`Kernel.subwarp`), no shared memory and no block barrier. Several rows per block for short
+  row's lanes (`Kernel.subwarp`), with no shared scratch. Several rows per block for short
   rows (strategy (d) of issue 11) is this strategy with W < 32. A kernel planned so is correct at every
   size (each lane strides over the row), and fast for the rows it was planned for.
 * **block** — one block of THREADS threads per row, the row's reductions block all-reduces, 128-bit
@@ -29,7 +30,9 @@ from loopir.visit import walk
 
 from . import cost as C
 
-WARP_ROW_MAX = 1024  # rows up to this many elements: a warp (or less) per row
+# rows shorter than 1024 elements: a warp (or less) per row; from 1024 on a block per row, whose row (read by
+# several phases) fits shared memory and whose 128 threads each still get whole float4s
+WARP_ROW_MAX = 1023
 SPLIT_ROW_MIN = 32768  # rows at least this long and fewer than the SMs would want a split over blocks
 RED_SCRATCH_SLOTS = 32  # the block all-reduce's shared scratch: one slot per warp (codegen.cuda.reduce)
 
@@ -61,13 +64,20 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
         return RowStrategy("block", threads, 1, f"{nums} at the costed size, but the row length "
                            f"({', '.join(symbolic)}) is symbolic and no sizes were given: a block per row, "
                            "which holds up at every length")
-    if row_len <= WARP_ROW_MAX:
-        lanes = 32 if row_len >= 64 else max(2, _pow2_floor(max(1, row_len // 2)))
-        per_block = threads // lanes
+    lanes = 32 if row_len >= 64 else max(2, _pow2_floor(max(1, row_len // 2)))
+    per_block = threads // lanes
+    many = rows >= dev.sm_count * per_block  # enough blocks of per_block rows to fill every SM
+    if row_len <= WARP_ROW_MAX and (many or row_len < threads):
         return RowStrategy("warp", lanes, per_block,
-                           f"{nums}: rows of at most {WARP_ROW_MAX} elements get {lanes} lanes each "
-                           f"({per_block} rows per block of {threads} threads; shuffles only, no block barrier)")
-    why = f"{nums}: rows longer than {WARP_ROW_MAX} elements get a block of {threads} threads each"
+                           f"{nums}: rows shorter than {WARP_ROW_MAX + 1} elements get {lanes} lanes each "
+                           f"({per_block} rows per block of {threads} threads; shuffle reductions within a row)"
+                           + ("" if many else f"; rows shorter than the block's {threads} threads, so few rows "
+                              "still do not want a block each"))
+    if row_len <= WARP_ROW_MAX:
+        return RowStrategy("block", threads, 1, f"{nums}: short rows, but fewer than {dev.sm_count * per_block:,} "
+                           f"({dev.sm_count} SMs x {per_block} rows per block): a block per row keeps more "
+                           "threads busy")
+    why = f"{nums}: rows of {WARP_ROW_MAX + 1} elements or more get a block of {threads} threads each"
     if row_len >= SPLIT_ROW_MIN and rows < dev.sm_count:
         why += (f" (only {rows} block{'s' if rows != 1 else ''} for {dev.sm_count} SMs: a split of each row over "
                 "several blocks would fill the GPU; not built yet)")
@@ -161,9 +171,9 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
                         f"{C.fmt_bytes(budget)} per block (shared-memory budget){dyn}: "
                         "loaded once per row"))
         else:
-            out.append((p, False, nbytes, f"its row ({C.fmt_bytes(nbytes)}) is read by {users_s}, but with it the "
-                        f"kernel's shared memory would exceed the {C.fmt_bytes(budget)} per block (shared-memory "
-                        "budget) — re-read from global memory"))
+            out.append((p, False, nbytes, f"its row ({C.fmt_bytes(nbytes)}) is read by {users_s}, but the kernel's "
+                        f"shared memory with it ({C.fmt_bytes(used + nbytes)}) exceeds the {C.fmt_bytes(budget)} "
+                        "per block (shared-memory budget) — re-read from global memory"))
     return out
 
 
