@@ -6,8 +6,8 @@ length L and the row count R, evaluated at the plan's sizes (`auto_schedule(...,
 not given is unknown, and then the safe block-per-row strategy is kept):
 
 * **warp** — L < 1024 (WARP_ROW_MAX) and enough rows to give every SM a block of them (or rows shorter
-  than a block's threads): W lanes of one warp per row (W = 32, or a smaller power of two for rows
-  shorter than 64), THREADS // W rows per block on threadIdx.y; the reductions are shuffles within the
+  than a block's threads): W lanes of a warp per row (W = 16, half a warp, or a smaller power of two for
+  rows shorter than 32), THREADS // W rows per block on threadIdx.y; the reductions are shuffles within the
   row's lanes (`Kernel.subwarp`), with no shared scratch. Several rows per block for short
   rows (strategy (d) of issue 11) is this strategy with W < 32. A kernel planned so is correct at every
   size (each lane strides over the row), and fast for the rows it was planned for.
@@ -34,6 +34,9 @@ from . import cost as C
 # several phases) fits shared memory and whose 128 threads each still get whole float4s
 WARP_ROW_MAX = 1023
 SPLIT_ROW_MIN = 32768  # rows at least this long and fewer than the SMs would want a split over blocks
+# lanes per row: the shuffle-only reduction (`Kernel.subwarp`, codegen.passes.launch.subwarp_width) takes rows
+# of up to 16 lanes; two rows share a warp then, each load instruction still reading 2 x 64 contiguous bytes
+MAX_LANES = 16
 RED_SCRATCH_SLOTS = 32  # the block all-reduce's shared scratch: one slot per warp (codegen.cuda.reduce)
 
 
@@ -64,7 +67,7 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
         return RowStrategy("block", threads, 1, f"{nums} at the costed size, but the row length "
                            f"({', '.join(symbolic)}) is symbolic and no sizes were given: a block per row, "
                            "which holds up at every length")
-    lanes = 32 if row_len >= 64 else max(2, _pow2_floor(max(1, row_len // 2)))
+    lanes = min(MAX_LANES, max(2, _pow2_floor(max(1, row_len // 2))))
     per_block = threads // lanes
     many = rows >= dev.sm_count * per_block  # enough blocks of per_block rows to fill every SM
     if row_len <= WARP_ROW_MAX and (many or row_len < threads):

@@ -26,7 +26,7 @@ thread whose predicate is false contributes the identity). Refused: a serial loo
 depend on a thread index around T (threads would reach the all-reduce different numbers of times);
 a T-invariant store inside T that is not of the form C = C op e, except to a "local" buffer
 (registers are per thread). The block's x extent is rounded up to a multiple of 32 so that warps
-are full, except when each row is at most a warp (x extent a constant power of two W <= 32,
+are full, except when the rows are narrower than a warp (x extent a constant power of two W <= 16,
 the block whole warps, the reductions inside a threadIdx.y / z loop): then `loopir_subwarp_allreduce<W>`
 reduces each row by shuffles within its W lanes, with no shared memory and no barrier (`subwarp_width`).
 """
