@@ -222,6 +222,8 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
             s.cache_read(c.tensor, c.scope, blocks[-1])
         else:  # a row of symbolic length: dynamic shared memory, sized per launch
             s.cache_row(c.tensor, blocks[-1])
+    if g.strategy is not None:  # the threads per row the row strategy chose (more for very wide rows)
+        threads = g.strategy.lanes if g.strategy.name == "block" else threads
     for phase in _phases(s, blocks[-1].var):
         if _is_reduction_loop(phase):
             s.bind_reduction(phase.var, threads=threads)

@@ -320,7 +320,7 @@ class FusionPlan:
 _MAPPINGS = {
     "flat": f"flat grid (loops collapsed, {THREADS} threads per block, 16-byte chunks per thread)",
     "row": "one block per row, threads across each phase's inner loop",
-    "warp": "a warp (or fewer lanes) per row, several rows per block on threadIdx.y",
+    "warp": "up to 16 lanes of a warp per row, several rows per block on threadIdx.y",
     "thread": "one thread per output point",
     "cpu": "parallel outer loop, vectorized inner loop",
     "gemm": "tiled GEMM (schedules.gemm: block / register tiles, epilogue on the register tile)",

@@ -5,15 +5,16 @@ row loop (row softmax: max, sum of exp, normalize). How those rows map to the GP
 length L and the row count R, evaluated at the plan's sizes (`auto_schedule(..., sizes=)`; a symbolic size
 not given is unknown, and then the safe block-per-row strategy is kept):
 
-* **warp** — L < 1024 (WARP_ROW_MAX) and enough rows to give every SM a block of them (or rows shorter
-  than a block's threads): W lanes of a warp per row (W = 16, half a warp, or a smaller power of two for
-  rows shorter than 32), THREADS // W rows per block on threadIdx.y; the reductions are shuffles within the
-  row's lanes (`Kernel.subwarp`), with no shared scratch. Several rows per block for short
-  rows (strategy (d) of issue 11) is this strategy with W < 32. A kernel planned so is correct at every
-  size (each lane strides over the row), and fast for the rows it was planned for.
-* **block** — one block of THREADS threads per row, the row's reductions block all-reduces, 128-bit
-  accesses where the row length is a constant multiple of 4; a row read by several phases is kept in
-  shared memory when the kernel's whole shared-memory budget allows it (`fit_shared`).
+* **warp** — L shorter than a block's threads (128): W lanes of a warp per row (W = 16, half a warp, or a
+  smaller power of two for rows shorter than 32), THREADS // W rows per block on threadIdx.y; the reductions
+  are shuffles within the row's lanes (`Kernel.subwarp`), with no shared scratch. This is also strategy (d)
+  of issue 11, several rows per block for short rows. A kernel planned so is correct at every size (each
+  lane strides over the row). Longer rows measured slower this way than with a block per row (each phase
+  re-reads the row; see `choose_row_strategy`).
+* **block** — one block per row: THREADS threads, WIDE_THREADS from WIDE_ROW elements on; block all-reduces,
+  128-bit accesses where the row length is a constant multiple of 4; a row read by several phases is kept
+  in shared memory when the kernel's whole shared-memory budget allows it (`plan_row_caches`), in dynamic
+  shared memory when it is symbolic or above 48 KiB.
 
 Very wide rows with few of them (vocabulary-sized softmax over a handful of rows) would want a row split
 over several blocks with a combine kernel; that is not built yet: they get `block`, and the plan says so.
@@ -30,9 +31,8 @@ from loopir.visit import walk
 
 from . import cost as C
 
-# rows shorter than 1024 elements: a warp (or less) per row; from 1024 on a block per row, whose row (read by
-# several phases) fits shared memory and whose 128 threads each still get whole float4s
-WARP_ROW_MAX = 1023
+WIDE_ROW = 8192  # rows at least this long get WIDE_THREADS threads per block (unmeasured: see explain)
+WIDE_THREADS = 512
 SPLIT_ROW_MIN = 32768  # rows at least this long and fewer than the SMs would want a split over blocks
 # lanes per row: the shuffle-only reduction (`Kernel.subwarp`, codegen.passes.launch.subwarp_width) takes rows
 # of up to 16 lanes; two rows share a warp then, each load instruction still reading 2 x 64 contiguous bytes
@@ -67,24 +67,25 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
         return RowStrategy("block", threads, 1, f"{nums} at the costed size, but the row length "
                            f"({', '.join(symbolic)}) is symbolic and no sizes were given: a block per row, "
                            "which holds up at every length")
-    lanes = min(MAX_LANES, max(2, _pow2_floor(max(1, row_len // 2))))
-    per_block = threads // lanes
-    many = rows >= dev.sm_count * per_block  # enough blocks of per_block rows to fill every SM
-    if row_len <= WARP_ROW_MAX and (many or row_len < threads):
+    if row_len < threads:
+        # measured on the H200 (benchmarks/rows_gpu.py): a warp-per-row kernel re-reads its row from L1/L2 in
+        # each phase and lost to a block per row with the row in shared memory at 768 and 1000 elements
+        # (1.96x / 2.76x torch.compile); it is kept for rows shorter than a block, which would idle threads
+        lanes = min(MAX_LANES, max(2, _pow2_floor(max(1, row_len // 2))))
+        per_block = threads // lanes
         return RowStrategy("warp", lanes, per_block,
-                           f"{nums}: rows shorter than {WARP_ROW_MAX + 1} elements get {lanes} lanes each "
-                           f"({per_block} rows per block of {threads} threads; shuffle reductions within a row)"
-                           + ("" if many else f"; rows shorter than the block's {threads} threads, so few rows "
-                              "still do not want a block each"))
-    if row_len <= WARP_ROW_MAX:
-        return RowStrategy("block", threads, 1, f"{nums}: short rows, but fewer than {dev.sm_count * per_block:,} "
-                           f"({dev.sm_count} SMs x {per_block} rows per block): a block per row keeps more "
-                           "threads busy")
-    why = f"{nums}: rows of {WARP_ROW_MAX + 1} elements or more get a block of {threads} threads each"
+                           f"{nums}: rows shorter than a block's {threads} threads get {lanes} lanes each "
+                           f"({per_block} rows per block; shuffle reductions within a row)")
+    wide = row_len >= WIDE_ROW
+    per_row = WIDE_THREADS if wide and threads < WIDE_THREADS else threads
+    why = f"{nums}: rows of {threads} elements or more get a block of {per_row} threads each"
+    if wide and per_row != threads:
+        why += (f" (at least {WIDE_ROW:,} elements: more threads per row, since a block's shared row leaves "
+                "room for few blocks per SM)")
     if row_len >= SPLIT_ROW_MIN and rows < dev.sm_count:
-        why += (f" (only {rows} block{'s' if rows != 1 else ''} for {dev.sm_count} SMs: a split of each row over "
-                "several blocks would fill the GPU; not built yet)")
-    return RowStrategy("block", threads, 1, why)
+        why += (f"; only {rows} block{'s' if rows != 1 else ''} for {dev.sm_count} SMs: a split of each row over "
+                "several blocks would fill the GPU (not built yet)")
+    return RowStrategy("block", per_row, 1, why)
 
 
 def fit_shared(candidates: list[tuple[str, int, int]], scratch: int, budget: int) -> tuple[list[str], list[str]]:
@@ -181,4 +182,4 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
 
 
 __all__ = ["RowStrategy", "choose_row_strategy", "fit_shared", "reduction_scratch", "operands_split",
-           "WARP_ROW_MAX", "SPLIT_ROW_MIN", "plan_row_caches"]
+           "WIDE_ROW", "SPLIT_ROW_MIN", "plan_row_caches"]
