@@ -17,6 +17,10 @@ Per kernel of the plan (`schedules.fusion`):
      (`bind_reduction(k, threads=128)`: strided per-thread shares, then combined across the block)
      and a spatial loop is `split` by 4 (vectorized when the row length is a constant multiple of 4)
      and by the block size, the inner part bound to threadIdx.x;
+     A row read by several phases is kept in shared memory (`cache_read`; `cache_row` when its length is
+     symbolic: dynamic shared memory, sized per launch); rows of 8192 elements or more get 512 threads;
+   * cuda "warp" (rows shorter than a block, `schedules.rows`): the row loop `split` by the rows per block
+     (threadIdx.y), each phase over W <= 16 lanes (threadIdx.x), reductions by shuffles within a row;
    * cuda "thread": the shared outer loops collapsed, one thread per point, inner loops serial;
    * cpu: the outer loop `parallel`, the innermost spatial loop of each elementwise phase
      `vectorize`d when it carries nothing;
@@ -222,8 +226,8 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
             s.cache_read(c.tensor, c.scope, blocks[-1])
         else:  # a row of symbolic length: dynamic shared memory, sized per launch
             s.cache_row(c.tensor, blocks[-1])
-    if g.strategy is not None:  # the threads per row the row strategy chose (more for very wide rows)
-        threads = g.strategy.lanes if g.strategy.name == "block" else threads
+    if g.strategy is not None and g.strategy.name == "block":  # very wide rows: more threads per row
+        threads = max(threads, g.strategy.lanes)
     for phase in _phases(s, blocks[-1].var):
         if _is_reduction_loop(phase):
             s.bind_reduction(phase.var, threads=threads)

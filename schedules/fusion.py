@@ -27,8 +27,9 @@ roofline model of `schedules.cost`:
   per block or registers are refused with a ValueError.
 
 A reduction is never inlined: recomputing it at each point where it is read multiplies its work
-by its extent; the log says so. On `cuda`, a row kept for several phases of a row kernel is
-considered for shared memory and refused when it does not fit (or its length is symbolic).
+by its extent; the log says so. On `cuda`, a row group's strategy (lanes or a block per row) and the
+rows it keeps in shared memory come from `schedules.rows`: a row read by several phases is cached while
+everything the kernel keeps in shared memory fits the block's budget (symbolic rows only with `sizes`).
 """
 
 from __future__ import annotations
