@@ -7,7 +7,7 @@
             | For(var, lo, hi, body, kind, thread) | Seq(body) | If(cond, then, orelse)
             | Allocate(buffer, body) | Barrier()
             | Kernel(name, body, grid, block, index_dtype, guarded, reductions, cooperative, pipelined,
-                     single_thread, subwarp)              (lowered programs only, made by codegen.passes)
+                     single_thread, subwarp, dynamic_shared)   (lowered programs only, made by codegen.passes)
     Program(name, args, temps, params, body)
 
 A `Store` is a *statement*: its `indices` and `value` are written in its original
@@ -362,6 +362,9 @@ class Kernel(Stmt):
     pipelined: frozenset[Var] = frozenset()
     single_thread: frozenset[str] = frozenset()
     subwarp: int = 0  # > 0: the cross-thread reductions combine rows of this many lanes of one warp
+    # shared buffers in the kernel's `extern __shared__` array: (buffer, byte offset) each, then (None, the
+    # bytes a launch asks for); offsets and total are expressions of the sizes, evaluated per call
+    dynamic_shared: tuple[tuple[Buffer | None, Expr], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

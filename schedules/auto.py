@@ -17,6 +17,10 @@ Per kernel of the plan (`schedules.fusion`):
      (`bind_reduction(k, threads=128)`: strided per-thread shares, then combined across the block)
      and a spatial loop is `split` by 4 (vectorized when the row length is a constant multiple of 4)
      and by the block size, the inner part bound to threadIdx.x;
+     A row read by several phases is kept in shared memory (`cache_read`; `cache_row` when its length is
+     symbolic: dynamic shared memory, sized per launch); rows of 8192 elements or more get 512 threads;
+   * cuda "warp" (rows shorter than a block, `schedules.rows`): the row loop `split` by the rows per block
+     (threadIdx.y), each phase over W <= 16 lanes (threadIdx.x), reductions by shuffles within a row;
    * cuda "thread": the shared outer loops collapsed, one thread per point, inner loops serial;
    * cpu: the outer loop `parallel`, the innermost spatial loop of each elementwise phase
      `vectorize`d when it carries nothing;
@@ -217,11 +221,20 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
         else:
             _bind_blocks(s, loops[:-1] + [bo])
         return
-    # "row": one block per point of the shared loops, threads across each phase below
     blocks = _collapse(s, root)
+    if g.mapping == "warp" and g.strategy is not None and len(blocks) == 1:
+        _map_warp_rows(s, g, blocks[0])
+        return
+    # "row" (and "warp" rows whose loops stay apart): one block per point of the shared loops, threads
+    # across each phase below
     _bind_blocks(s, blocks)
     for c in g.caches:  # rows that several phases read, kept in shared memory (the plan checked the size)
-        s.cache_read(c.tensor, c.scope, blocks[-1])
+        if all(isinstance(simplify(d), Const) for d in c.tensor.shape[g.depth:]):
+            s.cache_read(c.tensor, c.scope, blocks[-1])
+        else:  # a row of symbolic length: dynamic shared memory, sized per launch
+            s.cache_row(c.tensor, blocks[-1])
+    if g.strategy is not None and g.strategy.name == "block":  # very wide rows: more threads per row
+        threads = max(threads, g.strategy.lanes)
     for phase in _phases(s, blocks[-1].var):
         if _is_reduction_loop(phase):
             s.bind_reduction(phase.var, threads=threads)
@@ -250,6 +263,30 @@ def _store_lanes(body: Any) -> int:
     return (vector_lanes(stores[0].buffer.dtype) or 4) if stores else 4
 
 
+def _map_warp_rows(s: Schedule, g: FusionGroup, row: Any) -> None:
+    """Rows of `g.strategy.lanes` threads (threadIdx.x), `g.strategy.rows` rows per block (threadIdx.y):
+    the (collapsed) row loop `split` by the rows per block, each reduction phase
+    `bind_reduction(threads=lanes)`, each spatial phase `split` by the lanes (and by 4, vectorized, when
+    every lane gets whole float4s)."""
+    st = g.strategy
+    assert st is not None
+    bo, bi = s.split(row, st.rows)
+    s.bind(bo, "blockIdx.x")
+    s.bind(bi, "threadIdx.y")
+    for phase in _phases(s, bi.var):
+        if _is_reduction_loop(phase):
+            s.bind_reduction(phase.var, threads=st.lanes)
+            continue
+        var = phase.var
+        n = simplify(phase.hi - phase.lo)
+        vl = _store_lanes(phase.body)  # 16 bytes: 4 floats or 8 halves
+        if _is_const(phase.lo, 0) and _multiple_of(n, vl * st.lanes) and _single_store(phase.body):
+            var, lane = s.split(var, vl)  # 128-bit accesses when every lane gets whole vectors
+            s.vectorize(lane)
+        _, ti = s.split(var, st.lanes)
+        s.bind(ti, "threadIdx.x")
+
+
 def _single_store(body: Any) -> bool:
     """One Store, possibly under a guard (the bounds clip of a cache_read copy)."""
     if isinstance(body, If) and body.orelse is None:
@@ -267,8 +304,8 @@ def _find(s: Schedule, var: Var) -> For:
 def _phases(s: Schedule, block: Var) -> list[For]:
     """The loops directly under the block loop (through sequences), in order."""
     body = _find(s, block).body
-    while isinstance(body, Allocate):
-        body = body.body
+    while isinstance(body, Allocate) or (isinstance(body, If) and body.orelse is None):
+        body = body.body if isinstance(body, Allocate) else body.then  # the guard of a split row loop
     kids = body.body if isinstance(body, Seq) else (body,)
     return [k for k in kids if isinstance(k, For)]
 

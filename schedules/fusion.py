@@ -27,8 +27,9 @@ roofline model of `schedules.cost`:
   per block or registers are refused with a ValueError.
 
 A reduction is never inlined: recomputing it at each point where it is read multiplies its work
-by its extent; the log says so. On `cuda`, a row kept for several phases of a row kernel is
-considered for shared memory and refused when it does not fit (or its length is symbolic).
+by its extent; the log says so. On `cuda`, a row group's strategy (lanes or a block per row) and the
+rows it keeps in shared memory come from `schedules.rows`: a row read by several phases is cached while
+everything the kernel keeps in shared memory fits the block's budget (symbolic rows only with `sizes`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from loopir.te import ComputeOp, Reduce, Tensor, tensor_of
 from loopir.visit import substitute, walk
 
 from . import cost as C
+from . import rows as R
 from .recipes import gemm_params, gemm_resources, is_matmul_tensor
 
 THREADS = 128  # threads per block of the CUDA mappings (gpu_suite.py --sweep: best or tied on the H200)
@@ -210,6 +212,7 @@ class FusionGroup:
     cost: C.KernelCost = field(default_factory=C.KernelCost)
     gemm: dict[str, Any] | None = None  # "gemm" mapping: the recipe's tile parameters
     gemm_plan: Any = None  # the GemmPlan auto_schedule applied (its steps are part of explain())
+    strategy: R.RowStrategy | None = None  # cuda row groups: warp or block per row (schedules.rows)
 
     @property
     def kind(self) -> str:
@@ -320,6 +323,7 @@ class FusionPlan:
 _MAPPINGS = {
     "flat": f"flat grid (loops collapsed, {THREADS} threads per block, 16-byte chunks per thread)",
     "row": "one block per row, threads across each phase's inner loop",
+    "warp": "up to 16 lanes of a warp per row, several rows per block on threadIdx.y",
     "thread": "one thread per output point",
     "cpu": "parallel outer loop, vectorized inner loop",
     "gemm": "tiled GEMM (schedules.gemm: block / register tiles, epilogue on the register tile)",
@@ -375,6 +379,7 @@ def plan_fusion(
 
     unfused = [_unfused_cost(t, ev) for t in order]
     pl = _Planner(outs, order, stages, dev, ev, target)
+    pl.given = {v.name for v in params if v in size_map or v.name in size_map}
     pl.gemm = gparams
     if fuse:
         pl.decide_inlining()
@@ -431,10 +436,11 @@ class _Planner:
         self.group_of: dict[int, FusionGroup] = {}
         self.log: list[Decision] = []
         self.gemm: dict[str, Any] | None = None
+        self.given: set[str] = set()  # the size names the plan was given values for
 
     # ---- GEMM groups
     def _is_gemm(self, t: Tensor) -> bool:
-        return self.gemm is not None and is_matmul_tensor(t)
+        return self.gemm is not None and is_matmul_tensor(t) and R.operands_split(t)
 
     def _gemm_chain(self, stages: list[Tensor], depth: int) -> bool:
         """A matmul first, then elementwise stages each reading only its predecessor's value at its own
@@ -692,7 +698,7 @@ class _Planner:
             g.mapping = self._mapping(g)
             if g.mapping == "gemm":
                 self._plan_gemm(g)
-            if self.target == "cuda" and g.mapping == "row":
+            if self.target == "cuda" and g.mapping == "row":  # warp rows are re-read from L1
                 self._plan_row_cache(g)
             g.cost = self._group_cost(g)
 
@@ -709,38 +715,21 @@ class _Planner:
                        if isinstance(t.op.body, Reduce)), default=0)
         rows = C.elements(g.stages[0].shape[:g.depth], self.ev)
         if g.depth >= 1 and (beyond or red_ext >= ROW_MIN_EXTENT or rows < self.dev.sm_count * 4):
-            return "row"
+            inner = [_domain(t)[g.depth:] for t in g.stages]
+            row_len = max(C.elements(d, self.ev) for d in inner)
+            sym = sorted({n.name for d in inner for e in d for n in walk(e) if isinstance(n, Var)})
+            g.strategy = R.choose_row_strategy(row_len, rows, sym, all(v in self.given for v in sym), THREADS,
+                                               self.dev)
+            g.log.append(Decision("note", ("row strategy",), None, f"{g.strategy.name}: {g.strategy.why}"))
+            return "warp" if g.strategy.name == "warp" else "row"
         return "thread"
 
     def _plan_row_cache(self, g: FusionGroup) -> None:
-        # A row is worth keeping on chip when several phases of the kernel read the same input row.
-        readers: dict[int, tuple[Tensor, set[str]]] = {}
-        ids = {id(t) for t in g.stages}
-        for t in g.stages:
-            for p, idx in _effective_loads(t, self.inlined):
-                if id(p) in ids or len(p.shape) <= g.depth:
-                    continue
-                if all(idx[k] is t.op.axis[k] for k in range(g.depth)):
-                    readers.setdefault(id(p), (p, set()))[1].add(t.name)
-        for p, users in readers.values():
-            if len(users) < 2:
-                continue
-            row_shape = p.shape[g.depth:]
-            nbytes = C.buffer_bytes(row_shape, p.dtype, self.ev)
-            sym = [str(s) for s in row_shape if not all(not isinstance(n, Var) for n in walk(s))]
-            limit = self.dev.smem_per_block
-            users_s = ", ".join(sorted(users))
-            if sym:
-                self._cache_note(g, p, False, f"its row ({C.fmt_bytes(nbytes)} at the costed size) is read by "
-                                 f"{users_s}, but its length {', '.join(sym)} is symbolic and a shared buffer "
-                                 "needs a constant size — re-read from global memory (L2-resident)")
-            elif nbytes > limit:
-                self._cache_note(g, p, False, f"its row ({C.fmt_bytes(nbytes)}) is read by {users_s} but exceeds "
-                                 f"the {C.fmt_bytes(limit)} of shared memory per block — re-read from global memory")
-            else:
+        for p, ok, nbytes, why in R.plan_row_caches(g.stages, g.depth, lambda t: _effective_loads(t, self.inlined),
+                                                    self.ev, self.dev, self.given):
+            if ok:
                 g.caches.append(RowCache(p, "shared", nbytes))
-                self._cache_note(g, p, True, f"its row ({C.fmt_bytes(nbytes)}) is read by {users_s}; it fits in "
-                                 f"shared memory ({C.fmt_bytes(limit)} per block): loaded once per row")
+            self._cache_note(g, p, ok, why)
 
     def _plan_gemm(self, g: FusionGroup) -> None:
         mm, eps = g.stages[0], g.stages[1:]

@@ -103,6 +103,7 @@ class Kernel:
     args: tuple[KernelArg, ...]
     launch: LaunchPlan
     stmt_names: tuple[str, ...]
+    dynamic_shared: N.Expr = N.const(0)  # bytes of dynamic shared memory a launch asks for (over the sizes)
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,15 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         size = N.const(1)
         for d in b.shape:
             size = N.binary("mul", size, d)
+        if b.dtype == "float16":
+            self.uses_half = True
+        dyn = next((off for d, off in self.kern.dynamic_shared if d is b), None)
+        if dyn is not None:  # a slice of the kernel's extern __shared__ array (codegen.passes.shared)
+            st = _STORAGE[b.dtype]
+            self.line(f"{st}* __restrict__ {self.buf(b)} = reinterpret_cast<{st}*>(loopir_dyn_smem + "
+                      f"{self.expr(dyn)});  // shared {b.name}, dynamic: {expr_str(size)} elements")
+            self.stmt(s.body, last)
+            return
         if not _is_const(size):
             raise CudaCodegenError(f"{b.scope} buffer {b.name!r} has non-constant size {size}; "
                                    "shared and local allocations need a constant shape")
@@ -372,7 +382,9 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             if b.scope == "global" and b not in globals_:
                 raise CudaCodegenError(f"buffer {b.name!r} is neither an argument nor a temp of program "
                                        f"{self.program.name!r}")
-        sizes = sorted(self._size_vars() | {v for b in globals_ for d in b.shape for v in free_vars(d)},
+        dyn_vars = {v for b, off in self.kern.dynamic_shared for e in (off, *(b.shape if b else ()))
+                    for v in free_vars(e)}
+        sizes = sorted(self._size_vars() | dyn_vars | {v for b in globals_ for d in b.shape for v in free_vars(d)},
                        key=lambda v: (v not in self.program.params, self.program.params.index(v)
                                       if v in self.program.params else 0, v.name))
         args: list[KernelArg] = []
@@ -406,8 +418,12 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         decl = [f"  __shared__ {ct} {nm}[32];  // cross-thread reduction scratch" for ct, nm in self.red_smem.items()]
         decl += [f"  const bool {nm} = {cond};  // tested once per thread, not per access" for cond, nm in
                  self.entry_checks.items()]
+        dyn_bytes = self.kern.dynamic_shared[-1][1] if self.kern.dynamic_shared else N.const(0)
+        if self.kern.dynamic_shared:
+            decl.append(f"  extern __shared__ __align__(16) unsigned char loopir_dyn_smem[];  // {dyn_bytes} bytes, "
+                        "set at launch")
         text = "\n".join(head + [launch] + decl + body + ["}"])
-        return text, Kernel(self.kname, tuple(args), plan, tuple(dict.fromkeys(stmt_names(self.nest))))
+        return text, Kernel(self.kname, tuple(args), plan, tuple(dict.fromkeys(stmt_names(self.nest))), dyn_bytes)
 
 
 def _host_expr(e: N.Expr, what: str) -> N.Expr:

@@ -45,6 +45,22 @@ class NoGpuError(RuntimeLaunchError):
     """No usable CUDA GPU (driver library missing or no device)."""
 
 
+class SharedMemoryError(RuntimeLaunchError):
+    """A launch needs more shared memory per block than the device has; the message names the kernel."""
+
+
+STATIC_SHARED = 48 * 1024  # dynamic shared bytes a launch may ask for without the opt-in attribute
+
+
+def dynamic_shared_bytes(k: Kernel, sizes: dict[Var, int]) -> int:
+    """The bytes of dynamic shared memory a launch of `k` asks for at `sizes` (0 for none)."""
+    try:
+        return int(eval_index(k.dynamic_shared, sizes))
+    except (ValueError, TypeError, KeyError, ZeroDivisionError) as err:
+        raise CudaCodegenError(f"cannot evaluate the dynamic shared memory of kernel {k.name!r} "
+                               f"({k.dynamic_shared}) on the host: {err}") from err
+
+
 @cache
 def _driver():
     try:
@@ -266,6 +282,7 @@ class CudaModule(Module):
         self._host_bufs: dict[tuple[int, int, int, int], Any] = {}
         self._load_lock = threading.Lock()
         self._temps: dict[tuple[int, tuple], list[Any]] = {}
+        self._smem_set: dict[tuple[int, str], int] = {}  # (device, kernel) -> dynamic shared bytes opted in
 
     # -- loading
     def _functions(self, dev: Device) -> dict[str, Any]:
@@ -402,8 +419,34 @@ class CudaModule(Module):
                                              "does not fit 32 bits; build with specialize=False")
                 values.append(v)
                 types.append(ctypes.c_int if a.int32 else ctypes.c_longlong)
-        check(cu.cuLaunchKernel(fns[k.name], *grid, *block, 0, p.stream, (tuple(values), tuple(types)), 0),
+        smem = self._dynamic_shared(k, env, fns, p)
+        check(cu.cuLaunchKernel(fns[k.name], *grid, *block, smem, p.stream, (tuple(values), tuple(types)), 0),
               f"cuLaunchKernel({k.name})")
+
+    def _dynamic_shared(self, k: Kernel, env: dict[Var, int], fns: dict[str, Any], p: _Prepared) -> int:
+        """The bytes of dynamic shared memory this launch of `k` asks for (`Kernel.dynamic_shared` at this
+        call's sizes); above 48 KiB the function is opted in first. SharedMemoryError when the device cannot
+        hold them."""
+        nbytes = dynamic_shared_bytes(k, env)
+        if nbytes <= STATIC_SHARED:
+            return nbytes
+        cu = _driver()
+        A = cu.CUdevice_attribute
+        limit = int(check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                                  p.dev.handle), "cuDeviceGetAttribute"))
+        static = int(check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                                                 fns[k.name]), "cuFuncGetAttribute"))
+        if nbytes + static > limit:
+            raise SharedMemoryError(f"kernel {k.name!r} needs {nbytes:,} bytes of dynamic shared memory at these "
+                                    f"sizes ({static:,} more declared statically); the device allows {limit:,} "
+                                    "per block: call it with smaller rows, or build without the shared row cache")
+        key = (p.dev.ordinal, k.name)
+        if self._smem_set.get(key, 0) < nbytes:
+            check(cu.cuFuncSetAttribute(fns[k.name], cu.CUfunction_attribute
+                                        .CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes),
+                  f"cuFuncSetAttribute({k.name}, MAX_DYNAMIC_SHARED_SIZE_BYTES, {nbytes})")
+            self._smem_set[key] = nbytes
+        return nbytes
 
     def finish(self, p: _Prepared) -> None:
         if p.module is not None and p.module is not self:
@@ -469,4 +512,5 @@ class CudaModule(Module):
             pass
 
 
-__all__ = ["CudaModule", "CudaError", "NoGpuError", "check", "device", "default_arch", "gpu_available", "classify"]
+__all__ = ["CudaModule", "CudaError", "NoGpuError", "SharedMemoryError", "dynamic_shared_bytes",
+           "check", "device", "default_arch", "gpu_available", "classify"]

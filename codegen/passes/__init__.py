@@ -24,6 +24,7 @@ from .bounds import prove_bounds
 from .guards import tighten_guards
 from .kernels import split_kernels
 from .launch import plan_kernels
+from .shared import plan_dynamic_shared
 from .staging import plan_staging
 from .versioning import version_tiles
 
@@ -67,7 +68,7 @@ def _pipelines(assume: Assume | None = None) -> dict[str, tuple[Pass, ...]]:
     cuda = (Pass("prove_bounds", prove_bounds), Pass("widen_accumulators", widen_accumulators),
             Pass("split_kernels", split_kernels),
             Pass("plan_kernels", plan), Pass("place_barriers", place_barriers),
-            Pass("plan_staging", plan_staging))
+            Pass("plan_staging", plan_staging), Pass("plan_dynamic_shared", plan_dynamic_shared))
     cpu = (Pass("prove_bounds", prove_bounds), Pass("widen_accumulators", widen_accumulators),
            Pass("tighten_guards", tighten_guards),
            Pass("version_tiles", version_tiles))
