@@ -8,7 +8,7 @@ compiled for a small key of the call's sizes.
 
 The key, per size variable (in the order the arguments' shapes name them): `1` when it is 1 (the variant
 substitutes the constant), `%16` when 16 divides it (n -> 16*n16 with a fresh size variable, so the
-scheduler proves 4-wide vector lanes and tiles exact), `%4` when only 4 does (n -> 4*n4), `*` otherwise;
+scheduler proves 4-wide vector lanes and tiles exact), `%8` (8 halves: one 16-byte access) and `%4` likewise, `*` otherwise;
 on CUDA whether every buffer's padded element count (launch.fits_int32: prod(d + INT32_SLACK)) stays below
 2**31 at these sizes (the variant is lowered with `Assume(index_int32=True)`: 32-bit index arithmetic);
 and for each size a row length depends on (the bounds of a reduction) a coarse class, <= 2**10, 2**13,
@@ -40,13 +40,14 @@ from .passes.launch import INT32_SLACK
 ROW_CLASSES = (2**10, 2**13, 2**16)  # upper bounds of the row-length classes; above the last: unbounded
 _DIV_WHY = {"1": "is 1 -> scheduled with the constant 1 (loops over it vanish)",
             "%16": "divisible by 16 -> scheduled with {v} = 16*{v}16 (vector lanes along it provably whole)",
-            "%4": "divisible by 4, not 16 -> scheduled with {v} = 4*{v}4 (vector lanes along it provably whole)",
+            "%8": "divisible by 8, not 16 -> scheduled with {v} = 8*{v}8 (16-byte half lanes along it provably whole)",
+            "%4": "divisible by 4, not 8 -> scheduled with {v} = 4*{v}4 (float4 lanes along it provably whole)",
             "*": "not divisible by 4 -> generic (guarded) code for {v}"}
 
 
 @dataclass(frozen=True, slots=True)
 class Key:
-    """What a variant may rely on. `div` per size variable ("1", "%16", "%4", "*"), `int32` (CUDA: every
+    """What a variant may rely on. `div` per size variable ("1", "%16", "%8", "%4", "*"), `int32` (CUDA: every
     buffer's padded element count below 2**31), `rows` per row-length size variable its class's upper
     bound (0: unbounded)."""
 
@@ -73,6 +74,8 @@ def div_class(value: int) -> str:
         return "1"
     if value > 0 and value % 16 == 0:
         return "%16"
+    if value > 0 and value % 8 == 0:  # 8 halves make one 16-byte access
+        return "%8"
     if value > 0 and value % 4 == 0:
         return "%4"
     return "*"
@@ -194,8 +197,8 @@ def substitution(key: Key, vars: Sequence[Var]) -> tuple[dict[Var, Any], dict[Va
         b = bounds.get(v.name, 0)
         if d == "1":
             sub[v] = 1
-        elif d in ("%16", "%4"):
-            k = 16 if d == "%16" else 4
+        elif d in ("%16", "%8", "%4"):
+            k = int(d[1:])
             fresh = Var(f"{v.name}{k}", v.dtype)
             sub[v] = binary("mul", const(k), fresh)
             if b:
