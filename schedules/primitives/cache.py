@@ -210,6 +210,26 @@ class _Redirect(Transformer):
         return Load(self.cache, tuple(simplify(binary("sub", i, lo)) for i, lo in zip(idx, self.lows)))
 
 
+def redirect_readers(body: Stmt, readers: list[Any], buf: Buffer, cache: Buffer, lows: list[Expr]) -> Stmt:
+    """`body` with the statements of `readers` rebased onto their loops and their loads of `buf` read from
+    `cache` (whose element 0 is `buf`'s element `lows`) instead."""
+    reader_ids = {id(c.store) for c in readers}
+    loops_of = {id(c.store): c.loops for c in readers}
+    red = _Redirect(buf, cache, lows)
+
+    class _Body(Transformer):
+        def visit_Store(self, st: Store) -> Store:
+            if id(st) not in reader_ids:
+                return st
+            rb = _rebase(st, loops_of[id(st)])
+            return dataclasses.replace(rb, value=red.visit(rb.value))
+
+        def visit(self, node: Any) -> Any:
+            return node if isinstance(node, Expr) else super().visit(node)
+
+    return _Body().visit(body)
+
+
 def _rebase(st: Store, loops: tuple[For, ...]) -> Store:
     """The statement with its iters replaced by the loop variables around it (coords == iters)."""
     sub = dict(zip(st.iters, st.coords))
@@ -303,22 +323,7 @@ def cache_read(program: Program, tensor: Any, scope: str, loop: Var) -> tuple[Pr
         # "parallel" copy loops inside thread loops: the CUDA target shares their iterations among the block's
         # threads (every thread writes the same values, so any split of the work is equivalent)
         copy = For(v, const(0), n, copy, "parallel" if projected else "serial")
-    # the loop body with the readers rebased and redirected
-    reader_ids = {id(c.store) for c in readers}
-    loops_of = {id(c.store): c.loops for c in readers}
-    red = _Redirect(buf, cache, lows)
-
-    class _Body(Transformer):
-        def visit_Store(self, st: Store) -> Store:
-            if id(st) not in reader_ids:
-                return st
-            rb = _rebase(st, loops_of[id(st)])
-            return dataclasses.replace(rb, value=red.visit(rb.value))
-
-        def visit(self, node: Any) -> Any:
-            return node if isinstance(node, Expr) else super().visit(node)
-
-    body = _Body().visit(f.body)
+    body = redirect_readers(f.body, readers, buf, cache, lows)
     merged = _merge_into_staging(body, copy) if scope == "shared" else None
     if merged is not None:  # one barrier pair for all the tiles staged in this loop
         new = dataclasses.replace(f, body=Allocate(cache, merged))

@@ -11,11 +11,11 @@ from loopir import poly
 from loopir.affine import simplify
 from loopir.dtypes import INDEX
 from loopir.errors import ArgumentError, ArgumentTypeError
-from loopir.nodes import Allocate, Barrier, Buffer, Expr, For, Load, Program, Stmt, Store, Var, binary, const
-from loopir.visit import Transformer, free_vars, seq, statements, walk
+from loopir.nodes import Allocate, Barrier, Buffer, For, Load, Program, Stmt, Store, Var, binary, const
+from loopir.visit import free_vars, seq, statements, walk
 
 from . import CheckContext, find_loop, fresh_name, primitive, replace_loop
-from .cache import _buffer, _check_cache_read, _max, _min, _rebase, _Redirect
+from .cache import _buffer, _check_cache_read, _max, _min, redirect_readers
 
 __all__ = ["cache_row"]
 
@@ -80,21 +80,7 @@ def cache_row(program: Program, tensor: Any, loop: Var) -> tuple[Program, Buffer
                        Load(buf, tuple(binary("add", lo, v) for lo, v in zip(lows, cvars))), its, its)
     for v, n in reversed(list(zip(cvars, shape))):
         copy = For(v, const(0), n, copy, "serial")
-    reader_ids = {id(c.store) for c in readers}
-    loops_of = {id(c.store): c.loops for c in readers}
-    red = _Redirect(buf, cache, lows)
-
-    class _Body(Transformer):
-        def visit_Store(self, st: Store) -> Store:
-            if id(st) not in reader_ids:
-                return st
-            rb = _rebase(st, loops_of[id(st)])
-            return dataclasses.replace(rb, value=red.visit(rb.value))
-
-        def visit(self, node: Any) -> Any:
-            return node if isinstance(node, Expr) else super().visit(node)
-
-    parts: list[Stmt] = [copy, Barrier(), _Body().visit(f.body)]
+    parts: list[Stmt] = [copy, Barrier(), redirect_readers(f.body, readers, buf, cache, lows)]
     if not (f.kind == "thread" and (f.thread or "").startswith("blockIdx")):
         parts.append(Barrier())  # the next iteration's copy must not overwrite what slow threads still read
     new = dataclasses.replace(f, body=Allocate(cache, seq(*parts)))
