@@ -210,6 +210,18 @@ class _Redirect(Transformer):
         return Load(self.cache, tuple(simplify(binary("sub", i, lo)) for i, lo in zip(idx, self.lows)))
 
 
+def readers_in(program: Program, tensor: Any, loop: Var, who: str) -> tuple[Buffer, For, list[Any]]:
+    """The buffer of `tensor`, the loop `loop`, and the statements inside it that read the buffer
+    (ArgumentError naming `who` when none does)."""
+    buf = _buffer(program, tensor)
+    f = find_loop(program, loop)
+    ctxs = [c for c in statements(program) if any(lp is f for lp in c.loops)]
+    readers = [c for c in ctxs if any(isinstance(n, Load) and n.buffer is buf for n in walk(c.store.value))]
+    if not readers:
+        raise ArgumentError(f"{who}: nothing inside loop {loop.name!r} reads {buf.name!r}")
+    return buf, f, readers
+
+
 def redirect_readers(body: Stmt, readers: list[Any], buf: Buffer, cache: Buffer, lows: list[Expr]) -> Stmt:
     """`body` with the statements of `readers` rebased onto their loops and their loads of `buf` read from
     `cache` (whose element 0 is `buf`'s element `lows`) instead."""
@@ -281,12 +293,7 @@ def cache_read(program: Program, tensor: Any, scope: str, loop: Var) -> tuple[Pr
         raise ArgumentError(f"cache_read: scope must be 'shared' or 'local', got {scope!r}")
     if not isinstance(loop, Var):
         raise ArgumentTypeError(f"cache_read: expected a loop handle, got {type(loop).__name__} {loop!r}")
-    buf = _buffer(program, tensor)
-    f = find_loop(program, loop)
-    ctxs = [c for c in statements(program) if any(lp is f for lp in c.loops)]
-    readers = [c for c in ctxs if any(isinstance(n, Load) and n.buffer is buf for n in walk(c.store.value))]
-    if not readers:
-        raise ArgumentError(f"cache_read: nothing inside loop {loop.name!r} reads {buf.name!r}")
+    buf, f, readers = readers_in(program, tensor, loop, "cache_read")
     # shared scratch inside thread-bound loops holds the region of the whole BLOCK (the union over
     # those thread loops), filled cooperatively; otherwise the region of one iteration of `loop`
     depth = next(k for k, lp in enumerate(readers[0].loops) if lp is f)

@@ -12,10 +12,10 @@ from loopir.affine import simplify
 from loopir.dtypes import INDEX
 from loopir.errors import ArgumentError, ArgumentTypeError
 from loopir.nodes import Allocate, Barrier, Buffer, For, Load, Program, Stmt, Store, Var, binary, const
-from loopir.visit import free_vars, seq, statements, walk
+from loopir.visit import free_vars, seq
 
-from . import CheckContext, find_loop, fresh_name, primitive, replace_loop
-from .cache import _buffer, _check_cache_read, _max, _min, redirect_readers
+from . import CheckContext, fresh_name, primitive, replace_loop
+from .cache import _check_cache_read, _max, _min, readers_in, redirect_readers
 
 __all__ = ["cache_row"]
 
@@ -42,12 +42,7 @@ def cache_row(program: Program, tensor: Any, loop: Var) -> tuple[Program, Buffer
                                                      for j: y[i, j] = exp(x_shared[0, j] - ..)"""
     if not isinstance(loop, Var):
         raise ArgumentTypeError(f"cache_row: expected a loop handle, got {type(loop).__name__} {loop!r}")
-    buf = _buffer(program, tensor)
-    f = find_loop(program, loop)
-    ctxs = [c for c in statements(program) if any(lp is f for lp in c.loops)]
-    readers = [c for c in ctxs if any(isinstance(n, Load) and n.buffer is buf for n in walk(c.store.value))]
-    if not readers:
-        raise ArgumentError(f"cache_row: nothing inside loop {loop.name!r} reads {buf.name!r}")
+    buf, f, readers = readers_in(program, tensor, loop, "cache_row")
     depth = readers[0].loops.index(f)
     if any(lp.kind == "thread" and (lp.thread or "").startswith("threadIdx") for lp in readers[0].loops[:depth]):
         raise ArgumentError(f"cache_row: loop {loop.name!r} is inside a threadIdx-bound loop; a row cache "
