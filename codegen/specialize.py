@@ -8,7 +8,8 @@ compiled for a small key of the call's sizes.
 
 The key, per size variable (in the order the arguments' shapes name them): `1` when it is 1 (the variant
 substitutes the constant), `%16` when 16 divides it (n -> 16*n16 with a fresh size variable, so the
-scheduler proves 4-wide vector lanes and tiles exact), `%8` (8 halves: one 16-byte access) and `%4` likewise, `*` otherwise;
+scheduler proves 4-wide vector lanes and tiles exact), `%8` (8 halves: one 16-byte access) and `%4`
+likewise, `*` otherwise;
 on CUDA whether every buffer's padded element count (launch.fits_int32: prod(d + INT32_SLACK)) stays below
 2**31 at these sizes (the variant is lowered with `Assume(index_int32=True)`: 32-bit index arithmetic);
 and for each size a row length depends on (the bounds of a reduction) a coarse class, <= 2**10, 2**13,
