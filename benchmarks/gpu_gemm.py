@@ -8,6 +8,8 @@ with each other only says whether they sum in the same order; `diff_vs_cublas` i
 
     python benchmarks/gpu_gemm.py [n] [--block 128 128] ...        (standalone)
     python benchmarks/gpu_gemm.py 4096 --sweep                     (several tile configurations)
+    python benchmarks/gpu_gemm.py --shapes 1000 1024x1024x1024 16x4096x4096 (the default build path, each
+                                  shape at fixed and at symbolic sizes; % of the DRAM floor for each)
     from benchmarks.gpu_gemm import gemm_entries                       (benchmarks/gpu_suite.py)
 """
 
@@ -140,6 +142,84 @@ def gemm_entries(n: int = 4096, reps: int = 20, configs: list[dict[str, Any]] | 
     return rows
 
 
+DRAM_BPS = 4.25e12  # the copy bandwidth measured on the H200 (shared/gpu/README.md)
+
+
+def _parse_shape(t: str) -> tuple[int, int, int]:
+    """"N" (a square) or "NxMxP": C (N x M) = A (N x P) @ B (P x M)."""
+    d = [int(x) for x in t.lower().split("x")]
+    return (d[0], d[0], d[0]) if len(d) == 1 else (d[0], d[1], d[2])
+
+
+def shape_entries(shapes: list[tuple[int, int, int]], reps: int = 20, dtype: str = "float32") -> list[dict[str, Any]]:
+    """relu(A @ B + bias) through the default path (`build([C], args, target="cuda")`, auto_schedule's plan), at
+    fixed and at symbolic (te.var) sizes, against cuBLAS (PyTorch eager, TF32 off) in the same run. Each row:
+    ms, ratio to cuBLAS, % of the DRAM floor (bytes of A, B, bias, C / 4.25 TB/s), error vs float64."""
+    import torch
+
+    from codegen import build
+    from loopir import te
+    from loopir import workloads as w
+    from schedules import auto_schedule
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    dev = torch.device("cuda")
+    tdt = getattr(torch, dtype)
+    sync = torch.cuda.synchronize
+    rows: list[dict[str, Any]] = []
+    for n, m, p in shapes:
+        a = torch.randn(n, p, device=dev).to(tdt)
+        b = torch.randn(p, m, device=dev).to(tdt)
+        bias = torch.randn(m, device=dev).to(tdt)
+        out = torch.empty(n, m, device=dev, dtype=tdt)
+        ref64 = torch.relu(a.double() @ b.double() + bias.double())
+        scale = float(ref64.abs().max().item()) or 1.0
+        nbytes = (n * p + p * m + m + n * m) * a.element_size()
+        floor_ms = nbytes / DRAM_BPS * 1e3
+        shape = f"{n}x{m}x{p} {dtype}"
+        t_cublas = _median_ms(lambda a=a, b=b, bias=bias: torch.relu(a @ b + bias), sync, reps)
+        rows.append({"shape": shape, "impl": "cuBLAS (torch eager)", "ms": t_cublas, "floor_ms": floor_ms,
+                     "rel_err": float((torch.relu(a @ b + bias).double() - ref64).abs().max().item()) / scale})
+        for label, sz in (("fixed", (n, m, p)), ("symbolic", (te.var("n"), te.var("m"), te.var("p")))):
+            try:
+                wl = w.matmul_bias_relu(n=sz[0], m=sz[1], p=sz[2], dtype=dtype)
+                t0 = time.perf_counter()
+                # symbolic: the cost model is told the sizes (as a user would pass them), the kernel is not
+                sch = auto_schedule(list(wl.outputs), target="cuda",
+                                    sizes={"n": n, "m": m, "p": p} if label == "symbolic" else None)
+                mod = build(sch, list(wl.inputs) + list(wl.outputs), target="cuda")
+                build_s = time.perf_counter() - t0
+                out.fill_(float("nan"))
+                mod(a, b, bias, out)
+                sync()
+                err = float((out.double() - ref64).abs().max().item()) / scale
+                t = _median_ms(lambda mod=mod, a=a, b=b, bias=bias, out=out: mod(a, b, bias, out), sync, reps)
+                rows.append({"shape": shape, "impl": f"loopir {label}", "ms": t, "floor_ms": floor_ms, "rel_err": err,
+                             "build_s": build_s, "ratio_vs_cublas": t_cublas / t,
+                             "mapping": sch.plan.groups[0].mapping})  # type: ignore[attr-defined]
+            except Exception as e:  # noqa: BLE001 - report, keep the others
+                rows.append({"shape": shape, "impl": f"loopir {label}", "ms": None,
+                             "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        for r in rows:
+            if r.get("ms") and "floor_pct" not in r:
+                r["floor_pct"] = 100.0 * r["floor_ms"] / r["ms"]
+                r["tflops"] = 2.0 * n * m * p / (r["ms"] * 1e-3) / 1e12 if r["shape"] == shape else r.get("tflops")
+    return rows
+
+
+def print_shapes(rows: list[dict[str, Any]]) -> None:
+    print("| shape | impl | ms | TFLOP/s | vs cuBLAS | % DRAM floor | rel. err vs f64 | mapping |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r.get("ms"):
+            print(f"| {r['shape']} | {r['impl']} | {r['ms']:.3f} | {r.get('tflops') or 0:.1f} | "
+                  f"{r.get('ratio_vs_cublas', 1.0):.2f} | {r['floor_pct']:.0f}% | {r['rel_err']:.1e} | "
+                  f"{r.get('mapping', '')} |")
+        else:
+            print(f"| {r['shape']} | {r['impl']} | failed: {r.get('error')} | | | | | |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("n", type=int, nargs="?", default=4096)
@@ -150,7 +230,16 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="time every configuration of SWEEP")
     ap.add_argument("--auto", action="store_true", help="build through auto_schedule(..., gemm=the tiles)")
+    ap.add_argument("--shapes", nargs="+", default=None, help="N or NxMxP: the default build path per shape")
+    ap.add_argument("--dtype", default="float32")
     a = ap.parse_args()
+    if a.shapes:
+        rows = shape_entries([_parse_shape(t) for t in a.shapes], a.reps, a.dtype)
+        print_shapes(rows)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return
     tiles: dict[str, Any] = dict(block=tuple(a.block), thread_tile=tuple(a.thread_tile), k_tile=a.k_tile)
     if a.auto:
         tiles["auto"] = True

@@ -18,6 +18,7 @@ from loopir.nodes import Program
 
 from .barriers import place_barriers
 from .bounds import prove_bounds
+from .full_tiles import version_full_tiles
 from .guards import tighten_guards
 from .kernels import split_kernels
 from .launch import plan_kernels
@@ -45,7 +46,7 @@ class Pass:
 def _pipelines() -> dict[str, tuple[Pass, ...]]:
     cuda = (Pass("prove_bounds", prove_bounds), Pass("split_kernels", split_kernels),
             Pass("plan_kernels", plan_kernels), Pass("place_barriers", place_barriers),
-            Pass("plan_staging", plan_staging))
+            Pass("plan_staging", plan_staging), Pass("version_full_tiles", version_full_tiles))
     cpu = (Pass("prove_bounds", prove_bounds), Pass("tighten_guards", tighten_guards),
            Pass("version_tiles", version_tiles))
     return {"cuda": cuda, "cpu": cpu}
