@@ -241,3 +241,80 @@ def test_gpu_every_shape_fp16_inputs(shape):
         ref = np.maximum(a.astype(np.float64) @ b.astype(np.float64) + bias, 0.0)
         assert not np.isnan(out).any()
         assert np.abs(out - ref).max() <= 1e-4 * max(1.0, float(np.abs(ref).max()))
+
+
+# ----------------------------------------------------------------------------- CPU: panel packing
+
+
+def _cpu_matmul(n, m, p):
+    a = te.placeholder((n, p), name="A")
+    b = te.placeholder((p, m), name="B")
+    k = te.reduce_axis(p, "k")
+    c = te.compute((n, m), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return [a, b, c], c
+
+
+def _panels(prog):
+    return [x.buffer for x in walk(prog.body) if isinstance(x, N.Allocate) and x.buffer.name.endswith("_panel")]
+
+
+def _before_packing(prog):
+    for step in pipeline("cpu"):
+        if step.name != "pack_panels":
+            prog = step(prog)
+    return prog
+
+
+def test_cpu_pipeline_packs_the_panel_at_fixed_and_symbolic_sizes():
+    assert "pack_panels" in [p.name for p in pipeline("cpu")]
+    for sizes in ((64, 128, 32), (te.var("n"), te.var("m"), te.var("p"))):
+        args, c = _cpu_matmul(*sizes)
+        prog = lower_cuda(auto_schedule([c], target="cpu").program, "cpu")
+        (pb,) = _panels(prog)
+        assert str(pb.shape[0]) == str(sizes[2]) and pb.scope == "local"
+        loads_b = [x for x in walk(prog.body) if isinstance(x, N.Load) and x.buffer.name == "B"]
+        if isinstance(sizes[0], int):  # 128 = 2 whole panels: B is read only by the packing copy
+            assert len({id(x) for x in loads_b}) == 1
+
+
+def test_cpu_pack_skipped_when_the_operand_is_written():
+    from codegen.passes.packing import pack_panels
+
+    args, c = _cpu_matmul(12, 64, 8)
+    prog = _before_packing(auto_schedule([c], target="cpu").program)
+    assert _panels(pack_panels(prog))
+    b = next(x for x in prog.args if x.name == "B")
+    zero = N.Const(0, "int64")
+    written = dataclasses.replace(prog, body=N.Seq((N.Store("W", b, (zero, zero), N.Const(1.0, "float32"), (), ()),
+                                                    prog.body)))
+    assert not _panels(pack_panels(written))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (17, 1, 33), (7, 64, 5), (13, 130, 70), (70, 200, 129), (6, 192, 64)])
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_cpu_gemm_default_path_every_shape(shape, symbolic):
+    n, m, p = shape
+    sizes = (te.var("n"), te.var("m"), te.var("p")) if symbolic else shape
+    args, c = _cpu_matmul(*sizes)
+    mod = build([c], args, threads=2)
+    rng = np.random.default_rng(sum(shape) + symbolic)
+    a = rng.standard_normal((n, p)).astype(np.float32)
+    b = rng.standard_normal((p, m)).astype(np.float32)
+    out = np.full((n, m), np.nan, np.float32)
+    mod(a, b, out)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert not np.isnan(out).any()
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+
+
+def test_cpu_packed_program_in_the_interpreter():
+    args, c = _cpu_matmul(te.var("n"), te.var("m"), te.var("p"))
+    prog = lower_cuda(auto_schedule([c], target="cpu").program, "cpu")
+    assert _panels(prog)
+    rng = np.random.default_rng(5)
+    for n, m, p in ((7, 70, 3), (6, 64, 2)):
+        a = rng.standard_normal((n, p)).astype(np.float32)
+        b = rng.standard_normal((p, m)).astype(np.float32)
+        out = np.full((n, m), np.nan, np.float32)
+        interp.run(prog, a, b, out)
+        np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)

@@ -22,6 +22,7 @@ from .full_tiles import version_full_tiles
 from .guards import tighten_guards
 from .kernels import split_kernels
 from .launch import plan_kernels
+from .packing import pack_panels
 from .staging import plan_staging
 from .versioning import version_tiles
 
@@ -48,7 +49,7 @@ def _pipelines() -> dict[str, tuple[Pass, ...]]:
             Pass("plan_kernels", plan_kernels), Pass("place_barriers", place_barriers),
             Pass("plan_staging", plan_staging), Pass("version_full_tiles", version_full_tiles))
     cpu = (Pass("prove_bounds", prove_bounds), Pass("tighten_guards", tighten_guards),
-           Pass("version_tiles", version_tiles))
+           Pass("version_tiles", version_tiles), Pass("pack_panels", pack_panels))
     return {"cuda": cuda, "cpu": cpu}
 
 
