@@ -270,8 +270,18 @@ def test_cpu_pipeline_packs_the_panel_at_fixed_and_symbolic_sizes():
     for sizes in ((64, 128, 32), (te.var("n"), te.var("m"), te.var("p"))):
         args, c = _cpu_matmul(*sizes)
         prog = lower_cuda(auto_schedule([c], target="cpu").program, "cpu")
-        (pb,) = _panels(prog)
-        assert str(pb.shape[0]) == str(sizes[2]) and pb.scope == "local"
+        panels = _panels(prog)
+        # fixed 128 columns: two whole panels, one version; symbolic: the whole-width version and the
+        # partial one (padded with zeros to the tile width)
+        assert len(panels) == (1 if isinstance(sizes[0], int) else 2), prog
+        for pb in panels:
+            assert str(pb.shape[0]) == str(sizes[2]) and pb.scope == "local"
+        if not isinstance(sizes[0], int):
+            assert any(x.name == "B_panel_pad" for x in walk(prog.body) if isinstance(x, N.Store))
+            # the partial panel's register-tile loops run to the full width; only the store to C is clipped
+            tile_loops = [f for f in walk(prog.body) if isinstance(f, N.For) and f.kind == "vectorize"
+                          and isinstance(f.body, N.Store) and f.body.buffer.scope == "local"]
+            assert tile_loops and all(isinstance(f.hi, N.Const) for f in tile_loops)
         loads_b = [x for x in walk(prog.body) if isinstance(x, N.Load) and x.buffer.name == "B"]
         if isinstance(sizes[0], int):  # 128 = 2 whole panels: B is read only by the packing copy
             assert len({id(x) for x in loads_b}) == 1

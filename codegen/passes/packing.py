@@ -50,10 +50,12 @@ def _go(s: N.Stmt, written: set[N.Buffer], count: list[int]) -> N.Stmt:
         packed = _pack_region(s.body, written, count)
         if packed is not None:
             return dataclasses.replace(s, body=packed)
-        if isinstance(s.body, N.If):  # the full-width version of the panel loop
+        if isinstance(s.body, N.If):  # the full-width version of the panel loop, and the partial one (padded)
             t = _pack_region(s.body.then, written, count)
-            if t is not None:
-                return dataclasses.replace(s, body=N.If(s.body.cond, t, s.body.orelse))
+            e = None if s.body.orelse is None else _pack_region(s.body.orelse, written, count, pad=True)
+            if t is not None or e is not None:
+                return dataclasses.replace(s, body=N.If(s.body.cond, s.body.then if t is None else t,
+                                                        s.body.orelse if e is None else e))
         return s
     if isinstance(s, N.Seq):
         kids = tuple(_go(c, written, count) for c in s.body)
@@ -68,8 +70,10 @@ def _go(s: N.Stmt, written: set[N.Buffer], count: list[int]) -> N.Stmt:
     return s
 
 
-def _pack_region(region: N.Stmt, written: set[N.Buffer], count: list[int]) -> N.Stmt | None:
-    """`region` with one panel packed, or None when no buffer's loads in it all have the panel shape."""
+def _pack_region(region: N.Stmt, written: set[N.Buffer], count: list[int], pad: bool = False) -> N.Stmt | None:
+    """`region` with one panel packed, or None when no buffer's loads in it all have the panel shape. `pad`:
+    the panel's tile loops may be `vectorize(0, min(W, lim))` (the last, partial panel): the scratch is
+    padded with zeros to W columns and those loops that fill the local register tile run to W."""
     inside = {n.var for n in walk(region) if isinstance(n, N.For)}
     loads: dict[N.Buffer, list[N.Load]] = {}
     for n in walk(region):
@@ -78,17 +82,24 @@ def _pack_region(region: N.Stmt, written: set[N.Buffer], count: list[int]) -> N.
     for buf, lds in loads.items():
         if buf in written:
             continue
-        shape = _panel(region, buf, inside)
+        shape = _panel(region, buf, inside, pad)
         if shape is None or shape[3] != {id(x) for x in lds}:  # (versions may share a Load object)
             continue
-        K, W, base, ok_loads = shape
+        K, W, base, ok_loads, lim = shape
         count[0] += 1
         pb = N.Buffer(f"{buf.name}_panel", (K, N.Const(W, "int64")), buf.dtype, "local")
         c0, c1 = N.Var(f"{buf.name}_pk0"), N.Var(f"{buf.name}_pk1")
         col = c1 if _is_zero(base) else N.Binary("add", base, c1, "int64")
-        copy = N.For(c0, N.Const(0, "int64"), K, N.For(c1, N.Const(0, "int64"), N.Const(W, "int64"), N.Store(
-            pb.name, pb, (c0, c1), N.Load(buf, (c0, col)), (c0, c1), (c0, c1)), "vectorize"))
-        new = _Rewrite(buf, pb, ok_loads).visit(region)
+        zero, w = N.Const(0, "int64"), N.Const(W, "int64")
+        fill = N.Store(pb.name, pb, (c0, c1), N.Load(buf, (c0, col)), (c0, c1), (c0, c1))
+        if lim is None:
+            copy = N.For(c0, zero, K, N.For(c1, zero, w, fill, "vectorize"))
+        else:  # columns [0, min(W, lim)) copied, the rest of the W zero (multiplied into tile columns never stored)
+            cut = N.Binary("max", zero, N.Binary("min", w, lim, "int64"), "int64")
+            cz = N.Var(f"{buf.name}_pk2")
+            pad0 = N.Store(f"{pb.name}_pad", pb, (c0, cz), N.Const(0.0, buf.dtype), (c0, cz), (c0, cz))
+            copy = N.For(c0, zero, K, N.Seq((N.For(c1, zero, cut, fill), N.For(cz, cut, w, pad0))))
+        new = _Rewrite(buf, pb, ok_loads, None if lim is None else (W, lim)).visit(region)
         return N.Allocate(pb, N.Seq((copy, new)))
     return None
 
@@ -97,10 +108,21 @@ def _is_zero(e: N.Expr) -> bool:
     return isinstance(e, N.Const) and e.value == 0
 
 
-def _panel(region: N.Stmt, buf: N.Buffer, inside: set[N.Var]) -> tuple[N.Expr, int, N.Expr, set[int]] | None:
-    """(K, W, b, ids of the loads) when every k loop in `region` that loads `buf` has the panel shape
-    (see the module doc) with one K, W and b; None otherwise."""
-    found: list[tuple[N.Expr, int, N.Expr, N.Load]] = []
+def _width(hi: N.Expr, inside: set[N.Var], pad: bool) -> tuple[int, N.Expr | None] | None:
+    """(W, None) for a constant bound W; (W, lim) for min(W, lim) with `pad` and lim free of `inside`."""
+    if isinstance(hi, N.Const):
+        return int(hi.value), None
+    if (pad and isinstance(hi, N.Binary) and hi.op == "min" and isinstance(hi.a, N.Const)
+            and not any(x in inside for x in walk(hi.b) if isinstance(x, N.Var))):
+        return int(hi.a.value), hi.b
+    return None
+
+
+def _panel(region: N.Stmt, buf: N.Buffer, inside: set[N.Var], pad: bool = False
+           ) -> tuple[N.Expr, int, N.Expr, set[int], N.Expr | None] | None:
+    """(K, W, b, ids of the loads, lim) when every k loop in `region` that loads `buf` has the panel shape
+    (see the module doc) with one K, W, b (and lim: the partial width, or None); None otherwise."""
+    found: list[tuple[N.Expr, tuple[int, N.Expr | None], N.Expr, N.Load]] = []
     for f in (n for n in walk(region) if isinstance(n, N.For)):
         if f.kind != "serial" or not any(isinstance(x, N.Load) and x.buffer is buf for x in walk(f.body)):
             continue
@@ -111,8 +133,9 @@ def _panel(region: N.Stmt, buf: N.Buffer, inside: set[N.Var]) -> tuple[N.Expr, i
         if not (isinstance(ii, N.For) and ii.kind == "unroll" and isinstance(ii.body, N.For)):
             return None
         ji = ii.body
-        if not (ji.kind == "vectorize" and _is_zero(ji.lo) and isinstance(ji.hi, N.Const)
-                and isinstance(ji.body, N.Store) and _is_zero(f.lo)):
+        wl = _width(ji.hi, inside, pad) if isinstance(ji, N.For) else None
+        if not (wl is not None and ji.kind == "vectorize" and _is_zero(ji.lo) and isinstance(ji.body, N.Store)
+                and ji.body.buffer.scope == "local" and _is_zero(f.lo)):
             return None
         if any(x in inside for x in walk(f.hi) if isinstance(x, N.Var)):
             return None
@@ -123,22 +146,30 @@ def _panel(region: N.Stmt, buf: N.Buffer, inside: set[N.Var]) -> tuple[N.Expr, i
             lin = linear_in(j_ix, ji.var)
             if lin is None or lin[0] != 1 or any(x in inside for x in walk(lin[1]) if isinstance(x, N.Var)):
                 return None
-            found.append((f.hi, int(ji.hi.value), lin[1], ld))
+            found.append((f.hi, wl, lin[1], ld))
     if not found:
         return None
-    K, W, b, _ = found[0]
-    if any(k != K or w != W or bb != b for k, w, bb, _ in found):
+    K, (W, lim), b, _ = found[0]
+    if any(k != K or w != (W, lim) or bb != b for k, w, bb, _ in found):
         return None
-    return K, W, b, {id(x[3]) for x in found}
+    return K, W, b, {id(x[3]) for x in found}, lim
 
 
 class _Rewrite(Transformer):
-    def __init__(self, buf: N.Buffer, panel: N.Buffer, ids: set[int]) -> None:
-        self.buf, self.panel, self.ids = buf, panel, ids
+    """Loads of the panel's elements read the scratch; with `widen` = (W, lim), the vectorize loops
+    `0..min(W, lim)` that store into a local buffer (the register tile's init and update) run to W: the
+    extra columns of the tile are computed from the zero padding and never stored."""
+
+    def __init__(self, buf: N.Buffer, panel: N.Buffer, ids: set[int], widen: tuple[int, N.Expr] | None) -> None:
+        self.buf, self.panel, self.ids, self.widen = buf, panel, ids, widen
         self.ji: N.Var | None = None
 
     def visit_For(self, f: N.For) -> N.Stmt:
         if f.kind == "vectorize":
+            if (self.widen is not None and f.hi == N.Binary("min", N.Const(self.widen[0], f.hi.dtype), self.widen[1],
+                                                           f.hi.dtype)
+                    and isinstance(f.body, N.Store) and f.body.buffer.scope == "local"):
+                f = dataclasses.replace(f, hi=N.Const(self.widen[0], f.hi.dtype))
             saved, self.ji = self.ji, f.var
             try:
                 return self.generic(f)
