@@ -151,7 +151,15 @@ def _parse_shape(t: str) -> tuple[int, int, int]:
     return (d[0], d[0], d[0]) if len(d) == 1 else (d[0], d[1], d[2])
 
 
-def shape_entries(shapes: list[tuple[int, int, int]], reps: int = 20, dtype: str = "float32") -> list[dict[str, Any]]:
+SKINNY_SWEEP = [dict(block=(64, 128), thread_tile=(8, 8), k_tile=16),   # the square default (before: 17x)
+                dict(block=(16, 32), thread_tile=(2, 1), k_tile=128),
+                dict(block=(16, 64), thread_tile=(4, 2), k_tile=64),
+                dict(block=(16, 16), thread_tile=(4, 1), k_tile=128),
+                dict(block=(16, 32), thread_tile=(4, 1), k_tile=64)]
+
+
+def shape_entries(shapes: list[tuple[int, int, int]], reps: int = 20, dtype: str = "float32",
+                  skinny_sweep: bool = False, show: Any = None) -> list[dict[str, Any]]:
     """relu(A @ B + bias) through the default path (`build([C], args, target="cuda")`, auto_schedule's plan), at
     fixed and at symbolic (te.var) sizes, against cuBLAS (PyTorch eager, TF32 off) in the same run. Each row:
     ms, ratio to cuBLAS, % of the DRAM floor (bytes of A, B, bias, C / 4.25 TB/s), error vs float64."""
@@ -181,12 +189,17 @@ def shape_entries(shapes: list[tuple[int, int, int]], reps: int = 20, dtype: str
         t_cublas = _median_ms(lambda a=a, b=b, bias=bias: torch.relu(a @ b + bias), sync, reps)
         rows.append({"shape": shape, "impl": "cuBLAS (torch eager)", "ms": t_cublas, "floor_ms": floor_ms,
                      "rel_err": float((torch.relu(a @ b + bias).double() - ref64).abs().max().item()) / scale})
-        for label, sz in (("fixed", (n, m, p)), ("symbolic", (te.var("n"), te.var("m"), te.var("p")))):
+        variants: list[tuple[str, Any, Any]] = [("fixed", (n, m, p), None),
+                                                ("symbolic", (te.var("n"), te.var("m"), te.var("p")), None)]
+        if skinny_sweep and n <= 64:  # on the first skinny shape only
+            variants += [(f"fixed gemm={cfg}", (n, m, p), cfg) for cfg in SKINNY_SWEEP]
+            skinny_sweep = False
+        for label, sz, cfg in variants:
             try:
                 wl = w.matmul_bias_relu(n=sz[0], m=sz[1], p=sz[2], dtype=dtype)
                 t0 = time.perf_counter()
                 # symbolic: the cost model is told the sizes (as a user would pass them), the kernel is not
-                sch = auto_schedule(list(wl.outputs), target="cuda",
+                sch = auto_schedule(list(wl.outputs), target="cuda", gemm=cfg,
                                     sizes={"n": n, "m": m, "p": p} if label == "symbolic" else None)
                 mod = build(sch, list(wl.inputs) + list(wl.outputs), target="cuda")
                 build_s = time.perf_counter() - t0
@@ -201,23 +214,40 @@ def shape_entries(shapes: list[tuple[int, int, int]], reps: int = 20, dtype: str
             except Exception as e:  # noqa: BLE001 - report, keep the others
                 rows.append({"shape": shape, "impl": f"loopir {label}", "ms": None,
                              "error": f"{type(e).__name__}: {str(e)[:300]}"})
-        for r in rows:
-            if r.get("ms") and "floor_pct" not in r:
-                r["floor_pct"] = 100.0 * r["floor_ms"] / r["ms"]
-                r["tflops"] = 2.0 * n * m * p / (r["ms"] * 1e-3) / 1e12 if r["shape"] == shape else r.get("tflops")
+            _finish(rows, n, m, p, shape, show)
+        _finish(rows, n, m, p, shape, show)
     return rows
 
 
-def print_shapes(rows: list[dict[str, Any]]) -> None:
-    print("| shape | impl | ms | TFLOP/s | vs cuBLAS | % DRAM floor | rel. err vs f64 | mapping |")
-    print("|---|---|---|---|---|---|---|---|")
+def _finish(rows: list[dict[str, Any]], n: int, m: int, p: int, shape: str, show: Any) -> None:
     for r in rows:
+        if r.get("done"):
+            continue
+        r["done"] = True
         if r.get("ms"):
-            print(f"| {r['shape']} | {r['impl']} | {r['ms']:.3f} | {r.get('tflops') or 0:.1f} | "
-                  f"{r.get('ratio_vs_cublas', 1.0):.2f} | {r['floor_pct']:.0f}% | {r['rel_err']:.1e} | "
-                  f"{r.get('mapping', '')} |")
-        else:
-            print(f"| {r['shape']} | {r['impl']} | failed: {r.get('error')} | | | | | |")
+            r["floor_pct"] = 100.0 * r["floor_ms"] / r["ms"]
+            r["tflops"] = 2.0 * n * m * p / (r["ms"] * 1e-3) / 1e12
+        if show is not None:
+            show(r)
+
+
+HEADER = ("| shape | impl | ms | TFLOP/s | vs cuBLAS | % DRAM floor | rel. err vs f64 | build s |\n"
+          "|---|---|---|---|---|---|---|---|")
+
+
+def show_row(r: dict[str, Any]) -> None:
+    if r.get("ms"):
+        print(f"| {r['shape']} | {r['impl']} | {r['ms']:.3f} | {r.get('tflops') or 0:.1f} | "
+              f"{r.get('ratio_vs_cublas', 1.0):.2f} | {r['floor_pct']:.0f}% | {r['rel_err']:.1e} | "
+              f"{r.get('build_s', 0):.1f} |", flush=True)
+    else:
+        print(f"| {r['shape']} | {r['impl']} | failed: {r.get('error')} | | | | | |", flush=True)
+
+
+def print_shapes(rows: list[dict[str, Any]]) -> None:
+    print(HEADER)
+    for r in rows:
+        show_row(r)
 
 
 def main() -> None:
@@ -232,10 +262,12 @@ def main() -> None:
     ap.add_argument("--auto", action="store_true", help="build through auto_schedule(..., gemm=the tiles)")
     ap.add_argument("--shapes", nargs="+", default=None, help="N or NxMxP: the default build path per shape")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--skinny-sweep", action="store_true",
+                    help="also time SKINNY_SWEEP's tiles on the first shape of <= 64 rows")
     a = ap.parse_args()
     if a.shapes:
-        rows = shape_entries([_parse_shape(t) for t in a.shapes], a.reps, a.dtype)
-        print_shapes(rows)
+        print(HEADER, flush=True)
+        rows = shape_entries([_parse_shape(t) for t in a.shapes], a.reps, a.dtype, a.skinny_sweep, show_row)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(rows, f, indent=1)
