@@ -328,3 +328,47 @@ def test_cpu_packed_program_in_the_interpreter():
         out = np.full((n, m), np.nan, np.float32)
         interp.run(prog, a, b, out)
         np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+def _guards_of(prog, name):
+    """The If conditions around each store named `name` (the lowered program)."""
+    out = []
+
+    def go(s, conds):
+        if isinstance(s, N.Store):
+            if s.name == name:
+                out.append(conds)
+        elif isinstance(s, N.If):
+            go(s.then, conds + (s.cond,))
+            if s.orelse is not None:
+                go(s.orelse, conds)
+        elif isinstance(s, N.Seq):
+            for c in s.body:
+                go(c, conds)
+        elif isinstance(s, (N.For, N.Allocate, N.Kernel)):
+            go(s.body, conds)
+
+    go(prog.body, ())
+    return out
+
+
+def test_dead_register_tile_guards_dropped_k_guard_kept():
+    _, s = _sched(11, 20, 9, **SMALL)
+    prog = lower_cuda(s.program, "cuda")
+    # the register tile is initialised and updated whole (rows / columns out of range are never stored) ...
+    assert all(not g for g in _guards_of(prog, "matmul_init"))
+    upd = _guards_of(prog, "matmul")
+    assert upd
+    vars_in = {v.name for g in upd for c in g for v in walk(c) if isinstance(v, N.Var)}
+    assert vars_in <= {"k_o", "k_i"}, vars_in  # ... the k test stays (stale shared entries past p)
+    # the stores to C keep their guards
+    assert all(g for g in _guards_of(prog, "C"))
+
+
+def test_guards_kept_when_the_tile_reads_global_memory():
+    _, s = _sched(11, 20, 9, shared=False, **SMALL)
+    prog = lower_cuda(s.program, "cuda")
+    vars_in = {v.name for g in _guards_of(prog, "matmul") for c in g for v in walk(c) if isinstance(v, N.Var)}
+    assert {"i_i_i", "j_i_i"} & vars_in  # an unguarded instance would read A / B out of range
+    got, ref = _run(prog, 11, 20, 9)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
