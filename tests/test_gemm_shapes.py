@@ -300,7 +300,8 @@ def test_cpu_pack_skipped_when_the_operand_is_written():
     assert not _panels(pack_panels(written))
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 1), (17, 1, 33), (7, 64, 5), (13, 130, 70), (70, 200, 129), (6, 192, 64)])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (17, 1, 33), (7, 64, 5), (13, 130, 70), (70, 200, 129), (6, 192, 64),
+                                   (33, 40, 17)])  # (33, 40, 17): the register tile is narrower than the panel
 @pytest.mark.parametrize("symbolic", [False, True])
 def test_cpu_gemm_default_path_every_shape(shape, symbolic):
     n, m, p = shape

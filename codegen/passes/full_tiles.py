@@ -290,6 +290,7 @@ def _drop_dead_guards(buf: N.Buffer, body: N.Stmt, ranges: dict[N.Var, tuple[int
     readers = [x for x in readers if x[1]]
     if not writers or not readers:
         return body
+    bound = {f.var for f in walk(body) if isinstance(f, N.For)}  # loops inside the scratch's scope
     drop: set[tuple[int, N.Expr]] = set()  # (id of the writer, term)
     for st, guards, rng in writers:
         idx, value = _at_loops(st)
@@ -304,7 +305,7 @@ def _drop_dead_guards(buf: N.Buffer, body: N.Stmt, ranges: dict[N.Var, tuple[int
         for t in guards:
             tv = {x for x in walk(t) if isinstance(x, N.Var)}
             # element-only: no loop of the writer's own nest other than its element index (k stays)
-            if any(v in rng and v not in idx and v not in ranges for v in tv):
+            if any(v in bound and v not in idx for v in tv):
                 continue
             if not any(v in idx for v in tv):
                 continue

@@ -30,7 +30,7 @@ import dataclasses
 
 from loopir import nodes as N
 from loopir.affine import linear_in
-from loopir.visit import Transformer, walk
+from loopir.visit import Transformer, subst_coords, substitute, walk
 
 __all__ = ["pack_panels"]
 
@@ -168,7 +168,8 @@ class _Rewrite(Transformer):
         if f.kind == "vectorize":
             if (self.widen is not None and f.hi == N.Binary("min", N.Const(self.widen[0], f.hi.dtype), self.widen[1],
                                                            f.hi.dtype)
-                    and isinstance(f.body, N.Store) and f.body.buffer.scope == "local"):
+                    and isinstance(f.body, N.Store) and f.body.buffer.scope == "local"
+                    and _fits(f.body, f.var, self.widen[0], self.buf)):
                 f = dataclasses.replace(f, hi=N.Const(self.widen[0], f.hi.dtype))
             saved, self.ji = self.ji, f.var
             try:
@@ -181,3 +182,18 @@ class _Rewrite(Transformer):
         if id(ld) in self.ids and self.ji is not None:
             return N.Load(self.panel, (ld.indices[0], self.ji))
         return self.generic(ld)
+
+
+def _fits(st: N.Store, v: N.Var, w: int, packed: N.Buffer) -> bool:
+    """Every access of `st` that uses `v` (the packed operand's loads aside: they read the W-wide panel)
+    is to local scratch, with `v` as a whole index in a dimension of constant size >= w (the register tile
+    may be narrower than the panel when the matrix is: then the loop is not widened)."""
+    sub = subst_coords(st)
+    loads = [x for x in walk(substitute(st.value, sub)) if isinstance(x, N.Load) and x.buffer is not packed]
+    accs = [(st.buffer, tuple(substitute(i, sub) for i in st.indices))] + [(x.buffer, x.indices) for x in loads]
+    for buf, idx in accs:
+        for ix, dim in zip(idx, buf.shape):
+            if any(y is v for y in walk(ix)):
+                if buf.scope != "local" or ix is not v or not (isinstance(dim, N.Const) and int(dim.value) >= w):
+                    return False
+    return True
