@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 
 from loopir import nodes as N
-from loopir.affine import linear_in
+from loopir.affine import const_diff, linear_in
 from loopir.visit import Transformer, subst_coords, substitute, walk
 
 __all__ = ["pack_panels"]
@@ -99,7 +99,8 @@ def _pack_region(region: N.Stmt, written: set[N.Buffer], count: list[int], pad: 
             cz = N.Var(f"{buf.name}_pk2")
             pad0 = N.Store(f"{pb.name}_pad", pb, (c0, cz), N.Const(0.0, buf.dtype), (c0, cz), (c0, cz))
             copy = N.For(c0, zero, K, N.Seq((N.For(c1, zero, cut, fill), N.For(cz, cut, w, pad0))))
-        new = _Rewrite(buf, pb, ok_loads, None if lim is None else (W, lim)).visit(region)
+        widen = None if lim is None or not _reads_clipped(region, W, lim) else (W, lim)
+        new = _Rewrite(buf, pb, ok_loads, widen).visit(region)
         return N.Allocate(pb, N.Seq((copy, new)))
     return None
 
@@ -197,3 +198,38 @@ def _fits(st: N.Store, v: N.Var, w: int, packed: N.Buffer) -> bool:
                 if buf.scope != "local" or ix is not v or not (isinstance(dim, N.Const) and int(dim.value) >= w):
                     return False
     return True
+
+
+def _reads_clipped(region: N.Stmt, w: int, lim: N.Expr) -> bool:
+    """Every statement that reads local scratch without writing it (the copy-out, the epilogue) reads it
+    inside vectorize loops clipped to min(W, lim') with lim' = lim, so the columns a widened tile loop adds
+    are never read: widening them changes no stored value."""
+    ok = True
+
+    def go(s: N.Stmt, his: dict[N.Var, N.Expr]) -> None:
+        nonlocal ok
+        if isinstance(s, N.For):
+            go(s.body, {**his, s.var: s.hi})
+        elif isinstance(s, (N.Seq,)):
+            for c in s.body:
+                go(c, his)
+        elif isinstance(s, N.If):
+            go(s.then, his)
+            if s.orelse is not None:
+                go(s.orelse, his)
+        elif isinstance(s, N.Allocate):
+            go(s.body, his)
+        elif isinstance(s, N.Store):
+            sub = subst_coords(s)
+            for ld in walk(substitute(s.value, sub)):
+                if not (isinstance(ld, N.Load) and ld.buffer.scope == "local" and ld.buffer is not s.buffer):
+                    continue
+                col = ld.indices[-1] if ld.indices else None
+                hi = his.get(col) if isinstance(col, N.Var) else None
+                if not (isinstance(hi, N.Binary) and hi.op == "min" and isinstance(hi.a, N.Const)
+                        and int(hi.a.value) <= w and const_diff(hi.b, lim) == 0):
+                    ok = False
+
+    go(region, {})
+    return ok
+
