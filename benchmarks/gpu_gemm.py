@@ -8,6 +8,8 @@ with each other only says whether they sum in the same order; `diff_vs_cublas` i
 
     python benchmarks/gpu_gemm.py [n] [--block 128 128] ...        (standalone)
     python benchmarks/gpu_gemm.py 4096 --sweep                     (several tile configurations)
+    python benchmarks/gpu_gemm.py --shapes 1000 1024x1024x1024 16x4096x4096 (the default build path, each
+                                  shape at fixed and at symbolic sizes; % of the DRAM floor for each)
     from benchmarks.gpu_gemm import gemm_entries                       (benchmarks/gpu_suite.py)
 """
 
@@ -140,6 +142,114 @@ def gemm_entries(n: int = 4096, reps: int = 20, configs: list[dict[str, Any]] | 
     return rows
 
 
+DRAM_BPS = 4.25e12  # the copy bandwidth measured on the H200 (shared/gpu/README.md)
+
+
+def _parse_shape(t: str) -> tuple[int, int, int]:
+    """"N" (a square) or "NxMxP": C (N x M) = A (N x P) @ B (P x M)."""
+    d = [int(x) for x in t.lower().split("x")]
+    return (d[0], d[0], d[0]) if len(d) == 1 else (d[0], d[1], d[2])
+
+
+SKINNY_SWEEP = [dict(block=(64, 128), thread_tile=(8, 8), k_tile=16),   # the square default (before: 17x)
+                dict(block=(16, 32), thread_tile=(2, 1), k_tile=128),
+                dict(block=(16, 64), thread_tile=(4, 2), k_tile=64),
+                dict(block=(16, 16), thread_tile=(4, 1), k_tile=128),
+                dict(block=(16, 32), thread_tile=(4, 1), k_tile=64)]
+
+
+def shape_entries(shapes: list[tuple[int, int, int]], reps: int = 20, dtype: str = "float32",
+                  skinny_sweep: bool = False, show: Any = None) -> list[dict[str, Any]]:
+    """relu(A @ B + bias) through the default path (`build([C], args, target="cuda")`, auto_schedule's plan), at
+    fixed and at symbolic (te.var) sizes, against cuBLAS (PyTorch eager, TF32 off) in the same run. Each row:
+    ms, ratio to cuBLAS, % of the DRAM floor (bytes of A, B, bias, C / 4.25 TB/s), error vs float64."""
+    import torch
+
+    from codegen import build
+    from loopir import te
+    from loopir import workloads as w
+    from schedules import auto_schedule
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    dev = torch.device("cuda")
+    tdt = getattr(torch, dtype)
+    sync = torch.cuda.synchronize
+    rows: list[dict[str, Any]] = []
+    for n, m, p in shapes:
+        a = torch.randn(n, p, device=dev).to(tdt)
+        b = torch.randn(p, m, device=dev).to(tdt)
+        bias = torch.randn(m, device=dev).to(tdt)
+        out = torch.empty(n, m, device=dev, dtype=tdt)
+        ref64 = torch.relu(a.double() @ b.double() + bias.double())
+        scale = float(ref64.abs().max().item()) or 1.0
+        nbytes = (n * p + p * m + m + n * m) * a.element_size()
+        floor_ms = nbytes / DRAM_BPS * 1e3
+        shape = f"{n}x{m}x{p} {dtype}"
+        t_cublas = _median_ms(lambda a=a, b=b, bias=bias: torch.relu(a @ b + bias), sync, reps)
+        rows.append({"shape": shape, "impl": "cuBLAS (torch eager)", "ms": t_cublas, "floor_ms": floor_ms,
+                     "rel_err": float((torch.relu(a @ b + bias).double() - ref64).abs().max().item()) / scale})
+        variants: list[tuple[str, Any, Any]] = [("fixed", (n, m, p), None),
+                                                ("symbolic", (te.var("n"), te.var("m"), te.var("p")), None)]
+        if skinny_sweep and n <= 64:  # on the first skinny shape only
+            variants += [(f"fixed gemm={cfg}", (n, m, p), cfg) for cfg in SKINNY_SWEEP]
+            skinny_sweep = False
+        for label, sz, cfg in variants:
+            try:
+                wl = w.matmul_bias_relu(n=sz[0], m=sz[1], p=sz[2], dtype=dtype)
+                t0 = time.perf_counter()
+                # symbolic: the cost model is told the sizes (as a user would pass them), the kernel is not
+                sch = auto_schedule(list(wl.outputs), target="cuda", gemm=cfg,
+                                    sizes={"n": n, "m": m, "p": p} if label == "symbolic" else None)
+                mod = build(sch, list(wl.inputs) + list(wl.outputs), target="cuda")
+                build_s = time.perf_counter() - t0
+                out.fill_(float("nan"))
+                mod(a, b, bias, out)
+                sync()
+                err = float((out.double() - ref64).abs().max().item()) / scale
+                t = _median_ms(lambda mod=mod, a=a, b=b, bias=bias, out=out: mod(a, b, bias, out), sync, reps)
+                rows.append({"shape": shape, "impl": f"loopir {label}", "ms": t, "floor_ms": floor_ms, "rel_err": err,
+                             "build_s": build_s, "ratio_vs_cublas": t_cublas / t,
+                             "mapping": sch.plan.groups[0].mapping})  # type: ignore[attr-defined]
+            except Exception as e:  # noqa: BLE001 - report, keep the others
+                rows.append({"shape": shape, "impl": f"loopir {label}", "ms": None,
+                             "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            _finish(rows, n, m, p, shape, show)
+        _finish(rows, n, m, p, shape, show)
+    return rows
+
+
+def _finish(rows: list[dict[str, Any]], n: int, m: int, p: int, shape: str, show: Any) -> None:
+    for r in rows:
+        if r.get("done"):
+            continue
+        r["done"] = True
+        if r.get("ms"):
+            r["floor_pct"] = 100.0 * r["floor_ms"] / r["ms"]
+            r["tflops"] = 2.0 * n * m * p / (r["ms"] * 1e-3) / 1e12
+        if show is not None:
+            show(r)
+
+
+HEADER = ("| shape | impl | ms | TFLOP/s | vs cuBLAS | % DRAM floor | rel. err vs f64 | build s |\n"
+          "|---|---|---|---|---|---|---|---|")
+
+
+def show_row(r: dict[str, Any]) -> None:
+    if r.get("ms"):
+        print(f"| {r['shape']} | {r['impl']} | {r['ms']:.3f} | {r.get('tflops') or 0:.1f} | "
+              f"{r.get('ratio_vs_cublas', 1.0):.2f} | {r['floor_pct']:.0f}% | {r['rel_err']:.1e} | "
+              f"{r.get('build_s', 0):.1f} |", flush=True)
+    else:
+        print(f"| {r['shape']} | {r['impl']} | failed: {r.get('error')} | | | | | |", flush=True)
+
+
+def print_shapes(rows: list[dict[str, Any]]) -> None:
+    print(HEADER)
+    for r in rows:
+        show_row(r)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("n", type=int, nargs="?", default=4096)
@@ -150,7 +260,18 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="time every configuration of SWEEP")
     ap.add_argument("--auto", action="store_true", help="build through auto_schedule(..., gemm=the tiles)")
+    ap.add_argument("--shapes", nargs="+", default=None, help="N or NxMxP: the default build path per shape")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--skinny-sweep", action="store_true",
+                    help="also time SKINNY_SWEEP's tiles on the first shape of <= 64 rows")
     a = ap.parse_args()
+    if a.shapes:
+        print(HEADER, flush=True)
+        rows = shape_entries([_parse_shape(t) for t in a.shapes], a.reps, a.dtype, a.skinny_sweep, show_row)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return
     tiles: dict[str, Any] = dict(block=tuple(a.block), thread_tile=tuple(a.thread_tile), k_tile=a.k_tile)
     if a.auto:
         tiles["auto"] = True

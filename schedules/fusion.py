@@ -45,7 +45,7 @@ from loopir.visit import substitute, walk
 
 from . import cost as C
 from . import rows as R
-from .recipes import gemm_params, gemm_resources, is_matmul_tensor
+from .recipes import gemm_params, gemm_resources, is_matmul_tensor, skinny_params
 
 THREADS = 128  # threads per block of the CUDA mappings (gpu_suite.py --sweep: best or tied on the H200)
 ROW_MIN_EXTENT = 1024  # a reduction at least this long gets a block per row (else a thread per row)
@@ -746,6 +746,13 @@ class _Planner:
                    "of the right operand on parallel threads, the tile loops unrolled and vectorized")
         else:
             itemsize = max(np_dtype(n.buffer.dtype).itemsize for n in walk(mm.op.body.body) if isinstance(n, Load))
+            # the recipe's default tiles (none chosen by the caller) and few rows: the skinny tiles
+            rows = C.size_value(mm.shape[0], self.ev)
+            sk = skinny_params(rows, itemsize, self.dev.smem_per_block) if prm == gemm_params("cuda") else None
+            if sk is not None:
+                prm.update(sk[0])
+                g.log.append(Decision("note", (mm.name,), None, sk[1] + (
+                    f" (rows costed at {rows}: `sizes`)" if isinstance(mm.shape[0], Var) else "")))
             threads, smem, acc = gemm_resources(prm, itemsize)
             (b0, b1), (t0, t1), kt = prm["block"], prm["thread_tile"], prm["k_tile"]
             limits = [(threads, self.dev.max_threads_per_block, "threads per block"),

@@ -127,7 +127,7 @@ class _StagingEmitter:
             self.line(f"const {ix} {kn} = {k};")
             self.names.of[id(f.var)] = kn
             for c in items[:first]:
-                assert self.cooperative(c, async_=True)  # type: ignore[arg-type]
+                self._issue_copy(c)
             self.names.of.clear()
             self.names.of.update(saved)
 
@@ -157,6 +157,23 @@ class _StagingEmitter:
         self.ind -= 1
         self.line("}")
         return True
+
+    def _issue_copy(self, c: N.Stmt) -> None:
+        """One pipelined copy: a cooperative nest, or the full-tile / edge-tile versions of one
+        (`codegen.passes.full_tiles`: a block-uniform condition, so the whole block takes one branch)."""
+        if isinstance(c, N.If):
+            self.line(f"if ({self.expr(c.cond)}) {{  // the block's whole tile is in range")
+            self.ind += 1
+            self._issue_copy(c.then)
+            self.ind -= 1
+            if c.orelse is not None:
+                self.line("} else {")
+                self.ind += 1
+                self._issue_copy(c.orelse)
+                self.ind -= 1
+            self.line("}")
+            return
+        assert self.cooperative(c, async_=True)  # type: ignore[arg-type]
 
     def _coop_loop(self, loops: list[N.For], dims: list[int], n: int, nt: int | None, t: str, e: str, width: int,
                    body) -> None:

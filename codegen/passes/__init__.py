@@ -21,9 +21,11 @@ from loopir.nodes import Program
 from .accumulate import widen_accumulators
 from .barriers import place_barriers
 from .bounds import prove_bounds
+from .full_tiles import version_full_tiles
 from .guards import tighten_guards
 from .kernels import split_kernels
 from .launch import plan_kernels
+from .packing import pack_panels
 from .shared import plan_dynamic_shared
 from .staging import plan_staging
 from .versioning import version_tiles
@@ -68,10 +70,11 @@ def _pipelines(assume: Assume | None = None) -> dict[str, tuple[Pass, ...]]:
     cuda = (Pass("prove_bounds", prove_bounds), Pass("widen_accumulators", widen_accumulators),
             Pass("split_kernels", split_kernels),
             Pass("plan_kernels", plan), Pass("place_barriers", place_barriers),
-            Pass("plan_staging", plan_staging), Pass("plan_dynamic_shared", plan_dynamic_shared))
+            Pass("plan_staging", plan_staging), Pass("version_full_tiles", version_full_tiles),
+            Pass("plan_dynamic_shared", plan_dynamic_shared))
     cpu = (Pass("prove_bounds", prove_bounds), Pass("widen_accumulators", widen_accumulators),
            Pass("tighten_guards", tighten_guards),
-           Pass("version_tiles", version_tiles))
+           Pass("version_tiles", version_tiles), Pass("pack_panels", pack_panels))
     return {"cuda": cuda, "cpu": cpu}
 
 

@@ -27,12 +27,12 @@ from .gemm import (
     resolve_stage,
 )
 from .gemm_cpu import default_cpu_tile, schedule_gemm_cpu
-from .gemm_cuda import gemm_resources, schedule_gemm_cuda
+from .gemm_cuda import SKINNY_ROWS, gemm_resources, schedule_gemm_cuda, skinny_params
 
 __all__ = [
     "GEMM_KEYS", "GemmPlan", "check_tiles", "default_cpu_tile", "elementwise_consumers", "gemm_params",
     "gemm_resources", "is_matmul_tensor", "matmul_operands", "matmul_stage", "resolve_stage", "schedule_gemm",
-    "schedule_gemm_cpu", "schedule_gemm_cuda",
+    "schedule_gemm_cpu", "schedule_gemm_cuda", "SKINNY_ROWS", "skinny_params",
 ]
 
 

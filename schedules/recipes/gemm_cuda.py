@@ -36,7 +36,7 @@ import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache
 
 from .gemm import GemmPlan, check_tiles, matmul_operands, resolve_stage
 
-__all__ = ["gemm_resources", "schedule_gemm_cuda"]
+__all__ = ["SKINNY_ROWS", "gemm_resources", "schedule_gemm_cuda", "skinny_params"]
 
 
 def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", block: tuple[int, int] = (64, 128),
@@ -116,3 +116,26 @@ def gemm_resources(params: dict[str, Any], itemsize: int = 4) -> tuple[int, int,
     (b0, b1), (t0, t1), kt = params["block"], params["thread_tile"], params["k_tile"]
     smem = (b0 * kt + kt * b1) * itemsize if params.get("shared", True) else 0
     return (b0 // t0) * (b1 // t1), smem, t0 * t1
+
+
+SKINNY_ROWS = 64  # a GEMM with at most this many rows of C is skinny: its time is the bytes of B
+
+
+def skinny_params(rows: int, itemsize: int = 4, smem_limit: int = 48 * 1024) -> tuple[dict[str, Any], str] | None:
+    """Tiles of the recipe for a skinny GEMM (rows of C <= SKINNY_ROWS), and why; None for other GEMMs.
+
+    Its time is reading B (k x m) once, so the block covers every row (grid = column blocks only: each
+    element of B is read by one block) and is narrow in columns (32: m / 32 blocks, enough to spread
+    over the SMs at m >= 4096), one column per thread (a warp reads 128 contiguous bytes of B per row,
+    conflict-free from shared memory) and a long k_tile (the largest of 128 .. 16 whose two cp.async
+    stages fit `smem_limit`), so that many bytes of B are in flight per block."""
+    if not (isinstance(rows, int) and 1 <= rows <= SKINNY_ROWS):
+        return None
+    b0 = 1 << (rows - 1).bit_length()
+    t0 = min(b0, 8 if b0 >= 32 else 4)
+    b1 = 32
+    kt = next((k for k in (128, 64, 32, 16) if 2 * (b0 * k + k * b1) * itemsize <= smem_limit), 16)
+    why = (f"skinny GEMM ({rows} rows <= {SKINNY_ROWS}): its time is streaming B once, so block {b0}x{b1} "
+           f"covers every row (each element of B is read by one block), {b0 // t0}x{b1} threads each a {t0}x1 "
+           f"column tile, k_tile {kt} so that two stages of {(b0 * kt + kt * b1) * itemsize:,} B keep B in flight")
+    return {"block": (b0, b1), "thread_tile": (t0, 1), "k_tile": kt}, why
