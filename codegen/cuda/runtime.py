@@ -195,7 +195,15 @@ def _pointer_device(ptr: int) -> int | None:
 
 def _bits_if_bfloat16(dt: np.dtype) -> np.dtype:
     """A bfloat16 array type from another library (ml_dtypes' `bfloat16`) is its bits: uint16, as loopir takes it."""
-    return np.dtype(np.uint16) if dt.name == "bfloat16" and dt.itemsize == 2 else dt
+    got = _BITS.get(dt)
+    if got is None:  # numpy computes dtype.name in Python: remember the answer per dtype
+        if len(_BITS) > 256:
+            _BITS.clear()
+        got = _BITS[dt] = np.dtype(np.uint16) if dt.name == "bfloat16" and dt.itemsize == 2 else dt
+    return got
+
+
+_BITS: dict[np.dtype, np.dtype] = {}
 
 
 def classify(obj: Any, name: str) -> _Arg:
@@ -385,14 +393,16 @@ class CudaModule(Module):
         return check(cu.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc")
 
     # -- one call
-    def _bind(self, arrays: tuple[Any, ...]) -> tuple[list[_Arg], dict[Var, int]]:
-        """Every check of the arguments (no device work): their descriptions and the sizes."""
+    def _bind(self, arrays: tuple[Any, ...], args: list[_Arg] | None = None) -> tuple[list[_Arg], dict[Var, int]]:
+        """Every check of the arguments (no device work): their descriptions and the sizes. `args`: the
+        arguments already classified (by the generic module that dispatched to this variant)."""
         prog = self.program
         if len(arrays) != len(prog.args):
             names = ", ".join(b.name for b in prog.args)
             raise ArgumentTypeError(
                 f"program {prog.name!r} takes {len(prog.args)} argument(s) ({names}), got {len(arrays)}")
-        args = [classify(a, b.name) for a, b in zip(arrays, prog.args)]
+        if args is None or [a.name for a in args] != [b.name for b in prog.args]:
+            args = [classify(a, b.name) for a, b in zip(arrays, prog.args)]
         sizes = bind_shapes(prog, [(a.shape, a.dtype) for a in args])
         for pre in self.preconditions:
             pre.check(sizes)
@@ -560,15 +570,15 @@ class CudaModule(Module):
                     self._plans.pop(next(iter(self._plans), None), None)
                 self._plans[(threading.get_ident(), q[0])] = plan
 
-    def _call_full(self, arrays: tuple[Any, ...], record: bool) -> _Prepared | None:
+    def _call_full(self, arrays: tuple[Any, ...], record: bool, args: list[_Arg] | None = None) -> _Prepared | None:
         """Every check, then the run; returns the run's _Prepared (with its launches when `record`)."""
-        bound = self._bind(arrays)
+        bound = self._bind(arrays, args)
         mod = self._select(bound[1])
         if mod is not self:  # a variant specialized for this call's key (codegen.specialize)
             if not isinstance(mod, CudaModule):
                 mod(*arrays)
                 return None
-            return mod._call_full(arrays, record)
+            return mod._call_full(arrays, record, bound[0])  # the variant checks its own program's shapes
         p = self.prepare(arrays, bound)
         if record:
             p.record = []
