@@ -9,6 +9,14 @@ the compiled program (arguments in call order).
 A module built with symbolic sizes may specialize at call time (`codegen.specialize`): after the
 checks, `_select(sizes)` picks the variant compiled for the call's key (the module itself when the
 key asks for nothing); `.specializations` lists the variants built, `explain()` the last call's key.
+
+The fast path (`mod.fast_path`, on by default): a module remembers the last few argument *signatures*
+(per argument everything the checks read except the data: type, shape, dtype, contiguity, writeability,
+on CUDA the device) with what the checked call decided (sizes, variant, size values, temporaries; on CUDA
+each launch's grid, block, shared bytes and arguments). A call with a remembered signature re-reads only
+the pointers (and re-checks what depends on them: overlapping memory on the CPU, the stream on CUDA) and
+runs; any other call takes the full path, so it is refused or handled exactly as without the cache.
+`mod.fast_path = False` makes every call take the full path.
 """
 
 from __future__ import annotations

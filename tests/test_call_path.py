@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -334,3 +335,65 @@ def test_gpu_fast_path_numbers_match_numpy_and_the_full_path():
             cu.cuMemFree(dx)
             cu.cuMemFree(dy)
     mod.fast_path = True
+
+
+class _TorchDtype:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _TorchDtype) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+class _FakeCudaTensor:
+    """Enough of a torch CUDA tensor for classify and the fast path's signature (torch is not installed here)."""
+
+    def __init__(self, shape, dtype="float32", device=0, contiguous=True, ptr=None):
+        self.shape, self.dtype, self.is_cuda = tuple(shape), _TorchDtype(dtype), True
+        self.device = types.SimpleNamespace(index=device, type="cuda")
+        self._contiguous, self._ptr = contiguous, ptr if ptr is not None else FakeDeviceArray(shape).ptr
+
+    def is_contiguous(self) -> bool:
+        return self._contiguous
+
+    def stride(self) -> tuple[int, ...]:
+        return (1, self.shape[0]) if not self._contiguous else (self.shape[1], 1)
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+
+_FakeCudaTensor.__module__ = "torch"
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    streams = {0: 0x51, 1: 0x52}
+    current = types.SimpleNamespace(device=0)
+    mod = types.ModuleType("torch")
+    mod.cuda = types.SimpleNamespace(
+        current_stream=lambda dev: types.SimpleNamespace(cuda_stream=streams[dev.index] + current.device))
+    monkeypatch.setitem(sys.modules, "torch", mod)
+    return current
+
+
+def test_cuda_fast_path_with_torch_tensors(stub, fake_torch, cuda_fixed):
+    mod = _fresh(cuda_fixed)
+    a = (_FakeCudaTensor((64, 100)), _FakeCudaTensor((64, 100)))
+    full = _launches(stub, mod, a, False)
+    assert _launches(stub, mod, a, True) == _launches(stub, mod, a, True) == full
+    assert full[0][4] == 0x51  # torch's current stream
+    fake_torch.device = 7  # the user switched streams: the fast path launches on the new one
+    assert _launches(stub, mod, a, True)[0][4] == 0x58 == _launches(stub, mod, a, False)[0][4]
+    good = lambda: a  # noqa: E731
+    for bad, err in [(lambda: (a[0], _FakeCudaTensor((64, 100), contiguous=False)), ArgumentError),
+                     (lambda: (a[0], _FakeCudaTensor((64, 100), device=1)), ArgumentError),
+                     (lambda: (a[0], _FakeCudaTensor((64, 100), dtype="float64")), ArgumentTypeError),
+                     (lambda: (a[0], _FakeCudaTensor((64, 101))), ArgumentError)]:
+        _both_paths_refuse(mod, good, bad, err)
