@@ -154,7 +154,10 @@ class Module:
                              tuple((i, arrays[i].nbytes, j, arrays[j].nbytes) for i, j in pairs
                                    if arrays[i].size and arrays[j].size), mod._plan_run(sizes))
             if len(self._plans) >= MAX_PLANS:
-                self._plans.pop(next(iter(self._plans), None), None)
+                try:
+                    self._plans.pop(next(iter(self._plans), None), None)
+                except RuntimeError:  # another thread changed the dict meanwhile: evict next time
+                    pass
             self._plans[sig] = plan
 
     def _plan_run(self, sizes: dict[Var, int]) -> Any:

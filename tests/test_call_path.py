@@ -397,3 +397,25 @@ def test_cuda_fast_path_with_torch_tensors(stub, fake_torch, cuda_fixed):
                      (lambda: (a[0], _FakeCudaTensor((64, 100), dtype="float64")), ArgumentTypeError),
                      (lambda: (a[0], _FakeCudaTensor((64, 101))), ArgumentError)]:
         _both_paths_refuse(mod, good, bad, err)
+
+
+def test_cuda_dynamic_shared_memory_on_the_fast_path(stub):
+    """A row cache in dynamic shared memory: above 48 KiB the first call opts in (once); a remembered call
+    launches with the same bytes and asks the driver nothing; a row beyond the device is still refused."""
+    from schedules import auto_schedule
+
+    n, m = te.var("n"), te.var("m")
+    x, y = softmax(n, m)
+    mod = build(auto_schedule([y], "cuda", sizes={"n": 64, "m": 4096}), [x, y], target="cuda", arch="sm_90")
+    asked = []
+    for name in ("cuFuncSetAttribute", "cuFuncGetAttribute", "cuDeviceGetAttribute"):
+        real = getattr(stub, name)
+        setattr(stub, name, lambda *a, real=real, name=name: asked.append(name) or real(*a))
+    a = (FakeDeviceArray((2, 20000)), FakeDeviceArray((2, 20000)))
+    full = _launches(stub, mod, a, False)
+    assert asked.count("cuFuncSetAttribute") == 1 and max(c[3] for c in full) >= 80000
+    asked.clear()
+    assert _launches(stub, mod, a, True) == _launches(stub, mod, a, True) == full
+    assert asked == []  # the opt-in and the limits are asked once per (device, kernel)
+    big = (FakeDeviceArray((2, 70000)), FakeDeviceArray((2, 70000)))
+    _both_paths_refuse(mod, lambda: a, lambda: big, rt.SharedMemoryError)

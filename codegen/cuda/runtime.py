@@ -372,6 +372,7 @@ class CudaModule(Module):
         self._temps: dict[tuple[int, tuple], list[Any]] = {}
         self._smem_set: dict[tuple[int, str], int] = {}  # (device, kernel) -> dynamic shared bytes opted in
         self._plans: dict[tuple[int, tuple[Any, ...]], _Plan] = {}  # (thread, signature) -> the fast path's plan
+        self._smem_limits: dict[tuple[int, str], tuple[int, int]] = {}  # (device, kernel) -> (opt-in limit, static)
 
     # -- loading
     def _functions(self, dev: Device) -> dict[str, Any]:
@@ -524,16 +525,19 @@ class CudaModule(Module):
         if nbytes <= STATIC_SHARED:
             return nbytes
         cu = _driver()
-        A = cu.CUdevice_attribute
-        limit = int(check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                                                  p.dev.handle), "cuDeviceGetAttribute"))
-        static = int(check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-                                                 fns[k.name]), "cuFuncGetAttribute"))
+        key = (p.dev.ordinal, k.name)
+        if key not in self._smem_limits:  # fixed for a loaded function on a device: asked once
+            A = cu.CUdevice_attribute
+            limit = int(check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                                      p.dev.handle), "cuDeviceGetAttribute"))
+            static = int(check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                                                     fns[k.name]), "cuFuncGetAttribute"))
+            self._smem_limits[key] = (limit, static)
+        limit, static = self._smem_limits[key]
         if nbytes + static > limit:
             raise SharedMemoryError(f"kernel {k.name!r} needs {nbytes:,} bytes of dynamic shared memory at these "
                                     f"sizes ({static:,} more declared statically); the device allows {limit:,} "
                                     "per block: call it with smaller rows, or build without the shared row cache")
-        key = (p.dev.ordinal, k.name)
         if self._smem_set.get(key, 0) < nbytes:
             check(cu.cuFuncSetAttribute(fns[k.name], cu.CUfunction_attribute
                                         .CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes),
@@ -567,7 +571,10 @@ class CudaModule(Module):
             plan = _make_plan(p, self._last_call if self.specializer is not None else None)
             if plan is not None:
                 if len(self._plans) >= MAX_PLANS:
-                    self._plans.pop(next(iter(self._plans), None), None)
+                    try:
+                        self._plans.pop(next(iter(self._plans), None), None)
+                    except RuntimeError:  # another thread changed the dict meanwhile: evict next time
+                        pass
                 self._plans[(threading.get_ident(), q[0])] = plan
 
     def _call_full(self, arrays: tuple[Any, ...], record: bool, args: list[_Arg] | None = None) -> _Prepared | None:
