@@ -320,7 +320,7 @@ def test_gpu_fast_path_numbers_match_numpy_and_the_full_path():
             np.testing.assert_allclose(ys, _softmax_ref(xs), rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(outs[0], outs[2])
         nbytes = xs.nbytes  # device arrays (zero copy) through __cuda_array_interface__
-        dx, dy = rt._alloc(mod, nbytes), rt._alloc(mod, nbytes)
+        dx, dy = mod._alloc(nbytes), mod._alloc(nbytes)
         try:
             rt.check(cu.cuMemcpyHtoD(dx, xs.ctypes.data, nbytes), "cuMemcpyHtoD")
             for fast in (False, True, True):
