@@ -9,11 +9,20 @@ the compiled program (arguments in call order).
 A module built with symbolic sizes may specialize at call time (`codegen.specialize`): after the
 checks, `_select(sizes)` picks the variant compiled for the call's key (the module itself when the
 key asks for nothing); `.specializations` lists the variants built, `explain()` the last call's key.
+
+The fast path (`mod.fast_path`, on by default): a module remembers the last few argument *signatures*
+(per argument everything the checks read except the data: type, shape, dtype, contiguity, writeability,
+on CUDA the device) with what the checked call decided (sizes, variant, size values, temporaries; on CUDA
+each launch's grid, block, shared bytes and arguments). A call with a remembered signature re-reads only
+the pointers (and re-checks what depends on them: overlapping memory on the CPU, the stream on CUDA) and
+runs; any other call takes the full path, so it is refused or handled exactly as without the cache.
+`mod.fast_path = False` makes every call take the full path.
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,10 +37,43 @@ from .llvm import size_vars
 from .llvm.runtime import default_threads
 
 
+def _host_signature(arrays: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """What `Module.check` reads from numpy arguments except their data (type, shape, dtype, contiguity,
+    writeability); None when some argument is not a numpy array (the full path says why)."""
+    sig = []
+    for a in arrays:
+        if not isinstance(a, np.ndarray):
+            return None
+        f = a.flags
+        sig.append((type(a), a.shape, a.dtype, f.c_contiguous, f.writeable))
+    return tuple(sig)
+
+
+@dataclass(slots=True)
+class _HostPlan:
+    """What a checked call decided, for later calls with its signature: the module that runs (a variant or
+    the one called), the sizes, `explain()`'s record, the argument pairs whose memory must not overlap (both
+    non-empty, one written: re-checked per call, since that depends on the pointers), and the run's data."""
+
+    module: Module
+    sizes: dict[Var, int]
+    last_call: tuple[Any, dict[Var, int]] | None
+    pairs: tuple[tuple[int, int, int, int], ...]  # (i, nbytes of i, j, nbytes of j)
+    run: Any = None  # the module's own precomputation (CpuModule: size values, temporaries' key)
+
+
+MAX_PLANS = 8  # signatures remembered per module
+
+
 class Module:
-    """A compiled program. Subclasses implement `_run(arrays, sizes)`."""
+    """A compiled program. Subclasses implement `_run(arrays, sizes)`; one that can replay a checked call
+    (`_plannable`) implements `_plan_run(sizes)` and `_run_planned(arrays, ptrs, plan)`."""
 
     target = "none"
+    # remember the last few argument signatures and what their checks decided (the fast path); False: every
+    # call takes the full checking path (same results, slower)
+    fast_path = True
+    _plannable = False
 
     def __init__(self, program: Program, source: str, kernels: list[str]) -> None:
         self.program = program
@@ -46,6 +88,7 @@ class Module:
         # call-time specialization (codegen.specialize.Specializer), None for a module that never dispatches
         self.specializer: Any = None
         self._last_call: tuple[Any, dict[Var, int]] | None = None
+        self._plans: dict[Any, Any] = {}  # signature -> plan (the fast path)
 
     def explain(self) -> str:
         """The build's notes, one per line, then which specialization the last call took and why
@@ -79,13 +122,49 @@ class Module:
                     f"argument {buf.name!r} is written by program {self.program.name!r} but is read-only")
         return sizes
 
+    def _overlap_pairs(self) -> tuple[tuple[int, int], ...]:
+        """The argument pairs `check` refuses to overlap in memory (none here)."""
+        return ()
+
     def __call__(self, *arrays: Any) -> None:
+        sig = _host_signature(arrays) if self.fast_path and self._plannable else None
+        if sig is not None:
+            plan = self._plans.get(sig)
+            if plan is not None:
+                ptrs = [a.ctypes.data for a in arrays]
+                # C-contiguous (the signature says so): memory bounds are [data, data + nbytes), exactly
+                # what np.may_share_memory compares
+                if not any(ptrs[i] < ptrs[j] + nj and ptrs[j] < ptrs[i] + ni for i, ni, j, nj in plan.pairs):
+                    if self.specializer is not None:
+                        self._last_call = plan.last_call
+                    plan.module._run_planned(arrays, ptrs, plan)
+                    return
         sizes = self.check(arrays)
         mod = self._select(sizes)
         if mod is not self:
-            mod(*arrays)  # the variant checks again (its own program), then runs
-            return
-        self._run(arrays, sizes)
+            if mod.specializer is not None:
+                mod(*arrays)
+                return
+            sizes = mod.check(arrays)  # what mod(*arrays) does (the variant checks its own program), keeping
+            # the variant's sizes for the plan
+        mod._run(arrays, sizes)
+        if sig is not None and mod._plannable:
+            pairs = sorted(set(self._overlap_pairs()) | set(mod._overlap_pairs()))
+            plan = _HostPlan(mod, dict(sizes), self._last_call if self.specializer is not None else None,
+                             tuple((i, arrays[i].nbytes, j, arrays[j].nbytes) for i, j in pairs
+                                   if arrays[i].size and arrays[j].size), mod._plan_run(sizes))
+            if len(self._plans) >= MAX_PLANS:
+                try:
+                    self._plans.pop(next(iter(self._plans), None), None)
+                except RuntimeError:  # another thread changed the dict meanwhile: evict next time
+                    pass
+            self._plans[sig] = plan
+
+    def _plan_run(self, sizes: dict[Var, int]) -> Any:
+        return None
+
+    def _run_planned(self, arrays: tuple[Any, ...], ptrs: list[int], plan: _HostPlan) -> None:
+        self._run(arrays, plan.sizes)
 
     def _run(self, arrays: tuple[Any, ...], sizes: dict[Var, int]) -> None:
         raise NotImplementedError
@@ -103,6 +182,7 @@ class CpuModule(Module):
     run the top-level parallel loops; `threads=1` runs everything on the calling thread."""
 
     target = "cpu"
+    _plannable = True
 
     def __init__(self, program: Program, kernel: Any, threads: int | None = None) -> None:
         super().__init__(program, kernel.gen.source, kernel.kernels)
@@ -111,6 +191,11 @@ class CpuModule(Module):
         self.threads = default_threads() if threads is None else max(int(threads), 1)
         # temporaries are per thread: two threads calling one module must not share them
         self._local = threading.local()
+
+    def _overlap_pairs(self) -> tuple[tuple[int, int], ...]:
+        args = self.program.args
+        return tuple((i, j) for i in range(len(args)) for j in range(i + 1, len(args))
+                     if args[i] in self.written or args[j] in self.written)
 
     def check(self, arrays: tuple[Any, ...]) -> dict[Var, int]:
         sizes = super().check(arrays)
@@ -137,6 +222,10 @@ class CpuModule(Module):
             out.append(x)
         return out
 
+    def _temps_key(self, sizes: dict[Var, int]) -> tuple[int, ...]:
+        return tuple(x for t in self.program.temps for s in [tuple(max(d, 0) for d in size_of(t.shape, sizes))]
+                     for x in (len(s), *s))
+
     def temps(self, sizes: dict[Var, int]) -> list[np.ndarray]:
         shapes = []
         for t in self.program.temps:
@@ -157,7 +246,7 @@ class CpuModule(Module):
                 arrs.append(np.empty(shape, dtype=np_dtype(t.dtype)))
             except MemoryError:
                 raise MemoryError(f"cannot allocate temporary {t.name!r} of shape {shape} ({t.dtype})") from None
-        self._local.temps = (key, arrs)
+        self._local.temps = (key, arrs, [a.ctypes.data for a in arrs])
         return arrs
 
     def _run(self, arrays: tuple[Any, ...], sizes: dict[Var, int]) -> None:
@@ -165,6 +254,17 @@ class CpuModule(Module):
         temps = self.temps(sizes)
         ptrs = [a.ctypes.data for a in arrays] + [t.ctypes.data for t in temps]
         self.kernel.run(ptrs, svals, self.threads)
+
+    def _plan_run(self, sizes: dict[Var, int]) -> Any:
+        return self._size_values(sizes), self._temps_key(sizes)
+
+    def _run_planned(self, arrays: tuple[Any, ...], ptrs: list[int], plan: _HostPlan) -> None:
+        svals, tkey = plan.run
+        cached = getattr(self._local, "temps", None)  # per thread, the last sizes' (as in temps())
+        if cached is None or cached[0] != tkey:
+            self.temps(plan.sizes)
+            cached = self._local.temps
+        self.kernel.run(ptrs + cached[2], svals, self.threads)
 
     @property
     def optimized_ir(self) -> str:

@@ -89,9 +89,14 @@ def row_class(value: int) -> int:
 
 def fits_int32_at(buffers: Sequence[Buffer], sizes: dict[Var, int]) -> bool:
     """Every buffer's padded element count prod(d + INT32_SLACK) at `sizes` stays below 2**31."""
-    for b in buffers:
+    return _shapes_fit_int32([b.shape for b in buffers], sizes)
+
+
+def _shapes_fit_int32(shapes: Sequence[tuple[Any, ...]], sizes: dict[Var, int]) -> bool:
+    for shape in shapes:
         try:
-            dims = [int(eval_expr(d, sizes)) for d in b.shape]
+            # a plain size variable's value is read directly (eval_expr would give the same)
+            dims = [int(sizes[d]) if type(d) is Var and d in sizes else int(eval_expr(d, sizes)) for d in shape]
         except (ValueError, KeyError, TypeError, ZeroDivisionError):
             return False
         if math.prod(max(d, 0) + INT32_SLACK for d in dims) >= 2**31:
@@ -130,15 +135,17 @@ class Specializer:
         self.make = make
         self.int32 = int32
         self.divisibility = divisibility
+        self._names = tuple(v.name for v in self.vars)
+        self._shapes = tuple(dict.fromkeys(b.shape for b in self.buffers))  # buffers of one shape: one test
         self.variants: dict[Key, Any] = {}
         self.failed: dict[Key, str] = {}
         self._lock = threading.Lock()
 
     def key(self, sizes: dict[Var, int]) -> Key:
         """The key of a call with these sizes (cheap: no allocation, no compilation)."""
-        names = tuple(v.name for v in self.vars)
+        names = self._names
         div = tuple(div_class(int(sizes[v])) if self.divisibility and v in sizes else "*" for v in self.vars)
-        i32 = self.int32 and fits_int32_at(self.buffers, sizes)
+        i32 = self.int32 and _shapes_fit_int32(self._shapes, sizes)
         rows = tuple((v.name, row_class(int(sizes[v])) if v in sizes else 0) for v in self.rows)
         return Key(names, div, i32, rows)
 

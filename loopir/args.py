@@ -139,6 +139,24 @@ def _affine(e: Expr, env: Mapping[Var, int]) -> dict[Var | None, int] | None:
     return None
 
 
+_LINEAR: dict[int, tuple[Expr, tuple[tuple[tuple[Var, int], ...], int] | None]] = {}
+
+
+def _linear(dim: Expr) -> tuple[tuple[tuple[Var, int], ...], int] | None:
+    """`dim` as ((var, coefficient), ...) and a constant, or None when it is not affine by itself (then
+    `_affine` with the known sizes decides). Remembered per expression object: a program's dims are the
+    same objects at every call."""
+    hit = _LINEAR.get(id(dim))
+    if hit is not None and hit[0] is dim:
+        return hit[1]
+    aff = _affine(dim, {})
+    lin = None if aff is None else (tuple((v, c) for v, c in aff.items() if v is not None), aff.get(None, 0))
+    if len(_LINEAR) > 4096:
+        _LINEAR.clear()
+    _LINEAR[id(dim)] = (dim, lin)
+    return lin
+
+
 def _fold(op: str, a: int, b: int) -> int:
     return {"floordiv": lambda: a // b, "mod": lambda: a % b, "max": lambda: max(a, b), "min": lambda: min(a, b)}[op]()
 
@@ -164,12 +182,12 @@ def bind_shapes(
     for buf, (shape, dtype) in zip(args, shapes):
         if dtype is not None:
             dt = np.dtype(dtype)
-            if not dt.isnative:
+            native, got = _dtype_facts(dt)
+            if not native:
                 raise ArgumentTypeError(
                     f"argument {buf.name!r} has non-native byte order ({dt.str}); loopir reads and writes native "
                     f"{buf.dtype}: pass arr.astype(arr.dtype.newbyteorder('='))"
                 )
-            got = dt.name
             if buf.dtype == "bfloat16":
                 got = _bfloat16_arg(buf.name, program.name, dt)
             if got != buf.dtype:
@@ -205,7 +223,24 @@ def bind_shapes(
         progress = False
         rest = []
         for name, k, dim, actual in pending:
-            aff = _affine(dim, env)
+            if type(dim) is Var:  # the common plain `n` dim, without building its affine form
+                if dim in env:
+                    rest.append((name, k, dim, actual))
+                else:
+                    env[dim] = actual
+                    origin[dim] = f"argument {name!r} dimension {k} = {actual}"
+                    progress = True
+                continue
+            lin = _linear(dim)
+            if lin is not None:  # the same affine form as _affine(dim, env), from the remembered one
+                aff = {None: lin[1]}
+                for v, c in lin[0]:
+                    if v in env:
+                        aff[None] += c * env[v]
+                    else:
+                        aff[v] = aff.get(v, 0) + c
+            else:
+                aff = _affine(dim, env)
             unknown = [v for v, c in (aff or {}).items() if v is not None and c != 0]
             if aff is None or len(unknown) != 1:
                 rest.append((name, k, dim, actual))
@@ -224,7 +259,13 @@ def bind_shapes(
 
     for name, k, dim, actual in eqs:
         try:
-            want = eval_expr(dim, env)
+            lin = None if type(dim) is Var else _linear(dim)
+            if type(dim) is Var and dim in env:
+                want = env[dim]
+            elif lin is not None and all(v in env for v, _ in lin[0]):
+                want = lin[1] + sum(c * env[v] for v, c in lin[0])
+            else:
+                want = eval_expr(dim, env)
         except ValueError:
             missing = sorted(v.name for v in _vars(dim) if v not in env)
             raise ArgumentError(
@@ -241,6 +282,19 @@ def bind_shapes(
                 "pass it explicitly"
             )
     return env
+
+
+_DTYPE_FACTS: dict[np.dtype, tuple[bool, str]] = {}
+
+
+def _dtype_facts(dt: np.dtype) -> tuple[bool, str]:
+    """(native byte order, name) of a dtype, remembered: numpy computes `dtype.name` in Python (slow per call)."""
+    facts = _DTYPE_FACTS.get(dt)
+    if facts is None:
+        if len(_DTYPE_FACTS) > 256:  # structured or string dtypes could be many
+            _DTYPE_FACTS.clear()
+        facts = _DTYPE_FACTS[dt] = (dt.isnative, dt.name)
+    return facts
 
 
 def _bfloat16_arg(name: str, program: str, dt: np.dtype) -> str:

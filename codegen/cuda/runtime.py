@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import statistics
+import sys
 import threading
 from dataclasses import dataclass, field
 from functools import cache
@@ -194,7 +195,15 @@ def _pointer_device(ptr: int) -> int | None:
 
 def _bits_if_bfloat16(dt: np.dtype) -> np.dtype:
     """A bfloat16 array type from another library (ml_dtypes' `bfloat16`) is its bits: uint16, as loopir takes it."""
-    return np.dtype(np.uint16) if dt.name == "bfloat16" and dt.itemsize == 2 else dt
+    got = _BITS.get(dt)
+    if got is None:  # numpy computes dtype.name in Python: remember the answer per dtype
+        if len(_BITS) > 256:
+            _BITS.clear()
+        got = _BITS[dt] = np.dtype(np.uint16) if dt.name == "bfloat16" and dt.itemsize == 2 else dt
+    return got
+
+
+_BITS: dict[np.dtype, np.dtype] = {}
 
 
 def classify(obj: Any, name: str) -> _Arg:
@@ -254,6 +263,84 @@ def classify(obj: Any, name: str) -> _Arg:
                             f"(__cuda_array_interface__ / DLPack), got {type(obj).__name__}")
 
 
+def _signature(arrays: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[Any], int | None] | None:
+    """The fast path's view of a call: (signature, pointers, stream handle), or None when some argument has
+    no fast path (a CPU tensor, a DLPack-only array, not an array: the full path decides).
+
+    The signature is everything `classify` and the checks read from the arguments except the data pointers
+    (type, shape, dtype, contiguity, writeability, device): two calls with equal signatures take the same
+    decisions. Pointers: a device array's address, a numpy array itself (read when uploading). The stream
+    is `prepare`'s: the first device argument that names one (torch's current stream, the CAI stream)."""
+    sig: list[Any] = []
+    ptrs: list[Any] = []
+    stream = None
+    for a in arrays:
+        t = type(a)
+        if isinstance(a, np.ndarray):
+            f = a.flags
+            sig.append((t, a.shape, a.dtype, f.c_contiguous, f.writeable))
+            ptrs.append(a)
+            continue
+        mod = t.__module__ or ""
+        if mod.startswith("torch"):
+            if not getattr(a, "is_cuda", False):
+                return None  # a CPU tensor (or something torch-like without is_cuda): classify converts it
+            dev = a.device
+            sig.append((t, tuple(a.shape), a.dtype, a.is_contiguous(), dev.index))
+            ptrs.append(a.data_ptr())
+            if stream is None:
+                stream = sys.modules["torch"].cuda.current_stream(dev).cuda_stream
+            continue
+        cai = getattr(a, "__cuda_array_interface__", None)
+        if cai is None:
+            return None
+        ptr = int(cai["data"][0] or 0)
+        strides = cai.get("strides")
+        sig.append((t, tuple(cai["shape"]), cai["typestr"], None if strides is None else tuple(strides),
+                    _pointer_device(ptr)))
+        ptrs.append(ptr)
+        if stream is None:
+            if mod.startswith("cupy"):
+                stream = int(sys.modules["cupy"].cuda.get_current_stream().ptr)
+            elif isinstance(cai.get("stream"), int):
+                stream = 0 if cai["stream"] == 1 else int(cai["stream"])
+    return tuple(sig), ptrs, stream
+
+
+MAX_PLANS = 8  # signatures remembered per module (per thread: temporaries and upload buffers are per thread)
+MAX_PLAN_LAUNCHES = 4096  # a longer launch sequence (a long host loop) is not remembered
+
+
+@dataclass(slots=True)
+class _Plan:
+    """Everything a call with one signature decided, so the next such call only reads pointers and launches:
+    the variant that runs, its device, the upload buffers of the numpy arguments, and each launch with its
+    function, grid/block, dynamic shared bytes and argument values (device arguments' pointers filled per
+    call at `dyn`: (position in the values, argument index))."""
+
+    module: CudaModule
+    last_call: tuple[Any, dict[Var, int]] | None
+    dev: Device
+    host: tuple[tuple[int, int, int, bool], ...]  # (argument index, device buffer, nbytes, written)
+    launches: tuple[tuple[Any, tuple[int, ...], int, tuple[Any, ...], tuple[tuple[int, int], ...],
+                          tuple[Any, ...], str], ...]
+    streams: dict[int | None, Any] = field(default_factory=dict)
+
+
+def _make_plan(p: _Prepared, last_call: tuple[Any, dict[Var, int]] | None) -> _Plan | None:
+    mod: CudaModule = p.module
+    if p.record is None or len(p.record) > MAX_PLAN_LAUNCHES:
+        return None
+    index = {b: i for i, (a, b) in enumerate(zip(p.args, mod.program.args)) if a.host is None}
+    launches = []
+    for k, fn, dims, smem, values, types in p.record:
+        dyn = tuple((j, index[ka.buffer]) for j, ka in enumerate(k.args) if ka.buffer in index)
+        launches.append((fn, dims, smem, values, dyn, types, f"cuLaunchKernel({k.name})"))
+    host = tuple((i, p.ptrs[b], a.host.nbytes, b in mod.written)
+                 for i, (a, b) in enumerate(zip(p.args, mod.program.args)) if a.host is not None)
+    return _Plan(mod, last_call, p.dev, host, tuple(launches))
+
+
 # ----------------------------------------------------------------------------- the module
 
 
@@ -265,6 +352,7 @@ class _Prepared:
     stream: Any
     ptrs: dict[Buffer, int] = field(default_factory=dict)
     module: Any = None  # the module whose kernels run it (a specialized variant of the one asked)
+    record: list[tuple[Any, ...]] | None = None  # the launches made, for the fast path's plan (see _Plan)
 
 
 class CudaModule(Module):
@@ -283,6 +371,8 @@ class CudaModule(Module):
         self._load_lock = threading.Lock()
         self._temps: dict[tuple[int, tuple], list[Any]] = {}
         self._smem_set: dict[tuple[int, str], int] = {}  # (device, kernel) -> dynamic shared bytes opted in
+        self._plans: dict[tuple[int, tuple[Any, ...]], _Plan] = {}  # (thread, signature) -> the fast path's plan
+        self._smem_limits: dict[tuple[int, str], tuple[int, int]] = {}  # (device, kernel) -> (opt-in limit, static)
 
     # -- loading
     def _functions(self, dev: Device) -> dict[str, Any]:
@@ -304,14 +394,16 @@ class CudaModule(Module):
         return check(cu.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc")
 
     # -- one call
-    def _bind(self, arrays: tuple[Any, ...]) -> tuple[list[_Arg], dict[Var, int]]:
-        """Every check of the arguments (no device work): their descriptions and the sizes."""
+    def _bind(self, arrays: tuple[Any, ...], args: list[_Arg] | None = None) -> tuple[list[_Arg], dict[Var, int]]:
+        """Every check of the arguments (no device work): their descriptions and the sizes. `args`: the
+        arguments already classified (by the generic module that dispatched to this variant)."""
         prog = self.program
         if len(arrays) != len(prog.args):
             names = ", ".join(b.name for b in prog.args)
             raise ArgumentTypeError(
                 f"program {prog.name!r} takes {len(prog.args)} argument(s) ({names}), got {len(arrays)}")
-        args = [classify(a, b.name) for a, b in zip(arrays, prog.args)]
+        if args is None or [a.name for a in args] != [b.name for b in prog.args]:
+            args = [classify(a, b.name) for a, b in zip(arrays, prog.args)]
         sizes = bind_shapes(prog, [(a.shape, a.dtype) for a in args])
         for pre in self.preconditions:
             pre.check(sizes)
@@ -420,6 +512,8 @@ class CudaModule(Module):
                 values.append(v)
                 types.append(ctypes.c_int if a.int32 else ctypes.c_longlong)
         smem = self._dynamic_shared(k, env, fns, p)
+        if p.record is not None:
+            p.record.append((k, fns[k.name], (*grid, *block), smem, tuple(values), tuple(types)))
         check(cu.cuLaunchKernel(fns[k.name], *grid, *block, smem, p.stream, (tuple(values), tuple(types)), 0),
               f"cuLaunchKernel({k.name})")
 
@@ -431,16 +525,19 @@ class CudaModule(Module):
         if nbytes <= STATIC_SHARED:
             return nbytes
         cu = _driver()
-        A = cu.CUdevice_attribute
-        limit = int(check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                                                  p.dev.handle), "cuDeviceGetAttribute"))
-        static = int(check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-                                                 fns[k.name]), "cuFuncGetAttribute"))
+        key = (p.dev.ordinal, k.name)
+        if key not in self._smem_limits:  # fixed for a loaded function on a device: asked once
+            A = cu.CUdevice_attribute
+            limit = int(check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                                      p.dev.handle), "cuDeviceGetAttribute"))
+            static = int(check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                                                     fns[k.name]), "cuFuncGetAttribute"))
+            self._smem_limits[key] = (limit, static)
+        limit, static = self._smem_limits[key]
         if nbytes + static > limit:
             raise SharedMemoryError(f"kernel {k.name!r} needs {nbytes:,} bytes of dynamic shared memory at these "
                                     f"sizes ({static:,} more declared statically); the device allows {limit:,} "
                                     "per block: call it with smaller rows, or build without the shared row cache")
-        key = (p.dev.ordinal, k.name)
         if self._smem_set.get(key, 0) < nbytes:
             check(cu.cuFuncSetAttribute(fns[k.name], cu.CUfunction_attribute
                                         .CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes),
@@ -461,14 +558,68 @@ class CudaModule(Module):
             check(cu.cuStreamSynchronize(p.stream), "cuStreamSynchronize")
 
     def __call__(self, *arrays: Any) -> None:
-        bound = self._bind(arrays)
+        q = _signature(arrays) if self.fast_path else None
+        if q is not None:
+            plan = self._plans.get((threading.get_ident(), q[0]))
+            if plan is not None:  # same signature as a checked call: same decisions, only the pointers differ
+                if self.specializer is not None:
+                    self._last_call = plan.last_call
+                self._run_plan(plan, arrays, q[1], q[2])
+                return
+        p = self._call_full(arrays, q is not None)
+        if q is not None and p is not None:
+            plan = _make_plan(p, self._last_call if self.specializer is not None else None)
+            if plan is not None:
+                if len(self._plans) >= MAX_PLANS:
+                    try:
+                        self._plans.pop(next(iter(self._plans), None), None)
+                    except RuntimeError:  # another thread changed the dict meanwhile: evict next time
+                        pass
+                self._plans[(threading.get_ident(), q[0])] = plan
+
+    def _call_full(self, arrays: tuple[Any, ...], record: bool, args: list[_Arg] | None = None) -> _Prepared | None:
+        """Every check, then the run; returns the run's _Prepared (with its launches when `record`)."""
+        bound = self._bind(arrays, args)
         mod = self._select(bound[1])
         if mod is not self:  # a variant specialized for this call's key (codegen.specialize)
-            mod(*arrays)
-            return
+            if not isinstance(mod, CudaModule):
+                mod(*arrays)
+                return None
+            return mod._call_full(arrays, record, bound[0])  # the variant checks its own program's shapes
         p = self.prepare(arrays, bound)
+        if record:
+            p.record = []
         self.launch(p)
         self.finish(p)
+        return p
+
+    def _run_plan(self, plan: _Plan, arrays: tuple[Any, ...], ptrs: list[Any], handle: int | None) -> None:
+        """A call whose signature matched `plan`: uploads, the recorded launches with this call's pointers
+        and stream, downloads (the same driver calls the full path makes, in the same order)."""
+        cu = _driver()
+        ok = cu.CUresult.CUDA_SUCCESS
+        check(cu.cuCtxSetCurrent(plan.dev.ctx), "cuCtxSetCurrent")
+        stream = plan.streams.get(handle)
+        if stream is None:
+            stream = plan.streams[handle] = cu.CUstream(handle or 0)
+        for i, dptr, nbytes, _ in plan.host:
+            if nbytes:
+                check(cu.cuMemcpyHtoDAsync(dptr, ptrs[i].ctypes.data, nbytes, stream), "cuMemcpyHtoDAsync")
+        launch = cu.cuLaunchKernel
+        for fn, dims, smem, values, dyn, types, what in plan.launches:
+            if dyn:
+                vals = list(values)
+                for j, i in dyn:
+                    vals[j] = ptrs[i]
+                values = tuple(vals)
+            ret = launch(fn, *dims, smem, stream, (values, types), 0)
+            if ret[0] != ok:
+                check(ret, what)
+        if plan.host:
+            for i, dptr, nbytes, written in plan.host:
+                if written and nbytes:
+                    check(cu.cuMemcpyDtoHAsync(ptrs[i].ctypes.data, dptr, nbytes, stream), "cuMemcpyDtoHAsync")
+            check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
 
     def benchmark(self, *arrays: Any, warmup: int = 3, repeat: int = 20) -> float:
         """Median milliseconds of one call's kernels (CUDA events on the call's stream, after warm-up);
