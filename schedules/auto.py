@@ -194,7 +194,7 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
         # a row length known not to be a multiple of the lanes would fail the run-time check of every vector
         # and run guarded scalars: map it as scalars over the collapsed loops instead (measured on an H200,
         # GELU 1024 x 50257: 58% of the DRAM floor vectorized-and-refused vs ~80% collapsed scalar)
-        width = simplify(g.stages[0].shape[-1]) if g.stages[0].shape else None
+        width = simplify(g.stages[0].shape[-1]) if len(g.stages[0].shape) >= 2 else None  # rows: misaligned
         odd = isinstance(width, Const) and lanes > 0 and int(width.value) % lanes != 0
         vec = g.mapping == "flat" and lanes > 0 and not odd
         if vec:
