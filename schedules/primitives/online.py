@@ -16,14 +16,14 @@ import numpy as np
 from loopir import interp
 from loopir.args import size_of
 from loopir.errors import ArgumentError, NotFoundError
-from loopir.nodes import Binary, Buffer, Const, Expr, For, Load, Program, Seq, Stmt, Store, Var
+from loopir.nodes import Allocate, Binary, Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt, Store, Var
 from loopir import nodes
-from loopir.visit import Transformer, substitute, walk
+from loopir.visit import Transformer, free_vars, substitute, walk
 
 from ..errors import ScheduleError
 from . import CheckContext, fresh_name, primitive
 
-__all__ = ["online_softmax", "find_softmax_max", "OnlineRewrite"]
+__all__ = ["online_softmax", "find_softmax_max", "OnlineRewrite", "sink_guard"]
 
 CHECK_SIZE = 5  # the size every size variable takes in the random-data check (small: the interpreter is exact, slow)
 
@@ -135,6 +135,8 @@ class OnlineRewrite:
     inlined: tuple[str, ...]
     rolling: tuple[str, ...]
     scores: str | None
+    state: tuple[str, ...] = ()  # the new temporaries: the scores of one key (if folded), m_new, the rescale factor
+    key: str = ""  # the loop over the keys (the max's reduce axis)
 
 
 def _match(program: Program, name: str) -> tuple[list[_Stage], _Stage, list[_Stage], list[_Stage], _Stage | None]:
@@ -394,7 +396,7 @@ def online_softmax(program: Program, max_buffer: str) -> tuple[Program, OnlineRe
     temps = tuple(t for t in program.temps if t not in dropped) + tuple(new_temps)
     new = dataclasses.replace(program, body=Seq(tuple(out)) if len(out) > 1 else out[0], temps=temps)
     info = OnlineRewrite(buf.name, tuple(e.buffer.name for e in inlined), tuple(r.buffer.name for r in rolling),
-                         scores.buffer.name if scores else None)
+                         scores.buffer.name if scores else None, tuple(t.name for t in new_temps), j.name)
     return new, info
 
 
@@ -428,6 +430,72 @@ def check_online(ctx: CheckContext) -> None:
 
 def _written(program: Program, b: Buffer) -> bool:
     return any(isinstance(s, Store) and s.buffer is b for s in walk(program.body))
+
+
+def _push(s: Stmt, cond: Expr, loop: Var) -> Stmt | None:
+    """`if cond: s` with the test moved down to the body of `loop` (None when `loop` is not below `s` through
+    sequences, allocations and loops that `cond` does not use)."""
+    if isinstance(s, For):
+        if s.var is loop:
+            return dataclasses.replace(s, body=If(cond, s.body))
+        if s.var in free_vars(cond):
+            return None
+        inner = _push(s.body, cond, loop)
+        return None if inner is None else dataclasses.replace(s, body=inner)
+    if isinstance(s, Allocate):
+        inner = _push(s.body, cond, loop)
+        return None if inner is None else dataclasses.replace(s, body=inner)
+    if isinstance(s, Seq):
+        out, found = [], False
+        for c in s.body:
+            r = None if found else _push(c, cond, loop)
+            found = found or r is not None
+            out.append(r if r is not None else If(cond, c))
+        return Seq(tuple(out)) if found else None
+    return None
+
+
+def sink_guard(program: Program, loop: Var) -> Program:
+    """The guards (If without else, testing no buffer) around `loop` moved into the body of `loop` (through the
+    sequences, allocations and loops between that the condition does not use): the same instances run in the
+    same order, but every thread of a block reaches `loop` itself, so a shared-memory copy at its top can be
+    cooperative and its barriers uniform.
+
+        for t (thread):                          for t (thread):
+            if t < n:                               S0    (if t < n)
+                S0                      ->          for j:
+                for j: body                             if t < n: body
+
+    Precondition: some If above `loop` has no else branch, a condition free of loads and of the loops between;
+    checked like every reordering (the dependences, and the instances run unchanged)."""
+    moved = False
+
+    class _S(Transformer):
+        def visit_If(self, node: If) -> Stmt:
+            nonlocal moved
+            if node.orelse is None and not any(isinstance(n, Load) for n in walk(node.cond)):
+                r = _push(node.then, node.cond, loop)
+                if r is not None:
+                    moved = True
+                    return self.visit(r)
+            return self.generic(node)
+
+        def visit(self, node: object) -> object:
+            return node if isinstance(node, Expr) else super().visit(node)
+
+    new = dataclasses.replace(program, body=_S().visit(program.body))
+    if not moved:
+        raise ArgumentError(f"sink_guard({loop.name}): no guard (if without else) encloses loop {loop.name!r} "
+                            "below its nearest enclosing loop")
+    return new
+
+
+@primitive("sink_guard", check="order")
+def _sink_guard(program: Program, loop: Var) -> Program:
+    return sink_guard(program, loop)
+
+
+_sink_guard.__doc__ = sink_guard.__doc__
 
 
 @primitive("online_softmax", check=check_online, rebase=True)
