@@ -22,6 +22,7 @@ from loopir.visit import Transformer, free_vars, substitute, walk
 
 from ..errors import ScheduleError
 from . import CheckContext, fresh_name, primitive
+from .compute import compute_inline
 
 __all__ = ["online_softmax", "find_softmax_max", "OnlineRewrite", "sink_guard"]
 
@@ -137,6 +138,22 @@ class OnlineRewrite:
     scores: str | None
     state: tuple[str, ...] = ()  # the new temporaries: the scores of one key (if folded), m_new, the rescale factor
     key: str = ""  # the loop over the keys (the max's reduce axis)
+
+
+def _prepare(program: Program, name: str) -> Program:
+    """`program` with the elementwise temporaries that the maximized value reads (e.g. a causal mask
+    `where(j <= i, s, -inf)` or a scaling of the scores) inlined into all their readers."""
+    for _ in range(len(program.temps)):
+        stages = _stages(program) or []
+        m = next((st for st in stages if st.buffer.name == name), None)
+        if m is None:
+            return program
+        pure = [st for st in stages if st.init is None and st.buffer in program.temps
+                and _reads(m.store.value, st.buffer)]
+        if not pure:
+            return program
+        program = compute_inline(program, pure[0].buffer.name)[0]
+    return program
 
 
 def _match(program: Program, name: str) -> tuple[list[_Stage], _Stage, list[_Stage], list[_Stage], _Stage | None]:
@@ -268,7 +285,7 @@ def find_softmax_max(program: Program) -> list[str]:
     for st in stages:
         if st.init is not None and isinstance(st.store.value, Binary) and st.store.value.op == "max":
             try:
-                _match(program, st.buffer.name)
+                _match(_prepare(program, st.buffer.name), st.buffer.name)
             except ArgumentError:
                 continue
             out.append(st.buffer.name)
@@ -326,6 +343,7 @@ def online_softmax(program: Program, max_buffer: str) -> tuple[Program, OnlineRe
                                                  mx = mx_new
     Legality is not a matter of order (the statements change); the step is checked by running the old
     and the new program on the same random data (all sizes CHECK_SIZE) in the interpreter."""
+    program = _prepare(program, max_buffer)
     _, m, inlined, rolling, scores = _match(program, max_buffer)
     buf = m.buffer
     idx = m.axis
