@@ -60,7 +60,7 @@ class AttentionPlan:
             lines.append(
                 f"online_softmax({r.max_stage}): the running maximum {r.max_stage} rescales the sums "
                 f"{', '.join(r.rolling)} by exp(m_old - m_new) in one pass over the keys ({r.key}); "
-                + (f"{', '.join(r.inlined)} folded into them; " if r.inlined else "")
+                + (f"{', '.join(r.prepared + r.inlined)} folded into them; " if r.inlined else "")
                 + (f"{r.scores} computed one key at a time (no n x m temporary)" if r.scores else
                    "the maximized values stay materialized"))
         if self.target == "cuda":

@@ -5,6 +5,9 @@ program in the adversarial GPU interpreter; a device run when there is one), no 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -206,6 +209,7 @@ def test_auto_schedule_applies_the_rewrite_and_explains_it() -> None:
     text = s.explain()
     assert "online_softmax(mx): the running maximum mx rescales the sums O, sm by exp(m_old - m_new)" in text
     assert f"a block per {ROWS_PER_BLOCK} query rows" in text and f"{KEY_TILE} keys at a time" in text
+    assert "Sm, P folded into them; S computed one key at a time (no n x m temporary)" in text  # the mask inlined
     assert s.plan.notes == ()  # every mapping step was applied
     assert [t["primitive"] for t in s.trace][:1] == ["online_softmax"]
     assert {"sink_guard", "cache_read", "cache_write"} <= {t["primitive"] for t in s.trace}
@@ -281,3 +285,15 @@ def test_module_names_loop_vars_once() -> None:
 
 def test_errors_are_typed() -> None:
     assert issubclass(ScheduleError, LoopirError)
+
+
+@pytest.mark.parametrize("flags", [["--causal"], []])
+def test_example_runs_and_shows_the_rewrite(flags: list[str], tmp_path: Any) -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, LOOPIR_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=root)
+    proc = subprocess.run([sys.executable, os.path.join(root, "examples", "attention.py"), "--small", "--cpu", *flags],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=root)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "online_softmax(mx)" in out and "mx_rescale" in out and "__global__" in out
+    assert "check Y against numpy (float64): ok" in out and "MISMATCH" not in out

@@ -138,6 +138,7 @@ class OnlineRewrite:
     scores: str | None
     state: tuple[str, ...] = ()  # the new temporaries: the scores of one key (if folded), m_new, the rescale factor
     key: str = ""  # the loop over the keys (the max's reduce axis)
+    prepared: tuple[str, ...] = ()  # elementwise stages of the maximized value (a mask, a scaling) inlined first
 
 
 def _prepare(program: Program, name: str) -> Program:
@@ -343,7 +344,9 @@ def online_softmax(program: Program, max_buffer: str) -> tuple[Program, OnlineRe
                                                  mx = mx_new
     Legality is not a matter of order (the statements change); the step is checked by running the old
     and the new program on the same random data (all sizes CHECK_SIZE) in the interpreter."""
+    before = {t.name for t in program.temps}
     program = _prepare(program, max_buffer)
+    prepared = tuple(sorted(before - {t.name for t in program.temps}))
     _, m, inlined, rolling, scores = _match(program, max_buffer)
     buf = m.buffer
     idx = m.axis
@@ -414,7 +417,7 @@ def online_softmax(program: Program, max_buffer: str) -> tuple[Program, OnlineRe
     temps = tuple(t for t in program.temps if t not in dropped) + tuple(new_temps)
     new = dataclasses.replace(program, body=Seq(tuple(out)) if len(out) > 1 else out[0], temps=temps)
     info = OnlineRewrite(buf.name, tuple(e.buffer.name for e in inlined), tuple(r.buffer.name for r in rolling),
-                         scores.buffer.name if scores else None, tuple(t.name for t in new_temps), j.name)
+                         scores.buffer.name if scores else None, tuple(t.name for t in new_temps), j.name, prepared)
     return new, info
 
 
