@@ -167,7 +167,10 @@ def _registers_and_tiles(s: Schedule, info: OnlineRewrite, key_tile: int) -> lis
         return notes
     # the inputs read once per row (the query row): into registers; those read per key (K, V): tiles in shared
     per_row, per_key = [], []
+    written = {st.store.buffer.name for st in statements(s.program)}
     for b in s.program.args:
+        if b.name in written:
+            continue
         uses = [n for n in walk(key) if isinstance(n, Load) and n.buffer is b]
         if not uses:
             continue

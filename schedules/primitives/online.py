@@ -210,6 +210,8 @@ def _match(program: Program, name: str) -> tuple[list[_Stage], _Stage, list[_Sta
     rolling.sort(key=lambda st: st.pos)
     inl = {e.buffer: e for e in inlined}
     rbufs = {r.buffer for r in rolling}
+    divided: set[Buffer] = set()
+    divisors: set[Buffer] = set()
 
     for r in rolling:
         rv = r.store.value
@@ -229,7 +231,12 @@ def _match(program: Program, name: str) -> tuple[list[_Stage], _Stage, list[_Sta
         for ld in _reads(term, buf):
             if tuple(ld.indices) != row:
                 raise ArgumentError(f"online_softmax({name}): the sum {r.buffer.name!r} reads {name!r} of another row")
-        if any(_reads(term, b) for b in rbufs):
+        split = _strip_divisor(term, rbufs, row) if any(_reads(term, b) for b in rbufs) else None
+        if split is not None and split[1].buffer is not r.buffer and not any(_reads(split[0], b) for b in rbufs):
+            term = split[0]  # sum_j t / D[row] = (sum_j t) / D[row]: divided once the pass is over
+            divided.add(r.buffer)
+            divisors.add(split[1].buffer)
+        if any(_reads(term, b) for b in rbufs) or divided & divisors:
             raise ArgumentError(
                 f"online_softmax({name}): the sum {r.buffer.name!r} reads another running sum of the chain inside "
                 "its terms (e.g. probabilities divided by their row sum); divide after the sum instead: "
@@ -264,6 +271,19 @@ def _match(program: Program, name: str) -> tuple[list[_Stage], _Stage, list[_Sta
 
 def _target(j: Expr, row: tuple[Expr, ...], score_at: object, buf: Buffer) -> Expr:
     return nodes.call("exp", nodes.binary("sub", score_at(j, row), Load(buf, row)))  # type: ignore[operator]
+
+
+def _strip_divisor(t: Expr, sums: set[Buffer], row: tuple[Expr, ...]) -> tuple[Expr, Load] | None:
+    """(t', D) when `t` is `t' / D` up to a product, D a load of one of `sums` at `row` (constant in the key)."""
+    if isinstance(t, Binary) and t.op == "div" and isinstance(t.b, Load) and t.b.buffer in sums \
+            and tuple(t.b.indices) == tuple(row):
+        return t.a, t.b
+    if isinstance(t, Binary) and t.op == "mul":
+        for a, b, left in ((t.a, t.b, True), (t.b, t.a, False)):
+            got = _strip_divisor(a, sums, row)
+            if got is not None:
+                return (nodes.binary("mul", got[0], b) if left else nodes.binary("mul", b, got[0])), got[1]
+    return None
 
 
 def _inline(e: Expr, inl: dict[Buffer, _Stage]) -> Expr:
@@ -329,7 +349,9 @@ def online_softmax(program: Program, max_buffer: str) -> tuple[Program, OnlineRe
         sum over the keys, or such a sum S itself; after inlining the E, each sum reads
         `S[R, c] = sum_j t(R, c, j)` where `t` is a product with the factor `exp(f(R, j) - mx[R])` (in the
         numerator, nowhere else), reads `mx` only there, runs over the keys of `mx` and reads no other sum
-        of the chain. Then `t` computed with any `m` equals `t` computed with `m_new` times
+        of the chain — except as a divisor `t = t' / S2[R]` (probabilities divided by their row sum), which
+        is constant in the key: then `S = (sum_j t') / S2[R]`, divided once after the pass (S2 itself
+        not divided). Then `t` computed with any `m` equals `t` computed with `m_new` times
         `exp(m - m_new)`: the partial sums rescale, and the result is the same for every order of keys.
       * the producer of `f` (the scores: a reduction read only by the chain at `(R, j)`) is computed per
         key inside the pass, into a buffer without the key dimension.
@@ -391,6 +413,8 @@ def online_softmax(program: Program, max_buffer: str) -> tuple[Program, OnlineRe
     factor = nodes.select(nodes.compare("eq", cur, nxt), Const(1.0, buf.dtype), nodes.call("exp", cur - nxt))
     per_key.append(_store(f"{buf.name}_rescale", scale, idx, factor, row_its))
     inl = {e.buffer: e for e in inlined}
+    rbufs = {r.buffer for r in rolling}
+    after: list[Stmt] = []
     for r in rolling:
         rj = r.red[0].var
         row = r.axis[: len(idx)]
@@ -398,7 +422,18 @@ def online_softmax(program: Program, max_buffer: str) -> tuple[Program, OnlineRe
         mp[rj] = j
         extra = r.loops[len(idx):]
         its = idx + (j,) + tuple(g.var for g in extra)
-        term = substitute(_inline(r.store.value.b, inl), mp)  # type: ignore[attr-defined]
+        term = _inline(r.store.value.b, inl)  # type: ignore[attr-defined]
+        split = _strip_divisor(term, rbufs, row) if any(_reads(term, b) for b in rbufs) else None
+        if split is not None:  # divided once the pass is over (the precondition checked it is a final sum)
+            term = split[0]
+            fresh = {g.var: Var(g.var.name, g.var.dtype) for g in extra}
+            at = {**mp, **fresh}
+            fidx = tuple(substitute(i, at) for i in r.store.indices)
+            fits = idx + tuple(fresh.values())
+            div = _store(f"{r.store.name}_divide", r.buffer, fidx,
+                         nodes.binary("div", Load(r.buffer, fidx), substitute(split[1], at)), fits)
+            after.append(_nest(tuple(For(fresh[g.var], g.lo, g.hi, g.body) for g in extra), div, {}))
+        term = substitute(term, mp)
         old_exp = nodes.call("exp", nodes.binary("sub", f, cur))
         new_exp = nodes.call("exp", nodes.binary("sub", fj, nxt))
         term = _Replace({old_exp: new_exp}).visit(term)
@@ -408,6 +443,7 @@ def online_softmax(program: Program, max_buffer: str) -> tuple[Program, OnlineRe
         per_key.append(_nest(extra, upd, {}))
     per_key.append(_store(f"{buf.name}_advance", buf, idx, nxt, row_its))
     body.append(For(j, jloop.lo, jloop.hi, Seq(tuple(per_key))))
+    body += after
     nest = _nest(m.loops, Seq(tuple(body)), {})
     gone = {m.pos, *(e.pos for e in inlined), *(r.pos for r in rolling)} | ({scores.pos} if scores else set())
     top = program.body.body if isinstance(program.body, Seq) else (program.body,)
