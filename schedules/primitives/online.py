@@ -212,15 +212,14 @@ def _match(program: Program, name: str) -> tuple[list[_Stage], _Stage, list[_Sta
     rbufs = {r.buffer for r in rolling}
     divided: set[Buffer] = set()
     divisors: set[Buffer] = set()
-
+    terms: list[tuple[Expr, tuple[Var, ...], Var]] = []
     for r in rolling:
         rv = r.store.value
         assert isinstance(rv, Binary)
         if len(r.red) != 1 or r.red[0].lo != m.red[0].lo or r.red[0].hi != m.red[0].hi:
             raise ArgumentError(f"online_softmax({name}): the sum {r.buffer.name!r} does not run over the keys of "
                                 f"{name!r} (one reduce axis with the same range); it cannot share the pass")
-        if r.axis[: len(idx)] != tuple(r.axis[: len(idx)]) or len(r.axis) < len(idx) \
-                or any(a.hi != b.hi or a.lo != b.lo for a, b in zip(r.loops, m.loops)):
+        if len(r.axis) < len(idx) or any(a.hi != b.hi or a.lo != b.lo for a, b in zip(r.loops, m.loops)):
             raise ArgumentError(f"online_softmax({name}): the sum {r.buffer.name!r} does not have the rows of "
                                 f"{name!r} as its outer loops")
         if not isinstance(rv.a, Load) or rv.a.buffer is not r.buffer or tuple(r.store.indices) != r.axis:
@@ -239,8 +238,9 @@ def _match(program: Program, name: str) -> tuple[list[_Stage], _Stage, list[_Sta
         if any(_reads(term, b) for b in rbufs) or divided & divisors:
             raise ArgumentError(
                 f"online_softmax({name}): the sum {r.buffer.name!r} reads another running sum of the chain inside "
-                "its terms (e.g. probabilities divided by their row sum); divide after the sum instead: "
-                "sum(exp(s - max) * v) / sum(exp(s - max))")
+                "its terms other than as a divisor of the whole term (only t / sum[row] can wait for the end of "
+                "the pass); divide after the sum instead: sum(exp(s - max) * v) / sum(exp(s - max))")
+        terms.append((term, row, j))
         target = _target(j, row, score_at, buf)
 
         def is_exp(e: Expr, target: Expr = target) -> bool:
@@ -264,7 +264,8 @@ def _match(program: Program, name: str) -> tuple[list[_Stage], _Stage, list[_Sta
         others = [st for st in stages if st is not sc and st.buffer not in chain and _reads(st.store.value, sc.buffer)]
         if (not others and len(sc.axis) == len(idx) + 1 and sc.loops[-1].lo == m.red[0].lo
                 and sc.loops[-1].hi == m.red[0].hi and tuple(sc.store.indices) == sc.axis
-                and all(tuple(ld.indices) == idx + (rvar,) for ld in loads if ld.buffer is sc.buffer)):
+                and all(tuple(ld.indices) == idx + (rvar,) for ld in loads if ld.buffer is sc.buffer)
+                and all(tuple(ld.indices) == row + (j,) for t, row, j in terms for ld in _reads(t, sc.buffer))):
             scores = sc
     return stages, m, inlined, rolling, scores
 
