@@ -46,6 +46,7 @@ from loopir.te import Tensor
 from loopir.visit import substitute, walk
 from loopir.affine import linear_form
 
+from .attention import schedule_attention
 from .errors import InexactCheckError, ScheduleError
 from .fusion import THREADS, FusionGroup, FusionPlan, plan_fusion
 from .primitives.cache import reduction_parts
@@ -67,6 +68,7 @@ def auto_schedule(
     check: bool = True,
     per_thread: int = PER_THREAD,
     gemm: dict[str, Any] | bool | None = None,
+    online: bool = True,
 ) -> Schedule:
     """A Schedule of `outputs` fused as `plan_fusion` decides and mapped to `target` ("cuda" or "cpu").
 
@@ -76,7 +78,8 @@ def auto_schedule(
     `gemm`: tile parameters of the GEMM kernels of matmul-shaped reductions (cuda: "block",
     "thread_tile", "k_tile", "shared", "strided", "unroll_k"; cpu: "cpu_tile"; the recipe's defaults
     for those not given); False: no GEMM mapping. ValueError naming an unknown key or a tile size
-    the device cannot hold."""
+    the device cannot hold. `online`: a softmax(.) V chain gets the online-softmax rewrite
+    (`schedules.attention`); False keeps the chain materialized as the fusion plan maps it."""
     if not isinstance(outputs, Tensor) and not (isinstance(outputs, (list, tuple)) and outputs
                                                 and all(isinstance(t, Tensor) for t in outputs)):
         raise ArgumentTypeError(
@@ -87,6 +90,10 @@ def auto_schedule(
         raise ArgumentError(f"auto_schedule: threads must be a multiple of 32 in [32, 1024], got {threads!r}")
     if isinstance(per_thread, bool) or not isinstance(per_thread, int) or not 1 <= per_thread <= 16:
         raise ArgumentError(f"auto_schedule: per_thread must be an int in [1, 16], got {per_thread!r}")
+    if online and fuse and plan is None:  # softmax(.) V chains: the online-softmax rewrite (schedules/attention.py)
+        s_online = schedule_attention(outs, target, check=check)
+        if s_online is not None:
+            return s_online
     plan = plan or plan_fusion(outs, target=target, fuse=fuse, sizes=sizes, gemm=gemm)
     s = Schedule(outs, check=check)
     s.plan = plan  # type: ignore[attr-defined]

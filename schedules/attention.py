@@ -1,0 +1,196 @@
+"""Attention recognized in plain te and scheduled in the online form (FlashAttention's rewrite).
+
+`auto_schedule` asks `schedule_attention(outputs, target)` first: when the program holds a row
+maximum whose readers satisfy the precondition of `online_softmax` (an exponential of the difference,
+consumed by sums of products with it, e.g. softmax(Q K^T) V), the rewrite is applied as a checked
+step and the single pass is mapped:
+  * cuda: a block per (batch, tile of `rows` query rows), a thread per row (batch loops on blockIdx.y/z,
+    the query loop split into blockIdx.x and threadIdx.x: with symbolic sizes collapse would make the
+    coordinates non-affine). Then, each a checked step that is skipped (and named in the plan) when
+    refused: the row's running state in registers (cache_write "local", the final division as its
+    epilogue, so one kernel), the query row in registers (cache_read "local"), the keys split in tiles
+    of `key_tile` whose K and V rows the block copies cooperatively to shared memory (sink_guard, so
+    every thread reaches the copy, then cache_read "shared");
+  * cpu: the outer row loop of each nest parallel.
+The plan's `explain()` names the rewrite. Otherwise None, and auto_schedule goes on as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from loopir.errors import LoopirError
+from loopir.lower import lower
+from loopir.nodes import Buffer, Const, For, Load, Program, Seq, Stmt
+from loopir.te import Tensor
+from loopir.visit import deep_recursion, statements, walk, walk_stmts
+
+from .primitives.online import OnlineRewrite, find_softmax_max, online_softmax
+from .schedule import Schedule
+
+__all__ = ["AttentionPlan", "schedule_attention", "ROWS_PER_BLOCK", "KEY_TILE"]
+
+ROWS_PER_BLOCK = 64  # query rows per block (one per thread)
+KEY_TILE = 32  # keys per shared-memory tile of K and V
+UNROLL_MAX = 128  # constant loops up to this length are unrolled (the head dimension)
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """What `schedule_attention` did, for `schedule.plan.explain()`."""
+
+    rewrites: tuple[OnlineRewrite, ...]
+    target: str
+    rows: int
+    key_tile: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def groups(self) -> tuple[()]:
+        return ()
+
+    @property
+    def inlined(self) -> tuple[()]:
+        return ()
+
+    def explain(self) -> str:
+        lines = []
+        for r in self.rewrites:
+            lines.append(
+                f"online_softmax({r.max_stage}): the running maximum {r.max_stage} rescales the sums "
+                f"{', '.join(r.rolling)} by exp(m_old - m_new) in one pass over the keys ({r.key}); "
+                + (f"{', '.join(r.prepared + r.inlined)} folded into them; " if r.inlined else "")
+                + (f"{r.scores} computed one key at a time (no n x m temporary)" if r.scores else
+                   "the maximized values stay materialized"))
+        if self.target == "cuda":
+            lines.append(f"cuda: a block per {self.rows} query rows of one batch, a thread per row running the pass "
+                         f"with its state in registers; K and V staged in shared memory {self.key_tile} keys at a time")
+        else:
+            lines.append("cpu: the rows in parallel")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def schedule_attention(outputs: list[Tensor], target: str, rows: int = ROWS_PER_BLOCK, key_tile: int = KEY_TILE,
+                       check: bool = True) -> Schedule | None:
+    """The online-softmax schedule of `outputs`, or None when no row maximum fits the rewrite."""
+    with deep_recursion():
+        program = lower(outputs)
+    names = find_softmax_max(program)
+    if not names:
+        return None
+    s = Schedule(outputs, check=check)
+    rewrites = []
+    for name in names:
+        _, info = online_softmax(s.program, name)  # what the step does, for the plan
+        s.online_softmax(name)
+        rewrites.append(info)
+    notes = _map(s, target, rows)
+    if target == "cuda" and len(rewrites) == 1:
+        notes += _registers_and_tiles(s, rewrites[0], key_tile)
+    s.plan = AttentionPlan(tuple(rewrites), target, rows, key_tile, tuple(notes))  # type: ignore[attr-defined]
+    return s
+
+
+def _top(program: Program) -> tuple[Stmt, ...]:
+    return program.body.body if isinstance(program.body, Seq) else (program.body,)
+
+
+def _rows(s: Schedule, nest: Stmt) -> list[Any]:
+    """The handles of the perfectly nested loops at the top of `nest`."""
+    out = []
+    f: Any = nest
+    while isinstance(f, For):
+        out.append(s.loop(s._ref(f.var)))
+        f = f.body
+    return out
+
+
+def _map(s: Schedule, target: str, rows: int) -> list[str]:
+    notes: list[str] = []
+    for k in range(len(_top(s.program))):
+        loops = _rows(s, _top(s.program)[k])
+        if not loops:
+            continue
+        if target != "cuda":
+            s.parallel(loops[0])
+            continue
+        # the first nest is the pass over the rows (batch..., query); a later one (the division) keeps its
+        # innermost loop serial in the thread
+        row_loops = loops[:-1] if k > 0 and len(loops) > 1 else loops
+        *batch, q = row_loops[-3:]
+        bo, ti = s.split(q, rows)
+        s.bind(bo, "blockIdx.x").bind(ti, "threadIdx.x")
+        for axis, b in zip(("blockIdx.y", "blockIdx.z"), reversed(batch)):
+            s.bind(b, axis)
+    return notes
+
+
+def _try(s: Schedule, notes: list[str], what: str, name: str, *args: Any, **kw: Any) -> Any:
+    try:
+        return s.apply(name, *args, **kw)
+    except LoopirError as e:  # refused: the schedule is unchanged; say so and go on without this step
+        notes.append(f"{what}: not applied ({type(e).__name__}: {str(e).splitlines()[0]})")
+        return None
+
+
+def _buf(program: Program, name: str) -> Buffer | None:
+    return next((b for b in program.args + program.temps if b.name == name), None)
+
+
+def _reads(program: Program, stmt_buf: Buffer, name: str) -> bool:
+    return any(isinstance(n, Load) and n.buffer.name == name
+               for st in statements(program) if st.store.buffer is stmt_buf for n in walk(st.store.value))
+
+
+def _registers_and_tiles(s: Schedule, info: OnlineRewrite, key_tile: int) -> list[str]:
+    notes: list[str] = []
+    thread = next((f for f in walk_stmts(s.program) if isinstance(f, For) and f.thread == "threadIdx.x"), None)
+    if thread is None:
+        return notes
+    ti = s.loop(s._ref(thread.var))
+    for name in info.state:  # this key's score, m_new and the rescale factor: per key, initialised in place
+        _try(s, notes, f"{name} in registers", "cache_write", name, "local", ti,
+             hoist_init=not (info.scores is not None and name == info.state[0]))
+    done: set[str] = set()
+    for name in info.rolling:  # the sums: the consumers that write an output become the epilogue
+        epi = [st.store.name for st in statements(s.program)
+               if st.store.buffer in s.program.args and st.store.name not in done
+               and any(isinstance(n, Load) and n.buffer.name == name for n in walk(st.store.value))
+               and not any(f.var is thread.var for f in st.loops)]
+        if _try(s, notes, f"{name} in registers", "cache_write", name, "local", ti, epilogue=epi) is not None:
+            done |= set(epi)
+    _try(s, notes, f"{info.max_stage} in registers", "cache_write", info.max_stage, "local", ti)
+    key = next((f for f in walk_stmts(s.program) if isinstance(f, For) and f.var.name == info.key), None)
+    if key is None:
+        return notes
+    # the inputs read once per row (the query row): into registers; those read per key (K, V): tiles in shared
+    per_row, per_key = [], []
+    written = {st.store.buffer.name for st in statements(s.program)}
+    for b in s.program.args:
+        if b.name in written:
+            continue
+        uses = [n for n in walk(key) if isinstance(n, Load) and n.buffer is b]
+        if not uses:
+            continue
+        (per_key if any(any(v is key.var for v in walk(i)) for u in uses for i in u.indices) else per_row).append(b)
+    for b in per_row:
+        _try(s, notes, f"the row of {b.name} in registers", "cache_read", b.name, "local", ti)
+    key = next(f for f in walk_stmts(s.program) if isinstance(f, For) and f.var.name == info.key)
+    split = _try(s, notes, f"keys in tiles of {key_tile}", "split", s.loop(s._ref(key.var)), key_tile)
+    if split is None:
+        return notes
+    ko = split[0]
+    if _try(s, notes, "every thread at the key tiles", "sink_guard", ko) is None:
+        notes.append("the shared copies below are made by each thread, not cooperatively")
+    for b in per_key:
+        _try(s, notes, f"{b.name} tiles in shared memory", "cache_read", b.name, "shared", ko)
+    # the loops over the head dimension unrolled, so that the register arrays stay in registers (not the
+    # loop over the keys of a tile: its body is the whole update)
+    key_inner = split[1].var
+    for f in list(walk_stmts(s.program)):
+        if (isinstance(f, For) and f.kind == "serial" and f.var is not key_inner and isinstance(f.lo, Const)
+                and isinstance(f.hi, Const) and 1 < int(f.hi.value) - int(f.lo.value) <= UNROLL_MAX):
+            _try(s, notes, f"unroll {f.var.name}", "unroll", s.loop(s._ref(f.var)))
+    return notes

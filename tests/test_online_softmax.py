@@ -1,0 +1,321 @@
+"""The online-softmax rewrite (schedules/primitives/online.py) and the attention schedule built on it
+(schedules/attention.py): the printed nest, the refusals with their reasons, numerics against a float64
+numpy reference on the interpreter, the LLVM CPU target and the CUDA path (NVRTC here; the lowered CUDA
+program in the adversarial GPU interpreter; a device run when there is one), no n x m temporary."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from codegen import build
+from codegen.build import lower as lower_for
+from loopir import interp, te, workloads
+from loopir.errors import ArgumentError, LoopirError, NotFoundError
+from loopir.lower import lower
+from loopir.nodes import Const, For, Program, Store, Var
+from loopir.visit import map_stmts, walk
+from schedules import Schedule, ScheduleError, auto_schedule
+from schedules.attention import KEY_TILE, ROWS_PER_BLOCK
+from schedules.primitives import CheckContext
+from schedules.primitives.online import check_online, online_softmax
+
+SCALE = 0.25
+
+
+def attention(B: Any, n: Any, m: Any, d: int, causal: bool = False, dtype: str = "float32") -> tuple[list, Any]:
+    """softmax(scale * Q K^T [causal mask]) V, written naively in te: scores, (mask), max, exp, sum, P V, divide."""
+    Q = te.placeholder((B, n, d), dtype, name="Q")
+    K = te.placeholder((B, m, d), dtype, name="K")
+    V = te.placeholder((B, m, d), dtype, name="V")
+    r = te.reduce_axis(d, "r")
+    S = te.compute((B, n, m), lambda b, i, j: te.sum(Q[b, i, r] * K[b, j, r], axis=r), name="S")
+    if causal:
+        S = te.compute((B, n, m), lambda b, i, j: te.where(j <= i, S[b, i, j] * SCALE, float("-inf")), name="Sm")
+    else:
+        S = te.compute((B, n, m), lambda b, i, j: S[b, i, j] * SCALE, name="Ss")
+    r2 = te.reduce_axis(m, "r2")
+    mx = te.compute((B, n), lambda b, i: te.max(S[b, i, r2], axis=r2), name="mx")
+    P = te.compute((B, n, m), lambda b, i, j: te.exp(S[b, i, j] - mx[b, i]), name="P")
+    r3 = te.reduce_axis(m, "r3")
+    sm = te.compute((B, n), lambda b, i: te.sum(P[b, i, r3], axis=r3), name="sm")
+    r4 = te.reduce_axis(m, "r4")
+    O = te.compute((B, n, d), lambda b, i, c: te.sum(P[b, i, r4] * V[b, r4, c], axis=r4), name="O")  # noqa: E741
+    Y = te.compute((B, n, d), lambda b, i, c: O[b, i, c] / sm[b, i], name="Y")
+    return [Q, K, V], Y
+
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    s = np.einsum("bir,bjr->bij", q64, k64) * SCALE
+    if causal:
+        n, m = s.shape[1:]
+        s = np.where(np.arange(m)[None, None, :] <= np.arange(n)[None, :, None], s, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return np.einsum("bij,bjc->bic", p, v64) / p.sum(axis=-1)[..., None]
+
+
+def inputs(B: int, n: int, m: int, d: int, seed: int) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((B, x, d)).astype(np.float32) for x in (n, m, m))
+    return q, k, v, np.full((B, n, d), np.nan, np.float32)
+
+
+def temps_nm(program: Program, n: Any, m: Any) -> list[str]:
+    """The temporaries whose shape holds both the query and the key length (an n x m matrix)."""
+    def has(t: Any, x: Any) -> bool:
+        return any(e == x for e in t.shape) if not isinstance(x, int) else any(
+            isinstance(e, Const) and e.value == x for e in t.shape)
+    return [t.name for t in program.temps if has(t, n) and has(t, m)]
+
+
+# ----------------------------------------------------------------------------- the primitive
+
+
+def test_rewrite_prints_the_one_pass_nest_and_drops_the_score_matrix() -> None:
+    B, n, m = te.var("B"), te.var("n"), te.var("m")
+    _, Y = attention(B, n, m, 16)
+    s = Schedule(Y)
+    assert temps_nm(s.program, n, m)  # the naive chain holds S, Ss, P as n x m matrices
+    s.online_softmax("mx")
+    text = str(s)
+    assert "mx_online" in text and "mx_rescale" in text and "mx_advance" in text
+    assert "O[b, i, c] = O[b, i, c] * mx_scale[b, i] + exp(S_key[b, i] * 0.25 - mx_new[b, i]) * V[b, r2, c]" in text
+    assert temps_nm(s.program, n, m) == []
+    assert {t.name for t in s.program.temps} == {"mx", "O", "sm", "S_key", "mx_new", "mx_scale"}
+    assert "online_softmax('mx')" in s.explain()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("size", [(2, 7, 37, 8), (1, 3, 1, 4), (2, 5, 64, 16)])
+def test_rewritten_program_matches_numpy_in_the_interpreter(size: tuple[int, ...], causal: bool) -> None:
+    B, n, m, d = size
+    _, Y = attention(te.var("B"), te.var("n"), te.var("m"), d, causal)
+    s = Schedule(Y)
+    s.online_softmax("mx")
+    q, k, v, out = inputs(B, n, m, d, seed=sum(size))
+    interp.run(s.program, q, k, v, out)
+    np.testing.assert_allclose(out, reference(q, k, v, causal), rtol=1e-4, atol=1e-5)
+
+
+def test_rewrite_with_constant_sizes_matches_the_unscheduled_program() -> None:
+    _, Y = attention(2, 6, 19, 8, causal=True)
+    old = lower(Y)
+    new = Schedule(Y).online_softmax("mx").program
+    q, k, v, out = inputs(2, 6, 19, 8, seed=3)
+    out2 = out.copy()
+    interp.run(old, q, k, v, out)
+    interp.run(new, q, k, v, out2)
+    np.testing.assert_allclose(out2, out, rtol=1e-5, atol=1e-6)
+    assert temps_nm(new, 6, 19) == []
+
+
+def test_the_check_refuses_a_rewrite_that_changes_the_result() -> None:
+    _, Y = attention(te.var("B"), te.var("n"), te.var("m"), 4)
+    old = lower(Y)
+    new, _ = online_softmax(old, "mx")
+
+    # a wrong rewrite: the partial sums never rescaled
+    broken = map_stmts(new.body, lambda st: Store(st.name, st.buffer, st.indices, Const(1.0, "float32"), st.iters,
+                                                  st.coords) if isinstance(st, Store) and st.name == "mx_rescale"
+                       else None)
+    bad = Program(new.name, new.args, broken, new.temps, new.params)
+    with pytest.raises(ScheduleError, match=r"online_softmax changed the result: Y\["):
+        check_online(CheckContext(None, old, bad, ("mx",), {}))  # type: ignore[arg-type]
+    assert check_online(CheckContext(None, old, new, ("mx",), {})) is None  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def _chain(kind: str) -> Any:
+    n, m, d = te.var("n"), te.var("m"), 4
+    X = te.placeholder((n, m), name="X")
+    V = te.placeholder((m, d), name="V")
+    r = te.reduce_axis(m, "r")
+    mx = te.compute((n,), lambda i: te.max(X[i, r], axis=r), name="mx")
+    if kind == "no_exp":  # the max subtracted, but no exponential
+        P = te.compute((n, m), lambda i, j: X[i, j] - mx[i], name="P")
+    elif kind == "square":
+        P = te.compute((n, m), lambda i, j: te.exp(X[i, j] - mx[i]) * te.exp(X[i, j] - mx[i]), name="P")
+    else:
+        P = te.compute((n, m), lambda i, j: te.exp(X[i, j] - mx[i]), name="P")
+    r4 = te.reduce_axis(m, "r4")
+    if kind == "max_consumer":
+        return te.compute((n, d), lambda i, c: te.max(P[i, r4] * V[r4, c], axis=r4), name="O")
+    if kind == "plus":
+        return te.compute((n, d), lambda i, c: te.sum(P[i, r4] + V[r4, c], axis=r4), name="O")
+    if kind == "max_only":
+        return te.compute((n,), lambda i: mx[i] * 2.0, name="O")
+    return te.compute((n, d), lambda i, c: te.sum(P[i, r4] * V[r4, c], axis=r4), name="O")
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("no_exp", r"reads 'mx' outside an exponential exp\(x - mx\).*a max without the exponential"),
+    ("square", r"the consumer 'O' is not a sum of products with exp\(x - mx\).*does not distribute"),
+    ("plus", r"the consumer 'O' is not a sum of products with exp\(x - mx\).*does not distribute"),
+    ("max_consumer", r"the softmax 'P' is read by stage 'O', which is not a sum over the keys; its consumer is not "
+                     r"rescalable"),
+    ("max_only", r"stage 'O' reads 'mx' and is an output"),
+])
+def test_refusals_name_the_reason(kind: str, message: str) -> None:
+    s = Schedule(_chain(kind))
+    before = s.program
+    with pytest.raises(ArgumentError, match=message):
+        s.online_softmax("mx")
+    assert s.program is before and s.trace == []
+
+
+def test_refusals_of_the_argument() -> None:
+    s = Schedule(_chain("ok"))
+    with pytest.raises(NotFoundError, match=r"no stage named 'nope'; stages: mx, P, O"):
+        s.online_softmax("nope")
+    with pytest.raises(ArgumentError, match=r"stage 'O' is not a row maximum"):
+        s.online_softmax("O")
+    s.online_softmax("mx")
+    with pytest.raises(ArgumentError, match=r"no longer the unscheduled chain|is not a row maximum"):
+        s.online_softmax("mx")
+
+
+def test_a_sum_that_multiplies_by_another_running_sum_is_refused() -> None:
+    n, m = te.var("n"), te.var("m")
+    X = te.placeholder((n, m), name="X")
+    r, r2, r3 = te.reduce_axis(m, "r"), te.reduce_axis(m, "r2"), te.reduce_axis(m, "r3")
+    mx = te.compute((n,), lambda i: te.max(X[i, r], axis=r), name="mx")
+    sm = te.compute((n,), lambda i: te.sum(te.exp(X[i, r2] - mx[i]), axis=r2), name="sm")
+    P = te.compute((n, m), lambda i, j: te.exp(X[i, j] - mx[i]) * sm[i], name="P")
+    ent = te.compute((n,), lambda i: te.sum(P[i, r3] * X[i, r3], axis=r3), name="E")
+    with pytest.raises(ArgumentError,
+                       match=r"the sum 'E' reads another running sum of the chain.*divide after the sum"):
+        Schedule(ent).online_softmax("mx")
+
+
+def test_probabilities_divided_by_their_row_sum_are_divided_after_the_pass() -> None:
+    # loopir.workloads.attention: probs = exp(s * scale - max) / sum, out = sum probs * V
+    w = workloads.attention()
+    s = Schedule(list(w.outputs))
+    s.online_softmax("row_max")
+    assert "out[i, c] = out[i, c] / row_sum[i]  # out_divide" in str(s)
+    sizes = {"n": 9, "m": 37, "d": 8}
+    ins = w.random_inputs(sizes, np.random.default_rng(4))
+    ref = w.reference(*ins)[0]
+    for target in ("cpu", "cuda"):
+        auto = auto_schedule(list(w.outputs), target=target)
+        assert "online_softmax(row_max)" in auto.explain()
+        outs = [np.full_like(o, np.nan) for o in w.empty_outputs(sizes)]
+        if target == "cpu":
+            build(auto, list(w.inputs) + list(w.outputs), target="cpu")(*w.call_args(ins, outs))
+        else:  # symbolic head size: the register and shared-memory steps are refused and named, the result holds
+            assert "note: K tiles in shared memory: not applied" in auto.plan.explain()
+            interp.run(lower_for(auto.program, "cuda"), *w.call_args(ins, outs), gpu_order="reversed")
+        np.testing.assert_allclose(outs[0], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_sink_guard_refuses_a_loop_without_a_guard() -> None:
+    s = Schedule(_chain("ok"))
+    with pytest.raises(ArgumentError, match=r"sink_guard\(i\): no guard"):
+        s.sink_guard(s.loops("mx")[0])
+
+
+# ----------------------------------------------------------------------------- auto_schedule and the targets
+
+
+def test_auto_schedule_applies_the_rewrite_and_explains_it() -> None:
+    _, Y = attention(te.var("B"), te.var("n"), te.var("m"), 16, causal=True)
+    s = auto_schedule([Y], target="cuda")
+    text = s.explain()
+    assert "online_softmax(mx): the running maximum mx rescales the sums O, sm by exp(m_old - m_new)" in text
+    assert f"a block per {ROWS_PER_BLOCK} query rows" in text and f"{KEY_TILE} keys at a time" in text
+    assert "Sm, P folded into them; S computed one key at a time (no n x m temporary)" in text  # the mask inlined
+    assert s.plan.notes == ()  # every mapping step was applied
+    assert [t["primitive"] for t in s.trace][:1] == ["online_softmax"]
+    assert {"sink_guard", "cache_read", "cache_write"} <= {t["primitive"] for t in s.trace}
+    assert "online_softmax" not in auto_schedule([Y], target="cuda", online=False).explain()
+
+
+CPU_CASES = [(2, 7, 37, 8, False), (2, 7, 37, 8, True), (1, 70, 45, 16, True), (3, 5, 33, 64, False)]
+
+
+@pytest.mark.parametrize("B, n, m, d, causal", CPU_CASES)
+def test_cpu_llvm_matches_numpy(B: int, n: int, m: int, d: int, causal: bool) -> None:
+    args, Y = attention(te.var("B"), te.var("n"), te.var("m"), d, causal)
+    s = auto_schedule([Y], target="cpu")
+    assert "online_softmax" in s.explain()
+    mod = build(s, args + [Y], target="cpu")
+    q, k, v, out = inputs(B, n, m, d, seed=B * n + m)
+    mod(q, k, v, out)
+    np.testing.assert_allclose(out, reference(q, k, v, causal), rtol=1e-4, atol=1e-5)
+
+
+def _cuda(d: int, causal: bool, symbolic: bool = True, sizes: tuple[int, int, int] = (2, 7, 37)) -> tuple[Any, Any]:
+    B, n, m = (te.var("B"), te.var("n"), te.var("m")) if symbolic else sizes
+    args, Y = attention(B, n, m, d, causal)
+    return auto_schedule([Y], target="cuda"), args + [Y]
+
+
+@pytest.mark.parametrize("B, n, m, d, causal", [(2, 7, 37, 8, False), (2, 7, 37, 8, True), (1, 70, 45, 16, True),
+                                                (2, 3, 1, 4, False)])
+@pytest.mark.parametrize("order", ["reversed", 11])
+def test_cuda_lowering_in_the_adversarial_gpu_interpreter(B: int, n: int, m: int, d: int, causal: bool,
+                                                          order: Any) -> None:
+    s, _ = _cuda(d, causal)
+    low = lower_for(s.program, "cuda")
+    q, k, v, out = inputs(B, n, m, d, seed=n + m + d)
+    interp.run(low, q, k, v, out, gpu_order=order)
+    np.testing.assert_allclose(out, reference(q, k, v, causal), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("symbolic", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_kernel_compiles_one_kernel_with_shared_tiles_and_no_score_matrix(symbolic: bool, causal: bool) -> None:
+    s, args = _cuda(64, causal, symbolic, sizes=(4, 300, 300))
+    mod = build(s, args, target="cuda")
+    src = mod.source
+    assert src.count("__global__") == 1
+    assert "K_shared" in src and "V_shared" in src and "cooperative copy" in src
+    assert "float O_local[64]" in src  # the accumulator row in registers
+    assert "__syncthreads()" in src
+    low = mod.program
+    sizes = {p.name: p for p in low.params}
+    assert temps_nm(low, sizes["n"], sizes["m"]) == [] if symbolic else temps_nm(low, 300, 300) == []
+    assert low.temps == ()  # the state lives in registers and shared memory: no global temporary at all
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, n, m, d, causal", [(2, 7, 37, 8, False), (3, 333, 517, 64, True),
+                                                (4, 512, 512, 64, False), (1, 1000, 77, 32, True)])
+def test_cuda_device_matches_numpy(B: int, n: int, m: int, d: int, causal: bool) -> None:
+    s, args = _cuda(d, causal)
+    mod = build(s, args, target="cuda")
+    q, k, v, out = inputs(B, n, m, d, seed=5)
+    mod(q, k, v, out)
+    np.testing.assert_allclose(out, reference(q, k, v, causal), rtol=1e-4, atol=1e-5)
+
+
+def test_module_names_loop_vars_once() -> None:
+    # the rewrite reuses the loops of the max and of the sums: every loop variable still names one loop
+    _, Y = attention(te.var("B"), te.var("n"), te.var("m"), 4)
+    p = Schedule(Y).online_softmax("mx").program
+    fors = [x.var for x in walk(p.body) if isinstance(x, For)]
+    assert len(fors) == len({id(v) for v in fors}) and all(isinstance(v, Var) for v in fors)
+
+
+def test_errors_are_typed() -> None:
+    assert issubclass(ScheduleError, LoopirError)
+
+
+@pytest.mark.parametrize("flags", [["--causal"], []])
+def test_example_runs_and_shows_the_rewrite(flags: list[str], tmp_path: Any) -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, LOOPIR_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=root)
+    proc = subprocess.run([sys.executable, os.path.join(root, "examples", "attention.py"), "--small", "--cpu", *flags],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=root)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "online_softmax(mx)" in out and "mx_rescale" in out and "__global__" in out
+    assert "check Y against numpy (float64): ok" in out and "MISMATCH" not in out
