@@ -16,15 +16,19 @@ not given is unknown, and then the safe block-per-row strategy is kept):
   in shared memory when the kernel's whole shared-memory budget allows it (`plan_row_caches`), in dynamic
   shared memory when it is symbolic or above 48 KiB.
 
-Very wide rows with few of them (vocabulary-sized softmax over a handful of rows) would want a row split
-over several blocks with a combine kernel; that is not built yet: they get `block`, and the plan says so.
+* **split** — very wide rows (>= `RowParams.split_row_min`) with too few of them to fill the GPU (fewer than
+  `split_rows_per_sm` x the SM count): the group is not fused; each reduction is `split` into chunks and
+  `rfactor`ed (partials per (row, chunk) block, `split_waves` waves of blocks), a small kernel combines each
+  row's partials, and the elementwise phases run as flat kernels. Five launches for softmax, each row read
+  three times (from L2 at these sizes: few rows).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from loopir.errors import ArgumentError, ArgumentTypeError
 from loopir.nodes import Binary, Load, Var
 from loopir.te import ComputeOp, Reduce, Tensor
 from loopir.visit import walk
@@ -33,7 +37,7 @@ from . import cost as C
 
 WIDE_ROW = 8192  # rows at least this long get WIDE_THREADS threads per block (unmeasured: see explain)
 WIDE_THREADS = 512
-SPLIT_ROW_MIN = 32768  # rows at least this long and fewer than the SMs would want a split over blocks
+SPLIT_ROW_MIN = 8192  # rows at least this long, and too few to fill the SMs, are split over blocks (RowParams)
 # lanes per row: the shuffle-only reduction (`Kernel.subwarp`, codegen.passes.launch.subwarp_width) takes rows
 # of up to 16 lanes; two rows share a warp then, each load instruction still reading 2 x 64 contiguous bytes
 MAX_LANES = 16
@@ -41,14 +45,58 @@ RED_SCRATCH_SLOTS = 32  # the block all-reduce's shared scratch: one slot per wa
 
 
 @dataclass(frozen=True)
+class RowParams:
+    """The thresholds of the row strategies, parameters of the planner (`auto_schedule(..., rows=RowParams(...))`
+    or a dict of these fields) so that they can be swept on a device (`benchmarks/rows_gpu.py --threshold`).
+
+    `wide_row` / `wide_threads`: rows at least this long get this many threads per block. `split_row_min`:
+    rows at least this long are split over several blocks when there are fewer than `split_rows_per_sm` x the
+    SM count of them (`split_rows_per_sm` 0: never split); `split_waves`: the split aims at this many waves of
+    blocks over the SMs; `split_threads`: threads per block of the partial kernels."""
+
+    wide_row: int = WIDE_ROW
+    wide_threads: int = WIDE_THREADS
+    split_row_min: int = SPLIT_ROW_MIN
+    split_rows_per_sm: float = 2.0
+    split_waves: float = 2.0
+    split_threads: int = 256
+
+    @staticmethod
+    def of(x: RowParams | dict | None) -> RowParams:
+        """`x` as RowParams (None: the defaults); ArgumentError naming an unknown key or a bad value."""
+        if x is None:
+            return RowParams()
+        if isinstance(x, RowParams):
+            p = x
+        elif isinstance(x, dict):
+            bad = sorted(set(x) - {f.name for f in fields(RowParams)})
+            if bad:
+                raise ArgumentError(f"row parameters: unknown key(s) {', '.join(map(repr, bad))}; known: "
+                                    f"{', '.join(f.name for f in fields(RowParams))}")
+            p = RowParams(**x)
+        else:
+            raise ArgumentTypeError(f"row parameters must be a RowParams or a dict, got {type(x).__name__}")
+        for f in fields(RowParams):
+            v = getattr(p, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ArgumentError(f"row parameter {f.name} must be a number >= 0, got {v!r}")
+        if p.split_threads not in (32, 64, 128, 256, 512, 1024) or p.wide_threads not in (32, 64, 128, 256, 512, 1024):
+            raise ArgumentError(f"row parameters: split_threads and wide_threads must be a power of two in [32, 1024], "
+                                f"got {p.split_threads!r} and {p.wide_threads!r}")
+        return p
+
+
+@dataclass(frozen=True)
 class RowStrategy:
-    """How one row group maps to the GPU: `name` "warp" or "block", `lanes` threads per row, `rows`
-    rows per block, and the numbers that chose it (for explain())."""
+    """How one row group maps to the GPU: `name` "warp", "block" or "split", `lanes` threads per row (per
+    block of the partial kernels for "split"), `rows` rows per block, `chunk` the elements of a row each block
+    of a split row reduces (0 unless "split"), and the numbers that chose it (for explain())."""
 
     name: str
     lanes: int
     rows: int
     why: str
+    chunk: int = 0
 
 
 def _pow2_floor(n: int) -> int:
@@ -59,9 +107,12 @@ def _pow2_floor(n: int) -> int:
 
 
 def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: bool, threads: int,
-                        dev: C.Device) -> RowStrategy:
+                        dev: C.Device, params: RowParams | None = None, splittable: bool = True) -> RowStrategy:
     """The strategy of a row group with rows of `row_len` elements (at the plan's sizes) and `rows` rows.
-    `symbolic`: the row length's sizes that are symbolic; `given`: whether the plan was given their values."""
+    `symbolic`: the row length's sizes that are symbolic; `given`: whether the plan was given their values;
+    `params`: the thresholds (RowParams); `splittable`: whether the group's shape allows a split (one
+    reduction loop per reduction stage)."""
+    prm = params or RowParams()
     nums = f"row length {row_len:,}, {rows:,} row{'s' if rows != 1 else ''}"
     if symbolic and not given:
         return RowStrategy("block", threads, 1, f"{nums} at the costed size, but the row length "
@@ -76,15 +127,31 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
         return RowStrategy("warp", lanes, per_block,
                            f"{nums}: rows shorter than a block's {threads} threads get {lanes} lanes each "
                            f"({per_block} rows per block; shuffle reductions within a row)")
-    wide = row_len >= WIDE_ROW
-    per_row = WIDE_THREADS if wide and threads < WIDE_THREADS else threads
+    few = rows < prm.split_rows_per_sm * dev.sm_count
+    if row_len >= prm.split_row_min and few and splittable:
+        # a block per row would leave most SMs idle: each row's reductions are split over chunks of blocks
+        # (rfactor: partials per chunk, then a small combine), ~split_waves waves of blocks over the SMs
+        sp = prm.split_threads
+        want = max(1, int(prm.split_waves * dev.sm_count))
+        per = max(1, -(-want // max(rows, 1)))
+        per_chunk = -(-row_len // per)
+        chunk = max(sp, -(-per_chunk // sp) * sp)  # whole multiples of the block's threads
+        n_chunks = -(-row_len // chunk)
+        return RowStrategy("split", sp, 1, f"{nums}: {rows:,} row{'s' if rows != 1 else ''} < "
+                           f"{prm.split_rows_per_sm:g} x {dev.sm_count} SMs and rows of {prm.split_row_min:,} "
+                           f"elements or more: each row split into {n_chunks} chunks of {chunk:,} elements "
+                           f"({rows * n_chunks:,} blocks of {sp} threads, aiming at {prm.split_waves:g} waves of "
+                           f"{dev.sm_count} SMs); per-chunk partials (rfactor), then a combine kernel per "
+                           "reduction; the elementwise phases as flat kernels", chunk)
+    wide = row_len >= prm.wide_row
+    per_row = prm.wide_threads if wide and threads < prm.wide_threads else threads
     why = f"{nums}: rows of {threads} elements or more get a block of {per_row} threads each"
     if wide and per_row != threads:
-        why += (f" (at least {WIDE_ROW:,} elements: more threads per row, since a block's shared row leaves "
+        why += (f" (at least {prm.wide_row:,} elements: more threads per row, since a block's shared row leaves "
                 "room for few blocks per SM)")
-    if row_len >= SPLIT_ROW_MIN and rows < dev.sm_count:
-        why += (f"; only {rows} block{'s' if rows != 1 else ''} for {dev.sm_count} SMs: a split of each row over "
-                "several blocks would fill the GPU (not built yet)")
+    if row_len >= prm.split_row_min and few:
+        why += (f"; only {rows} block{'s' if rows != 1 else ''} for {dev.sm_count} SMs, but the group's shape "
+                "does not allow a split of its rows (a reduction over several loops)")
     return RowStrategy("block", per_row, 1, why)
 
 
@@ -181,5 +248,5 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
     return out
 
 
-__all__ = ["RowStrategy", "choose_row_strategy", "fit_shared", "reduction_scratch", "operands_split",
+__all__ = ["RowParams", "RowStrategy", "choose_row_strategy", "fit_shared", "reduction_scratch", "operands_split",
            "WIDE_ROW", "SPLIT_ROW_MIN", "plan_row_caches"]
