@@ -60,6 +60,14 @@ class RowParams:
     split_rows_per_sm: float = 2.0
     split_waves: float = 2.0
     split_threads: int = 256
+    # a row cache above the static 48 KiB costs occupancy: it is kept only while the model below says the
+    # kernel streams faster with it than re-reading the row (from L2 while the rows in flight fit its share)
+    cache_max_bytes: int = 227 * 1024  # never cache a kernel's rows beyond this (48 KiB: static caches only)
+    smem_per_sm: int = 228 * 1024  # H200 / H100
+    threads_per_sm: int = 2048
+    full_occupancy: float = 0.5  # the fraction of an SM's threads that saturates DRAM with 16-byte loads
+    l2_bytes: int = 50 * 2**20  # H200 / H100 L2; half of it is the rows' share
+    l2_speedup: float = 2.5  # L2 bandwidth / DRAM bandwidth
 
     @staticmethod
     def of(x: RowParams | dict | None) -> RowParams:
@@ -196,8 +204,32 @@ def operands_split(t: Tensor) -> bool:
     return len(a) <= 1 and len(b) <= 1 and a != b
 
 
+def cache_worth(used: int, saved_reads: int, threads: int, dev: C.Device, prm: RowParams) -> tuple[bool, str]:
+    """Whether a row kernel whose block keeps `used` bytes of shared memory (above the static 48 KiB) streams
+    faster than re-reading its rows `saved_reads` more times, in units of one pass over the rows' bytes:
+    cached, the occupancy (blocks per SM limited by shared memory) scales the DRAM bandwidth below
+    `full_occupancy`; re-read, the extra passes come from L2 (`l2_speedup` x DRAM) while the rows of the blocks
+    in flight fit half the L2, else from DRAM. Returns (keep, the numbers as a sentence)."""
+    if used > prm.cache_max_bytes:
+        return False, f"{C.fmt_bytes(used)} per block is above the cache_max_bytes {C.fmt_bytes(prm.cache_max_bytes)}"
+    per_sm = max(1, prm.threads_per_sm // threads)
+    cached_blocks = max(1, min(per_sm, prm.smem_per_sm // max(used, 1)))
+    occ = cached_blocks * threads / prm.threads_per_sm
+    t_cache = 1.0 / min(1.0, occ / prm.full_occupancy) if prm.full_occupancy > 0 else 1.0
+    in_flight = dev.sm_count * per_sm * used
+    from_l2 = in_flight <= prm.l2_bytes // 2
+    t_reread = 1.0 + saved_reads / (prm.l2_speedup if from_l2 else 1.0)
+    why = (f"cached: {cached_blocks} block{'s' if cached_blocks != 1 else ''} of {threads} threads per SM "
+           f"(occupancy {occ:.0%}), {t_cache:.2f} passes of DRAM time; re-read: {per_sm} blocks per SM, the rows "
+           f"in flight ({C.fmt_bytes(in_flight)}) {'fit' if from_l2 else 'exceed'} half the "
+           f"{C.fmt_bytes(prm.l2_bytes)} L2, 1 + {saved_reads} pass{'es' if saved_reads != 1 else ''} "
+           f"{'from L2' if from_l2 else 'from DRAM'} = {t_reread:.2f}")
+    return t_cache <= t_reread, why
+
+
 def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], list[tuple[Tensor, tuple]]],
-                    ev: dict, dev: C.Device, given: set[str]) -> list[tuple[Tensor, bool, int, str]]:
+                    ev: dict, dev: C.Device, given: set[str], params: RowParams | None = None,
+                    threads: int = 128) -> list[tuple[Tensor, bool, int, str]]:
     """The rows a block-per-row kernel of `stages` (sharing `depth` outer loops; `loads(t)`: what t reads,
     producers inlined) keeps in shared memory: an input row read by several phases, while everything the
     kernel keeps there (these rows and the reduction scratch) fits one block's budget. A row of symbolic
@@ -233,6 +265,17 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
     kept, _ = fit_shared([(n, b, b * u.count(",")) for n, (_, b, u) in cands.items()], scratch, budget)
     used = scratch + sum(cands[n][1] for n in kept)
     dyn = " (dynamic shared memory above the static 48 KiB)" if used > dev.smem_per_block else ""
+    if kept and used > dev.smem_per_block:  # dynamic shared memory: worth its occupancy cost?
+        ok, model = cache_worth(used, max(cands[n][2].count(",") for n in kept), threads, dev, params or RowParams())
+        if not ok:
+            for name in kept:
+                p, nbytes, users_s = cands.pop(name)
+                out.append((p, False, nbytes, f"its row ({C.fmt_bytes(nbytes)}) is read by {users_s} and would fit "
+                            f"the {C.fmt_bytes(budget)} per block, but above the static 48 KiB it costs occupancy; "
+                            f"{model} — re-read from global memory"))
+            kept = []
+        else:
+            dyn += f"; worth its occupancy: {model}"
     for name, (p, nbytes, users_s) in cands.items():
         if name in kept:
             symbolic = any(isinstance(n, Var) for d in p.shape[depth:] for n in walk(d))
@@ -249,4 +292,4 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
 
 
 __all__ = ["RowParams", "RowStrategy", "choose_row_strategy", "fit_shared", "reduction_scratch", "operands_split",
-           "WIDE_ROW", "SPLIT_ROW_MIN", "plan_row_caches"]
+           "WIDE_ROW", "SPLIT_ROW_MIN", "plan_row_caches", "cache_worth"]
