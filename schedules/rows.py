@@ -39,7 +39,8 @@ WIDE_ROW = 8192  # rows at least this long get WIDE_THREADS threads per block (u
 WIDE_THREADS = 512
 SPLIT_ROW_MIN = 8192  # rows at least this long, and too few to fill the SMs, are split over blocks (RowParams)
 # lanes per row: the shuffle-only reduction (`Kernel.subwarp`, codegen.passes.launch.subwarp_width) takes rows
-# of up to 16 lanes; two rows share a warp then, each load instruction still reading 2 x 64 contiguous bytes
+# of up to 32 lanes; 16 by default: two rows share a warp, each load instruction still reading 2 x 64 contiguous
+# bytes (RowParams.warp_lanes = 32: a whole warp per row, unmeasured)
 MAX_LANES = 16
 RED_SCRATCH_SLOTS = 32  # the block all-reduce's shared scratch: one slot per warp (codegen.cuda.reduce)
 
@@ -60,6 +61,8 @@ class RowParams:
     split_rows_per_sm: float = 2.0
     split_waves: float = 2.0
     split_threads: int = 256
+    warp_lanes: int = MAX_LANES  # most lanes per row of warp rows (2 to 32: 32 is a whole warp per row)
+    warp_row_max: int = 0  # rows shorter than this get warp rows (0: shorter than the block's threads)
     # a row cache above the static 48 KiB costs occupancy: it is kept only while the model below says the
     # kernel streams faster with it than re-reading the row (from L2 while the rows in flight fit its share)
     cache_max_bytes: int = 227 * 1024  # never cache a kernel's rows beyond this (48 KiB: static caches only)
@@ -88,6 +91,8 @@ class RowParams:
             v = getattr(p, f.name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise ArgumentError(f"row parameter {f.name} must be a number >= 0, got {v!r}")
+        if p.warp_lanes not in (2, 4, 8, 16, 32):
+            raise ArgumentError(f"row parameter warp_lanes must be 2, 4, 8, 16 or 32, got {p.warp_lanes!r}")
         if p.split_threads not in (32, 64, 128, 256, 512, 1024) or p.wide_threads not in (32, 64, 128, 256, 512, 1024):
             raise ArgumentError(f"row parameters: split_threads and wide_threads must be a power of two in [32, 1024], "
                                 f"got {p.split_threads!r} and {p.wide_threads!r}")
@@ -126,14 +131,14 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
         return RowStrategy("block", threads, 1, f"{nums} at the costed size, but the row length "
                            f"({', '.join(symbolic)}) is symbolic and no sizes were given: a block per row, "
                            "which holds up at every length")
-    if row_len < threads:
+    if row_len < (prm.warp_row_max or threads):
         # measured on the H200 (benchmarks/rows_gpu.py): a warp-per-row kernel re-reads its row from L1/L2 in
         # each phase and lost to a block per row with the row in shared memory at 768 and 1000 elements
         # (1.96x / 2.76x torch.compile); it is kept for rows shorter than a block, which would idle threads
-        lanes = min(MAX_LANES, max(2, _pow2_floor(max(1, row_len // 2))))
+        lanes = min(prm.warp_lanes, max(2, _pow2_floor(max(1, row_len // 2))))
         per_block = threads // lanes
         return RowStrategy("warp", lanes, per_block,
-                           f"{nums}: rows shorter than a block's {threads} threads get {lanes} lanes each "
+                           f"{nums}: rows shorter than {prm.warp_row_max or threads} elements get {lanes} lanes each "
                            f"({per_block} rows per block; shuffle reductions within a row)")
     few = rows < prm.split_rows_per_sm * dev.sm_count
     if row_len >= prm.split_row_min and few and splittable:

@@ -17,7 +17,7 @@ from loopir import interp, ir, te
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from schedules import Schedule, ScheduleError, auto_schedule, plan_fusion
 from schedules.cost import H200
-from schedules.rows import RowParams, choose_row_strategy
+from schedules.rows import RowParams, cache_worth, choose_row_strategy
 from test_rows import WORKLOADS, softmax
 
 FORCE = {"split_row_min": 2048}  # test-only threshold: the split at interpreter-sized rows
@@ -241,3 +241,51 @@ def test_split_rows_run_on_the_gpu(wl, m, n, sizes):
         out = np.full((m, n), np.nan, np.float32)
         mod(*arrays, out)
         np.testing.assert_allclose(out, ref(*arrays), rtol=2e-5, atol=2e-6)
+
+
+# ----------------------------------------------------------------------------- the row cache above 48 KiB
+
+
+def test_the_cache_model_weighs_occupancy_against_re_reading():
+    prm = RowParams()
+    keep, why = cache_worth(100 * 1024, 2, 512, H200, prm)  # 2 blocks per SM, rows in flight beyond L2
+    assert keep and "occupancy 50%" in why and "from DRAM = 3.00" in why
+    keep, why = cache_worth(100 * 1024, 2, 512, H200, RowParams(full_occupancy=1.0, l2_bytes=2**30))
+    assert not keep and "from L2" in why and "2.00 passes of DRAM time" in why
+    keep, why = cache_worth(100 * 1024, 2, 512, H200, RowParams(cache_max_bytes=48 * 1024))
+    assert not keep and "cache_max_bytes" in why
+
+
+@pytest.mark.parametrize("prm", [{"cache_max_bytes": 48 * 1024}, {"full_occupancy": 1.0, "l2_bytes": 2**30}])
+def test_the_planner_re_reads_a_row_whose_cache_costs_occupancy_and_says_why(prm):
+    ins, y, ref = softmax(1024, 20000)  # 80 KB rows: dynamic shared memory
+    assert plan_fusion([y], "cuda", device=H200).groups[0].caches
+    s = auto_schedule([y], "cuda", rows=prm)
+    g = _group(s)
+    assert g.strategy.name == "block" and not g.caches
+    assert "above the static 48 KiB it costs occupancy" in s.plan.explain()
+    assert "x_shared" not in str(s)
+
+
+# ----------------------------------------------------------------------------- a whole warp per row
+
+
+@pytest.mark.parametrize("wl", sorted(WORKLOADS))
+@pytest.mark.parametrize("m, n", [(9, 1000), (5, 100), (3, 1024)])
+def test_a_whole_warp_per_row_is_shuffle_only_and_matches_numpy(wl, m, n):
+    ins, y, ref = WORKLOADS[wl](m, n)
+    s = auto_schedule([y], "cuda", rows={"warp_lanes": 32, "warp_row_max": 1025})
+    g = _group(s)
+    assert g.strategy.name == "warp" and g.strategy.lanes == 32 and g.strategy.rows == 4
+    assert "get 32 lanes each" in s.plan.explain()
+    mod = build(s, [*ins, y], target="cuda")
+    assert mod.cubin[:4] == b"\x7fELF"
+    body = mod.source[mod.source.index("__global__"):]  # the kernels, after the prelude
+    assert "loopir_subwarp_allreduce<32>(" in body and "loopir_block_allreduce(" not in body
+    _check_interp(s, ins, ref, m, n, seed=n + m)
+
+
+def test_warp_lanes_must_be_a_power_of_two_up_to_a_warp():
+    _, y, _ = softmax(4, 100)
+    with pytest.raises(ArgumentError, match="warp_lanes"):
+        auto_schedule([y], "cuda", rows={"warp_lanes": 64})

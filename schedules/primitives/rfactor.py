@@ -129,9 +129,12 @@ def rfactor(program: Program, deps: poly.Deps, stage: Any, loop: Var) -> tuple[P
     (they index C) with bounds given by the sizes, `loop` and the loops inside it are reduction loops, and
     nothing but the update is inside `loop`.
 
-        for i: C[i] = 0; for ko: for ki: C[i] += f(i, ko*F + ki)
-        ==>  for i2: for ko2: C_rf[i2, ko2] = 0; for ki2: C_rf[i2, ko2] += f(i2, ko2*F + ki2)
-             for i: C[i] = 0; for ko: C[i] += C_rf[i, ko]"""
+        for i:                           for i2, ko2:
+            C[i] = 0                         C_rf[i2, ko2] = 0
+            for ko:               ==>        for ki2: C_rf[i2, ko2] += f(i2, ko2*F + ki2)
+                for ki:                  for i:
+                    C[i] += f(i, k)          C[i] = 0
+                                             for ko: C[i] += C_rf[i, ko]"""
     if not isinstance(loop, Var):
         raise ArgumentTypeError(f"rfactor: expected a loop handle, got {type(loop).__name__} {loop!r}")
     name = getattr(stage, "name", stage)
