@@ -154,8 +154,9 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
                            f"{prm.split_rows_per_sm:g} x {dev.sm_count} SMs and rows of {prm.split_row_min:,} "
                            f"elements or more: each row split into {n_chunks} chunks of {chunk:,} elements "
                            f"({rows * n_chunks:,} blocks of {sp} threads, aiming at {prm.split_waves:g} waves of "
-                           f"{dev.sm_count} SMs); per-chunk partials (rfactor), then a combine kernel per "
-                           "reduction; the elementwise phases as flat kernels", chunk)
+                           f"{dev.sm_count} SMs); the fusions above are left apart: per reduction a partials "
+                           "kernel (rfactor) and a combine kernel, the elementwise phases as flat kernels (the "
+                           "prediction below is the fused kernel's, not the split's)", chunk)
     wide = row_len >= prm.wide_row
     per_row = prm.wide_threads if wide and threads < prm.wide_threads else threads
     why = f"{nums}: rows of {threads} elements or more get a block of {per_row} threads each"

@@ -13,7 +13,7 @@ import pytest
 
 from codegen import build
 from codegen.passes import lower
-from loopir import interp, ir, te
+from loopir import interp, ir, te, workloads
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from schedules import Schedule, ScheduleError, auto_schedule, plan_fusion
 from schedules.cost import H200
@@ -289,3 +289,17 @@ def test_warp_lanes_must_be_a_power_of_two_up_to_a_warp():
     _, y, _ = softmax(4, 100)
     with pytest.raises(ArgumentError, match="warp_lanes"):
         auto_schedule([y], "cuda", rows={"warp_lanes": 64})
+
+
+def test_half_precision_split_rows_accumulate_their_partials_in_float32():
+    wl = workloads.softmax(m=3, n=3000, dtype="float16")
+    s = auto_schedule(list(wl.outputs), "cuda", rows=FORCE)
+    assert _group(s).strategy.name == "split"
+    prog = lower(s.program, "cuda")
+    assert {b.name: b.dtype for b in prog.temps}["row_sum_rf"] == "float32"  # widen_accumulators
+    x = np.random.default_rng(5).standard_normal((3, 3000)).astype(np.float16)
+    out = np.full((3, 3000), np.nan, np.float16)
+    interp.run(prog, x, out, gpu_order="reversed")
+    a = x.astype(np.float64)
+    e = np.exp(a - a.max(1, keepdims=True))
+    np.testing.assert_allclose(out.astype(np.float64), e / e.sum(1, keepdims=True), rtol=2e-3, atol=1e-5)
