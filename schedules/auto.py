@@ -309,9 +309,8 @@ def _map_split_rows(s: Schedule, g: FusionGroup, threads: int, per_thread: int) 
         if len(t.shape) == g.depth and t.op.reduce_axis:
             loops = s.loops(t.name)
             ko, _ = s.split(loops[-1], st.chunk)
-            s.rfactor(t.name, ko)
-            part = f"{t.name}_rf"
-            pl = list(s.loops(part))
+            part = s.rfactor(t.name, ko)  # its statements are named after the partial buffer
+            pl = list(s.loops(part.name))
             rows = _collapse(s, pl[:g.depth])
             _bind_blocks(s, rows + [pl[g.depth]])
             s.bind_reduction(pl[-1], threads=st.lanes)

@@ -723,18 +723,15 @@ class _Planner:
             inner = [_domain(t)[g.depth:] for t in g.stages]
             row_len = max(C.elements(d, self.ev) for d in inner)
             sym = sorted({n.name for d in inner for e in d for n in walk(e) if isinstance(n, Var)})
-            split_ok = all(len(t.shape) == g.depth and len(t.op.reduce_axis) == 1 for t in g.stages
-                           if isinstance(t.op.body, Reduce))  # one rfactor per reduction
             g.strategy = R.choose_row_strategy(row_len, rows, sym, all(v in self.given for v in sym), THREADS,
-                                               self.dev, self.row_params, split_ok)
+                                               self.dev, self.row_params, R.splittable(g.stages, g.depth))
             g.log.append(Decision("note", ("row strategy",), None, f"{g.strategy.name}: {g.strategy.why}"))
             return {"warp": "warp", "split": "split"}.get(g.strategy.name, "row")
         return "thread"
 
     def _plan_row_cache(self, g: FusionGroup) -> None:
         for p, ok, nbytes, why in R.plan_row_caches(g.stages, g.depth, lambda t: _effective_loads(t, self.inlined),
-                                                    self.ev, self.dev, self.given, self.row_params, g.strategy.lanes
-                                                    if g.strategy else THREADS):
+                                                    self.ev, self.dev, self.given, self.row_params, g.strategy.lanes):
             if ok:
                 g.caches.append(RowCache(p, "shared", nbytes))
             self._cache_note(g, p, ok, why)

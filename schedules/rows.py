@@ -169,6 +169,12 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
     return RowStrategy("block", per_row, 1, why)
 
 
+def splittable(stages: list[Tensor], depth: int) -> bool:
+    """Whether a row group of `stages` (sharing `depth` loops) can be split over blocks: each reduction stage
+    is one value per row over one reduction loop (one `rfactor` each)."""
+    return all(len(t.shape) == depth and len(t.op.reduce_axis) == 1 for t in stages if isinstance(t.op.body, Reduce))
+
+
 def fit_shared(candidates: list[tuple[str, int, int]], scratch: int, budget: int) -> tuple[list[str], list[str]]:
     """Which of the `candidates` (name, bytes, bytes of DRAM traffic saved) stay in shared memory when the
     kernel also needs `scratch` bytes (reduction slots, staging) and may use `budget` bytes per block: the
@@ -298,4 +304,5 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
 
 
 __all__ = ["RowParams", "RowStrategy", "choose_row_strategy", "fit_shared", "reduction_scratch", "operands_split",
-           "WIDE_ROW", "SPLIT_ROW_MIN", "plan_row_caches", "cache_worth"]
+           "WIDE_ROW", "SPLIT_ROW_MIN", "plan_row_caches", "cache_worth",
+           "splittable"]

@@ -64,6 +64,7 @@ def test_rfactor_moves_the_partials_into_a_nest_before_and_combines_them_in_plac
     assert "if k_o2 * 1024 + k_i2 < 3000:" in text  # the chunk's guard is copied with the partial
     assert "row_max[i] = max(row_max[i], row_max_rf[i, k_o])  # row_max" in text
     assert [h.var.name for h in s.loops("row_max")] == ["i", "k_o"]
+    assert [h.var.name for h in s.loops(part.name)] == ["i2", "k_o2", "k_i2"]  # statements named after the buffer
 
 
 @pytest.mark.parametrize("chunk", [1024, 7, 3000])

@@ -122,7 +122,7 @@ def _check_rfactor(ctx: CheckContext) -> poly.Witness | None:
 def rfactor(program: Program, deps: poly.Deps, stage: Any, loop: Var) -> tuple[Program, Buffer]:
     """Split the reduction `stage` at its loop `loop` into partials `<buffer>_rf[spatial..., loop]` computed by
     a new nest placed before the reduction's nest, and a combine over `loop` in the reduction's place. Returns
-    the partial buffer; its statements are `<stage>_rf_init` and `<stage>_rf`.
+    the partial buffer; its statements are named after it (`<buffer>_rf_init`, `<buffer>_rf`: `s.loops(buf.name)`).
 
     Precondition: `stage` is `C[idx] = C[idx] op e` (op add, mul, max, min; e not reading C; ScheduleError with
     a witness otherwise); the loops around it from its nest's top down to `loop` are its spatial loops
@@ -178,6 +178,7 @@ def rfactor(program: Program, deps: poly.Deps, stage: Any, loop: Var) -> tuple[P
     keys = [(f.var, f.lo) for f in outer] + [(factored.var, factored.lo)]
     shape = tuple(binary("sub", f.hi, f.lo) for f in outer + [factored])
     pname = fresh_name(program, f"{upd.buffer.name}_rf", taken)
+    taken.add(pname)
     part = Buffer(pname, shape, upd.buffer.dtype, "global")
     pidx_new = tuple(binary("sub", fresh[v], lo) for v, lo in keys)
     pidx_old = tuple(binary("sub", v, lo) for v, lo in keys)
@@ -185,11 +186,11 @@ def rfactor(program: Program, deps: poly.Deps, stage: Any, loop: Var) -> tuple[P
     its_all = tuple(fresh[f.var] for f in loops)
     its_out = tuple(fresh[v] for v, _ in keys)
     value = substitute(e, {it: substitute(c, ren) for it, c in sub.items()})
-    body: Stmt = Store(fresh_name(program, f"{name}_rf", taken), part, pidx_new,
+    body: Stmt = Store(pname, part, pidx_new,
                        binary(op, Load(part, pidx_new), value), its_all, its_all)
     for n in reversed(chain[pos + 1:]):
         body = _wrap(n, body, ren)
-    init = Store(fresh_name(program, f"{name}_rf_init", taken), part, pidx_new,
+    init = Store(fresh_name(program, f"{pname}_init", taken), part, pidx_new,
                  identity(op, part.dtype), its_out, its_out)
     body = _wrap(factored, seq(init, body), ren)
     for n in reversed(chain[:pos]):
