@@ -1,7 +1,13 @@
 """Row reductions at untuned shapes on the GPU: ours (fixed sizes, and symbolic sizes planned with
 `sizes=`) against PyTorch eager and torch.compile (dynamic=False) in the same run, with the DRAM floor.
 
-    python3 benchmarks/rows_gpu.py [--no-compile]
+    python3 benchmarks/rows_gpu.py [--no-compile] [--wide] [--threshold KEY=V1,V2,...]...
+
+`--wide`: only the very wide rows (8192 to 65536 elements, 1 to 1024 rows: the split-row strategy and the
+row-cache model). `--threshold KEY=V1,V2`: each case once per value of the row planner's parameter KEY (a field
+of `schedules.rows.RowParams`: split_row_min, split_rows_per_sm, split_waves, split_threads, wide_row,
+wide_threads, cache_max_bytes, full_occupancy, ...); several flags sweep their product. E.g.
+`--wide --threshold split_rows_per_sm=0,2,4 --threshold split_waves=1,2,4`.
 
 Prints one line per case as it goes (flushed), then a markdown table."""
 
@@ -27,6 +33,19 @@ BW = 4.25e12
 CASES = [("softmax", 16384, 4096), ("softmax", 16384, 1000), ("softmax", 64, 4096), ("softmax", 512, 50257),
          ("softmax", 16, 50257), ("layernorm", 16384, 768), ("layernorm", 16384, 4096), ("rmsnorm", 16384, 4096)]
 SYMBOLIC = [("softmax", 16384, 4096), ("layernorm", 16384, 4096), ("softmax", 16384, 1000)]
+WIDE = [(wl, m, n) for wl in ("softmax", "layernorm", "rmsnorm") for m, n in
+        ((1, 50257), (3, 8192), (16, 50257), (64, 65536), (512, 50257), (1024, 50257))]
+WIDE_SYMBOLIC = [("softmax", 16, 50257), ("layernorm", 16, 50257), ("softmax", 1024, 50257)]
+
+
+def sweeps(argv: list[str]) -> list[dict]:
+    """The RowParams settings to run each case with: the product of the --threshold flags' values."""
+    out: list[dict] = [{}]
+    for k, a in enumerate(argv):
+        if a == "--threshold":
+            key, _, vals = argv[k + 1].partition("=")
+            out = [dict(d, **{key: float(v) if "." in v else int(v)}) for d in out for v in vals.split(",")]
+    return out
 
 
 def torch_fn(wl):
@@ -40,11 +59,13 @@ def torch_fn(wl):
 def main() -> None:
     compile_ = "--no-compile" not in sys.argv
     rows = []
-    allcases = [(w, m, n, False) for w, m, n in CASES] + [(w, m, n, True) for w, m, n in SYMBOLIC]
-    for wl, m, n, sym in allcases:
+    fixed, symbolic = (WIDE, WIDE_SYMBOLIC) if "--wide" in sys.argv else (CASES, SYMBOLIC)
+    allcases = [(w, m, n, False, p) for w, m, n in fixed for p in sweeps(sys.argv)]
+    allcases += [(w, m, n, True, p) for w, m, n in symbolic for p in sweeps(sys.argv)]
+    for wl, m, n, sym, prm in allcases:
         ins, y, _ = WORKLOADS[wl](te.var("m") if sym else m, te.var("n") if sym else n)
         t0 = time.perf_counter()
-        s = auto_schedule([y], "cuda", sizes={"m": m, "n": n} if sym else None)
+        s = auto_schedule([y], "cuda", sizes={"m": m, "n": n} if sym else None, rows=prm or None)
         strat = next((g.strategy.name for g in s.plan.groups if g.strategy is not None), "?")
         cached = any(g.caches for g in s.plan.groups)
         mod = build(s, [*ins, y], target="cuda")
@@ -69,10 +90,11 @@ def main() -> None:
                 print("torch.compile failed:", type(e).__name__, str(e)[:200])
         nbytes = 4 * (2 * m * n + (n * (len(ins) - 1)))
         floor = nbytes / BW * 1e3
-        row = (f"{wl} {m}x{n}{' sym' if sym else ''}", strat + ("+cache" if cached else ""), ours, eager, tc,
+        tag = "".join(f" {k}={v}" for k, v in prm.items())
+        row = (f"{wl} {m}x{n}{' sym' if sym else ''}{tag}", strat + ("+cache" if cached else ""), ours, eager, tc,
                floor, err, build_s)
         rows.append(row)
-        print(f"{row[0]:28s} {row[1]:12s} ours {ours:.4f} ms eager {eager:.4f} compile "
+        print(f"{row[0]:40s} {row[1]:12s} ours {ours:.4f} ms eager {eager:.4f} compile "
               f"{tc if tc is None else round(tc, 4)} floor {floor:.4f} ({floor / ours:.0%}) ours/compile "
               f"{(ours / tc) if tc else float('nan'):.2f} err {err:.1e} build {build_s:.1f}s", flush=True)
     print("\n| case | strategy | ours ms | eager ms | compile ms | ours/compile | % of floor | max err |")

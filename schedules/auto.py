@@ -21,6 +21,9 @@ Per kernel of the plan (`schedules.fusion`):
      symbolic: dynamic shared memory, sized per launch); rows of 8192 elements or more get 512 threads;
    * cuda "warp" (rows shorter than a block, `schedules.rows`): the row loop `split` by the rows per block
      (threadIdx.y), each phase over W <= 16 lanes (threadIdx.x), reductions by shuffles within a row;
+   * cuda "split" (very wide rows, too few to fill the GPU, `schedules.rows`): the stages stay apart; each
+     reduction `split` into chunks and `rfactor`ed (partials over rows x chunks blocks, then a combine per
+     row), the elementwise phases flat;
    * cuda "thread": the shared outer loops collapsed, one thread per point, inner loops serial;
    * cpu: the outer loop `parallel`, the innermost spatial loop of each elementwise phase
      `vectorize`d when it carries nothing;
@@ -49,6 +52,7 @@ from loopir.affine import linear_form
 from .attention import schedule_attention
 from .errors import InexactCheckError, ScheduleError
 from .fusion import THREADS, FusionGroup, FusionPlan, plan_fusion
+from .rows import RowParams
 from .primitives.cache import reduction_parts
 from .recipes import matmul_stage, schedule_gemm, schedule_gemm_cuda
 from .schedule import Schedule
@@ -69,6 +73,7 @@ def auto_schedule(
     per_thread: int = PER_THREAD,
     gemm: dict[str, Any] | bool | None = None,
     online: bool = True,
+    rows: RowParams | dict | None = None,
 ) -> Schedule:
     """A Schedule of `outputs` fused as `plan_fusion` decides and mapped to `target` ("cuda" or "cpu").
 
@@ -79,7 +84,9 @@ def auto_schedule(
     "thread_tile", "k_tile", "shared", "strided", "unroll_k"; cpu: "cpu_tile"; the recipe's defaults
     for those not given); False: no GEMM mapping. ValueError naming an unknown key or a tile size
     the device cannot hold. `online`: a softmax(.) V chain gets the online-softmax rewrite
-    (`schedules.attention`); False keeps the chain materialized as the fusion plan maps it."""
+    (`schedules.attention`); False keeps the chain materialized as the fusion plan maps it.
+    `rows`: the row strategies' thresholds (`schedules.rows.RowParams` or a dict of its fields:
+    wide_row, wide_threads, split_row_min, split_rows_per_sm, split_waves, split_threads)."""
     if not isinstance(outputs, Tensor) and not (isinstance(outputs, (list, tuple)) and outputs
                                                 and all(isinstance(t, Tensor) for t in outputs)):
         raise ArgumentTypeError(
@@ -94,17 +101,21 @@ def auto_schedule(
         s_online = schedule_attention(outs, target, check=check)
         if s_online is not None:
             return s_online
-    plan = plan or plan_fusion(outs, target=target, fuse=fuse, sizes=sizes, gemm=gemm)
+    plan = plan or plan_fusion(outs, target=target, fuse=fuse, sizes=sizes, gemm=gemm, rows=rows)
     s = Schedule(outs, check=check)
     s.plan = plan  # type: ignore[attr-defined]
     for t in plan.inlined:
         s.compute_inline(t)
     for g in plan.groups:
-        if g.mapping != "gemm":  # the GEMM recipe fuses its epilogue itself (cache_write ... epilogue=)
+        # the GEMM recipe fuses its epilogue itself (cache_write ... epilogue=); split rows stay apart (rfactor
+        # moves each reduction's partials before its nest, which must not hold what they read)
+        if g.mapping not in ("gemm", "split"):
             _fuse_group(s, g)
     for g in plan.groups:
         if g.mapping == "gemm":
             _map_gemm(s, g, target)
+        elif target == "cuda" and g.mapping == "split":
+            _map_split_rows(s, g, threads, per_thread)
         elif target == "cuda":
             _map_cuda(s, g, threads, per_thread)
         else:
@@ -297,6 +308,31 @@ def _map_warp_rows(s: Schedule, g: FusionGroup, row: Any) -> None:
             s.vectorize(lane)
         _, ti = s.split(var, st.lanes)
         s.bind(ti, "threadIdx.x")
+
+
+def _map_split_rows(s: Schedule, g: FusionGroup, threads: int, per_thread: int) -> None:
+    """Rows split over several blocks (`schedules.rows`, strategy "split"); the group's stages are separate
+    nests. Each reduction: its reduction loop `split` by the strategy's chunk, `rfactor` at the chunk loop;
+    the partial nest on blockIdx.y (rows) x blockIdx.x (chunks), each chunk a cross-thread reduction of
+    `strategy.lanes` threads; the combine one block per row (a 32-thread reduction over the chunks). The
+    elementwise stages are flat kernels."""
+    st = g.strategy
+    assert st is not None and st.chunk > 0
+    for t in g.stages:
+        if len(t.shape) == g.depth and t.op.reduce_axis:
+            loops = s.loops(t.name)
+            ko, _ = s.split(loops[-1], st.chunk)
+            part = s.rfactor(t.name, ko)  # its statements are named after the partial buffer
+            pl = list(s.loops(part.name))
+            rows = _collapse(s, pl[:g.depth])
+            _bind_blocks(s, rows + [pl[g.depth]])
+            s.bind_reduction(pl[-1], threads=st.lanes)
+            comb = list(s.loops(t.name))
+            blocks = _collapse(s, comb[:g.depth])
+            _bind_blocks(s, blocks)
+            s.bind_reduction(comb[-1], threads=32)
+        else:  # an elementwise phase: the flat mapping of a group of its own
+            _map_cuda(s, FusionGroup(t.name, [t], depth=len(t.shape), mapping="flat"), threads, per_thread)
 
 
 def _single_store(body: Any) -> bool:

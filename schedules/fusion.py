@@ -206,7 +206,7 @@ class FusionGroup:
     stages: list[Tensor]
     inlined: list[Tensor] = field(default_factory=list)
     depth: int = 0
-    mapping: str = "flat"  # cuda: "flat" | "row" | "thread"; cpu: "cpu"
+    mapping: str = "flat"  # cuda: "flat" | "row" | "warp" | "split" | "thread"; cpu: "cpu"
     log: list[Decision] = field(default_factory=list)
     caches: list[RowCache] = field(default_factory=list)
     cost: C.KernelCost = field(default_factory=C.KernelCost)
@@ -325,6 +325,7 @@ _MAPPINGS = {
     "row": "one block per row, threads across each phase's inner loop",
     "warp": "up to 16 lanes of a warp per row, several rows per block on threadIdx.y",
     "thread": "one thread per output point",
+    "split": "rows split over blocks: per-chunk partials (rfactor), a combine per row, flat elementwise kernels",
     "cpu": "parallel outer loop, vectorized inner loop",
     "gemm": "tiled GEMM (schedules.gemm: block / register tiles, epilogue on the register tile)",
     "serial": "serial",
@@ -353,13 +354,15 @@ def plan_fusion(
     sizes: dict[Any, int] | None = None,
     device: C.Device | None = None,
     gemm: dict[str, Any] | bool | None = None,
+    rows: R.RowParams | dict | None = None,
 ) -> FusionPlan:
     """Plan the kernels computing `outputs` on `target` ("cuda" or "cpu").
 
     `sizes` ({size Var or name: int}) are the sizes the cost model evaluates at (others:
     `cost.DEFAULT_SIZE`); `fuse=False` plans one kernel per stage, for comparison. `gemm`: the
     tile parameters of matmul-shaped reductions' GEMM kernels (`schedules.gemm.gemm_params`: on cuda
-    block, thread_tile, k_tile; on cpu cpu_tile; None or True: the defaults; False: no GEMM mapping)."""
+    block, thread_tile, k_tile; on cpu cpu_tile; None or True: the defaults; False: no GEMM mapping).
+    `rows`: the row strategies' thresholds (`schedules.rows.RowParams` or a dict of its fields)."""
     outs = _as_list(outputs)
     if target not in ("cuda", "cpu"):
         raise ArgumentError(f"plan_fusion: unknown target {target!r}; expected 'cuda' or 'cpu'")
@@ -381,6 +384,7 @@ def plan_fusion(
     pl = _Planner(outs, order, stages, dev, ev, target)
     pl.given = {v.name for v in params if v in size_map or v.name in size_map}
     pl.gemm = gparams
+    pl.row_params = R.RowParams.of(rows)
     if fuse:
         pl.decide_inlining()
     pl.make_groups()
@@ -437,6 +441,7 @@ class _Planner:
         self.log: list[Decision] = []
         self.gemm: dict[str, Any] | None = None
         self.given: set[str] = set()  # the size names the plan was given values for
+        self.row_params = R.RowParams()
 
     # ---- GEMM groups
     def _is_gemm(self, t: Tensor) -> bool:
@@ -719,14 +724,14 @@ class _Planner:
             row_len = max(C.elements(d, self.ev) for d in inner)
             sym = sorted({n.name for d in inner for e in d for n in walk(e) if isinstance(n, Var)})
             g.strategy = R.choose_row_strategy(row_len, rows, sym, all(v in self.given for v in sym), THREADS,
-                                               self.dev)
+                                               self.dev, self.row_params, R.splittable(g.stages, g.depth))
             g.log.append(Decision("note", ("row strategy",), None, f"{g.strategy.name}: {g.strategy.why}"))
-            return "warp" if g.strategy.name == "warp" else "row"
+            return {"warp": "warp", "split": "split"}.get(g.strategy.name, "row")
         return "thread"
 
     def _plan_row_cache(self, g: FusionGroup) -> None:
         for p, ok, nbytes, why in R.plan_row_caches(g.stages, g.depth, lambda t: _effective_loads(t, self.inlined),
-                                                    self.ev, self.dev, self.given):
+                                                    self.ev, self.dev, self.given, self.row_params, g.strategy.lanes):
             if ok:
                 g.caches.append(RowCache(p, "shared", nbytes))
             self._cache_note(g, p, ok, why)

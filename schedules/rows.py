@@ -16,15 +16,19 @@ not given is unknown, and then the safe block-per-row strategy is kept):
   in shared memory when the kernel's whole shared-memory budget allows it (`plan_row_caches`), in dynamic
   shared memory when it is symbolic or above 48 KiB.
 
-Very wide rows with few of them (vocabulary-sized softmax over a handful of rows) would want a row split
-over several blocks with a combine kernel; that is not built yet: they get `block`, and the plan says so.
+* **split** — very wide rows (>= `RowParams.split_row_min`) with too few of them to fill the GPU (fewer than
+  `split_rows_per_sm` x the SM count): the group is not fused; each reduction is `split` into chunks and
+  `rfactor`ed (partials per (row, chunk) block, `split_waves` waves of blocks), a small kernel combines each
+  row's partials, and the elementwise phases run as flat kernels. Five launches for softmax, each row read
+  three times (from L2 at these sizes: few rows).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from loopir.errors import ArgumentError, ArgumentTypeError
 from loopir.nodes import Binary, Load, Var
 from loopir.te import ComputeOp, Reduce, Tensor
 from loopir.visit import walk
@@ -33,22 +37,79 @@ from . import cost as C
 
 WIDE_ROW = 8192  # rows at least this long get WIDE_THREADS threads per block (unmeasured: see explain)
 WIDE_THREADS = 512
-SPLIT_ROW_MIN = 32768  # rows at least this long and fewer than the SMs would want a split over blocks
+SPLIT_ROW_MIN = 8192  # rows at least this long, and too few to fill the SMs, are split over blocks (RowParams)
 # lanes per row: the shuffle-only reduction (`Kernel.subwarp`, codegen.passes.launch.subwarp_width) takes rows
-# of up to 16 lanes; two rows share a warp then, each load instruction still reading 2 x 64 contiguous bytes
+# of up to 32 lanes; 16 by default: two rows share a warp, each load instruction still reading 2 x 64 contiguous
+# bytes (RowParams.warp_lanes = 32: a whole warp per row, unmeasured)
 MAX_LANES = 16
 RED_SCRATCH_SLOTS = 32  # the block all-reduce's shared scratch: one slot per warp (codegen.cuda.reduce)
 
 
 @dataclass(frozen=True)
+class RowParams:
+    """The thresholds of the row strategies, parameters of the planner (`auto_schedule(..., rows=RowParams(...))`
+    or a dict of these fields) so that they can be swept on a device (`benchmarks/rows_gpu.py --threshold`).
+
+    `wide_row` / `wide_threads`: rows at least this long get this many threads per block. `split_row_min`:
+    rows at least this long are split over several blocks when there are fewer than `split_rows_per_sm` x the
+    SM count of them (`split_rows_per_sm` 0: never split); `split_waves`: the split aims at this many waves of
+    blocks over the SMs; `split_threads`: threads per block of the partial kernels."""
+
+    wide_row: int = WIDE_ROW
+    wide_threads: int = WIDE_THREADS
+    split_row_min: int = SPLIT_ROW_MIN
+    split_rows_per_sm: float = 2.0
+    split_waves: float = 2.0
+    split_threads: int = 256
+    warp_lanes: int = MAX_LANES  # most lanes per row of warp rows (2 to 32: 32 is a whole warp per row)
+    warp_row_max: int = 0  # rows shorter than this get warp rows (0: shorter than the block's threads)
+    # a row cache above the static 48 KiB costs occupancy: it is kept only while the model below says the
+    # kernel streams faster with it than re-reading the row (from L2 while the rows in flight fit its share)
+    cache_max_bytes: int = 227 * 1024  # never cache a kernel's rows beyond this (48 KiB: static caches only)
+    smem_per_sm: int = 228 * 1024  # H200 / H100
+    threads_per_sm: int = 2048
+    full_occupancy: float = 0.5  # the fraction of an SM's threads that saturates DRAM with 16-byte loads
+    l2_bytes: int = 50 * 2**20  # H200 / H100 L2; half of it is the rows' share
+    l2_speedup: float = 2.5  # L2 bandwidth / DRAM bandwidth
+
+    @staticmethod
+    def of(x: RowParams | dict | None) -> RowParams:
+        """`x` as RowParams (None: the defaults); ArgumentError naming an unknown key or a bad value."""
+        if x is None:
+            return RowParams()
+        if isinstance(x, RowParams):
+            p = x
+        elif isinstance(x, dict):
+            bad = sorted(set(x) - {f.name for f in fields(RowParams)})
+            if bad:
+                raise ArgumentError(f"row parameters: unknown key(s) {', '.join(map(repr, bad))}; known: "
+                                    f"{', '.join(f.name for f in fields(RowParams))}")
+            p = RowParams(**x)
+        else:
+            raise ArgumentTypeError(f"row parameters must be a RowParams or a dict, got {type(x).__name__}")
+        for f in fields(RowParams):
+            v = getattr(p, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ArgumentError(f"row parameter {f.name} must be a number >= 0, got {v!r}")
+        if p.warp_lanes not in (2, 4, 8, 16, 32):
+            raise ArgumentError(f"row parameter warp_lanes must be 2, 4, 8, 16 or 32, got {p.warp_lanes!r}")
+        if p.split_threads not in (32, 64, 128, 256, 512, 1024) or p.wide_threads not in (32, 64, 128, 256, 512, 1024):
+            raise ArgumentError(f"row parameters: split_threads and wide_threads must be a power of two in [32, 1024], "
+                                f"got {p.split_threads!r} and {p.wide_threads!r}")
+        return p
+
+
+@dataclass(frozen=True)
 class RowStrategy:
-    """How one row group maps to the GPU: `name` "warp" or "block", `lanes` threads per row, `rows`
-    rows per block, and the numbers that chose it (for explain())."""
+    """How one row group maps to the GPU: `name` "warp", "block" or "split", `lanes` threads per row (per
+    block of the partial kernels for "split"), `rows` rows per block, `chunk` the elements of a row each block
+    of a split row reduces (0 unless "split"), and the numbers that chose it (for explain())."""
 
     name: str
     lanes: int
     rows: int
     why: str
+    chunk: int = 0
 
 
 def _pow2_floor(n: int) -> int:
@@ -59,33 +120,59 @@ def _pow2_floor(n: int) -> int:
 
 
 def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: bool, threads: int,
-                        dev: C.Device) -> RowStrategy:
+                        dev: C.Device, params: RowParams | None = None, splittable: bool = True) -> RowStrategy:
     """The strategy of a row group with rows of `row_len` elements (at the plan's sizes) and `rows` rows.
-    `symbolic`: the row length's sizes that are symbolic; `given`: whether the plan was given their values."""
+    `symbolic`: the row length's sizes that are symbolic; `given`: whether the plan was given their values;
+    `params`: the thresholds (RowParams); `splittable`: whether the group's shape allows a split (one
+    reduction loop per reduction stage)."""
+    prm = params or RowParams()
     nums = f"row length {row_len:,}, {rows:,} row{'s' if rows != 1 else ''}"
     if symbolic and not given:
         return RowStrategy("block", threads, 1, f"{nums} at the costed size, but the row length "
                            f"({', '.join(symbolic)}) is symbolic and no sizes were given: a block per row, "
                            "which holds up at every length")
-    if row_len < threads:
+    if row_len < (prm.warp_row_max or threads):
         # measured on the H200 (benchmarks/rows_gpu.py): a warp-per-row kernel re-reads its row from L1/L2 in
         # each phase and lost to a block per row with the row in shared memory at 768 and 1000 elements
         # (1.96x / 2.76x torch.compile); it is kept for rows shorter than a block, which would idle threads
-        lanes = min(MAX_LANES, max(2, _pow2_floor(max(1, row_len // 2))))
+        lanes = min(prm.warp_lanes, max(2, _pow2_floor(max(1, row_len // 2))))
         per_block = threads // lanes
         return RowStrategy("warp", lanes, per_block,
-                           f"{nums}: rows shorter than a block's {threads} threads get {lanes} lanes each "
+                           f"{nums}: rows shorter than {prm.warp_row_max or threads} elements get {lanes} lanes each "
                            f"({per_block} rows per block; shuffle reductions within a row)")
-    wide = row_len >= WIDE_ROW
-    per_row = WIDE_THREADS if wide and threads < WIDE_THREADS else threads
+    few = rows < prm.split_rows_per_sm * dev.sm_count
+    if row_len >= prm.split_row_min and few and splittable:
+        # a block per row would leave most SMs idle: each row's reductions are split over chunks of blocks
+        # (rfactor: partials per chunk, then a small combine), ~split_waves waves of blocks over the SMs
+        sp = prm.split_threads
+        want = max(1, int(prm.split_waves * dev.sm_count))
+        per = max(1, -(-want // max(rows, 1)))
+        per_chunk = -(-row_len // per)
+        chunk = max(sp, -(-per_chunk // sp) * sp)  # whole multiples of the block's threads
+        n_chunks = -(-row_len // chunk)
+        return RowStrategy("split", sp, 1, f"{nums}: {rows:,} row{'s' if rows != 1 else ''} < "
+                           f"{prm.split_rows_per_sm:g} x {dev.sm_count} SMs and rows of {prm.split_row_min:,} "
+                           f"elements or more: each row split into {n_chunks} chunks of {chunk:,} elements "
+                           f"({rows * n_chunks:,} blocks of {sp} threads, aiming at {prm.split_waves:g} waves of "
+                           f"{dev.sm_count} SMs); the fusions above are left apart: per reduction a partials "
+                           "kernel (rfactor) and a combine kernel, the elementwise phases as flat kernels (the "
+                           "prediction below is the fused kernel's, not the split's)", chunk)
+    wide = row_len >= prm.wide_row
+    per_row = prm.wide_threads if wide and threads < prm.wide_threads else threads
     why = f"{nums}: rows of {threads} elements or more get a block of {per_row} threads each"
     if wide and per_row != threads:
-        why += (f" (at least {WIDE_ROW:,} elements: more threads per row, since a block's shared row leaves "
+        why += (f" (at least {prm.wide_row:,} elements: more threads per row, since a block's shared row leaves "
                 "room for few blocks per SM)")
-    if row_len >= SPLIT_ROW_MIN and rows < dev.sm_count:
-        why += (f"; only {rows} block{'s' if rows != 1 else ''} for {dev.sm_count} SMs: a split of each row over "
-                "several blocks would fill the GPU (not built yet)")
+    if row_len >= prm.split_row_min and few:
+        why += (f"; only {rows} block{'s' if rows != 1 else ''} for {dev.sm_count} SMs, but the group's shape "
+                "does not allow a split of its rows (a reduction over several loops)")
     return RowStrategy("block", per_row, 1, why)
+
+
+def splittable(stages: list[Tensor], depth: int) -> bool:
+    """Whether a row group of `stages` (sharing `depth` loops) can be split over blocks: each reduction stage
+    is one value per row over one reduction loop (one `rfactor` each)."""
+    return all(len(t.shape) == depth and len(t.op.reduce_axis) == 1 for t in stages if isinstance(t.op.body, Reduce))
 
 
 def fit_shared(candidates: list[tuple[str, int, int]], scratch: int, budget: int) -> tuple[list[str], list[str]]:
@@ -129,8 +216,32 @@ def operands_split(t: Tensor) -> bool:
     return len(a) <= 1 and len(b) <= 1 and a != b
 
 
+def cache_worth(used: int, saved_reads: int, threads: int, dev: C.Device, prm: RowParams) -> tuple[bool, str]:
+    """Whether a row kernel whose block keeps `used` bytes of shared memory (above the static 48 KiB) streams
+    faster than re-reading its rows `saved_reads` more times, in units of one pass over the rows' bytes:
+    cached, the occupancy (blocks per SM limited by shared memory) scales the DRAM bandwidth below
+    `full_occupancy`; re-read, the extra passes come from L2 (`l2_speedup` x DRAM) while the rows of the blocks
+    in flight fit half the L2, else from DRAM. Returns (keep, the numbers as a sentence)."""
+    if used > prm.cache_max_bytes:
+        return False, f"{C.fmt_bytes(used)} per block is above the cache_max_bytes {C.fmt_bytes(prm.cache_max_bytes)}"
+    per_sm = max(1, prm.threads_per_sm // threads)
+    cached_blocks = max(1, min(per_sm, prm.smem_per_sm // max(used, 1)))
+    occ = cached_blocks * threads / prm.threads_per_sm
+    t_cache = 1.0 / min(1.0, occ / prm.full_occupancy) if prm.full_occupancy > 0 else 1.0
+    in_flight = dev.sm_count * per_sm * used
+    from_l2 = in_flight <= prm.l2_bytes // 2
+    t_reread = 1.0 + saved_reads / (prm.l2_speedup if from_l2 else 1.0)
+    why = (f"cached: {cached_blocks} block{'s' if cached_blocks != 1 else ''} of {threads} threads per SM "
+           f"(occupancy {occ:.0%}), {t_cache:.2f} passes of DRAM time; re-read: {per_sm} blocks per SM, the rows "
+           f"in flight ({C.fmt_bytes(in_flight)}) {'fit' if from_l2 else 'exceed'} half the "
+           f"{C.fmt_bytes(prm.l2_bytes)} L2, 1 + {saved_reads} pass{'es' if saved_reads != 1 else ''} "
+           f"{'from L2' if from_l2 else 'from DRAM'} = {t_reread:.2f}")
+    return t_cache <= t_reread, why
+
+
 def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], list[tuple[Tensor, tuple]]],
-                    ev: dict, dev: C.Device, given: set[str]) -> list[tuple[Tensor, bool, int, str]]:
+                    ev: dict, dev: C.Device, given: set[str], params: RowParams | None = None,
+                    threads: int = 128) -> list[tuple[Tensor, bool, int, str]]:
     """The rows a block-per-row kernel of `stages` (sharing `depth` outer loops; `loads(t)`: what t reads,
     producers inlined) keeps in shared memory: an input row read by several phases, while everything the
     kernel keeps there (these rows and the reduction scratch) fits one block's budget. A row of symbolic
@@ -166,6 +277,17 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
     kept, _ = fit_shared([(n, b, b * u.count(",")) for n, (_, b, u) in cands.items()], scratch, budget)
     used = scratch + sum(cands[n][1] for n in kept)
     dyn = " (dynamic shared memory above the static 48 KiB)" if used > dev.smem_per_block else ""
+    if kept and used > dev.smem_per_block:  # dynamic shared memory: worth its occupancy cost?
+        ok, model = cache_worth(used, max(cands[n][2].count(",") for n in kept), threads, dev, params or RowParams())
+        if not ok:
+            for name in kept:
+                p, nbytes, users_s = cands.pop(name)
+                out.append((p, False, nbytes, f"its row ({C.fmt_bytes(nbytes)}) is read by {users_s} and would fit "
+                            f"the {C.fmt_bytes(budget)} per block, but above the static 48 KiB it costs occupancy; "
+                            f"{model} — re-read from global memory"))
+            kept = []
+        else:
+            dyn += f"; worth its occupancy: {model}"
     for name, (p, nbytes, users_s) in cands.items():
         if name in kept:
             symbolic = any(isinstance(n, Var) for d in p.shape[depth:] for n in walk(d))
@@ -181,5 +303,6 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
     return out
 
 
-__all__ = ["RowStrategy", "choose_row_strategy", "fit_shared", "reduction_scratch", "operands_split",
-           "WIDE_ROW", "SPLIT_ROW_MIN", "plan_row_caches"]
+__all__ = ["RowParams", "RowStrategy", "choose_row_strategy", "fit_shared", "reduction_scratch", "operands_split",
+           "WIDE_ROW", "SPLIT_ROW_MIN", "plan_row_caches", "cache_worth",
+           "splittable"]

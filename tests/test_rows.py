@@ -106,18 +106,18 @@ def _strategy(s) -> str:
 
 @pytest.mark.parametrize("n, rows, want", [(1, 1000, "warp"), (3, 7, "warp"), (64, 64, "warp"), (127, 10, "warp"),
                                            (100, 5000, "warp"), (128, 10, "block"), (1000, 1, "block"),
-                                           (1000, 5000, "block"), (4096, 1000, "block"), (50257, 7, "block")])
+                                           (1000, 5000, "block"), (4096, 1000, "block"), (50257, 7, "split")])
 def test_the_cost_model_picks_the_strategy_from_row_length_and_count(n, rows, want):
     ins, y, _ = softmax(rows, n)
     plan = plan_fusion([y], "cuda", device=H200)
     (g,) = plan.groups
-    assert g.strategy.name == want and g.mapping == ("warp" if want == "warp" else "row")
+    assert g.strategy.name == want and g.mapping == {"warp": "warp", "split": "split"}.get(want, "row")
     text = plan.explain()
     assert f"row strategy: {want}: row length {n:,}, {rows:,} row" in text
     if want == "warp":
         assert f"{g.strategy.lanes} lanes each" in text and g.strategy.lanes * g.strategy.rows == 128
-    if n == 50257:  # few very wide rows: the plan says what it would want and that it is not built
-        assert "split of each row over several blocks" in text
+    if n == 50257:  # few very wide rows: split over several blocks (tests/test_wide_rows.py)
+        assert "each row split into" in text
 
 
 def test_short_rows_get_fewer_lanes_and_more_rows_per_block():
@@ -158,7 +158,7 @@ def test_symbolic_sizes_are_correct_at_every_size_whatever_sizes_the_plan_assume
 
 def test_a_single_vocabulary_sized_row_matches_numpy():
     ins, y, ref = softmax(1, 50257)
-    s = auto_schedule([y], "cuda")
+    s = auto_schedule([y], "cuda", rows={"split_rows_per_sm": 0})  # a block per row (the split: test_wide_rows)
     assert _strategy(s) == "block" and "get a block of 512 threads each" in s.plan.explain()
     mod = build(s, [*ins, y], target="cuda")
     assert [str(e) for e in mod.gen.kernels[0].launch.block] == ["512", "1", "1"]
@@ -204,7 +204,7 @@ def test_a_symbolic_row_is_cached_in_dynamic_shared_memory_sized_per_call():
 
 def test_a_constant_row_above_48_kib_goes_to_dynamic_shared_memory():
     ins, y, ref = softmax(2, 16384)
-    s = auto_schedule([y], "cuda")
+    s = auto_schedule([y], "cuda", rows={"split_rows_per_sm": 0})  # a block per row, not split
     assert "dynamic shared memory above the static 48 KiB" in s.plan.explain()
     mod = build(s, [*ins, y], target="cuda")
     (k,) = mod.gen.kernels
@@ -223,7 +223,7 @@ def test_rows_below_48_kib_stay_static():
 
 def test_the_planner_drops_a_row_cache_over_the_budget_and_says_so():
     ins, y, ref = softmax(4, 40000)  # 160 KB: over half the 227 KiB opt-in (two blocks per SM)
-    plan = plan_fusion([y], "cuda", device=H200)
+    plan = plan_fusion([y], "cuda", device=H200, rows={"split_rows_per_sm": 0})
     assert not plan.groups[0].caches
     assert ("shared memory with it (160.1 KB) exceeds the 116.2 KB per block (shared-memory budget) — re-read "
             "from global memory") in plan.explain()

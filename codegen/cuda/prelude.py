@@ -112,7 +112,7 @@ __device__ __forceinline__ T loopir_block_allreduce(T v, Op op, T identity, T* s
 }
 """
 
-PRELUDE_SUBWARP = r"""// All-reduce over the W (a power of two <= 16) lanes of each row when blockDim.x == W and
+PRELUDE_SUBWARP = r"""// All-reduce over the W (a power of two <= 32) lanes of each row when blockDim.x == W and
 // the block is whole warps: a row is W consecutive lanes of one warp, so a butterfly of shuffles
 // within segments of width W reduces every row at once, with no shared memory and no barrier;
 // every lane gets its row's total.

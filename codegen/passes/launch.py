@@ -143,7 +143,7 @@ def _launch(nest: N.Stmt, bound: list[N.For], params: set[N.Var]) -> tuple[dict[
 
 def subwarp_width(nest: N.Stmt, launch: dict[str, N.Expr], reductions: frozenset[N.Var]) -> int:
     """W when every cross-thread reduction may use `loopir_subwarp_allreduce<W>`: the x extent is a constant
-    power of two W <= 16, the block a constant number of whole warps (so a row of W lanes lies in one warp
+    power of two W <= 32, the block a constant number of whole warps (so a row of W lanes lies in one warp
     and every lane exists), and each reduction loop sits inside a threadIdx.y / threadIdx.z loop (TVM's
     layout; other kernels keep the block all-reduce with x rounded up to a warp). 0 otherwise."""
     if not reductions:
@@ -152,7 +152,7 @@ def subwarp_width(nest: N.Stmt, launch: dict[str, N.Expr], reductions: frozenset
     if not all(isinstance(d, N.Const) for d in dims):
         return 0
     w, total = int(dims[0].value), math.prod(int(d.value) for d in dims)  # type: ignore[attr-defined]
-    if w not in (2, 4, 8, 16) or total % 32 or total > 1024:
+    if w not in (2, 4, 8, 16, 32) or total % 32 or total > 1024:
         return 0
     paths = _bound_paths(nest)
     for f in loops_of(nest):
