@@ -52,6 +52,7 @@ from .primitives import compute as _compute  # noqa: F401
 from .primitives import loop_fusion as _loop_fusion  # noqa: F401
 from .primitives import loops as _loops  # noqa: F401
 from .primitives import row_cache as _row_cache  # noqa: F401
+from .primitives import tensorize as _tensorize  # noqa: F401
 
 __all__ = ["Schedule", "LoopHandle"]
 
@@ -257,6 +258,7 @@ class Schedule:
         def tile(self, i: LoopHandle, j: LoopHandle, ti: int,
                  tj: int) -> tuple[LoopHandle, LoopHandle, LoopHandle, LoopHandle]: ...
         def unroll(self, loop: LoopHandle) -> Schedule: ...
+        def tensorize(self, loop: LoopHandle, intrinsic: str = ...) -> Schedule: ...
         def vectorize(self, loop: LoopHandle) -> Schedule: ...
 
     # ------------------------------------------------------------------ applying primitives
