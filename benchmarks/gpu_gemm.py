@@ -323,9 +323,12 @@ def main() -> None:
                     help="also time SKINNY_SWEEP's tiles on the first shape of <= 64 rows")
     ap.add_argument("--mma", nargs="*", default=None,
                     help="tensor-core GEMM (gemm_mma) at these shapes (N or NxMxP; 0 = symbolic sizes), f16 and bf16")
+    ap.add_argument("--mma-tiles", default="{}",
+                    help='gemm_mma tiles as JSON, e.g. {"block": [128, 64], "warp": [64, 32]}')
     a = ap.parse_args()
     if a.mma is not None:
-        rows = mma_entries([_parse_shape(t) if t != "0" else (0, 0, 0) for t in a.mma or ["4096"]], a.reps)
+        rows = mma_entries([_parse_shape(t) if t != "0" else (0, 0, 0) for t in a.mma or ["4096"]], a.reps,
+                           **json.loads(a.mma_tiles))
         print("| workload | impl | ms | TFLOP/s | vs cuBLAS | rel. error vs float64 |\n|---|---|---|---|---|---|")
         for r in rows:
             if r.get("ms"):

@@ -74,6 +74,26 @@ def test_numerics_interp(dtype: str, order: str | None) -> None:
     assert _rel(_as64(out, dtype), ref) < 1e-2
 
 
+def test_edge_tiles_guarded_interp() -> None:
+    """Sizes the tiles do not divide (80 x 72): the update keeps its edge guard inside the tensorized nest."""
+    n, m, p = 80, 72, 32
+    s, wl = _sched(n, m, p)
+    schedule_gemm_mma(s, **SMALL)
+    assert "mma.m16n8k16(0, 2)" in str(s.program)
+    host, f64 = _inputs(wl, "float16", n, m, p, seed=9)
+    out = _out("float16", n, m)
+    interp.run(widen_accumulators(s.program), *host, out, gpu_order="reversed")
+    ref = np.maximum(f64[0] @ f64[1] + f64[2], 0.0)
+    assert _rel(_as64(out, "float16"), ref) < 1e-2
+
+
+def test_refuses_symbolic_reduction_length() -> None:
+    wl = w.matmul_bias_relu(dtype="float16")
+    s = Schedule(lower(list(wl.outputs), list(wl.inputs) + list(wl.outputs)))
+    with pytest.raises(TensorizeError, match="perfect nest"):
+        schedule_gemm_mma(s, **SMALL)
+
+
 def test_lowered_cuda_program_adversarial() -> None:
     n, m, p = 64, 64, 32
     s, wl = _sched(n, m, p)
@@ -136,7 +156,7 @@ def test_refuses_bad_tiles() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("size", [(256, 256, 256), (4096, 4096, 4096), (4000, 4000, 4000)])
+@pytest.mark.parametrize("size", [(256, 256, 256), (200, 136, 64), (4096, 4096, 4096), (4000, 4000, 4000)])
 def test_gpu_gemm_mma(dtype: str, size: tuple[int, int, int]) -> None:
     from codegen import build
 

@@ -25,7 +25,7 @@ import random
 
 from loopir.affine import eval_index
 from loopir.errors import ArgumentError
-from loopir.nodes import Binary, For, Load, Program, Seq, Store, Var
+from loopir.nodes import Binary, Expr, For, If, Load, Program, Seq, Store, Var
 from loopir.visit import free_vars
 
 from . import find_loop_path, primitive, replace_loop
@@ -52,6 +52,7 @@ class MmaOperands:
     store: Store
     a: Load
     b: Load
+    guard: Expr | None = None
 
 
 def _const_extent(f: For) -> int | None:
@@ -71,6 +72,12 @@ def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize") -> MmaO
     el_f = _only(f.body)
     k_f = _only(el_f.body) if isinstance(el_f, For) else None
     st = _only(k_f.body) if isinstance(k_f, For) else None
+    guard = None
+    if isinstance(st, If) and st.orelse is None and isinstance(k_f, For) and k_f.var not in free_vars(st.cond):
+        # an edge tile's guard on the output element (row < n and column < m), not on k: the instruction computes
+        # the element anyway into an accumulator whose C element lies outside the matrix, and the epilogue's
+        # store is guarded by the same condition, so that value is never observed
+        guard, st = st.cond, _only(st.then)
     if not (isinstance(el_f, For) and isinstance(k_f, For) and isinstance(st, Store)):
         raise TensorizeError(f"{what}: loop {f.var.name!r} must head a perfect nest of three loops (eh, el, k) "
                              "around one update statement")
@@ -108,7 +115,7 @@ def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize") -> MmaO
     lane = lane_vars[0]
     eh, el, k = f.var, el_f.var, k_f.var
     _check_lane_map(what, st, a, b, lane, eh, el, k)
-    return MmaOperands(eh, el, k, lane, st, a, b)
+    return MmaOperands(eh, el, k, lane, st, a, b, guard)
 
 
 def _check_lane_map(what: str, st: Store, a: Load, b: Load, lane: Var, eh: Var, el: Var, k: Var) -> None:
@@ -154,7 +161,8 @@ def tensorize(program: Program, loop: Var, intrinsic: str = "mma.m16n8k16") -> P
     """Run the nest headed by `loop` as one warp-wide tensor-core instruction `intrinsic` ("mma.m16n8k16").
 
     Precondition (refused with TensorizeError naming the part that does not match): `loop` heads a perfect
-    nest (eh: 2, el: 2, k: 16) around one update `acc[..] = acc[..] + A[..] * B[..]` with acc a local float32
+    nest (eh: 2, el: 2, k: 16) around one update (optionally under an edge guard that does not involve k)
+    `acc[..] = acc[..] + A[..] * B[..]` with acc a local float32
     (or the half type, widened by the CUDA passes) accumulator, A and B float16 (or both bfloat16) shared
     2-d tiles, inside one threadIdx.x loop of 32 lanes, and the indices are the m16n8k16 fragment layout::
 
