@@ -20,6 +20,14 @@ of 16 x 8 accumulator fragments, lane l owning rows l//4 + 8*eh and columns 2*(l
 Every step is a Schedule primitive; `tensorize` checks that the innermost nest is exactly the instruction's
 fragment layout. A reduction length that k_tile does not divide (or a symbolic one) is refused: the k
 loop would need a guard inside the instruction's nest.
+
+Measured (H200, benchmarks/gpu_gemm.py --mma 4096 4000, same run as cuBLAS through torch): 4096^3 float16
+3.06 ms = 44.9 TFLOP/s (cuBLAS 0.275 ms), bfloat16 43.6 TFLOP/s; block (128, 64) / warp (64, 32): 51-52 TFLOP/s.
+Correct (rel. error vs float64 3.8e-4 float16, 3.0e-3 bfloat16), but ~10% of cuBLAS. Known causes, in the
+order to fix them: the shared copies are element-wise 2-byte copies, not 16-byte cp.async; the shared tiles
+are unpadded and unswizzled (ldmatrix rows 64 B / 256 B apart: 4- and 8-way bank conflicts); each (mi, ni)
+instruction reloads its A and B fragments (no fragment reuse across the warp tile); the accumulator buffer
+is the box hull of the lane's fragments (warp 64 x 64: 8 x 58 floats, 128 used; constant indices after unrolling).
 """
 
 from __future__ import annotations
