@@ -250,6 +250,63 @@ def print_shapes(rows: list[dict[str, Any]]) -> None:
         show_row(r)
 
 
+def mma_entries(shapes: list[tuple[int, int, int]], reps: int = 20, **tiles: Any) -> list[dict[str, Any]]:
+    """Tensor-core GEMM (schedules.recipes.gemm_mma) in float16 and bfloat16 vs cuBLAS (torch.matmul in the same
+    dtype, eager), same run: rows {workload, impl, ms, tflops, ratio_vs_cublas, rel_err vs float64}. A shape with a
+    0 is built with symbolic sizes (every size a variable) and run at the other sizes given (n = m = p)."""
+    import torch
+
+    from codegen import build
+    from loopir import workloads as w
+    from loopir.lower import lower
+    from schedules import Schedule
+    from schedules.recipes.gemm_mma import schedule_gemm_mma
+
+    dev = torch.device("cuda")
+    rows: list[dict[str, Any]] = []
+    sync = torch.cuda.synchronize
+    for dtype, tdt in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+        for n, m, p in shapes:
+            symbolic = n == 0
+            if symbolic:
+                n = m = p = 4096
+            g = torch.Generator(device=dev).manual_seed(1)
+            a = torch.randn(n, p, device=dev, generator=g).to(tdt)
+            b = torch.randn(p, m, device=dev, generator=g).to(tdt)
+            bias = torch.randn(m, device=dev, generator=g).to(tdt)
+            out = torch.full((n, m), float("nan"), device=dev, dtype=tdt)
+            ref64 = torch.relu(a.double() @ b.double() + bias.double())
+            scale = float(ref64.abs().max().item())
+            tag = f"relu(A@B+bias) {n}x{m}x{p} {dtype}" + (" symbolic" if symbolic else "")
+            flops = 2.0 * n * m * p
+            t_cub = _median_ms(lambda a=a, b=b, bias=bias: torch.relu(a @ b + bias), sync, reps)
+            err_cub = float((torch.relu(a @ b + bias).double() - ref64).abs().max().item()) / scale
+            rows.append({"workload": tag, "impl": "torch eager (cuBLAS)", "ms": t_cub, "rel_err": err_cub})
+            try:
+                wl = w.matmul_bias_relu(dtype=dtype) if symbolic else w.matmul_bias_relu(n=n, m=m, p=p, dtype=dtype)
+                s = Schedule(lower(list(wl.outputs), list(wl.inputs) + list(wl.outputs)))
+                t0 = time.perf_counter()
+                plan = schedule_gemm_mma(s, **tiles)
+                mod = build(s, list(wl.inputs) + list(wl.outputs), target="cuda")
+                build_s = time.perf_counter() - t0
+                view = (lambda x: x.view(torch.uint16)) if dtype == "bfloat16" else (lambda x: x)
+                args = [view(a), view(b), view(bias), view(out)]
+                mod(*args)
+                sync()
+                err = float((out.double() - ref64).abs().max().item()) / scale
+                t = _median_ms(lambda mod=mod, args=args: mod(*args), sync, reps)
+                rows.append({"workload": tag, "impl": "loopir mma", "ms": t, "rel_err": err, "build_s": build_s,
+                             "kernels": len(mod.kernels), "plan": plan.explain()})
+            except Exception as e:  # noqa: BLE001 - report, keep the others
+                rows.append({"workload": tag, "impl": "loopir mma", "ms": None,
+                             "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            for r in rows[-2:]:
+                if r.get("ms"):
+                    r["tflops"] = flops / (r["ms"] * 1e-3) / 1e12
+                    r["ratio_vs_cublas"] = t_cub / r["ms"]
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("n", type=int, nargs="?", default=4096)
@@ -264,7 +321,25 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--skinny-sweep", action="store_true",
                     help="also time SKINNY_SWEEP's tiles on the first shape of <= 64 rows")
+    ap.add_argument("--mma", nargs="*", default=None,
+                    help="tensor-core GEMM (gemm_mma) at these shapes (N or NxMxP; 0 = symbolic sizes), f16 and bf16")
+    ap.add_argument("--mma-tiles", default="{}",
+                    help='gemm_mma tiles as JSON, e.g. {"block": [128, 64], "warp": [64, 32]}')
     a = ap.parse_args()
+    if a.mma is not None:
+        rows = mma_entries([_parse_shape(t) if t != "0" else (0, 0, 0) for t in a.mma or ["4096"]], a.reps,
+                           **json.loads(a.mma_tiles))
+        print("| workload | impl | ms | TFLOP/s | vs cuBLAS | rel. error vs float64 |\n|---|---|---|---|---|---|")
+        for r in rows:
+            if r.get("ms"):
+                print(f"| {r['workload']} | {r['impl']} | {r['ms']:.3f} | {r['tflops']:.1f} | "
+                      f"{r['ratio_vs_cublas']:.2f} | {r['rel_err']:.2e} |")
+            else:
+                print(f"| {r['workload']} | {r['impl']} | failed: {r.get('error')} | | | |")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return
     if a.shapes:
         print(HEADER, flush=True)
         rows = shape_entries([_parse_shape(t) for t in a.shapes], a.reps, a.dtype, a.skinny_sweep, show_row)

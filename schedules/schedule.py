@@ -54,6 +54,7 @@ from .primitives import loops as _loops  # noqa: F401
 from .primitives import online as _online  # noqa: F401
 from .primitives import rfactor as _rfactor  # noqa: F401
 from .primitives import row_cache as _row_cache  # noqa: F401
+from .primitives import tensorize as _tensorize  # noqa: F401
 
 __all__ = ["Schedule", "LoopHandle"]
 
@@ -262,6 +263,7 @@ class Schedule:
         def tile(self, i: LoopHandle, j: LoopHandle, ti: int,
                  tj: int) -> tuple[LoopHandle, LoopHandle, LoopHandle, LoopHandle]: ...
         def unroll(self, loop: LoopHandle) -> Schedule: ...
+        def tensorize(self, loop: LoopHandle, intrinsic: str = "mma.m16n8k16") -> Schedule: ...
         def vectorize(self, loop: LoopHandle) -> Schedule: ...
 
     # ------------------------------------------------------------------ applying primitives

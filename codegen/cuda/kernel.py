@@ -56,6 +56,7 @@ from .expr import (  # noqa: F401  (re-exported: tests and callers import them f
     _Names,
     _sanitize,
 )
+from .mma import render_mma
 from .prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
 from .reduce import _identity, _ReductionEmitter  # noqa: F401
 from .staging import _StagingEmitter
@@ -326,6 +327,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             return None
         if f.kind == "vectorize" and self.try_vector(f):
             return None
+        if f.kind.startswith("mma."):  # a tensorized nest: tensor-core PTX (codegen.cuda.mma)
+            return render_mma(self, f)
         if f.var in self.kern.cooperative:
             self.cooperative(f)
             return None

@@ -1,0 +1,186 @@
+"""tensorize: map a warp's 16x8x16 register-tile update onto one tensor-core instruction (mma.sync m16n8k16).
+
+The instruction is warp-wide: lane `l` of a warp holds four elements of the 16x8 accumulator tile, rows
+`l // 4 + 8 * eh` and columns `2 * (l % 4) + el` for (eh, el) in {0, 1}^2 (PTX ISA, "Matrix Fragments for
+mma.m16n8k16"). The nest this primitive accepts is exactly what one lane computes::
+
+    for eh in range(0, 2):
+      for el in range(0, 2):
+        for k in range(0, 16):
+          acc[.., eh, .., el] += A_sh[r0 + lane // 4 + 8 * eh, k0 + k] * B_sh[k0 + k, c0 + 2 * (lane % 4) + el]
+    ->
+    for eh in mma.m16n8k16(0, 2):        # the same nest, marked: its loops are the instruction's reference semantics
+      ...
+
+The loops stay in the IR, so the interpreters, bounds proofs, race and barrier checks read the reference
+semantics; the CUDA renderer (codegen/cuda/mma.py) prints `ldmatrix` + `mma.sync` instead of the nest and
+the CPU target runs the loops. The only change of meaning is the order of the 16-term sum of each element
+(the instruction reassociates it, as every parallel reduction does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from loopir.affine import eval_index
+from loopir.errors import ArgumentError
+from loopir.nodes import Binary, Expr, For, If, Load, Program, Seq, Store, Var
+from loopir.visit import free_vars
+
+from . import find_loop_path, primitive, replace_loop
+
+__all__ = ["MMA_SHAPES", "TensorizeError", "tensorize", "mma_operands"]
+
+MMA_SHAPES = {"mma.m16n8k16": (16, 8, 16)}
+HALF = ("float16", "bfloat16")
+
+
+class TensorizeError(ArgumentError):
+    """tensorize refused: the nest is not what the instruction computes (the message says which part)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MmaOperands:
+    """The parts of a tensorized nest the renderer needs: the three loops (eh, el, k), the lane variable,
+    the update statement and its two operand loads (A rows x k, B k x columns)."""
+
+    eh: Var
+    el: Var
+    k: Var
+    lane: Var
+    store: Store
+    a: Load
+    b: Load
+    guard: Expr | None = None
+
+
+def _const_extent(f: For) -> int | None:
+    lo, hi = getattr(f.lo, "value", None), getattr(f.hi, "value", None)
+    return hi - lo if isinstance(lo, int) and isinstance(hi, int) and lo == 0 else None
+
+
+def _only(s: object) -> object:
+    while isinstance(s, Seq) and len(s.body) == 1:
+        s = s.body[0]
+    return s
+
+
+def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize") -> MmaOperands:
+    """Check that `f` heads the nest one lane computes for m16n8k16 (see the module docstring) and return its parts.
+    `lanes`: the loops bound to threadIdx.x around it. TensorizeError naming the first mismatch otherwise."""
+    el_f = _only(f.body)
+    k_f = _only(el_f.body) if isinstance(el_f, For) else None
+    st = _only(k_f.body) if isinstance(k_f, For) else None
+    guard = None
+    if isinstance(st, If) and st.orelse is None and isinstance(k_f, For) and k_f.var not in free_vars(st.cond):
+        # an edge tile's guard on the output element (row < n and column < m), not on k: the instruction computes
+        # the element anyway into an accumulator whose C element lies outside the matrix, and the epilogue's
+        # store is guarded by the same condition, so that value is never observed
+        guard, st = st.cond, _only(st.then)
+    if not (isinstance(el_f, For) and isinstance(k_f, For) and isinstance(st, Store)):
+        raise TensorizeError(f"{what}: loop {f.var.name!r} must head a perfect nest of three loops (eh, el, k) "
+                             "around one update statement")
+    ext = (_const_extent(f), _const_extent(el_f), _const_extent(k_f))
+    if ext != (2, 2, 16):
+        raise TensorizeError(f"{what}: the nest {f.var.name}, {el_f.var.name}, {k_f.var.name} has extents {ext}; "
+                             "mma.m16n8k16 needs (2, 2, 16): split the tile by 16 x 8 x 16 first")
+    v = st.value
+    prod = v.b if isinstance(v, Binary) and v.op == "add" else None
+    if not (isinstance(v.a, Load) and v.a.buffer is st.buffer and v.a.indices == st.indices  # type: ignore[union-attr]
+            and isinstance(prod, Binary) and prod.op == "mul"
+            and isinstance(prod.a, Load) and isinstance(prod.b, Load)):
+        raise TensorizeError(f"{what}: statement {st.name!r} is not a matmul-shaped update "
+                             "C[..] = C[..] + A[..] * B[..]")
+    a, b = prod.a, prod.b
+    if st.buffer.scope != "local":
+        raise TensorizeError(f"{what}: the accumulator {st.buffer.name!r} is {st.buffer.scope}; the instruction "
+                             "accumulates in registers (cache_write it to 'local' first)")
+    for x in (a, b):
+        if x.buffer.scope != "shared":
+            raise TensorizeError(f"{what}: operand {x.buffer.name!r} is in {x.buffer.scope} memory; ldmatrix "
+                                 "reads shared memory (cache_read it to 'shared' first)")
+        if len(x.indices) != 2:
+            raise TensorizeError(f"{what}: operand {x.buffer.name!r} must be a 2-d shared tile")
+    if a.buffer.dtype not in HALF or b.buffer.dtype != a.buffer.dtype:
+        raise TensorizeError(f"{what}: operands {a.buffer.name!r} ({a.buffer.dtype}) and {b.buffer.name!r} "
+                             f"({b.buffer.dtype}) must both be float16 or both bfloat16")
+    if st.buffer.dtype not in ("float32", a.buffer.dtype):
+        raise TensorizeError(f"{what}: accumulator {st.buffer.name!r} is {st.buffer.dtype}; the instruction "
+                             "accumulates in float32")
+    lane_vars = [lv for lv, lf in lanes.items() if _const_extent(lf) == 32]
+    if len(lanes) != 1 or not lane_vars:
+        raise TensorizeError(f"{what}: the nest must sit inside exactly one loop bound to threadIdx.x of extent 32 "
+                             "(the lanes of one warp); warps go on threadIdx.y / threadIdx.z")
+    lane = lane_vars[0]
+    eh, el, k = f.var, el_f.var, k_f.var
+    _check_lane_map(what, st, a, b, lane, eh, el, k)
+    return MmaOperands(eh, el, k, lane, st, a, b, guard)
+
+
+def _check_lane_map(what: str, st: Store, a: Load, b: Load, lane: Var, eh: Var, el: Var, k: Var) -> None:
+    """Evaluate the indices at every (lane, eh, el, k) for two random values of the outer variables and
+    compare them with the instruction's fragment layout."""
+    own = {lane, eh, el, k}
+    outer = sorted((free_vars(a) | free_vars(b) | free_vars(st)) - own, key=lambda x: x.name)
+    rng = random.Random(12)
+    for trial in range(2):
+        env = {x: (0 if trial == 0 else rng.randrange(0, 7)) for x in outer}
+        base = {**env, lane: 0, eh: 0, el: 0, k: 0}
+        r0, ka = (eval_index(i, base) for i in a.indices)
+        kb, c0 = (eval_index(i, base) for i in b.indices)
+        if r0 % 1 or ka % 8 or c0 % 8 or kb % 8:
+            raise TensorizeError(f"{what}: the tile origins (A[{r0}, {ka}], B[{kb}, {c0}]) are not multiples of 8 "
+                                 "elements: ldmatrix needs 16-byte aligned rows")
+        cells: dict[tuple[int, ...], tuple[int, int]] = {}
+        for ln in range(32):
+            for h in range(2):
+                for e in range(2):
+                    for kk in range(16):
+                        p = {**env, lane: ln, eh: h, el: e, k: kk}
+                        ai = tuple(eval_index(i, p) for i in a.indices)
+                        bi = tuple(eval_index(i, p) for i in b.indices)
+                        want_a = (r0 + ln // 4 + 8 * h, ka + kk)
+                        want_b = (kb + kk, c0 + 2 * (ln % 4) + e)
+                        if ai != want_a or bi != want_b:
+                            raise TensorizeError(
+                                f"{what}: at lane {ln}, {eh.name}={h}, {el.name}={e}, {k.name}={kk} the nest reads "
+                                f"{a.buffer.name}{list(ai)} and {b.buffer.name}{list(bi)}; the m16n8k16 fragment "
+                                f"layout reads {a.buffer.name}{list(want_a)} and {b.buffer.name}{list(want_b)}")
+                        ci = tuple(eval_index(i, p) for i in st.indices)
+                        if cells.setdefault(ci, (h, e)) != (h, e):
+                            raise TensorizeError(f"{what}: accumulator element {st.buffer.name}{list(ci)} is updated "
+                                                 "by two of the lane's four fragment elements")
+    for ln_sh in (a.buffer.shape[1], b.buffer.shape[1]):
+        if getattr(ln_sh, "value", 0) % 8:
+            raise TensorizeError(f"{what}: shared rows of {ln_sh} elements are not 16-byte multiples (ldmatrix)")
+
+
+@primitive("tensorize", check=None)
+def tensorize(program: Program, loop: Var, intrinsic: str = "mma.m16n8k16") -> Program:
+    """Run the nest headed by `loop` as one warp-wide tensor-core instruction `intrinsic` ("mma.m16n8k16").
+
+    Precondition (refused with TensorizeError naming the part that does not match): `loop` heads a perfect
+    nest (eh: 2, el: 2, k: 16) around one update (optionally under an edge guard that does not involve k)
+    `acc[..] = acc[..] + A[..] * B[..]` with acc a local float32
+    (or the half type, widened by the CUDA passes) accumulator, A and B float16 (or both bfloat16) shared
+    2-d tiles, inside one threadIdx.x loop of 32 lanes, and the indices are the m16n8k16 fragment layout::
+
+        for eh in range(0, 2):                 ->   for eh in mma.m16n8k16(0, 2):
+          for el in range(0, 2):                      for el in range(0, 2):
+            for k in range(0, 16):                      for k in range(0, 16):
+              acc[eh, el] += A[r0 + lane//4 + 8*eh, k0 + k] * B[k0 + k, c0 + 2*(lane%4) + el]   (unchanged)
+
+    Only the order of each element's 16-term sum changes (reassociated by the instruction).
+    """
+    if intrinsic not in MMA_SHAPES:
+        raise TensorizeError(f"tensorize: unknown intrinsic {intrinsic!r}; known: {', '.join(MMA_SHAPES)}")
+    found = find_loop_path(program.body, loop)
+    if found is None:
+        raise TensorizeError(f"tensorize: loop {loop.name!r} is not in program {program.name!r}")
+    f, path = found
+    if f.kind != "serial":
+        raise TensorizeError(f"tensorize: loop {loop.name!r} is already {f.thread or f.kind}")
+    lanes = {p.var: p for p, _ in path if isinstance(p, For) and p.kind == "thread" and p.thread == "threadIdx.x"}
+    mma_operands(f, lanes)
+    return replace_loop(program, loop, dataclasses.replace(f, kind=intrinsic))

@@ -1,0 +1,171 @@
+"""tensorize (mma.sync m16n8k16) and the tensor-core GEMM recipe: nest before/after, refusals, numerics through
+the interpreters (float16 and bfloat16 against a float64 reference), NVRTC compile, GPU runs (gpu-marked)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codegen.passes import lower as lower_passes
+from codegen.passes.accumulate import widen_accumulators
+from loopir import interp
+from loopir import workloads as w
+from loopir.dtypes import from_bfloat16, to_bfloat16
+from loopir.lower import lower
+from schedules import Schedule
+from schedules.primitives.tensorize import TensorizeError
+from schedules.recipes.gemm_mma import schedule_gemm_mma
+
+SMALL = dict(block=(64, 64), warp=(32, 32), k_tile=32)
+
+
+def _sched(n: int = 64, m: int = 64, p: int = 32, dtype: str = "float16") -> tuple[Schedule, w.Workload]:
+    wl = w.matmul_bias_relu(n=n, m=m, p=p, dtype=dtype)
+    return Schedule(lower(list(wl.outputs), list(wl.inputs) + list(wl.outputs))), wl
+
+
+def _inputs(wl: w.Workload, dtype: str, n: int, m: int, p: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    f64 = [rng.standard_normal((n, p)), rng.standard_normal((p, m)), rng.standard_normal(m)]
+    if dtype == "bfloat16":
+        host = [to_bfloat16(x.astype(np.float32)) for x in f64]
+        f64 = [from_bfloat16(x).astype(np.float64) for x in host]
+    else:
+        host = [x.astype(np.float16) for x in f64]
+        f64 = [x.astype(np.float64) for x in host]
+    return host, f64
+
+
+def _out(dtype: str, n: int, m: int) -> np.ndarray:
+    if dtype == "bfloat16":
+        return np.full((n, m), 0x7FC0, dtype=np.uint16)  # NaN
+    return np.full((n, m), np.nan, dtype=np.float16)
+
+
+def _as64(x: np.ndarray, dtype: str) -> np.ndarray:
+    return (from_bfloat16(x) if dtype == "bfloat16" else x).astype(np.float64)
+
+
+def _rel(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+def test_nest_after_tensorize() -> None:
+    s, _ = _sched()
+    schedule_gemm_mma(s, **SMALL)
+    text = str(s.program)
+    assert "mma.m16n8k16(0, 2)" in text
+    assert "threadIdx.x" in text and "threadIdx.z" in text
+    # the nest stays the reference semantics: 2 x 2 x 16 loops around the update
+    assert "range(0, 16)" in text
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("order", [None, "reversed"])
+def test_numerics_interp(dtype: str, order: str | None) -> None:
+    n, m, p = 64, 64, 32
+    s, wl = _sched(n, m, p, dtype)
+    schedule_gemm_mma(s, **SMALL)
+    host, f64 = _inputs(wl, dtype, n, m, p, seed=3 if order else 4)
+    out = _out(dtype, n, m)
+    # the accumulators widened to float32 as every target does (a bfloat16 running sum alone is off by ~1%)
+    interp.run(widen_accumulators(s.program), *host, out, gpu_order=order)
+    ref = np.maximum(f64[0] @ f64[1] + f64[2], 0.0)
+    assert _rel(_as64(out, dtype), ref) < 1e-2
+
+
+def test_edge_tiles_guarded_interp() -> None:
+    """Sizes the tiles do not divide (80 x 72): the update keeps its edge guard inside the tensorized nest."""
+    n, m, p = 80, 72, 32
+    s, wl = _sched(n, m, p)
+    schedule_gemm_mma(s, **SMALL)
+    assert "mma.m16n8k16(0, 2)" in str(s.program)
+    host, f64 = _inputs(wl, "float16", n, m, p, seed=9)
+    out = _out("float16", n, m)
+    interp.run(widen_accumulators(s.program), *host, out, gpu_order="reversed")
+    ref = np.maximum(f64[0] @ f64[1] + f64[2], 0.0)
+    assert _rel(_as64(out, "float16"), ref) < 1e-2
+
+
+def test_refuses_symbolic_reduction_length() -> None:
+    wl = w.matmul_bias_relu(dtype="float16")
+    s = Schedule(lower(list(wl.outputs), list(wl.inputs) + list(wl.outputs)))
+    with pytest.raises(TensorizeError, match="perfect nest"):
+        schedule_gemm_mma(s, **SMALL)
+
+
+def test_lowered_cuda_program_adversarial() -> None:
+    n, m, p = 64, 64, 32
+    s, wl = _sched(n, m, p)
+    schedule_gemm_mma(s, **SMALL)
+    prog = lower_passes(s.program, "cuda")
+    host, f64 = _inputs(wl, "float16", n, m, p, seed=5)
+    out = _out("float16", n, m)
+    interp.run(prog, *host, out, gpu_order="reversed")
+    ref = np.maximum(f64[0] @ f64[1] + f64[2], 0.0)
+    assert _rel(_as64(out, "float16"), ref) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_nvrtc_source(dtype: str) -> None:
+    from codegen import build
+
+    s, wl = _sched(dtype=dtype)
+    schedule_gemm_mma(s, **SMALL)
+    mod = build(s, list(wl.inputs) + list(wl.outputs), target="cuda")
+    src = mod.source
+    t = "f16" if dtype == "float16" else "bf16"
+    assert f"mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32" in src
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src and ".x2.trans" in src
+
+
+def test_refuses_float32_inputs() -> None:
+    s, _ = _sched(dtype="float32")
+    with pytest.raises(TensorizeError, match="must both be float16 or both bfloat16"):
+        schedule_gemm_mma(s, **SMALL)
+
+
+def test_refuses_wrong_extents_and_unknown_intrinsic() -> None:
+    s, _ = _sched()
+    name = "matmul"
+    i, j, k = s.loops(name)[-3:]
+    with pytest.raises(TensorizeError, match="perfect nest|extents"):
+        s.tensorize(i)
+    with pytest.raises(TensorizeError, match="unknown intrinsic"):
+        s.tensorize(i, "mma.m8n8k4")
+
+
+def test_refuses_global_operands_and_wrong_layout() -> None:
+    s, _ = _sched()
+    i, j, k = s.loops("matmul")[-3:]
+    ih, ir = s.split(i, 2)
+    jh, jr = s.split(j, 2)
+    ko, ki = s.split(k, 16)
+    s.reorder(ih, jh, ko, ir, jr, ki)
+    with pytest.raises(TensorizeError, match="local"):
+        s.tensorize(ir)
+
+
+def test_refuses_bad_tiles() -> None:
+    from loopir.errors import ArgumentError
+
+    s, _ = _sched()
+    with pytest.raises(ArgumentError, match="multiple of the warp tile"):
+        schedule_gemm_mma(s, block=(64, 64), warp=(24, 32), k_tile=32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("size", [(256, 256, 256), (200, 136, 64), (4096, 4096, 4096), (4000, 4000, 4000)])
+def test_gpu_gemm_mma(dtype: str, size: tuple[int, int, int]) -> None:
+    from codegen import build
+
+    n, m, p = size
+    s, wl = _sched(n, m, p, dtype)
+    schedule_gemm_mma(s)
+    mod = build(s, list(wl.inputs) + list(wl.outputs), target="cuda")
+    host, f64 = _inputs(wl, dtype, n, m, p, seed=7)
+    out = _out(dtype, n, m)
+    mod(*host, out)
+    ref = np.maximum(f64[0] @ f64[1] + f64[2], 0.0)
+    assert _rel(_as64(out, dtype), ref) < 1e-2
