@@ -38,7 +38,9 @@ from loopir.visit import free_vars
 
 from .passes.launch import INT32_SLACK
 
-ROW_CLASSES = (2**10, 2**13, 2**16)  # upper bounds of the row-length classes; above the last: unbounded
+# upper bounds of the row-length classes; above the last: unbounded. 127: rows shorter than a block of 128
+# threads, which the planner maps as warp rows (schedules/rows.py)
+ROW_CLASSES = (127, 2**10, 2**13, 2**16)
 _DIV_WHY = {"1": "is 1 -> scheduled with the constant 1 (loops over it vanish)",
             "%16": "divisible by 16 -> scheduled with {v} = 16*{v}16 (vector lanes along it provably whole)",
             "%8": "divisible by 8, not 16 -> scheduled with {v} = 8*{v}8 (16-byte half lanes along it provably whole)",

@@ -56,7 +56,7 @@ def _index_dtypes(mod) -> set[str]:
 def test_div_and_row_classes():
     assert [div_class(v) for v in (1, 16, 4096, 20, 12, 24, 3000, 7, 0, 2)] == \
         ["1", "%16", "%16", "%4", "%4", "%8", "%8", "*", "*", "*"]
-    assert row_class(1) == row_class(1024) == ROW_CLASSES[0]
+    assert row_class(1) == row_class(127) == ROW_CLASSES[0] and row_class(128) == row_class(1024) == 2**10
     assert row_class(1025) == 2**13 and row_class(50257) == 2**16 and row_class(2**16 + 1) == 0
 
 
