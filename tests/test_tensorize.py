@@ -169,3 +169,51 @@ def test_gpu_gemm_mma(dtype: str, size: tuple[int, int, int]) -> None:
     mod(*host, out)
     ref = np.maximum(f64[0] @ f64[1] + f64[2], 0.0)
     assert _rel(_as64(out, dtype), ref) < 1e-2
+
+
+# ----------------------------------------------------------------------------- auto_schedule takes tensor cores
+
+
+def _ref(f64: list[np.ndarray]) -> np.ndarray:
+    a, b, bias = f64
+    return np.maximum(a @ b + bias, 0)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_auto_schedule_uses_tensor_cores_for_half_gemm(dtype: str) -> None:
+    from codegen import build
+    from schedules import auto_schedule
+
+    n, m, p = 256, 128, 64
+    wl = w.matmul_bias_relu(n=n, m=m, p=p, dtype=dtype)
+    s = auto_schedule(list(wl.outputs), "cuda")
+    assert "tensor cores" in s.plan.explain() and "mma.sync m16n8k16" in s.plan.explain()
+    mod = build(s, list(wl.args), target="cuda")
+    assert "mma.sync.aligned.m16n8k16" in mod.source
+    host, f64 = _inputs(wl, dtype, n, m, p, seed=3)
+    out = _out(dtype, n, m)
+    interp.run(mod.program, *host, out, gpu_order="reversed")
+    assert _rel(_as64(out, dtype), _ref(f64)) < 1e-2
+
+
+def test_auto_schedule_keeps_simt_where_tensor_cores_do_not_apply() -> None:
+    from schedules import auto_schedule
+
+    for n, m, p, dt in [(256, 128, 40, "float16"), (64, 128, 64, "float16"), (256, 128, 64, "float32")]:
+        wl = w.matmul_bias_relu(n=n, m=m, p=p, dtype=dt)
+        assert "tensor cores" not in auto_schedule(list(wl.outputs), "cuda").plan.explain(), (n, m, p, dt)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_auto_tensor_core_gemm_matches_float64(dtype: str) -> None:
+    from codegen import build
+
+    n, m, p = 1000, 1024, 512
+    wl = w.matmul_bias_relu(n=n, m=m, p=p, dtype=dtype)
+    mod = build(list(wl.outputs), list(wl.args), target="cuda")
+    assert "mma.sync" in mod.source
+    host, f64 = _inputs(wl, dtype, n, m, p, seed=5)
+    out = _out(dtype, n, m)
+    mod(*host, out)
+    assert _rel(_as64(out, dtype), _ref(f64)) < 1e-2
