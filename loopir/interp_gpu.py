@@ -89,7 +89,7 @@ from .nodes import (
     binary,
     const,
 )
-from .visit import free_vars, loops_of, subst_coords, substitute, walk
+from .visit import free_vars, loops_of, path_to, subst_coords, substitute, walk
 
 # The renderer's own __syncthreads() after a cross-thread reduction / a thread-0 store (when statements of the
 # block follow). Off: barriers are only the Barrier nodes a lowering pass placed (the renderer's are being removed).
@@ -554,31 +554,11 @@ class _KernelCompiler(_Compiler):
 
     def _uniform_path(self, target: Stmt) -> bool:
         """Every thread of the block reaches `target`: no guarded thread-bound loop, no thread-dependent If."""
-        def go(s: Stmt) -> bool | None:
-            if s is target:
-                return True
-            kids: list[Stmt] = []
-            if isinstance(s, (For, Allocate)):
-                kids = [s.body]
-            elif isinstance(s, Seq):
-                kids = list(s.body)
-            elif isinstance(s, If):
-                kids = [s.then] + ([s.orelse] if s.orelse is not None else [])
-            for k in kids:
-                r = go(k)
-                if r is None:
-                    continue
-                if not r:
-                    return False
-                if isinstance(s, If) and free_vars(s.cond) & self.tvars:
-                    return False
-                if isinstance(s, For) and s.kind == "thread" and (s.thread or "").startswith("threadIdx"):
-                    if not self._extent_is_launch(s):
-                        return False
-                return True
-            return None
-
-        return bool(go(self.nest))
+        path = path_to(self.nest, target)
+        return path is not None and not any(
+            (isinstance(s, If) and free_vars(s.cond) & self.tvars)
+            or (isinstance(s, For) and s.kind == "thread" and (s.thread or "").startswith("threadIdx")
+                and not self._extent_is_launch(s)) for s in path)
 
     def _aligned_checks(self, flat: Expr, v: Var) -> list[tuple[int, list[Var]]] | None:
         """The renderer's `_aligned_base`: None when flat is not `base + v` with base a multiple of 4; else

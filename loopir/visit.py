@@ -256,12 +256,32 @@ __all__ = [
     "subst_coords",
     "loop_vars",
     "subst_loops",
+    "path_to",
 ]
 
 
 def loops_of(s: Stmt) -> list[For]:
     """Every For below `s` (pre-order, `s` itself included)."""
     return [n for n in walk(s) if isinstance(n, For)]
+
+
+def path_to(root: Stmt, target: Stmt) -> list[Stmt] | None:
+    """The statements enclosing `target` (`root` first, `target` left out) on the first path that reaches
+    it through For / Allocate bodies, Seq items and If branches; None when `target` is not below `root`."""
+    if root is target:
+        return []
+    kids: list[Stmt] = []
+    if isinstance(root, (For, Allocate)):
+        kids = [root.body]
+    elif isinstance(root, Seq):
+        kids = list(root.body)
+    elif isinstance(root, If):
+        kids = [root.then] + ([root.orelse] if root.orelse is not None else [])
+    for k in kids:
+        inner = path_to(k, target)
+        if inner is not None:
+            return [root, *inner]
+    return None
 
 
 def body_list(s: Stmt) -> list[Stmt]:

@@ -33,7 +33,7 @@ from loopir.errors import CudaCodegenError, UnboundLoopError
 from loopir.isl_conv import NonAffine, aff, aff_to_expr, cond, pw_to_expr
 from loopir.isl_conv import _Names as _IslNames
 from loopir.gpu import is_reduction_loop, is_thread_loop, upper_extent
-from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
+from loopir.visit import free_vars, loops_of, path_to, subst_coords, substitute, walk
 
 from .gpu_model import by_thread_depth
 from .kernels import kernels, map_kernels
@@ -252,31 +252,10 @@ def copy_nest(f: N.For) -> tuple[list[N.For], N.Expr | None, N.Store] | None:
 def uniform_path(nest: N.Stmt, target: N.Stmt, guarded: frozenset[N.Var]) -> bool:
     """Every thread of the block reaches `target`: no guarded thread-bound loop, no thread-dependent If."""
     tvars = {x.var for x in loops_of(nest) if is_thread_loop(x)}
-
-    def go(s: N.Stmt) -> bool | None:
-        if s is target:
-            return True
-        kids: list[N.Stmt] = []
-        if isinstance(s, (N.For, N.Allocate)):
-            kids = [s.body]
-        elif isinstance(s, N.Seq):
-            kids = list(s.body)
-        elif isinstance(s, N.If):
-            kids = [s.then] + ([s.orelse] if s.orelse is not None else [])
-        for k in kids:
-            r = go(k)
-            if r is None:
-                continue
-            if not r:
-                return False
-            if isinstance(s, N.If) and free_vars(s.cond) & tvars:
-                return False
-            if isinstance(s, N.For) and is_thread_loop(s) and s.var in guarded:
-                return False
-            return True
-        return None
-
-    return bool(go(nest))
+    path = path_to(nest, target)
+    return path is not None and not any(
+        (isinstance(s, N.If) and free_vars(s.cond) & tvars)
+        or (isinstance(s, N.For) and is_thread_loop(s) and s.var in guarded) for s in path)
 
 
 def thread_free_copy(nest: N.Stmt, f: N.For, guarded: frozenset[N.Var]) -> bool:

@@ -345,16 +345,23 @@ def cache_read(program: Program, tensor: Any, scope: str, loop: Var) -> tuple[Pr
     return replace_loop(program, loop, new), cache
 
 
+def union_box(program: Program, readers: list[Any], buf: Buffer, loop: Var) -> list[tuple[Expr, Expr]]:
+    """The box (lo, hi) per dimension holding every element of `buf` the statements `readers` read in one
+    iteration of `loop` (the hull of their footprints)."""
+    box: list[tuple[Expr, Expr]] | None = None
+    for c in readers:
+        fp = poly.footprint(program, c.store.name, buf, loop)
+        box = fp if box is None else [(_min(a[0], b[0]), _max(a[1], b[1])) for a, b in zip(box, fp)]
+    assert box is not None
+    return box
+
+
 def _box(program: Program, readers: list[Any], buf: Buffer, f: For, loop: Var, scope: str,
          projected: list[For]) -> tuple[list[Expr], list[Expr], set[tuple[int, str]]]:
     """(shape, lows, the (dimension, "lo" | "hi") sides on which the copied box provably stays inside
     the buffer) of the region copied at each iteration of `loop`."""
     if not projected:
-        box: list[tuple[Expr, Expr]] | None = None
-        for c in readers:
-            fp = poly.footprint(program, c.store.name, buf, loop)
-            box = fp if box is None else [(_min(a[0], b[0]), _max(a[1], b[1])) for a, b in zip(box, fp)]
-        assert box is not None
+        box = union_box(program, readers, buf, loop)
         sizes = [_const_value(binary("sub", hi, lo)) for lo, hi in box]
         if all(n is not None for n in sizes):
             lows = [lo for lo, _ in box]

@@ -15,7 +15,7 @@ from loopir.nodes import Allocate, Barrier, Buffer, For, Load, Program, Stmt, St
 from loopir.visit import free_vars, seq
 
 from . import CheckContext, fresh_name, primitive, replace_loop
-from .cache import _check_cache_read, _max, _min, readers_in, redirect_readers
+from .cache import _check_cache_read, readers_in, redirect_readers, union_box
 
 __all__ = ["cache_row"]
 
@@ -47,11 +47,7 @@ def cache_row(program: Program, tensor: Any, loop: Var) -> tuple[Program, Buffer
     if any(lp.kind == "thread" and (lp.thread or "").startswith("threadIdx") for lp in readers[0].loops[:depth]):
         raise ArgumentError(f"cache_row: loop {loop.name!r} is inside a threadIdx-bound loop; a row cache "
                             "belongs to one block's row loop (cache_read handles tiles of a block's threads)")
-    box: list[tuple[Any, Any]] | None = None
-    for c in readers:
-        fp = poly.footprint(program, c.store.name, buf, loop)
-        box = fp if box is None else [(_min(a[0], b[0]), _max(a[1], b[1])) for a, b in zip(box, fp)]
-    assert box is not None
+    box = union_box(program, readers, buf, loop)
     shape = [simplify(binary("sub", hi, lo)) for lo, hi in box]
     params = set(program.params)
     for d, n in enumerate(shape):
