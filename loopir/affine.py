@@ -23,8 +23,8 @@ from .dtypes import is_int
 from .nodes import Binary, Cast, Const, Expr, Unary, Var, binary
 from .visit import walk
 
-__all__ = ["access_pattern", "const_diff", "eval_index", "linear_form", "linear_in", "polynomial", "same_value",
-           "simplify", "simplify_affine"]
+__all__ = ["access_pattern", "const_diff", "eval_index", "linear_form", "linear_in", "polynomial", "row_major",
+           "same_value", "simplify", "simplify_affine"]
 
 
 def linear_in(e: Expr, v: Var) -> tuple[int, Expr] | None:
@@ -120,6 +120,24 @@ def simplify(e: Expr) -> Expr:
     if out is None:
         return Const(c, e.dtype)
     return out + c if c > 0 else out - (-c) if c < 0 else out
+
+
+def row_major(shape: tuple[Expr, ...], indices: tuple[Expr, ...]) -> Expr:
+    """The row-major element offset of `indices` in an array of `shape`, `((i0 * s1 + i1) * s2 + i2) ...`,
+    with the index of a collapsed loop folded back: `(a // d) * s + a % d` is `a` when `d == s` (floor
+    division and modulo satisfy `a == d * (a // d) + a % d` for every a and d != 0). `collapse` writes
+    `i = f // n, j = f % n`, so an access `x[i, j]` of an n-wide array becomes `x[f]`: contiguous in f,
+    which the CUDA target can vectorize whatever n is."""
+    if not indices:
+        return Const(0, "int64")
+    e = indices[0]
+    for s, i in zip(shape[1:], indices[1:]):
+        if (isinstance(e, Binary) and e.op == "floordiv" and isinstance(i, Binary) and i.op == "mod"
+                and e.a == i.a and same_value(e.b, i.b) and same_value(e.b, s)):
+            e = e.a
+        else:
+            e = binary("add", binary("mul", e, s), i)
+    return e
 
 
 def polynomial(e: Expr) -> dict[tuple, int] | None:

@@ -41,10 +41,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from loopir.affine import simplify
+from loopir.affine import same_value, simplify
 from loopir.dtypes import vector_lanes
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
-from loopir.nodes import Allocate, Const, Expr, For, If, Seq, Store, Var
+from loopir.nodes import Allocate, Const, Expr, For, If, Load, Seq, Store, Var
 from loopir.te import Tensor
 from loopir.visit import substitute, walk
 from loopir.affine import linear_form
@@ -53,6 +53,7 @@ from .attention import schedule_attention
 from .errors import InexactCheckError, ScheduleError
 from .fusion import THREADS, Decision, FusionGroup, FusionPlan, plan_fusion
 from .rows import RowParams
+from .primitives import find_loop
 from .primitives.cache import reduction_parts
 from .recipes import gemm_params, matmul_stage, schedule_gemm, schedule_gemm_cuda
 from .recipes.gemm_mma import mma_applicable, schedule_gemm_mma
@@ -199,12 +200,17 @@ def _multiple_of(e: Expr, k: int) -> bool:
 
 
 def _collapse(s: Schedule, loops: list[Any]) -> list[Any]:
-    """Collapse the nested `loops` into one where the checker can prove it legal; with symbolic
-    extents the collapsed index (v // n, v % n) is not affine, so collapse refuses a nest whose
-    statements depend on each other (ArgumentError) or the analysis cannot decide (InexactCheckError)
-    — then the loops stay separate (and map to several grid dimensions)."""
+    """Collapse the nested `loops` into one where the checker can prove it legal and the inner extent
+    is a constant — then the loops stay separate (and map to several grid dimensions). With a symbolic
+    inner extent n the collapsed index (v // n, v % n) is not quasi-affine (nor is the extent m * n):
+    collapse refuses a nest whose statements depend on each other, and the lowering's exact checks
+    (barrier placement) cannot place the instances of one without dependences either."""
     out = [loops[0]]
     for nxt in loops[1:]:
+        f = find_loop(s.program, nxt.var)
+        if not isinstance(simplify(f.hi - f.lo), Const):
+            out.append(nxt)
+            continue
         try:
             out[-1] = s.collapse(out[-1], nxt)
         except (ScheduleError, InexactCheckError, ArgumentError):
@@ -236,12 +242,24 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
     root = _group_root(s, g)
     if g.mapping in ("flat", "thread"):
         lanes = _flat_lanes(g)  # 16 bytes of the stages' dtype: float32 4, float16 / bfloat16 8
-        # a row length known not to be a multiple of the lanes would fail the run-time check of every vector
-        # and run guarded scalars: map it as scalars over the collapsed loops instead (measured on an H200,
-        # GELU 1024 x 50257: 58% of the DRAM floor vectorized-and-refused vs ~80% collapsed scalar)
+        # every access reads or writes the point it computes, in arrays of one shape: collapsed, each access is
+        # contiguous in the flat index (the target folds `(f // n) * n + f % n` to `f`), so the nest vectorizes
+        # whatever the row length, an odd one (1024 x 50257) included, with no row-length test at run time
+        # (inner extents constant: with a symbolic one, f // n is not quasi-affine and the exact checks cannot
+        # place the instances of the collapsed loop)
+        # A broadcast operand (`b[j]`, per-lane scalar loads once collapsed) joins only at an odd width, where
+        # the rows kept apart could not vectorize anyway (H200, 1024 x 50257: GELU 39% -> 95% of the DRAM floor).
         width = simplify(g.stages[0].shape[-1]) if len(g.stages[0].shape) >= 2 else None  # rows: misaligned
         odd = isinstance(width, Const) and lanes > 0 and int(width.value) % lanes != 0
-        vec = g.mapping == "flat" and lanes > 0 and not odd
+        nest = find_loop(s.program, root[0].var)
+        flat = (g.mapping == "flat" and lanes > 0 and len(root) >= 2 and _pointwise(nest, broadcast=odd)
+                and all(isinstance(simplify(d), Const) for d in g.stages[0].shape[1:]))
+        if flat:
+            root = _collapse(s, root)
+            flat = len(root) == 1
+        # otherwise a row length known not to be a multiple of the lanes would fail the run-time check of every
+        # vector and run guarded scalars: map it as scalars over the collapsed loops instead
+        vec = g.mapping == "flat" and lanes > 0 and (flat or not odd)
         if vec:
             # 128-bit accesses: a 4-wide vector loop innermost — unguarded when 4 provably divides the
             # extent; otherwise guarded, and the target checks at run time (size divisible by 4, guard
@@ -254,9 +272,9 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
         # check (or prove) its 16-byte alignment — a collapsed index i = f // n, j = f % n is not affine
         # and costs a 64-bit division per element. Rows go to blockIdx.y when provably <= 65535, else to
         # blockIdx.x (2^31 - 1) with the column blocks on blockIdx.y
-        apart = vec and len(root) == 2
+        loops = root if vec and len(root) == 2 else _collapse(s, root)
+        apart = len(loops) == 2
         rows_on_y = apart and isinstance(rows, Const) and rows.value <= 65535
-        loops = root if apart else _collapse(s, root)
         bo, bi = s.split(loops[-1], threads)
         if vec and per_thread > 1:
             # several 16-byte chunks per thread, each chunk coalesced across the block
@@ -299,6 +317,27 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
                 s.vectorize(lane)
             _, ti = s.split(var, threads)
             s.bind(ti, "threadIdx.x")
+
+
+def _pointwise(nest: For, broadcast: bool = False) -> bool:
+    """Every store of `nest` writes the point of its own instance (indices = its iteration variables) and every
+    load reads that same point of an array of the store's shape (no shift); with `broadcast`, also the trailing
+    coordinates of the point in an array of the trailing dimensions (a bias `b[j]` beside `x[i, j]`)."""
+    stores = [n for n in walk(nest) if isinstance(n, Store)]
+    for st in stores:
+        if len(st.indices) < 2 or len(st.indices) != len(st.iters) or any(
+                a is not b for a, b in zip(st.indices, st.iters)):
+            return False
+        for ld in walk(st.value):
+            if not isinstance(ld, Load):
+                continue
+            k = len(ld.indices)
+            tail = len(st.indices) - k  # the leading coordinates a broadcast operand does not have
+            if not (tail == 0 or (broadcast and 0 <= tail < len(st.indices))) or ld.indices != st.indices[tail:] \
+                    or len(ld.buffer.shape) != k \
+                    or not all(same_value(a, b) for a, b in zip(ld.buffer.shape, st.buffer.shape[tail:])):
+                return False
+    return bool(stores)
 
 
 def _flat_lanes(g: FusionGroup) -> int:

@@ -18,12 +18,12 @@ from codegen.build import lower as lower_for
 from loopir import interp, te, workloads
 from loopir.errors import ArgumentError, LoopirError, NotFoundError
 from loopir.lower import lower
-from loopir.nodes import Const, For, Program, Store, Var
+from loopir.nodes import Const, For, Program, Seq, Store, Var
 from loopir.visit import map_stmts, walk
 from schedules import Schedule, ScheduleError, auto_schedule
 from schedules.attention import KEY_TILE, ROWS_PER_BLOCK
 from schedules.primitives import CheckContext
-from schedules.primitives.online import check_online, online_softmax
+from schedules.primitives.online import ROW_SAMPLE, _sample_rows, check_online, online_softmax
 
 SCALE = 0.25
 
@@ -115,8 +115,18 @@ def test_rewrite_with_constant_sizes_matches_the_unscheduled_program() -> None:
     assert temps_nm(new, 6, 19) == []
 
 
-def test_the_check_refuses_a_rewrite_that_changes_the_result() -> None:
-    _, Y = attention(te.var("B"), te.var("n"), te.var("m"), 4)
+def _leading(s: Any) -> list[For]:
+    out = []
+    while isinstance(s, For):
+        out.append(s)
+        s = s.body
+    return out
+
+
+@pytest.mark.parametrize("sizes", [None, (3, 40, 50)])
+def test_the_check_refuses_a_rewrite_that_changes_the_result(sizes: tuple[int, int, int] | None) -> None:
+    # symbolic sizes: every size 5; fixed sizes: the check runs the first rows of each row loop only
+    _, Y = attention(*(sizes or (te.var("B"), te.var("n"), te.var("m"))), 4)
     old = lower(Y)
     new, _ = online_softmax(old, "mx")
 
@@ -128,6 +138,12 @@ def test_the_check_refuses_a_rewrite_that_changes_the_result() -> None:
     with pytest.raises(ScheduleError, match=r"online_softmax changed the result: Y\["):
         check_online(CheckContext(None, old, bad, ("mx",), {}))  # type: ignore[arg-type]
     assert check_online(CheckContext(None, old, new, ("mx",), {})) is None  # type: ignore[arg-type]
+    if sizes is not None:
+        sampled = _sample_rows(old, new)
+        assert sampled is not None
+        for p in sampled:  # the batch and query loops cut to ROW_SAMPLE iterations, the key loops whole
+            for top in (p.body.body if isinstance(p.body, Seq) else (p.body,)):
+                assert [int(f.hi.value) for f in _leading(top)[:2]] == [ROW_SAMPLE, ROW_SAMPLE]
 
 
 # ----------------------------------------------------------------------------- refusals

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 
 from loopir import nodes as N
+from loopir.affine import row_major
 from loopir.dtypes import is_int, round_bfloat16
 from loopir.names import fresh, sanitize
 from loopir.errors import CodegenError, CudaCodegenError, UnboundLoopError  # noqa: F401
@@ -88,12 +89,7 @@ class _ExprEmitter:
         return self.names.get(b, b.name)
 
     def flat(self, b: N.Buffer, idx: tuple[N.Expr, ...]) -> N.Expr:
-        if not idx:
-            return N.const(0)
-        e = idx[0]
-        for s, i in zip(b.shape[1:], idx[1:]):
-            e = N.binary("add", N.binary("mul", e, s), i)
-        return e
+        return row_major(b.shape, idx) if idx else N.const(0)
 
     # ---------------------------------------------------------------- expressions
     def expr(self, e: N.Expr) -> str:

@@ -1,0 +1,113 @@
+"""The CUDA flat mapping of elementwise groups (schedules/auto.py `_map_cuda`) across row lengths and symbolic
+sizes: an odd constant row length is collapsed and vectorized (the renderer folds `(f // n) * n + f % n` to `f`,
+`loopir.affine.row_major`), and symbolic inner extents are never collapsed (the barrier pass could not place the
+instances), so 3-D and mixed-dtype elementwise programs at symbolic sizes build. Each kernel is run through the
+GPU interpreter with its threads in reversed order, on fresh random data, outputs poisoned with NaN."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codegen import build
+from loopir import interp, te
+from loopir import nodes as N
+from loopir import workloads as W
+from loopir.affine import row_major
+
+
+def _kernel_body(src: str) -> str:
+    return src[src.index("__global__"):]
+
+
+def _run(mod, ins, outs) -> None:
+    interp.run(mod.program, *ins, *outs, gpu_order="reversed")
+
+
+def test_row_major_folds_a_collapsed_index_only_when_the_divisor_is_the_row_length() -> None:
+    f, n, m = N.Var("f", "int64"), N.Var("n", "int64"), N.Var("m", "int64")
+    assert row_major((m, n), (N.binary("floordiv", f, n), N.binary("mod", f, n))) is f
+    folded = row_major((N.const(3), N.const(5), N.const(7)),
+                       (N.binary("floordiv", N.binary("floordiv", f, N.const(7)), N.const(5)),
+                        N.binary("mod", N.binary("floordiv", f, N.const(7)), N.const(5)),
+                        N.binary("mod", f, N.const(7))))
+    assert folded is f
+    # a divisor that is not the row length: no fold, the plain row-major offset (value checked at a point)
+    other = row_major((m, n), (N.binary("floordiv", f, m), N.binary("mod", f, m)))
+    assert other is not f
+    from loopir.affine import eval_index
+    env = {f: 23, m: 4, n: 9}
+    assert eval_index(other, env) == (23 // 4) * 9 + 23 % 4
+
+
+@pytest.mark.parametrize("seed", [W.gelu, W.horizontal, W.bias_gelu])
+@pytest.mark.parametrize("shape", [(37, 101), (5, 3), (16, 64)])
+def test_odd_and_even_constant_widths_vectorize_and_match(seed, shape) -> None:
+    w = seed(m=shape[0], n=shape[1])
+    mod = build(list(w.outputs), list(w.args), target="cuda")
+    body = _kernel_body(mod.source)
+    assert mod.source.count("__global__") == 1
+    assert "LOOPIR_LD4" in body or "LOOPIR_ST4" in body  # 16-byte accesses whatever the width (bias_gelu:
+    # at an odd width the bias is read lane by lane, x and y stay 16-byte)
+    rng = np.random.default_rng(sum(shape))
+    ins = [rng.standard_normal([int(d.value) for d in a.shape]).astype("float32") for a in w.inputs]
+    outs = [np.full([int(d.value) for d in o.shape], np.nan, "float32") for o in w.outputs]
+    _run(mod, ins, outs)
+    for got, ref in zip(outs, w.reference(*ins)):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_odd_width_pointwise_kernel_has_a_flat_vector_index() -> None:
+    w = W.gelu(m=64, n=1001)
+    src = build(list(w.outputs), list(w.args), target="cuda").source
+    vec = _kernel_body(src).split("} else {")[0]  # the float4 branch
+    assert "LOOPIR_LD4" in vec and "loopir_floordiv" not in vec and "loopir_mod" not in vec
+
+
+def test_three_d_elementwise_at_symbolic_sizes_builds_and_matches() -> None:
+    b, t, d = te.var("b"), te.var("t"), te.var("d")
+    x = te.placeholder((b, t, d), name="x")
+    y = te.compute((b, t, d), lambda i, j, k: x[i, j, k] * 2.0 - 1.0, name="y")
+    rng = np.random.default_rng(7)
+    for sizes in ({"d": 64}, {}):
+        mod = build([y], [x, y], target="cuda", sizes=sizes, specialize=False)
+        a = rng.standard_normal((3, 5, 64)).astype("float32")
+        o = np.full_like(a, np.nan)
+        _run(mod, [a], [o])
+        np.testing.assert_allclose(o, 2 * a - 1, rtol=1e-6)
+
+
+def test_mixed_dtype_siblings_at_symbolic_sizes_build_and_match() -> None:
+    m, n = te.var("m"), te.var("n")
+    x = te.placeholder((m, n), name="x")
+    y = te.compute((m, n), lambda i, j: te.cast("float16", x[i, j] * 2.0), name="y")
+    z = te.compute((m, n), lambda i, j: x[i, j] + 1.0, name="z")
+    mod = build([y, z], [x, y, z], target="cuda", specialize=False)
+    a = np.random.default_rng(3).standard_normal((7, 9)).astype("float32")
+    o1, o2 = np.full((7, 9), np.nan, "float16"), np.full((7, 9), np.nan, "float32")
+    _run(mod, [a], [o1, o2])
+    np.testing.assert_allclose(o1, (2 * a).astype("float16"), rtol=1e-3)
+    np.testing.assert_allclose(o2, a + 1, rtol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_device_odd_width_and_symbolic_3d(dtype: str) -> None:
+    rng = np.random.default_rng(11)
+    for seed in (W.gelu, W.horizontal):
+        w = seed(m=33, n=1001, dtype=dtype)
+        mod = build(list(w.outputs), list(w.args), target="cuda")
+        a = rng.standard_normal((33, 1001)).astype(dtype)
+        outs = [np.full((33, 1001), np.nan, dtype) for _ in w.outputs]
+        mod(a, *outs)
+        for got, ref in zip(outs, w.reference(a)):
+            np.testing.assert_allclose(got.astype("float64"), ref.astype("float64"), rtol=2e-3, atol=2e-3)
+    b, t, d = te.var("b"), te.var("t"), te.var("d")
+    x = te.placeholder((b, t, d), dtype=dtype, name="x")
+    y = te.compute((b, t, d), lambda i, j, k: x[i, j, k] * 2.0 - 1.0, name="y")
+    mod = build([y], [x, y], target="cuda")
+    for shape in ((3, 5, 64), (2, 7, 33)):
+        a = rng.standard_normal(shape).astype(dtype)
+        o = np.full(shape, np.nan, dtype)
+        mod(a, o)
+        np.testing.assert_allclose(o.astype("float64"), (2 * a.astype("float64") - 1), rtol=2e-3, atol=2e-3)
