@@ -14,20 +14,28 @@ normalization).
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import math
 import os
 import statistics
 import struct
 import sys
+import textwrap
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a plain checkout
 
-from codegen import build, gpu_available  # noqa: E402
+from codegen import Module, build, gpu_available  # noqa: E402
 from loopir import te  # noqa: E402
-from schedules import Schedule, ScheduleError, auto_schedule  # noqa: E402
+from loopir.nodes import Var  # noqa: E402
+from loopir.te import Tensor  # noqa: E402
+from schedules import LoopHandle, Schedule, ScheduleError, auto_schedule  # noqa: E402
+
+Size = Var | int  # a symbolic size (te.var) or a known one
 
 SMALL, VERBOSE = "--small" in sys.argv, "--verbose" in sys.argv
 WIDTH = 118  # summary lines are cut here (--verbose prints them whole)
@@ -36,7 +44,7 @@ WIDTH = 118  # summary lines are cut here (--verbose prints them whole)
 # ----------------------------------------------------------------------------- 1. the programs, in te
 
 
-def gelu_chain(n):
+def gelu_chain(n: Size) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) as three stages; n: a te.var or an int."""
     x = te.placeholder((n,), "float32", name="x")
     cube = te.compute((n,), lambda i: x[i] * x[i] * x[i], name="cube")
@@ -45,7 +53,7 @@ def gelu_chain(n):
     return x, cube, inner, gelu
 
 
-def softmax(m, n):
+def softmax(m: Size, n: Size) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Row softmax of x (m, n): the row max, the sum of exp(x - max), the normalization."""
     x = te.placeholder((m, n), "float32", name="x")
     k = te.reduce_axis(n, name="k")
@@ -56,21 +64,21 @@ def softmax(m, n):
     return x, row_max, row_sum, y
 
 
-def gelu_ref(x):  # float64: the reference every result is checked against
+def gelu_ref(x: np.ndarray) -> np.ndarray:  # float64: the reference every result is checked against
     x = x.astype(np.float64)
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-def softmax_ref(x):
+def softmax_ref(x: np.ndarray) -> np.ndarray:
     e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)
 
 
-def numpy_gelu(x):  # the numpy baseline timed on the CPU, in the inputs' float32
+def numpy_gelu(x: np.ndarray) -> np.ndarray:  # the numpy baseline timed on the CPU, in the inputs' float32
     return 0.5 * x * (1 + np.tanh(np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x * x * x)))
 
 
-def numpy_softmax(x):
+def numpy_softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)
 
@@ -78,7 +86,7 @@ def numpy_softmax(x):
 # ----------------------------------------------------------------------------- 2. and 3. schedules by hand
 
 
-def schedule_gelu(n):
+def schedule_gelu(n: Size) -> tuple[Schedule, Tensor, Tensor]:
     """Blocks of 1024 elements in parallel, each computing the cube and inner values it needs (compute_at)."""
     x, cube, inner, gelu = gelu_chain(n)
     g = Schedule(gelu, name="gelu")
@@ -89,13 +97,13 @@ def schedule_gelu(n):
     return g, x, gelu
 
 
-def fuse_rows(s, row_max, row_sum, y):
+def fuse_rows(s: Schedule, row_max: Tensor, row_sum: Tensor, y: Tensor) -> LoopHandle:
     """Sibling fusion: the three stages' row loops become one, so a row is finished before the next starts."""
     row = s.fuse(s.loops(row_max)[0], s.loops(row_sum)[0])
     return s.fuse(row, s.loops(y)[0])
 
 
-def schedule_softmax(m, n):
+def schedule_softmax(m: Size, n: Size) -> tuple[Schedule, Tensor, Tensor, ScheduleError | None]:
     x, row_max, row_sum, y = softmax(m, n)
     s = Schedule(y, name="softmax")
     row = fuse_rows(s, row_max, row_sum, y)
@@ -126,18 +134,23 @@ def short_error(err: ScheduleError) -> str:
 # ----------------------------------------------------------------------------- small helpers
 
 
+def nest(schedule: Schedule) -> str:
+    """The schedule's current loop nest, indented under its heading."""
+    return textwrap.indent(str(schedule), "   ")
+
+
 def cut(line: str) -> str:
     return line if VERBOSE or len(line) <= WIDTH else line[:WIDTH - 3] + "..."
 
 
-def check(got, want, rtol: float = 1e-4) -> tuple[bool, str]:
+def check(got: np.ndarray, want: np.ndarray, rtol: float = 1e-4) -> tuple[bool, str]:
     """Whether `got` matches the float64 reference `want`, and a few words saying so."""
     err = float(np.max(np.abs(got - want)))
     ok = bool(np.allclose(got, want, rtol=rtol, atol=1e-5))
     return ok, f"max |err| vs numpy {err:.1e} {'OK' if ok else 'MISMATCH'}"
 
 
-def median_ms(f, *args, reps: int = 5) -> float:
+def median_ms(f: Callable[..., Any], *args: Any, reps: int = 5) -> float:
     """Median wall time of `f(*args)` after a warm-up call."""
     f(*args)
     ts = []
@@ -148,7 +161,7 @@ def median_ms(f, *args, reps: int = 5) -> float:
     return statistics.median(ts) * 1e3
 
 
-def torch_ms(f, reps: int = 20) -> float:
+def torch_ms(f: Callable[[], Any], reps: int = 20) -> float:
     """Median of CUDA-event times of `f`, a PyTorch call on the GPU."""
     import torch
 
@@ -164,7 +177,8 @@ def torch_ms(f, reps: int = 20) -> float:
     return statistics.median(times)
 
 
-def timings(title: str, mod, base, xa, ya) -> tuple[float, str, float]:
+def timings(title: str, mod: Module, base: Callable[[np.ndarray], np.ndarray], xa: np.ndarray,
+            ya: np.ndarray) -> tuple[float, str, float]:
     """(loopir ms, the baseline's name, its ms): on the GPU the kernels by CUDA events against PyTorch (when
     installed, else numpy on the CPU); on the CPU the whole call against numpy."""
     if mod.target == "cpu":
@@ -183,8 +197,8 @@ def timings(title: str, mod, base, xa, ya) -> tuple[float, str, float]:
 def cubin_resources(cubin: bytes) -> dict[str, tuple[int, int]]:
     """{kernel: (registers per thread, shared bytes per block)} read from the cubin (an ELF file), so no GPU is
     needed: the register count is the EIATTR_REGCOUNT attribute of .nv.info (what `ptxas -v` reports), the
-    shared bytes the size of the kernel's .nv.shared section (its static shared memory, with the 1 KB that
-    sm_80 and later reserve per block when a kernel uses any)."""
+    shared bytes the size of the kernel's .nv.shared section: its static shared memory, with the 1 KB the
+    system reserves per block on sm_80 and later (`ptxas -v` reports 1 KB less)."""
     shoff, = struct.unpack_from("<Q", cubin, 0x28)
     size, count, names = struct.unpack_from("<HHH", cubin, 0x3A)
     secs = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + k * size) for k in range(count)]
@@ -213,11 +227,13 @@ def cubin_resources(cubin: bytes) -> dict[str, tuple[int, int]]:
 # ----------------------------------------------------------------------------- the story
 
 
-def by_hand(rng) -> bool:
+def by_hand(rng: np.random.Generator) -> bool:
     """Parts 1 to 3: the programs, the hand schedules (run and checked on the CPU), the refused step."""
     n, m = te.var("n"), te.var("m")  # symbolic sizes: the schedules are checked for every n and m
-    print("\n1. Write: the GELU chain and a row softmax in te (see this file); GELU lowered to loop IR:")
-    print(Schedule(gelu_chain(n)[3], name="gelu"))
+    print("\n1. Write the GELU chain and a row softmax in te (this file), e.g. the GELU chain's stages:")
+    print("\n".join(ln for ln in inspect.getsource(gelu_chain).splitlines() if "= te." in ln))
+    print("   lowered to loop IR (a nest per stage; n is symbolic):")
+    print(nest(Schedule(gelu_chain(n)[3], name="gelu")))
 
     print("\n2. Schedule by hand; each step is checked exactly against the program's dependences (isl):")
     g, gx, gy = schedule_gelu(n)
@@ -225,9 +241,9 @@ def by_hand(rng) -> bool:
     for title, sched in (("gelu", g), ("softmax", s)):
         print(f"   {title + ':':9}" + ", ".join(line.split(". ", 1)[1] for line in sched.explain().splitlines()))
     if VERBOSE:
-        print(g)
-    print(s)
-    ok = True
+        print(nest(g))
+    print(nest(s))
+    ok, said = True, []
     for title, sched, x, y, shape, ref in (("gelu", g, gx, gy, (10_007,), gelu_ref),
                                            ("softmax", s, sx, sy, (100, 1000), softmax_ref)):
         xa = (rng.standard_normal(shape) * 3).astype(np.float32)
@@ -235,7 +251,8 @@ def by_hand(rng) -> bool:
         build(sched, [x, y], target="cpu")(xa, ya)
         good, words = check(ya, ref(xa))
         ok &= good
-        print(f"   {title} by hand, run on the CPU at {' x '.join(map(str, shape))}: {words}")
+        said.append(f"{title} at {' x '.join(map(str, shape))}: {words}")
+    print("   run on the CPU: " + "; ".join(said))
 
     print("\n3. An illegal step is refused: fuse the two k loops (the max and the sum in one pass over a row):")
     if refusal is None:
@@ -245,7 +262,7 @@ def by_hand(rng) -> bool:
     return ok
 
 
-def automatic(target: str, rng) -> bool:
+def automatic(target: str, rng: np.random.Generator) -> bool:
     """Parts 4 and 5: auto_schedule and its explanation, the CUDA kernels, a run checked and timed."""
     gn = 1 << (14 if SMALL else 24 if target == "cuda" else 22)
     sm, sn = (256, 1000) if SMALL else (8192, 4096) if target == "cuda" else (2048, 2048)
@@ -275,8 +292,6 @@ def automatic(target: str, rng) -> bool:
             regs, shared = resources[line.split()[1]]
             print(f"   {title}: {line.strip()}, {regs} registers, {shared} B shared memory ({cu.arch})")
         mod = cu if target == "cuda" else build(auto, [x, y], target="cpu")
-        if VERBOSE:
-            print(cu.source if target == "cuda" else cu.source + "\n" + mod.source)
         xa = (rng.standard_normal(shape) * 3).astype(np.float32)
         ya = np.full_like(xa, np.nan)
         mod(xa, ya)
@@ -287,6 +302,8 @@ def automatic(target: str, rng) -> bool:
               f"{theirs:.3f} ms -> {theirs / ours:.2f}x")
         if mod.explain():
             print(cut("     mod.explain(): " + " / ".join(mod.explain().splitlines())))
+        if VERBOSE:
+            print(cu.source if target == "cuda" else cu.source + "\n" + mod.source)
     return ok
 
 
