@@ -16,8 +16,9 @@ Names are unambiguous: Vars and Buffers are identified by object, so two things 
 `b` beside a tensor `b`, a loop variable `i` over a size `i`, a loop nested in another of its name after
 `compute_at`). A printed program or statement shows each such object under a name of its own, chosen once
 per print (`display_names`): buffers keep theirs, a size whose name a buffer has is shown as `b_size`, a
-loop or iteration variable whose name a buffer, a size or an enclosing loop has as `i_1`; the `# sizes:`
-line says which name a size is passed by. Nothing clashes in most programs, which print as written.
+loop variable whose name a buffer, a size or an enclosing loop has as `i_1` (an iteration variable bound by
+its statement's `(i = ...)` avoids only buffers and sizes); the `# sizes:` line says which name a size is
+passed by. Nothing clashes in most programs, which print as written.
 An expression printed alone (`expr_str`, `str(expr)`) has no program around it and shows the names as given.
 """
 
@@ -141,11 +142,11 @@ def display_names(
                 names[s.var] = pick(s.var, scope)
             stack.append((s.body, {**scope, names[s.var]: s.var}))
         elif isinstance(s, Store):
-            inner = dict(scope)
+            # an iteration variable the loops do not bind is bound by the statement's own `(i = ...)`: it
+            # may repeat a loop's name (`(i_i_o = i_i_o)` after cache_write), not a buffer's or a size's
             for it in s.iters:
                 if it not in names:
-                    names[it] = pick(it, inner)
-                inner[names[it]] = it
+                    names[it] = pick(it, {})
         elif isinstance(s, Seq):
             stack.extend((c, scope) for c in reversed(s.body))
         elif isinstance(s, If):
