@@ -33,6 +33,7 @@ from typing import Any
 
 from loopir.args import eval_expr
 from loopir.errors import LoopirError
+from loopir.names import fresh as fresh_name
 from loopir.nodes import Buffer, Program, Var, binary, const
 from loopir.visit import free_vars
 
@@ -203,13 +204,16 @@ def substitution(key: Key, vars: Sequence[Var]) -> tuple[dict[Var, Any], dict[Va
     sub: dict[Var, Any] = {}
     hint: dict[Var, int] = {}
     bounds = dict(key.rows)
+    # the variant's new size n16 must not take the name of another size (the user's own `n16`): sizes are
+    # bound by name, and lowering refuses two of one name. Tensors and loops may share it (codegen.names).
+    taken = {v.name for v in vars}
     for v, d in zip(vars, key.div):
         b = bounds.get(v.name, 0)
         if d == "1":
             sub[v] = 1
         elif d in ("%16", "%8", "%4"):
             k = int(d[1:])
-            fresh = Var(f"{v.name}{k}", v.dtype)
+            fresh = Var(fresh_name(f"{v.name}{k}", taken), v.dtype)
             sub[v] = binary("mul", const(k), fresh)
             if b:
                 hint[fresh] = b // k

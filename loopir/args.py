@@ -203,11 +203,8 @@ def bind_shapes(
 
     env: dict[Var, int] = {}
     origin: dict[Var, str] = {}
-    params_by_name = {v.name: v for v in program.params}
     for key, value in (known or {}).items():
-        var = key if isinstance(key, Var) else params_by_name.get(key)
-        if var is None:
-            raise NotFoundError(f"size {key!r} is not a size variable of program {program.name!r}")
+        var = key if isinstance(key, Var) else _param_named(program, key)
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise ArgumentTypeError(f"size {var.name!r} must be an integer, got {type(value).__name__} {value!r}")
         env[var] = int(value)
@@ -282,6 +279,19 @@ def bind_shapes(
                 "pass it explicitly"
             )
     return env
+
+
+def _param_named(program: Program, name: object) -> Var:
+    """The size variable a caller names: by the name it was given (te.var("b")), which a tensor or a loop
+    variable of the program may share (they are no sizes); two size variables of one name cannot be told
+    apart by it (te lowering refuses them, a hand-built program may have them)."""
+    found = [v for v in program.params if v.name == name]
+    if not found:
+        raise NotFoundError(f"size {name!r} is not a size variable of program {program.name!r}")
+    if len(found) > 1:
+        raise ArgumentError(f"program {program.name!r} has {len(found)} size variables named {name!r}; pass "
+                            "the size variable (the Var) instead of its name")
+    return found[0]
 
 
 _DTYPE_FACTS: dict[np.dtype, tuple[bool, str]] = {}

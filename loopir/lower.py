@@ -13,6 +13,12 @@ lowers to
 The loop variables are the stage's own axis Vars (so every Store has `coords == iters`),
 stages come in topological order, intermediates become `Program.temps`, and
 `Program.params` are the size variables that the shapes and bounds use.
+
+Names: a size variable, a tensor and a loop variable may share a name (`te.var("b")` beside a placeholder
+named "b", `lambda i: ...` over a size `i`). Nothing here renames them: the IR identifies Vars and Buffers by
+object, and each text made from it gives clashing objects distinct names (`loopir.printer` shows the size `b`
+as `b_size`, a clashing loop variable as `i_1`; `codegen.names` mangles C and LLVM identifiers), while callers
+keep passing sizes by the names they gave.
 """
 
 from __future__ import annotations
@@ -150,7 +156,7 @@ def lower(
     prog_temps = tuple(t.buffer for t in temps)
     params = _params(prog_args, prog_temps, stages)
     _check_params(params, prog_args)
-    _check_var_names(params, stages, arg_list + temps)
+    _check_var_names(params, stages)
     return Program(name or outs[0].name, prog_args, body, prog_temps, params)
 
 
@@ -203,17 +209,19 @@ def _check_params(params: tuple[Var, ...], args: tuple[Buffer, ...]) -> None:
             )
 
 
-def _check_var_names(params: tuple[Var, ...], stages: list[Tensor], tensors: list[Tensor]) -> None:
-    # names are unique among tensors, size variables and the loop variables of one nest, so
-    # a printed program or generated C cannot shadow one variable with another
-    taken: dict[str, str] = {t.name: f"tensor {t.name!r}" for t in tensors}
+def _check_var_names(params: tuple[Var, ...], stages: list[Tensor]) -> None:
+    # A size variable, a tensor and a loop variable may share a name: the IR identifies variables and buffers
+    # by object, and every text made from it (the printer, isl formulas, C, LLVM IR, the interpreter's Python)
+    # gives clashing objects distinct names. Two size variables of one name stay refused: a caller binds sizes
+    # by name (`build(..., sizes={"n": 7})`, `bind_args(known=...)`), which could not tell them apart; two loop
+    # variables of one stage likewise, since schedules find loops by name.
+    sizes: dict[str, Var] = {}
     for v in params:
-        if v.name in taken:
+        if sizes.setdefault(v.name, v) is not v:
             raise ArgumentError(
-                f"lower: two things are named {v.name!r}: the size variable {v.name!r} and the {taken[v.name]}; "
-                "give each size variable (te.var) its own name"
+                f"lower: two size variables are named {v.name!r}; sizes are passed by name "
+                f"(build(..., sizes={{{v.name!r}: ...}})), so give each size variable (te.var) its own name"
             )
-        taken[v.name] = f"size variable {v.name!r}"
     for t in stages:
         op = t.op
         assert isinstance(op, ComputeOp)
@@ -221,10 +229,6 @@ def _check_var_names(params: tuple[Var, ...], stages: list[Tensor], tensors: lis
         for v in op.axis + op.reduce_axis:
             if v.name in local:
                 raise ArgumentError(f"lower: stage {t.name!r} has two loop variables named {v.name!r}; rename one")
-            if v.name in taken:
-                raise ArgumentError(
-                    f"lower: loop variable {v.name!r} of stage {t.name!r} has the name of the {taken[v.name]}"
-                )
             local.add(v.name)
 
 

@@ -13,9 +13,11 @@ __all__ = ["fresh", "sanitize"]
 
 
 def sanitize(name: str, reserved: Collection[str] = (), reserved_prefixes: tuple[str, ...] = ()) -> str:
-    """`name` as an identifier `[A-Za-z_][A-Za-z0-9_]*`: other characters become `_`, a leading digit
-    gets a `v` before it, a reserved word or a name with a reserved prefix gets a `_` after it."""
-    s = re.sub(r"[^A-Za-z0-9_]", "_", name) or "v"
+    """`name` as an identifier `[A-Za-z_][A-Za-z0-9_]*`: another character c becomes `_x<hex of c>_`, a
+    leading digit gets a `v` before it, a reserved word or a name with a reserved prefix gets a `_` after it.
+    The escape keeps distinct names apart where the text is all there is to tell them by (isl's statement
+    names: a stage `x.y`, lifted from an inline reduction, beside a tensor `x_y`)."""
+    s = re.sub(r"[^A-Za-z0-9_]", lambda m: f"_x{ord(m.group()):x}_", name) or "v"
     if s[0].isdigit():
         s = "v" + s
     if s in reserved or s.startswith(reserved_prefixes):

@@ -10,17 +10,16 @@ bfloat16 constants are rounded to bfloat16 (as the interpreter holds them)."""
 
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass, field
 
 
 from loopir import nodes as N
 from loopir.affine import row_major
 from loopir.dtypes import is_int, round_bfloat16
-from loopir.names import fresh, sanitize
 from loopir.errors import CodegenError, CudaCodegenError, UnboundLoopError  # noqa: F401
 from loopir.visit import subst_coords, substitute, walk
+
+from ..names import C_RESERVED, Namer, mangle
 
 
 _CTYPE = {"float16": "float", "bfloat16": "float", "float32": "float", "float64": "double", "int32": "int",
@@ -32,31 +31,16 @@ _TO_FLOAT = {"float16": "loopir_h2f", "bfloat16": "loopir_bf2f"}
 _FROM_FLOAT = {"float16": "loopir_f2h", "bfloat16": "loopir_f2bf"}
 _ROUND = {"float16": "loopir_round_half", "bfloat16": "loopir_round_bf16"}
 _AXES = ("x", "y", "z")
-_C_KEYWORDS = frozenset(
-    "auto bool break case char const continue default do double else enum extern float for goto if inline int "
-    "long register return short signed sizeof static struct switch typedef union unsigned void volatile while "
-    "class new delete this template typename namespace operator private public protected virtual friend "
-    "true false nullptr half float4 dim3 threadIdx blockIdx blockDim gridDim warpSize".split())
+_C_KEYWORDS = C_RESERVED  # words a C name must not be (codegen.names)
 
 
 # ----------------------------------------------------------------------------- C names, nest queries
 
 
-_sanitize = functools.partial(sanitize, reserved=_C_KEYWORDS, reserved_prefixes=("loopir_", "__"))
-
-
-@dataclass
-class _Names:
-    used: set[str] = field(default_factory=set)
-    of: dict[int, str] = field(default_factory=dict)
-
-    def fresh(self, base: str) -> str:
-        return fresh(_sanitize(base), self.used)
-
-    def get(self, obj: object, base: str) -> str:
-        if id(obj) not in self.of:
-            self.of[id(obj)] = self.fresh(base)
-        return self.of[id(obj)]
+# every C name of a kernel (parameters, locals, temporaries) and every kernel name comes from one mangling
+# (codegen.names): any IR name (`mean.sum0`, `int`, `loopir_mod`) is a valid identifier, distinct per object
+_sanitize = mangle
+_Names = Namer
 
 
 def _is_const(e: N.Expr) -> bool:

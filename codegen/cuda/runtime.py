@@ -507,7 +507,7 @@ class CudaModule(Module):
             else:
                 v = int(env[a.var])
                 if a.int32 and not -2**31 <= v < 2**31:  # the variant's int32 key promised otherwise
-                    raise ResourceLimitError(f"kernel {k.name!r} has 32-bit indices but size {a.name!r} = {v} "
+                    raise ResourceLimitError(f"kernel {k.name!r} has 32-bit indices but size {a.var.name!r} = {v} "
                                              "does not fit 32 bits; build with specialize=False")
                 values.append(v)
                 types.append(ctypes.c_int if a.int32 else ctypes.c_longlong)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from loopir.nodes import Allocate, Barrier, Binary, Buffer, Const, For, If, Kernel, Program, Seq, Stmt, Store, Var
 from loopir.visit import walk
 
+from ..names import mangle
 from .expr import _ExprEmitter
 from .math import host_features, libm_name, libmvec, vector_bits, vector_variants
 from .queries import _const_extent, _is_parallel_top, _top_level, is_reduction, size_vars
@@ -294,15 +295,10 @@ class _FnEmitter(_ExprEmitter):
 # ----------------------------------------------------------------------------- program
 
 
-def mangle(name: str) -> str:
-    """`name` as a bare LLVM identifier ([A-Za-z_][A-Za-z0-9_]*): any other character becomes `_xHEX_`
-    (so `résultat` -> `r_xe9_sultat`, distinct names stay distinct), a leading digit gets a `_`."""
-    out = "".join(c if (c.isascii() and (c.isalnum() or c == "_")) else f"_x{ord(c):x}_" for c in name) or "kernel"
-    return "_" + out if out[0].isdigit() else out
-
-
 def generate(program: Program, fn_name: str) -> Generated:
     """LLVM IR text for `program`: one function per top-level segment (see module doc)."""
+    # the functions' names are the only names this target takes from the IR (values are numbered: buffers
+    # %a<k>, sizes %n<k>, temporaries %t<k>), through the one mangling of codegen.names
     fn_name = mangle(fn_name)
     bufs = (*program.args, *program.temps)
     if len(set(bufs)) != len(bufs):
