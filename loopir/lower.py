@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from .errors import ArgumentError, ArgumentTypeError
 from . import nodes
+from .names import sanitize
 from .nodes import Buffer, Const, Expr, For, Program, Stmt, Store, Var
 from .te import ComputeOp, PlaceholderOp, Reduce, Tensor, identity
 from .visit import free_vars, seq, walk
@@ -84,6 +85,17 @@ def _check_names(tensors: list[Tensor]) -> None:
                 f"lower: the init statement of reduction {t.name!r} would be named {t.name + '_init'!r}, "
                 "which is the name of another tensor"
             )
+    # isl formulas name statements by identifier (`names.sanitize`): a stage lifted from an inline reduction
+    # (`y.sum0`) and a user's `y_sum0` would be one statement there
+    idents: dict[str, str] = {}
+    for t in tensors:
+        for s in (t.name, f"{t.name}_init"):
+            other = idents.setdefault(sanitize(s), s)
+            if other != s:
+                raise ArgumentError(
+                    f"lower: statements {other!r} and {s!r} have one identifier, {sanitize(s)!r}, in the "
+                    "dependence analysis; rename the tensor whose name has no dot"
+                )
 
 
 def _stage(t: Tensor) -> Stmt:

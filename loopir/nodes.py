@@ -441,7 +441,27 @@ def as_index(x: ExprLike, what: str = "index") -> Expr:
     raise ArgumentTypeError(f"{what} must be an integer, got {type(x).__name__} {x!r}")
 
 
+def _is_index(e: Expr) -> bool:
+    """Index arithmetic: an integer expression of loop and size variables and constants (no tensor element)."""
+    stack, var = [e], False
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Var):
+            var = True
+        elif isinstance(x, (Binary, Unary, Cast)) and is_int(x.dtype):
+            stack.extend((x.a, x.b) if isinstance(x, Binary) else (x.a,))
+        elif not (isinstance(x, Const) and is_int(x.dtype)):
+            return False
+    return var
+
+
 def _coerce(a: ExprLike, b: ExprLike) -> tuple[Expr, Expr]:
+    if isinstance(a, Expr) and isinstance(b, Expr):
+        # index arithmetic next to a float value is weak, as a Python int is: x[i] / n keeps x's float dtype
+        if is_float(a.dtype) and _is_index(b):
+            return a, cast(a.dtype, b)
+        if is_float(b.dtype) and _is_index(a):
+            return cast(b.dtype, a), b
     if isinstance(a, Expr):
         return a, as_expr(b, a)
     if isinstance(b, Expr):

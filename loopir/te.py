@@ -8,8 +8,11 @@
 
 A stage (`te.compute`) names its loop variables after its lambda's parameters; those
 are plain `nodes.Var` objects and become the loop variables of the lowered nest
-(`loopir.lower`). A reduction (`te.sum / te.max / te.min`) must be the whole body of a
-stage (TVM's rule); to scale a sum, do it in the stage that reads it.
+(`loopir.lower`). A reduction (`te.sum / te.max / te.min`) may be the whole body of a stage
+or sit anywhere inside it (several in one body, inside `te.where`, inside another reduction's
+operand): one that is not the whole body is lifted into a stage of its own, named after the
+enclosing stage (`y.sum0`, `y.max1`) and a function of only the enclosing axes its operand uses
+(`loopir.te_lift`); `te.lifted(y)` returns those stages.
 
 dtypes: float16, bfloat16, float32, float64, int32, int64, bool (bfloat16 data on the host:
 uint16 arrays of bits, `loopir.dtypes.to_bfloat16` / `from_bfloat16`; halves compute in float32).
@@ -17,22 +20,23 @@ Promotion (see `loopir.dtypes`): two typed operands combine as `numpy.promote_ty
 a Python scalar is *weak* and takes the other operand's dtype (numpy's NEP 50), except
 that a Python float next to an integer or bool expression gives float64. Integer true
 division `/` gives float64, as numpy. Index arithmetic on loop and size variables is int64.
-Math functions of integers are computed in float64. Beware: a size variable is int64,
-so `x[i] / n` with a float32 `x` is float64; write `x[i] / te.cast("float32", n)`.
+Math functions of integers are computed in float64. Index arithmetic (loop and size variables,
+no tensor element) next to a float value is weak like a Python int: `x[i] / n` with a float32
+`x` is float32, as TVM and numpy with Python ints give.
 
 Mistakes are refused when they are made, naming the thing: wrong index counts, a lambda
 whose arity differs from the shape, unknown dtypes, float indices, a reduce axis used
-outside its reduction, a reduction without an axis, and variables of one stage leaking
-into another. `lower` refuses two tensors with one name in one program.
+outside its reduction, a reduction over a loop variable, a reduction without an axis, and
+variables of one stage leaking into another. `lower` refuses two tensors with one name in one program.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,7 +44,8 @@ import numpy as np
 from .errors import ArgumentError, ArgumentTypeError
 from . import nodes
 from .dtypes import DTYPES, INDEX, check_dtype, is_float, is_int
-from .nodes import Buffer, Const, Expr, ExprLike, Load, Var
+from .nodes import Buffer, Const, Expr, ExprLike, Load, Node, Var
+from .te_lift import Reduce, lift
 from .visit import walk
 
 float16, float32, float64, int32, int64, bool_ = "float16", "float32", "float64", "int32", "int64", "bool"
@@ -61,23 +66,6 @@ _counter = itertools.count()
 _BUILDING: list[list[Tensor]] = []
 
 
-# ----------------------------------------------------------------------------- the te-only reduction node
-
-
-@dataclass(frozen=True, slots=True)
-class Reduce(Expr):
-    """`op` (sum / max / min) of `body` over the reduce axes `axis`. Exists only in te:
-    `lower` turns it into an init statement and an update statement."""
-
-    op: str
-    body: Expr
-    axis: tuple[Var, ...]
-    dtype: str
-
-    def __repr__(self) -> str:
-        return f"Reduce({self.op}, axis={[a.name for a in self.axis]})"
-
-
 # ----------------------------------------------------------------------------- tensors and operations
 
 
@@ -95,7 +83,8 @@ class PlaceholderOp:
 class ComputeOp:
     """A stage: `out[axis] = body`. For a reduction `body` is a `Reduce` over `reduce_axis`,
     whose half-open bounds are `reduce_dom` (aligned with `reduce_axis`). `inputs` are the
-    tensors the body reads, in first-use order."""
+    tensors the body reads, in first-use order. `lifted` are the stages made from the inline
+    reductions of the lambda (`te.lifted`), inner ones first; the body reads them."""
 
     def __init__(
         self,
@@ -105,6 +94,7 @@ class ComputeOp:
         reduce_axis: tuple[Var, ...],
         reduce_dom: tuple[tuple[Expr, Expr], ...],
         inputs: tuple[Tensor, ...],
+        lifted: tuple[Tensor, ...] = (),
     ) -> None:
         self.name = name
         self.axis = axis
@@ -112,6 +102,7 @@ class ComputeOp:
         self.reduce_axis = reduce_axis
         self.reduce_dom = reduce_dom
         self.inputs = inputs
+        self.lifted = lifted
 
     def __repr__(self) -> str:
         return f"ComputeOp({self.name!r}, axis={[a.name for a in self.axis]})"
@@ -284,8 +275,8 @@ def _lambda_arity(fcompute: Callable[..., Any], ndim: int, name: str) -> list[st
 def compute(shape: SizeLike | Sequence[SizeLike], fcompute: Callable[..., ExprLike], name: str | None = None) -> Tensor:
     """A stage: `out[i, j, ...] = fcompute(i, j, ...)` over `shape`.
 
-    The loop variables are named after the lambda's parameters. The body is either free
-    of reductions or is exactly one reduction (`te.sum/max/min`)."""
+    The loop variables are named after the lambda's parameters. A reduction (`te.sum/max/min`)
+    that is not the whole body becomes a stage of its own (`te.lifted`)."""
     name = _default_name("compute") if name is None else _check_name(name, "tensor")
     shp = _shape(shape, f"compute {name!r}")
     names = _lambda_arity(fcompute, len(shp), name)
@@ -309,34 +300,36 @@ def _compute(name: str, shp: tuple[Expr, ...], axis: tuple[Var, ...], fcompute: 
         body = nodes.as_expr(result)
     except TypeError as e:
         raise ArgumentTypeError(f"compute {name!r}: the lambda must return an expression, got {result!r}") from e
-    if isinstance(body, Reduce):
-        red_axes = body.axis
-        if any(isinstance(n, Reduce) for n in _walk(body.body)):
-            raise ArgumentError(f"compute {name!r}: a reduction inside a reduction; give the inner one its own stage")
-    else:
-        red_axes = ()
-        if any(isinstance(n, Reduce) for n in _walk(body)):
-            raise ArgumentError(
-                f"compute {name!r}: a reduction must be the whole body of its stage (te.sum(...) alone); "
-                "compute it in its own stage and combine it in the stage that reads it"
-            )
-    for k in red_axes:
-        owner = _REDUCE_OWNER.get(k)
-        if owner is not None and owner != name:
-            raise ArgumentError(
-                f"compute {name!r}: reduce axis {k.name!r} belongs to the reduction of stage {owner!r}; "
-                "create a new te.reduce_axis for each reduction"
-            )
-    _check_vars(name, axis, body, red_axes)
-    dom = tuple(_REDUCE_DOM[k] for k in red_axes)
-    for k, (lo, hi) in zip(red_axes, dom):
-        allowed = set(axis) | set(red_axes[: red_axes.index(k)])
-        for e in (lo, hi):
-            _check_free(name, e, allowed, f"the bounds of reduce axis {k.name!r}")
+    _check_scoped(name, axis, body)
+    body, lifted_stages = lift(name, shp, axis, body, _REDUCE_DOM.__getitem__, _make_lifted)
+    red_axes = body.axis if isinstance(body, Reduce) else ()
+    return _stage(name, shp, axis, body, red_axes, tuple(_REDUCE_DOM[k] for k in red_axes), lifted_stages)
+
+
+def _stage(name: str, shp: tuple[Expr, ...], axis: tuple[Var, ...], body: Expr, red_axes: tuple[Var, ...],
+           dom: tuple[tuple[Expr, Expr], ...], lifted_stages: tuple[Tensor, ...]) -> Tensor:
     inputs = _inputs(name, body)
     for k in red_axes:
         _REDUCE_OWNER[k] = name
-    return Tensor(name, shp, body.dtype, ComputeOp(name, axis, body, red_axes, dom, inputs))
+    return Tensor(name, shp, body.dtype, ComputeOp(name, axis, body, red_axes, dom, inputs, lifted_stages))
+
+
+def _make_lifted(name: str, shp: tuple[Expr, ...], axis: tuple[Var, ...], red: Reduce,
+                 dom: tuple[tuple[Expr, Expr], ...]) -> Tensor:
+    # the internal path for a lifted stage: its dotted name is not checked as an identifier
+    for v in axis:
+        _AXIS_OWNER[v] = name
+    for k, d in zip(red.axis, dom):
+        _REDUCE_DOM.setdefault(k, d)  # a copy of a reduce axis that another reduction of the body used
+    return _stage(name, shp, axis, red, red.axis, dom, ())
+
+
+def lifted(t: Tensor) -> tuple[Tensor, ...]:
+    """The stages made from the inline reductions of stage `t` (inner first; `()` when none), each an
+    ordinary stage: `s.loops(te.lifted(y)[0])` gives its loops in a `Schedule`."""
+    if not isinstance(t, Tensor):
+        raise ArgumentTypeError(f"te.lifted takes a tensor, got {type(t).__name__} {t!r}")
+    return t.op.lifted if isinstance(t.op, ComputeOp) else ()
 
 
 def _walk(e: Expr) -> list[Any]:
@@ -351,8 +344,8 @@ def _check_free(stage: str, e: Expr, allowed: set[Var], where: str) -> None:
 
 def _refuse_var(stage: str, v: Var, where: str) -> None:
     if v in _REDUCE_DOM:
-        owner = _REDUCE_OWNER.get(v)
-        if owner is not None and owner != stage:
+        owner = _owned_elsewhere(stage, v)
+        if owner is not None:
             raise ArgumentError(
                 f"compute {stage!r}: reduce axis {v.name!r} in {where} belongs to the reduction of stage {owner!r}"
             )
@@ -369,12 +362,41 @@ def _refuse_var(stage: str, v: Var, where: str) -> None:
     # any other Var is a size variable: allowed everywhere
 
 
-def _check_vars(stage: str, axis: tuple[Var, ...], body: Expr, red_axes: tuple[Var, ...]) -> None:
-    # free(body) ⊆ axis ∪ sizes, and free(reduce body) ⊆ axis ∪ its reduce axes ∪ sizes
-    if isinstance(body, Reduce):
-        _check_free(stage, body.body, set(axis) | set(red_axes), "the body")
-    else:
-        _check_free(stage, body, set(axis), "the body")
+def _owned_elsewhere(stage: str, k: Var) -> str | None:
+    owner = _REDUCE_OWNER.get(k)
+    if owner is None or owner == stage or owner.startswith(stage + "."):  # its own, or a stage lifted from it
+        return None
+    return owner
+
+
+def _check_scoped(stage: str, axis: tuple[Var, ...], body: Expr) -> None:
+    # every variable is an axis of the stage, a size, or a reduce axis of a reduction around it; a
+    # reduce axis belongs to no other stage's reduction. Checked before any stage is lifted.
+    stack: list[tuple[Node, frozenset[Var]]] = [(body, frozenset(axis))]
+    while stack:
+        e, allowed = stack.pop()
+        if isinstance(e, Reduce):
+            inner = set(allowed)
+            for k in e.axis:
+                owner = _owned_elsewhere(stage, k)
+                if owner is not None:
+                    raise ArgumentError(
+                        f"compute {stage!r}: reduce axis {k.name!r} belongs to the reduction of stage {owner!r}; "
+                        "create a new te.reduce_axis for each reduction"
+                    )
+                for bound in _REDUCE_DOM[k]:
+                    _check_free(stage, bound, inner, f"the bounds of reduce axis {k.name!r}")
+                inner.add(k)
+            stack.append((e.body, frozenset(inner)))
+        elif isinstance(e, Var):
+            if e not in allowed:
+                _refuse_var(stage, e, "the body")
+        else:
+            for f in dataclasses.fields(e):  # type: ignore[arg-type]
+                if f.name == "buffer":
+                    continue
+                v = getattr(e, f.name)
+                stack.extend((x, allowed) for x in (v if isinstance(v, tuple) else (v,)) if isinstance(x, Node))
 
 
 def _inputs(stage: str, body: Expr) -> tuple[Tensor, ...]:
@@ -401,6 +423,11 @@ def _reduce(op: str, expr: ExprLike, axis: Any) -> Reduce:
     if not axes:
         raise ArgumentTypeError(f"te.{op} needs at least one reduction axis, got an empty list")
     for a in axes:
+        if isinstance(a, Var) and a in _AXIS_OWNER:
+            raise ArgumentTypeError(
+                f"te.{op}: axis {a.name!r} was not made by te.reduce_axis: it is a loop variable of stage "
+                f"{_AXIS_OWNER[a]!r}, which a reduction cannot run over; make one: te.reduce_axis(extent)"
+            )
         if not isinstance(a, Var) or a not in _REDUCE_DOM:
             what = repr(a.name) if isinstance(a, Var) else f"{type(a).__name__} {a!r}"
             raise ArgumentTypeError(f"te.{op}: axis {what} was not made by te.reduce_axis")
@@ -412,9 +439,7 @@ def _reduce(op: str, expr: ExprLike, axis: Any) -> Reduce:
     body = nodes.as_expr(expr)
     if body.dtype == "bool":
         raise ArgumentTypeError(f"te.{op} of a condition; cast it first: te.cast('int32', cond)")
-    if any(isinstance(n, Reduce) for n in _walk(body)):
-        raise ArgumentError(f"te.{op}: a reduction inside a reduction; give the inner one its own stage")
-    return Reduce(op, body, axes, body.dtype)
+    return Reduce(op, body, axes, body.dtype)  # one inside `body` is lifted into its own stage (te_lift)
 
 
 def sum(expr: ExprLike, axis: Var | Sequence[Var] | None = None) -> Reduce:
@@ -516,6 +541,7 @@ __all__ = [
     "identity",
     "int32",
     "int64",
+    "lifted",
     "log",
     "max",
     "maximum",
