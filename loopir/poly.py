@@ -51,11 +51,14 @@ from .poly_model import (
     StmtInfo,
     _Builder,
     _parse_union_map,
+    _schedule_pieces,
     _program_params,
     isl_domain,
     schedule_map,
+    schedule_tree,
     stmt_infos,
 )
+from . import poly_model as _pm
 from .visit import walk
 from .nodes import For
 
@@ -155,10 +158,16 @@ def dependences(program: Program) -> Deps:
         return hit[1]
     notes: list[str] = []
     b = _Builder(program, notes)
-    dtext, stext = b.domain_text(), b.schedule_text()
+    # the schedule parsed once per program (poly_model's cache); its domain is exactly the statement domains
+    # (each instance's time is a function of its loops), and its notes are the domains' notes
+    if _pm.ANALYSIS_CACHE:
+        sched = schedule_map(program, notes=notes)
+        dom = sched.domain()
+    else:
+        dtext, stext = b.domain_text(), b.schedule_text()
+        dom = isl.UnionSet(b.prefix() + dtext)
+        sched = _parse_union_map(b, stext).intersect_domain(dom)
     rt, wt, mt = b.access_texts()
-    dom = isl.UnionSet(b.prefix() + dtext)
-    sched = _parse_union_map(b, stext).intersect_domain(dom)
     reads = _parse_union_map(b, rt).intersect_domain(dom)
     must = _parse_union_map(b, wt).intersect_domain(dom)
     may = _parse_union_map(b, mt).intersect_domain(dom)
@@ -173,7 +182,11 @@ def dependences(program: Program) -> Deps:
             ai = ai.set_may_source(may_src)
         if kill is not None:
             ai = ai.set_kill(kill)
-        return ai.set_schedule_map(sched).compute_flow()
+        return (ai.set_schedule(tree) if tree is not None else ai.set_schedule_map(sched)).compute_flow()
+
+    # isl's dataflow analysis walks a schedule tree (sequence nodes split the statements) about twice as fast
+    # as it orders a flat schedule map; the tree orders the instances exactly as the map does (schedule_tree)
+    tree = schedule_tree(program, b.infos) if _pm.ANALYSIS_CACHE else None
 
     # value-based: the last write before each read (may writes cannot kill, so they are may sources)
     fl = flow(reads, must, may, None).get_may_dependence()
@@ -190,11 +203,18 @@ def dependences(program: Program) -> Deps:
 
 def instance_mismatch(deps: Deps, program: Program) -> str | None:
     """None if `program` runs exactly the statement instances of the analysed program; else a sentence."""
-    b = _Builder(program)
-    text = b.domain_text()
-    if b.notes:  # an over-approximated domain cannot be compared exactly
-        return None
-    new = isl.UnionSet(b.prefix() + text)
+    if not _pm.ANALYSIS_CACHE:
+        b = _Builder(program)
+        text = b.domain_text()
+        if b.notes:
+            return None
+        new = isl.UnionSet(b.prefix() + text)
+    else:
+        notes: list[str] = []
+        sched = schedule_map(program, notes=notes)
+        if notes:  # an over-approximated domain cannot be compared exactly
+            return None
+        new = sched.domain()  # exactly the statement domains (see dependences)
     if new.is_equal(deps.domain):
         return None
     for a, b, what in ((deps.domain, new, "no longer runs"), (new, deps.domain, "now also runs")):
@@ -230,7 +250,24 @@ def check_private(deps: Deps, program: Program) -> None:
     allocation instance, are exact for `program` too)."""
     # sound iff for each scratch buffer B: same_alloc_B(old)(s, t) <=> same_alloc_B(new)(s, t) on the analysed
     # instances, where same_alloc relates instances under one Allocate at equal values of its privatizing loops
-    if not deps.private or program is deps.program or _same_scratch_context(deps, program):
+    if not deps.private or program is deps.program:
+        return
+    # a step checks several loops of one program against one analysis: the answer is the same each time
+    key = (id(deps.program), id(deps.private), id(program))
+    hit = _PRIVATE_OK.get(key) if _pm.ANALYSIS_CACHE else None
+    if hit is not None and hit[0] is deps.program and hit[1] is deps.private and hit[2] is program:
+        return
+    _check_private(deps, program)
+    _PRIVATE_OK[key] = (deps.program, deps.private, program)
+    while len(_PRIVATE_OK) > 64:
+        _PRIVATE_OK.pop(next(iter(_PRIVATE_OK)))
+
+
+_PRIVATE_OK: dict[tuple[int, int, int], tuple[Program, Any, Program]] = {}  # (analysed, private, new): passed
+
+
+def _check_private(deps: Deps, program: Program) -> None:
+    if _same_scratch_context(deps, program):
         return
     b = _Builder(program)
     new, outside = _same_alloc(b, set(deps.private))
@@ -486,30 +523,55 @@ def _loop_depth(program: Program, loop_var: Var) -> tuple[int, set[str]]:
     return depth, inside
 
 
+def _carried_pairs(program: Program, loop_var: Var, domain: isl.UnionSet | None,
+                   notes: list[str]) -> isl.UnionMap | None:
+    """{ s -> t }: instances in two different iterations of loop `loop_var` within one iteration of every loop
+    outside it (None: no instance inside the loop)."""
+    depth, inside = _loop_depth(program, loop_var)
+    sched = schedule_map(program, only=inside, notes=notes)
+    if domain is not None:
+        sched = sched.intersect_domain(domain)
+    if sched.is_empty():
+        return None
+    width = sched.get_map_list().get_at(0).dim(isl.dim_type.out)
+    rel = _time_rel(width, depth, True)
+    return sched.apply_range(rel).apply_range(sched.reverse())
+
+
 def carried_by(deps: Deps, program: Program, loop_var: Var) -> Witness | None:
     """A dependence between two different iterations of loop `loop_var` (same iteration of
     every loop outside it), or None when its iterations may run in any order / in parallel."""
-    depth, inside = _loop_depth(program, loop_var)
+    _loop_depth(program, loop_var)
     check_private(deps, program)
     if deps.all.is_empty():
         return None
     notes: list[str] = []
-    sched = schedule_map(program, only=inside, notes=notes).intersect_domain(deps.domain)
-    if sched.is_empty():
+    pairs = _carried_pairs(program, loop_var, deps.domain, notes)
+    if pairs is None:
         return None
-    width = sched.get_map_list().get_at(0).dim(isl.dim_type.out)
-    t = [f"t{k}" for k in range(width)]
-    u = [f"u{k}" for k in range(width)]
-    eq = [f"{a} = {b}" for a, b in zip(t[: 2 * depth + 1], u[: 2 * depth + 1])]
-    c = 2 * depth + 1
-    rel = isl.UnionMap(f"{{ [{', '.join(t)}] -> [{', '.join(u)}] : "
-                       f"{' and '.join(eq + [f'({t[c]} < {u[c]} or {t[c]} > {u[c]})'])} }}")
-    pairs = sched.apply_range(rel).apply_range(sched.reverse())
     for kind, dep in deps.by_kind():
         bad = dep.intersect(pairs)
         if not bad.is_empty():
             return _with_notes(_witness(bad, kind, deps), notes)
     return None
+
+
+_TIME_RELS: dict[tuple[int, int, bool], isl.UnionMap] = {}
+
+
+def _time_rel(width: int, depth: int, differ: bool) -> isl.UnionMap:
+    """{ [t] -> [u] }: equal in the first 2*depth + 1 time dimensions (one iteration of the loops outside the
+    loop at `depth`, same textual position) and, when `differ`, different in the loop's own dimension."""
+    key = (width, depth, differ)
+    if key not in _TIME_RELS:
+        t = [f"t{k}" for k in range(width)]
+        u = [f"u{k}" for k in range(width)]
+        eq = [f"{a} = {b}" for a, b in zip(t[: 2 * depth + 1], u[: 2 * depth + 1])]
+        c = 2 * depth + 1
+        if differ:
+            eq.append(f"({t[c]} < {u[c]} or {t[c]} > {u[c]})")
+        _TIME_RELS[key] = isl.UnionMap(f"{{ [{', '.join(t)}] -> [{', '.join(u)}] : {' and '.join(eq) or '1 = 1'} }}")
+    return _TIME_RELS[key]
 
 
 def time_of(program: Program, stmt: str, iters: dict[str, int], params: dict[str, int]) -> list[int] | None:
@@ -561,16 +623,18 @@ def _writes_shared_scratch(program: Program) -> set[str]:
 
 
 def _drop_pairs(deps: Deps, drop: Any) -> Deps:
-    def keep(um: isl.UnionMap) -> isl.UnionMap:
-        out = isl.UnionMap.empty(um.get_space())
-        ml = um.get_map_list()
-        for k in range(ml.n_map()):
-            m = ml.get_at(k)
-            if not drop(m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)):
-                out = out.union(isl.UnionMap.from_map(m))
-        return out
+    return dataclasses.replace(deps, flow=_keep_pairs(deps.flow, drop), anti=_keep_pairs(deps.anti, drop),
+                               output=_keep_pairs(deps.output, drop))
 
-    return dataclasses.replace(deps, flow=keep(deps.flow), anti=keep(deps.anti), output=keep(deps.output))
+
+def _keep_pairs(um: isl.UnionMap, drop: Any) -> isl.UnionMap:
+    out = isl.UnionMap.empty(um.get_space())
+    ml = um.get_map_list()
+    for k in range(ml.n_map()):
+        m = ml.get_at(k)
+        if not drop(m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)):
+            out = out.union(isl.UnionMap.from_map(m))
+    return out
 
 
 def concurrent_violation(deps: Deps, program: Program, skip: tuple[Var, ...] = (),
@@ -590,18 +654,45 @@ def concurrent_violation(deps: Deps, program: Program, skip: tuple[Var, ...] = (
     shared = None
     for f in loops:
         d = deps
+        dropped: tuple[frozenset[str], ...] = ()
         if f.kind == "thread" and (f.thread or "").startswith("threadIdx"):
             shared = _writes_shared_scratch(program) if shared is None else shared
             if shared:
                 d = _drop_pairs(d, lambda a, b, sh=shared: a in sh or b in sh)
+                dropped += (frozenset(shared),)
         red = (reductions or {}).get(f.var)
         if red:
             names = {_sanitize(n) for n in red}
             d = _drop_pairs(d, lambda a, b, names=names: a == b and a in names)
+            dropped += (frozenset(names),)
+        check_private(deps, program)
+        key = _carried_key(program, f.var, dropped) if _pm.ANALYSIS_CACHE else None
+        hit = _CARRIED_FREE.get(key) if key is not None else None
+        if hit is not None and hit is deps:
+            continue
         w = carried_by(d, program, f.var)
         if w is not None:
             return f.var, w
+        if key is not None:
+            _CARRIED_FREE[key] = deps
+            while len(_CARRIED_FREE) > 256:
+                _CARRIED_FREE.pop(next(iter(_CARRIED_FREE)))
     return None
+
+
+# (analysis id, relaxations, loop depth, the isl text of the schedule of the statements inside the loop) of a
+# loop found free of carried dependences -> that analysis. carried_by's answer is a function of exactly these
+# (the pairs it tests are built from that text alone), so a later program that differs only outside the loop
+# or in loop kinds (bind, parallel, vectorize, unroll: the text is unchanged) is not tested again.
+_CARRIED_FREE: dict[tuple[Any, ...], Deps] = {}
+
+
+def _carried_key(program: Program, loop_var: Var, dropped: tuple[frozenset[str], ...]) -> tuple[Any, ...] | None:
+    pieces = _schedule_pieces(program)
+    if pieces is None:
+        return None
+    depth, inside = _loop_depth(program, loop_var)
+    return (depth, dropped, tuple(sorted(pieces[1][n][2] for n in inside)))
 
 
 def dependences_inside(deps: Deps, program: Program, loop_var: Var) -> tuple[tuple[str, isl.UnionMap], ...]:
@@ -613,9 +704,6 @@ def dependences_inside(deps: Deps, program: Program, loop_var: Var) -> tuple[tup
     if sched.is_empty():
         return tuple((k, d.subtract(d)) for k, d in deps.by_kind())
     width = sched.get_map_list().get_at(0).dim(isl.dim_type.out)
-    t = [f"t{k}" for k in range(width)]
-    u = [f"u{k}" for k in range(width)]
-    eq = [f"{a} = {b}" for a, b in zip(t[: 2 * depth + 1], u[: 2 * depth + 1])]
-    rel = isl.UnionMap(f"{{ [{', '.join(t)}] -> [{', '.join(u)}] : {' and '.join(eq) or '1 = 1'} }}")
+    rel = _time_rel(width, depth, False)
     pairs = sched.apply_range(rel).apply_range(sched.reverse())
     return tuple((k, d.intersect(pairs)) for k, d in deps.by_kind())
