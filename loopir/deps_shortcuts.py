@@ -19,8 +19,8 @@ import islpy as isl
 from . import poly_model as _pm
 from .isl_conv import _sanitize
 from .nodes import Program, Var
-from .poly import Deps, _carried_pairs, _keep_pairs, _writes_shared_scratch, concurrent_loops
-from .poly_model import _Builder, _parse_union_map, rename_map, schedule_map
+from .poly import Deps, _keep_pairs, carried_free, _writes_shared_scratch, concurrent_loops
+from .poly_model import _Builder, _parse_union_map, _trim, rename_map, schedule_map
 
 __all__ = ["derived_dependences", "memory_dependences", "concurrent_free"]
 
@@ -83,8 +83,7 @@ def memory_dependences(program: Program) -> isl.UnionMap:
     mem = writes.apply_range(reads.reverse())
     mem = mem.union(mem.reverse()).union(writes.apply_range(writes.reverse()))
     _MEMORY[id(program)] = (program, mem)
-    while len(_MEMORY) > 16:
-        _MEMORY.popitem(last=False)
+    _trim(_MEMORY, 16)
     return mem
 
 
@@ -116,7 +115,6 @@ def concurrent_free(program: Program, skip: tuple[Var, ...] = (),
         if red:
             names = {_sanitize(n) for n in red}
             rel = _keep_pairs(rel, lambda a, b, names=names: a == b and a in names)
-        pairs = _carried_pairs(program, f.var, None, [])
-        if pairs is not None and not rel.intersect(pairs).is_empty():
+        if not carried_free(rel, program, f.var):
             return False
     return True

@@ -52,6 +52,7 @@ from .poly_model import (
     _Builder,
     _parse_union_map,
     _schedule_pieces,
+    _trim,
     _program_params,
     isl_domain,
     schedule_map,
@@ -259,11 +260,11 @@ def check_private(deps: Deps, program: Program) -> None:
         return
     _check_private(deps, program)
     _PRIVATE_OK[key] = (deps.program, deps.private, program)
-    while len(_PRIVATE_OK) > 64:
-        _PRIVATE_OK.pop(next(iter(_PRIVATE_OK)))
+    _trim(_PRIVATE_OK, 64)
 
 
-_PRIVATE_OK: dict[tuple[int, int, int], tuple[Program, Any, Program]] = {}  # (analysed, private, new): passed
+# (analysed program, its private relations, new program) of a check_private that passed
+_PRIVATE_OK: OrderedDict[tuple[int, int, int], tuple[Program, Any, Program]] = OrderedDict()
 
 
 def _check_private(deps: Deps, program: Program) -> None:
@@ -538,6 +539,25 @@ def _carried_pairs(program: Program, loop_var: Var, domain: isl.UnionSet | None,
     return sched.apply_range(rel).apply_range(sched.reverse())
 
 
+def carried_free(rel: isl.UnionMap, program: Program, loop_var: Var) -> bool:
+    """True iff no pair (s -> t) of `rel` joins two different iterations of loop `loop_var` within one iteration
+    of the loops outside it: `rel` ∩ `_carried_pairs` is empty, tested in time space (the pairs of `rel` whose
+    both statements lie inside the loop, mapped through the schedule, met with the time relation), which
+    costs far less than building every pair of instances of the nest. Same answer: (s, t) is in the pairs
+    iff some time of s and some time of t are related by `_time_rel`, which is what the image tests."""
+    depth, inside = _loop_depth(program, loop_var)
+    names = {_sanitize(n) for n in inside}
+    sub = _keep_pairs(rel, lambda a, b: a not in names or b not in names)
+    if sub.is_empty():
+        return True
+    sched = schedule_map(program, only=inside)
+    times = sub.apply_domain(sched).apply_range(sched)
+    if times.is_empty():
+        return True
+    width = sched.get_map_list().get_at(0).dim(isl.dim_type.out)
+    return times.intersect(_time_rel(width, depth, True)).is_empty()
+
+
 def carried_by(deps: Deps, program: Program, loop_var: Var) -> Witness | None:
     """A dependence between two different iterations of loop `loop_var` (same iteration of
     every loop outside it), or None when its iterations may run in any order / in parallel."""
@@ -545,6 +565,8 @@ def carried_by(deps: Deps, program: Program, loop_var: Var) -> Witness | None:
     check_private(deps, program)
     if deps.all.is_empty():
         return None
+    if _pm.ANALYSIS_CACHE and carried_free(deps.all, program, loop_var):
+        return None  # exactly the answer of the test below, which also finds the witness when there is one
     notes: list[str] = []
     pairs = _carried_pairs(program, loop_var, deps.domain, notes)
     if pairs is None:
@@ -675,8 +697,7 @@ def concurrent_violation(deps: Deps, program: Program, skip: tuple[Var, ...] = (
             return f.var, w
         if key is not None:
             _CARRIED_FREE[key] = deps
-            while len(_CARRIED_FREE) > 256:
-                _CARRIED_FREE.pop(next(iter(_CARRIED_FREE)))
+            _trim(_CARRIED_FREE, 256)
     return None
 
 
@@ -684,7 +705,7 @@ def concurrent_violation(deps: Deps, program: Program, skip: tuple[Var, ...] = (
 # loop found free of carried dependences -> that analysis. carried_by's answer is a function of exactly these
 # (the pairs it tests are built from that text alone), so a later program that differs only outside the loop
 # or in loop kinds (bind, parallel, vectorize, unroll: the text is unchanged) is not tested again.
-_CARRIED_FREE: dict[tuple[Any, ...], Deps] = {}
+_CARRIED_FREE: OrderedDict[tuple[Any, ...], Deps] = OrderedDict()
 
 
 def _carried_key(program: Program, loop_var: Var, dropped: tuple[frozenset[str], ...]) -> tuple[Any, ...] | None:

@@ -310,13 +310,20 @@ def parse_union_map(text: str) -> isl.UnionMap:
         return isl.UnionMap(text)
     hit = _PARSED.get(text)
     if hit is not None:
-        _PARSED.move_to_end(text)
         return hit
     um = isl.UnionMap(text)
     _PARSED[text] = um
-    while len(_PARSED) > 512:
-        _PARSED.popitem(last=False)
+    _trim(_PARSED, 512)
     return um
+
+
+def _trim(cache: OrderedDict[Any, Any], size: int) -> None:
+    """Drop the oldest entries beyond `size` (another thread may be trimming too: never fails)."""
+    while len(cache) > size:
+        try:
+            cache.popitem(last=False)
+        except KeyError:
+            return
 
 
 def isl_domain(program: Program) -> isl.UnionSet:
@@ -358,7 +365,6 @@ _SCHED_CACHE: OrderedDict[int, tuple[Program, Any]] = OrderedDict()
 def _schedule_pieces(program: Program) -> Any:
     hit = _SCHED_CACHE.get(id(program))
     if hit is not None and hit[0] is program:
-        _SCHED_CACHE.move_to_end(id(program))
         return hit[1]
     b = _Builder(program)
     names = list(dict.fromkeys(i.store.name for i in b.infos))
@@ -375,8 +381,7 @@ def _schedule_pieces(program: Program) -> Any:
         space = isl.UnionMap(b.prefix() + "{ }").get_space()
         value = (full if full is not None else isl.UnionMap.empty(space), per_stmt, space)
     _SCHED_CACHE[id(program)] = (program, value)
-    while len(_SCHED_CACHE) > 64:
-        _SCHED_CACHE.popitem(last=False)
+    _trim(_SCHED_CACHE, 64)
     return value
 
 
