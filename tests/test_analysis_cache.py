@@ -17,6 +17,7 @@ import random
 from typing import Any
 
 import pytest
+import test_fuzz as f1
 import test_fuzz_compose as fc
 
 from loopir import deps_shortcuts, poly, poly_model, te
@@ -59,22 +60,23 @@ def _translate(x: Any, src: Schedule, dst: Schedule) -> Any:
     return x
 
 
-def _pair(case: int) -> tuple[Schedule, Schedule, random.Random]:
-    gen = fc.GENERATORS[case % len(fc.GENERATORS)]
+def _pair(case: int, mod: Any = fc) -> tuple[Schedule, Schedule, random.Random]:
+    gen = mod.GENERATORS[case % len(mod.GENERATORS)]
     # two equal programs from one seed, distinct objects: nothing is shared between the two runs
     p_fast, p_fresh = gen(random.Random(1000 + case)), gen(random.Random(1000 + case))
     assert str(p_fast) == str(p_fresh)
     return Schedule(p_fast), _fresh(Schedule, p_fresh), random.Random(7 * case + 1)
 
 
-def test_fuzz_compose_same_decisions_and_witnesses():
+@pytest.mark.parametrize("mod", [fc, f1], ids=["fuzz_compose", "fuzz"])
+def test_fuzz_same_decisions_and_witnesses(mod):
     tried = refused = 0
     for case in range(CASES):
-        fast, fresh, r = _pair(case)
+        fast, fresh, r = _pair(case, mod)
         for _ in range(24):
             if len(fast.trace) >= 6:
                 break
-            step = fc._random_step(r, fast)
+            step = mod._random_step(r, fast)
             if step is None:
                 continue
             name, args = step
