@@ -16,6 +16,12 @@ poly_model), so dependences on them never join two iterations of those loops. Th
 sound while a schedule keeps the same statement instances together in one allocation:
 `find_violation` and `carried_by` first check it (`check_private`) and raise
 `PrivateScopeError` (a ValueError) when a step would move a loop across an allocation.
+
+Cost (issue 14): a program's schedule is parsed once (`poly_model.schedule_map`, pieces kept per statement
+text), the dataflow analysis walks a schedule tree, carried-dependence tests run in time space and a
+loop found free is not tested again while the text of its nest is unchanged; `loopir.deps_shortcuts`
+derives or pre-tests dependences where that is exact. `poly_model.ANALYSIS_CACHE = False` turns all of
+it off (tests/test_analysis_cache.py checks that both ways decide alike, with the same witnesses).
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ class Schedule:
         # those statements' self-dependences may be carried by that loop, see poly.concurrent_violation)
         self._reductions: dict[Var, frozenset[str]] = {}
         # every step since the dependences were computed was checked: the current program is then a legal
-        # schedule of the analysed one (checks may derive dependences from them: poly.derived_dependences)
+        # schedule of the analysed one (checks may derive dependences from them: deps_shortcuts.derived_dependences)
         self._checked = True
 
     # ------------------------------------------------------------------ state

@@ -383,7 +383,7 @@ def _local_index(idx: tuple[Expr, ...], st: Store, loops: tuple[For, ...], guard
 def _check_order(before: Program, after: Program, buf: Buffer, what: str, derived: poly.Deps | None = None) -> None:
     """Legal iff no dependence of `before` runs backwards in `after` (poly.find_violation is None).
 
-    `derived`: the dependences of `before` derived without an analysis (poly.derived_dependences); equal to
+    `derived`: the dependences of `before` derived without an analysis (deps_shortcuts.derived_dependences); equal to
     a fresh analysis's as relations, so they decide acceptance; a refusal (and its witness, which depends on
     the relations' representation) is decided again on a fresh analysis, as without them."""
     deps = derived or poly.dependences(before)
@@ -524,7 +524,7 @@ def cache_write(
     elements of `buffer`. Returns `(new_program, scratch_buffer)`; see the module docstring
     for the nest before/after. `deps`: the dependences of a program that `program` is a checked
     schedule of (a Schedule's); the checks then derive the intermediate programs' dependences from
-    them (poly.derived_dependences) instead of analysing each afresh.
+    them (deps_shortcuts.derived_dependences) instead of analysing each afresh.
     """
     if scope not in SCOPES:
         raise ArgumentError(f"cache_write: scope must be one of {', '.join(SCOPES)}, got {scope!r}")
