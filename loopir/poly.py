@@ -16,6 +16,12 @@ poly_model), so dependences on them never join two iterations of those loops. Th
 sound while a schedule keeps the same statement instances together in one allocation:
 `find_violation` and `carried_by` first check it (`check_private`) and raise
 `PrivateScopeError` (a ValueError) when a step would move a loop across an allocation.
+
+Cost (issue 14): a program's schedule is parsed once (`poly_model.schedule_map`, pieces kept per statement
+text), the dataflow analysis walks a schedule tree, carried-dependence tests run in time space and a
+loop found free is not tested again while the text of its nest is unchanged; `loopir.deps_shortcuts`
+derives or pre-tests dependences where that is exact. `poly_model.ANALYSIS_CACHE = False` turns all of
+it off (tests/test_analysis_cache.py checks that both ways decide alike, with the same witnesses).
 """
 
 from __future__ import annotations
@@ -51,11 +57,15 @@ from .poly_model import (
     StmtInfo,
     _Builder,
     _parse_union_map,
+    _schedule_pieces,
+    _trim,
     _program_params,
     isl_domain,
     schedule_map,
+    schedule_tree,
     stmt_infos,
 )
+from . import poly_model as _pm
 from .visit import walk
 from .nodes import For
 
@@ -155,10 +165,16 @@ def dependences(program: Program) -> Deps:
         return hit[1]
     notes: list[str] = []
     b = _Builder(program, notes)
-    dtext, stext = b.domain_text(), b.schedule_text()
+    # the schedule parsed once per program (poly_model's cache); its domain is exactly the statement domains
+    # (each instance's time is a function of its loops), and its notes are the domains' notes
+    if _pm.ANALYSIS_CACHE:
+        sched = schedule_map(program, notes=notes)
+        dom = sched.domain()
+    else:
+        dtext, stext = b.domain_text(), b.schedule_text()
+        dom = isl.UnionSet(b.prefix() + dtext)
+        sched = _parse_union_map(b, stext).intersect_domain(dom)
     rt, wt, mt = b.access_texts()
-    dom = isl.UnionSet(b.prefix() + dtext)
-    sched = _parse_union_map(b, stext).intersect_domain(dom)
     reads = _parse_union_map(b, rt).intersect_domain(dom)
     must = _parse_union_map(b, wt).intersect_domain(dom)
     may = _parse_union_map(b, mt).intersect_domain(dom)
@@ -173,7 +189,11 @@ def dependences(program: Program) -> Deps:
             ai = ai.set_may_source(may_src)
         if kill is not None:
             ai = ai.set_kill(kill)
-        return ai.set_schedule_map(sched).compute_flow()
+        return (ai.set_schedule(tree) if tree is not None else ai.set_schedule_map(sched)).compute_flow()
+
+    # isl's dataflow analysis walks a schedule tree (sequence nodes split the statements) about twice as fast
+    # as it orders a flat schedule map; the tree orders the instances exactly as the map does (schedule_tree)
+    tree = schedule_tree(program, b.infos) if _pm.ANALYSIS_CACHE else None
 
     # value-based: the last write before each read (may writes cannot kill, so they are may sources)
     fl = flow(reads, must, may, None).get_may_dependence()
@@ -190,11 +210,18 @@ def dependences(program: Program) -> Deps:
 
 def instance_mismatch(deps: Deps, program: Program) -> str | None:
     """None if `program` runs exactly the statement instances of the analysed program; else a sentence."""
-    b = _Builder(program)
-    text = b.domain_text()
-    if b.notes:  # an over-approximated domain cannot be compared exactly
-        return None
-    new = isl.UnionSet(b.prefix() + text)
+    if not _pm.ANALYSIS_CACHE:
+        b = _Builder(program)
+        text = b.domain_text()
+        if b.notes:
+            return None
+        new = isl.UnionSet(b.prefix() + text)
+    else:
+        notes: list[str] = []
+        sched = schedule_map(program, notes=notes)
+        if notes:  # an over-approximated domain cannot be compared exactly
+            return None
+        new = sched.domain()  # exactly the statement domains (see dependences)
     if new.is_equal(deps.domain):
         return None
     for a, b, what in ((deps.domain, new, "no longer runs"), (new, deps.domain, "now also runs")):
@@ -230,7 +257,24 @@ def check_private(deps: Deps, program: Program) -> None:
     allocation instance, are exact for `program` too)."""
     # sound iff for each scratch buffer B: same_alloc_B(old)(s, t) <=> same_alloc_B(new)(s, t) on the analysed
     # instances, where same_alloc relates instances under one Allocate at equal values of its privatizing loops
-    if not deps.private or program is deps.program or _same_scratch_context(deps, program):
+    if not deps.private or program is deps.program:
+        return
+    # a step checks several loops of one program against one analysis: the answer is the same each time
+    key = (id(deps.program), id(deps.private), id(program))
+    hit = _PRIVATE_OK.get(key) if _pm.ANALYSIS_CACHE else None
+    if hit is not None and hit[0] is deps.program and hit[1] is deps.private and hit[2] is program:
+        return
+    _check_private(deps, program)
+    _PRIVATE_OK[key] = (deps.program, deps.private, program)
+    _trim(_PRIVATE_OK, 64)
+
+
+# (analysed program, its private relations, new program) of a check_private that passed
+_PRIVATE_OK: OrderedDict[tuple[int, int, int], tuple[Program, Any, Program]] = OrderedDict()
+
+
+def _check_private(deps: Deps, program: Program) -> None:
+    if _same_scratch_context(deps, program):
         return
     b = _Builder(program)
     new, outside = _same_alloc(b, set(deps.private))
@@ -486,30 +530,76 @@ def _loop_depth(program: Program, loop_var: Var) -> tuple[int, set[str]]:
     return depth, inside
 
 
-def carried_by(deps: Deps, program: Program, loop_var: Var) -> Witness | None:
-    """A dependence between two different iterations of loop `loop_var` (same iteration of
-    every loop outside it), or None when its iterations may run in any order / in parallel."""
+def _carried_pairs(program: Program, loop_var: Var, domain: isl.UnionSet | None,
+                   notes: list[str]) -> isl.UnionMap | None:
+    """{ s -> t }: instances in two different iterations of loop `loop_var` within one iteration of every loop
+    outside it (None: no instance inside the loop)."""
     depth, inside = _loop_depth(program, loop_var)
-    check_private(deps, program)
-    if deps.all.is_empty():
-        return None
-    notes: list[str] = []
-    sched = schedule_map(program, only=inside, notes=notes).intersect_domain(deps.domain)
+    sched = schedule_map(program, only=inside, notes=notes)
+    if domain is not None:
+        sched = sched.intersect_domain(domain)
     if sched.is_empty():
         return None
     width = sched.get_map_list().get_at(0).dim(isl.dim_type.out)
-    t = [f"t{k}" for k in range(width)]
-    u = [f"u{k}" for k in range(width)]
-    eq = [f"{a} = {b}" for a, b in zip(t[: 2 * depth + 1], u[: 2 * depth + 1])]
-    c = 2 * depth + 1
-    rel = isl.UnionMap(f"{{ [{', '.join(t)}] -> [{', '.join(u)}] : "
-                       f"{' and '.join(eq + [f'({t[c]} < {u[c]} or {t[c]} > {u[c]})'])} }}")
-    pairs = sched.apply_range(rel).apply_range(sched.reverse())
+    rel = _time_rel(width, depth, True)
+    return sched.apply_range(rel).apply_range(sched.reverse())
+
+
+def carried_free(rel: isl.UnionMap, program: Program, loop_var: Var) -> bool:
+    """True iff no pair (s -> t) of `rel` joins two different iterations of loop `loop_var` within one iteration
+    of the loops outside it: `rel` ∩ `_carried_pairs` is empty, tested in time space (the pairs of `rel` whose
+    both statements lie inside the loop, mapped through the schedule, met with the time relation), which
+    costs far less than building every pair of instances of the nest. Same answer: (s, t) is in the pairs
+    iff some time of s and some time of t are related by `_time_rel`, which is what the image tests."""
+    depth, inside = _loop_depth(program, loop_var)
+    names = {_sanitize(n) for n in inside}
+    sub = _keep_pairs(rel, lambda a, b: a not in names or b not in names)
+    if sub.is_empty():
+        return True
+    sched = schedule_map(program, only=inside)
+    times = sub.apply_domain(sched).apply_range(sched)
+    if times.is_empty():
+        return True
+    width = sched.get_map_list().get_at(0).dim(isl.dim_type.out)
+    return times.intersect(_time_rel(width, depth, True)).is_empty()
+
+
+def carried_by(deps: Deps, program: Program, loop_var: Var) -> Witness | None:
+    """A dependence between two different iterations of loop `loop_var` (same iteration of
+    every loop outside it), or None when its iterations may run in any order / in parallel."""
+    _loop_depth(program, loop_var)
+    check_private(deps, program)
+    if deps.all.is_empty():
+        return None
+    if _pm.ANALYSIS_CACHE and carried_free(deps.all, program, loop_var):
+        return None  # exactly the answer of the test below, which also finds the witness when there is one
+    notes: list[str] = []
+    pairs = _carried_pairs(program, loop_var, deps.domain, notes)
+    if pairs is None:
+        return None
     for kind, dep in deps.by_kind():
         bad = dep.intersect(pairs)
         if not bad.is_empty():
             return _with_notes(_witness(bad, kind, deps), notes)
     return None
+
+
+_TIME_RELS: dict[tuple[int, int, bool], isl.UnionMap] = {}
+
+
+def _time_rel(width: int, depth: int, differ: bool) -> isl.UnionMap:
+    """{ [t] -> [u] }: equal in the first 2*depth + 1 time dimensions (one iteration of the loops outside the
+    loop at `depth`, same textual position) and, when `differ`, different in the loop's own dimension."""
+    key = (width, depth, differ)
+    if key not in _TIME_RELS:
+        t = [f"t{k}" for k in range(width)]
+        u = [f"u{k}" for k in range(width)]
+        eq = [f"{a} = {b}" for a, b in zip(t[: 2 * depth + 1], u[: 2 * depth + 1])]
+        c = 2 * depth + 1
+        if differ:
+            eq.append(f"({t[c]} < {u[c]} or {t[c]} > {u[c]})")
+        _TIME_RELS[key] = isl.UnionMap(f"{{ [{', '.join(t)}] -> [{', '.join(u)}] : {' and '.join(eq) or '1 = 1'} }}")
+    return _TIME_RELS[key]
 
 
 def time_of(program: Program, stmt: str, iters: dict[str, int], params: dict[str, int]) -> list[int] | None:
@@ -561,16 +651,18 @@ def _writes_shared_scratch(program: Program) -> set[str]:
 
 
 def _drop_pairs(deps: Deps, drop: Any) -> Deps:
-    def keep(um: isl.UnionMap) -> isl.UnionMap:
-        out = isl.UnionMap.empty(um.get_space())
-        ml = um.get_map_list()
-        for k in range(ml.n_map()):
-            m = ml.get_at(k)
-            if not drop(m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)):
-                out = out.union(isl.UnionMap.from_map(m))
-        return out
+    return dataclasses.replace(deps, flow=_keep_pairs(deps.flow, drop), anti=_keep_pairs(deps.anti, drop),
+                               output=_keep_pairs(deps.output, drop))
 
-    return dataclasses.replace(deps, flow=keep(deps.flow), anti=keep(deps.anti), output=keep(deps.output))
+
+def _keep_pairs(um: isl.UnionMap, drop: Any) -> isl.UnionMap:
+    out = isl.UnionMap.empty(um.get_space())
+    ml = um.get_map_list()
+    for k in range(ml.n_map()):
+        m = ml.get_at(k)
+        if not drop(m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)):
+            out = out.union(isl.UnionMap.from_map(m))
+    return out
 
 
 def concurrent_violation(deps: Deps, program: Program, skip: tuple[Var, ...] = (),
@@ -590,18 +682,44 @@ def concurrent_violation(deps: Deps, program: Program, skip: tuple[Var, ...] = (
     shared = None
     for f in loops:
         d = deps
+        dropped: tuple[frozenset[str], ...] = ()
         if f.kind == "thread" and (f.thread or "").startswith("threadIdx"):
             shared = _writes_shared_scratch(program) if shared is None else shared
             if shared:
                 d = _drop_pairs(d, lambda a, b, sh=shared: a in sh or b in sh)
+                dropped += (frozenset(shared),)
         red = (reductions or {}).get(f.var)
         if red:
             names = {_sanitize(n) for n in red}
             d = _drop_pairs(d, lambda a, b, names=names: a == b and a in names)
+            dropped += (frozenset(names),)
+        check_private(deps, program)
+        key = _carried_key(program, f.var, dropped) if _pm.ANALYSIS_CACHE else None
+        hit = _CARRIED_FREE.get(key) if key is not None else None
+        if hit is not None and hit is deps:
+            continue
         w = carried_by(d, program, f.var)
         if w is not None:
             return f.var, w
+        if key is not None:
+            _CARRIED_FREE[key] = deps
+            _trim(_CARRIED_FREE, 256)
     return None
+
+
+# (analysis id, relaxations, loop depth, the isl text of the schedule of the statements inside the loop) of a
+# loop found free of carried dependences -> that analysis. carried_by's answer is a function of exactly these
+# (the pairs it tests are built from that text alone), so a later program that differs only outside the loop
+# or in loop kinds (bind, parallel, vectorize, unroll: the text is unchanged) is not tested again.
+_CARRIED_FREE: OrderedDict[tuple[Any, ...], Deps] = OrderedDict()
+
+
+def _carried_key(program: Program, loop_var: Var, dropped: tuple[frozenset[str], ...]) -> tuple[Any, ...] | None:
+    pieces = _schedule_pieces(program)
+    if pieces is None:
+        return None
+    depth, inside = _loop_depth(program, loop_var)
+    return (depth, dropped, tuple(sorted(pieces[1][n][2] for n in inside)))
 
 
 def dependences_inside(deps: Deps, program: Program, loop_var: Var) -> tuple[tuple[str, isl.UnionMap], ...]:
@@ -613,9 +731,6 @@ def dependences_inside(deps: Deps, program: Program, loop_var: Var) -> tuple[tup
     if sched.is_empty():
         return tuple((k, d.subtract(d)) for k, d in deps.by_kind())
     width = sched.get_map_list().get_at(0).dim(isl.dim_type.out)
-    t = [f"t{k}" for k in range(width)]
-    u = [f"u{k}" for k in range(width)]
-    eq = [f"{a} = {b}" for a, b in zip(t[: 2 * depth + 1], u[: 2 * depth + 1])]
-    rel = isl.UnionMap(f"{{ [{', '.join(t)}] -> [{', '.join(u)}] : {' and '.join(eq) or '1 = 1'} }}")
+    rel = _time_rel(width, depth, False)
     pairs = sched.apply_range(rel).apply_range(sched.reverse())
     return tuple((k, d.intersect(pairs)) for k, d in deps.by_kind())

@@ -17,7 +17,9 @@ their domains, schedules and accesses (`_Builder`).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import islpy as isl
 
@@ -177,6 +179,10 @@ class _Builder:
         return "{ " + "; ".join(parts) + " }"
 
     def schedule_text(self, only: set[str] | None = None) -> str:
+        return "{ " + "; ".join(t for _, t in self.schedule_parts(only)) + " }"
+
+    def schedule_parts(self, only: set[str] | None = None) -> list[tuple[StmtInfo, str]]:
+        """Per statement occurrence (textual order), the isl text of its piece of the schedule."""
         width = 2 * self.depth + 1
         parts = []
         for info in self.infos:
@@ -190,8 +196,8 @@ class _Builder:
             t += ["0"] * (width - len(t))
             ts = [f"t{k}" for k in range(width)]
             tcons = [f"{a} = {b}" for a, b in zip(ts, t)]
-            parts.append(f"{inst} -> [{', '.join(ts)}] : {self._exists(info, names, cons + tcons)}")
-        return "{ " + "; ".join(parts) + " }"
+            parts.append((info, f"{inst} -> [{', '.join(ts)}] : {self._exists(info, names, cons + tcons)}"))
+        return parts
 
     def access_texts(self) -> tuple[str, str, str]:
         """(reads, exact writes, inexact writes) as isl text (each intersected with the domain later)."""
@@ -286,7 +292,38 @@ class _Builder:
 
 
 def _parse_union_map(b: _Builder, text: str) -> isl.UnionMap:
-    return isl.UnionMap(b.prefix() + text)
+    return parse_union_map(b.prefix() + text)
+
+
+# False: every analysis from scratch, as before the caches (parsed texts, schedules per program, schedule trees,
+# dependences derived or tested on memory-based pairs, remembered accepts); tests compare the two ways
+ANALYSIS_CACHE = True
+
+# isl text -> its UnionMap: consecutive steps describe most statements by the same text (a step changes one
+# nest, or only a loop's kind), and parsing (eliminating the loop existentials) is the costly part. isl objects
+# are values (every operation returns a new one), so one parsed object can serve every caller.
+_PARSED: OrderedDict[str, isl.UnionMap] = OrderedDict()
+
+
+def parse_union_map(text: str) -> isl.UnionMap:
+    if not ANALYSIS_CACHE:
+        return isl.UnionMap(text)
+    hit = _PARSED.get(text)
+    if hit is not None:
+        return hit
+    um = isl.UnionMap(text)
+    _PARSED[text] = um
+    _trim(_PARSED, 512)
+    return um
+
+
+def _trim(cache: OrderedDict[Any, Any], size: int) -> None:
+    """Drop the oldest entries beyond `size` (another thread may be trimming too: never fails)."""
+    while len(cache) > size:
+        try:
+            cache.popitem(last=False)
+        except KeyError:
+            return
 
 
 def isl_domain(program: Program) -> isl.UnionSet:
@@ -299,6 +336,132 @@ def isl_domain(program: Program) -> isl.UnionSet:
 def schedule_map(program: Program, only: set[str] | None = None, notes: list[str] | None = None) -> isl.UnionMap:
     """The current nest's schedule as a relation S[iters] -> [time] (common length, textual-order dims).
 
-    Non-affine loop bounds, guards or coords are dropped (over-approximation) and described in `notes`."""
-    b = _Builder(program, notes)
-    return _parse_union_map(b, b.schedule_text(only))
+    Non-affine loop bounds, guards or coords are dropped (over-approximation) and described in `notes`.
+    Parsed once per program (`_schedule_pieces`); `only` selects the pieces of those statements."""
+    pieces = _schedule_pieces(program) if ANALYSIS_CACHE else None
+    if pieces is None:  # two statements share an isl name (never after lowering), or no caching: parse the text
+        b = _Builder(program, notes)
+        return _parse_union_map(b, b.schedule_text(only))
+    full, per_stmt, space = pieces
+    out = None
+    for name, (m, stmt_notes, _) in per_stmt.items():
+        if only is not None and name not in only:
+            continue
+        out = m if out is None else out.union(m)
+        if notes is not None:
+            notes.extend(n for n in stmt_notes if n not in notes)
+    if only is None:
+        return full
+    return out if out is not None else isl.UnionMap.empty(space)
+
+
+# program -> (the whole schedule, {statement: (its pieces, its notes, their text)}, the params space); kept while the
+# program object lives in the cache (identity checked), so every check of one step (and the dependence
+# analysis) parses a program's schedule once. Exact: a piece is the same isl text parsed alone or within
+# the whole (the union of per-statement relations), and notes are per statement, in textual order.
+_SCHED_CACHE: OrderedDict[int, tuple[Program, Any]] = OrderedDict()
+
+
+def _schedule_pieces(program: Program) -> Any:
+    hit = _SCHED_CACHE.get(id(program))
+    if hit is not None and hit[0] is program:
+        return hit[1]
+    b = _Builder(program)
+    names = list(dict.fromkeys(i.store.name for i in b.infos))
+    value: Any = None
+    if len({_sanitize(n) for n in names}) == len(names):
+        per_stmt: dict[str, tuple[isl.UnionMap, list[str], str]] = {}
+        full = None
+        for name in names:
+            b.notes = []  # this statement's notes, as a builder analysing it alone reports them
+            text = b.prefix() + "{ " + "; ".join(t for _, t in b.schedule_parts({name})) + " }"
+            m = parse_union_map(text)
+            per_stmt[name] = (m, b.notes, text)
+            full = m if full is None else full.union(m)
+        space = isl.UnionMap(b.prefix() + "{ }").get_space()
+        value = (full if full is not None else isl.UnionMap.empty(space), per_stmt, space)
+    _SCHED_CACHE[id(program)] = (program, value)
+    _trim(_SCHED_CACHE, 64)
+    return value
+
+
+def schedule_tree(program: Program, infos: list[StmtInfo] | None = None) -> isl.Schedule | None:
+    """The schedule of `program` as an isl schedule tree, or None where it has none (an instance run at several
+    times, a loop position that is not a function of the instance, a statement at two places).
+
+    Same order as `schedule_map`: the flat time [b0, l0, b1, l1, ..., bk] compares two instances at their
+    first differing entry; the tree compares them by textual position (a sequence node per level: the
+    b entries) and then by the value of the loop they share (a band: the l entries), level by level."""
+    pieces = _schedule_pieces(program)
+    if pieces is None:
+        return None
+    per_stmt = pieces[1]
+    infos = stmt_infos(program) if infos is None else infos
+    if len({i.store.name for i in infos}) != len(infos) or not infos:
+        return None
+    width = 2 * max(len(i.loops) for i in infos) + 1
+
+    def stmt_map(info: StmtInfo) -> isl.Map:
+        ml = per_stmt[info.store.name][0].get_map_list()
+        return ml.get_at(0)
+
+    def level(group: list[StmtInfo], k: int) -> isl.Schedule:
+        children: dict[int, list[StmtInfo]] = {}
+        for info in group:
+            children.setdefault(info.betas[k], []).append(info)
+        out = None
+        for pos in sorted(children):
+            g = children[pos]
+            if len(g[0].loops) == k:  # a statement at this position (the only one there)
+                node = isl.Schedule.from_domain(isl.UnionSet.from_set(stmt_map(g[0]).domain()))
+            else:  # a loop: its value (time dimension 2k + 1) as the band, then its body
+                band = None
+                for info in g:
+                    m = stmt_map(info)
+                    m = m.project_out(isl.dim_type.out, 2 * k + 2, width - 2 * k - 2)
+                    m = m.project_out(isl.dim_type.out, 0, 2 * k + 1)
+                    um = isl.UnionMap.from_map(m)
+                    band = um if band is None else band.union(um)
+                assert band is not None
+                node = level(g, k + 1).insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(band))
+            out = node if out is None else out.sequence(node)
+        assert out is not None
+        return out
+
+    try:
+        if any(per_stmt[i.store.name][0].get_map_list().n_map() != 1 for i in infos):
+            return None
+        return level(infos, 0)
+    except isl.Error:  # multi-valued times (recomputed instances, over-approximated loops): no tree
+        return None
+
+
+def rename_map(old: Program, new: Program) -> isl.UnionMap | None:
+    """{ S_old[iters] -> S_new[iters'] } relating each instance of `old` to the same instance of `new` when
+    `new` names its statements' instances differently (a statement re-based onto its loops: its iters
+    are now loop variables around it in `old`), or None when that is not the case for every statement
+    (a statement added, dropped or run at two places; an iteration variable that is no loop of `old`)."""
+    b, nb = _Builder(old), _Builder(new)
+    old_infos = {i.store.name: i for i in b.infos}
+    new_infos = {i.store.name: i for i in nb.infos}
+    if len(old_infos) != len(b.infos) or len(new_infos) != len(nb.infos) or set(old_infos) != set(new_infos):
+        return None
+    parts = []
+    try:
+        for name, info in old_infos.items():
+            st, nst = info.store, new_infos[name].store
+            inst, names, cons = b._instance(info)
+            if len(nst.iters) == len(st.iters) and all(a is c for a, c in zip(nst.iters, st.iters)):
+                parts.append(f"{inst} -> {inst} : {b._exists(info, names, cons)}")
+                continue
+            around = {lp.var for lp in info.loops}
+            if any(v not in around for v in nst.iters):
+                return None
+            outs = [f"n{k}" for k in range(len(nst.iters))]
+            eqs = [f"{o} = {names.env[v]}" for o, v in zip(outs, nst.iters)]
+            parts.append(f"{inst} -> {_sanitize(name)}[{', '.join(outs)}] : {b._exists(info, names, cons + eqs)}")
+    except NonAffine:
+        return None
+    if b.notes:
+        return None
+    return _parse_union_map(b, "{ " + "; ".join(parts) + " }")

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from loopir import poly
+from loopir import deps_shortcuts, poly
 from loopir.bounds import BoundsError, check_bounds
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
 from loopir.lower import lower
@@ -113,6 +113,9 @@ class Schedule:
         # loops that bind_reduction made cross-thread reductions -> their reduction statements (legality state:
         # those statements' self-dependences may be carried by that loop, see poly.concurrent_violation)
         self._reductions: dict[Var, frozenset[str]] = {}
+        # every step since the dependences were computed was checked: the current program is then a legal
+        # schedule of the analysed one (checks may derive dependences from them: deps_shortcuts.derived_dependences)
+        self._checked = True
 
     # ------------------------------------------------------------------ state
 
@@ -311,9 +314,11 @@ class Schedule:
         if name == "bind_reduction":
             self._reductions.update(_reduction_loops(new, result if isinstance(result, Var) else
                                                      result[0] if isinstance(result, tuple) else rargs[0]))
+        self._checked = self._checked and self.check
         if spec.rebase:
             self._original = new
             self._deps = None
+            self._checked = True
         self.trace.append({"primitive": name, "args": json_args, "kwargs": json_kw,
                            "created": [self._ref(v) for v in created]})
         return self._wrap_result(result)
@@ -329,7 +334,7 @@ class Schedule:
 
     def _check(self, spec: PrimitiveSpec, old: Program, new: Program, args: tuple[Any, ...],
                kwargs: dict[str, Any], result: Any) -> None:
-        ctx = CheckContext(self.deps, old, new, args, kwargs, result, spec.name)
+        ctx = CheckContext(lambda: self.deps, old, new, args, kwargs, result, spec.name, {"checked": self._checked})
         w: poly.Witness | None
         if callable(spec.check):
             w = spec.check(ctx)
@@ -371,12 +376,16 @@ class Schedule:
         # carries a dependence: loop kinds are part of the checked state, so no order of steps slips past
         if spec.check is None:
             return  # the step changes neither the order nor a loop's kind (unroll)
-        deps = poly.dependences(new) if spec.rebase else self.deps
         skip = tuple(a for a in args[:1] if isinstance(a, Var)) if spec.check == "carried" else ()
         reductions = {v: r for v, r in self._reductions.items() if any(v is u for u in loop_vars(new))}
         if spec.name == "bind_reduction":
             reductions.update(_reduction_loops(new, result if isinstance(result, Var) else
                                                result[0] if isinstance(result, tuple) else args[0]))
+        # after a step that changes the instances or accesses, the new program's dataflow analysis is the costly
+        # part: a sufficient test on its memory-based dependences (a superset) first, the exact one if it fails
+        if spec.rebase and deps_shortcuts.concurrent_free(new, skip, reductions):
+            return
+        deps = poly.dependences(new) if spec.rebase else self.deps
         found = poly.concurrent_violation(deps, new, skip, reductions)
         if found is not None:
             loop, w = found

@@ -57,7 +57,7 @@ class CheckContext:
     """What a custom check or hint gets: the dependences, the programs before and after, the
     resolved arguments and the primitive's result."""
 
-    deps: Deps
+    _deps: Deps | Callable[[], Deps]  # or how to get them: computed at the first use (a check may need none)
     old: Program
     new: Program
     args: tuple[Any, ...]
@@ -65,6 +65,12 @@ class CheckContext:
     result: Any = None
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def deps(self) -> Deps:
+        if callable(self._deps):
+            self._deps = self._deps()
+        return self._deps
 
 
 @dataclass(frozen=True)

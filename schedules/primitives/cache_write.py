@@ -43,7 +43,7 @@ from typing import Any
 
 import islpy as isl
 
-from loopir import poly
+from loopir import deps_shortcuts, poly
 from loopir.dtypes import INDEX
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.isl_conv import (NonAffine, _conj, _exists, _Names, aff, aff_to_expr, constraints_to_cond, loop_constraints,
@@ -380,13 +380,21 @@ def _local_index(idx: tuple[Expr, ...], st: Store, loops: tuple[For, ...], guard
         return tuple(substitute(e, inv) for e in direct)
 
 
-def _check_order(before: Program, after: Program, buf: Buffer, what: str) -> None:
-    """Legal iff no dependence of `before` runs backwards in `after` (poly.find_violation is None)."""
-    deps = poly.dependences(before)
+def _check_order(before: Program, after: Program, buf: Buffer, what: str, derived: poly.Deps | None = None) -> None:
+    """Legal iff no dependence of `before` runs backwards in `after` (poly.find_violation is None).
+
+    `derived`: the dependences of `before` derived without an analysis (deps_shortcuts.derived_dependences); equal to
+    a fresh analysis's as relations, so they decide acceptance; a refusal (and its witness, which depends on
+    the relations' representation) is decided again on a fresh analysis, as without them."""
+    deps = derived or poly.dependences(before)
     bad = poly.instance_mismatch(deps, after)
+    w = poly.find_violation(deps, after) if bad is None else None
+    if derived is not None and (bad is not None or w is not None):
+        deps = poly.dependences(before)
+        bad = poly.instance_mismatch(deps, after)
+        w = poly.find_violation(deps, after) if bad is None else None
     if bad is not None:
         raise ArgumentError(f"cache_write: {what} {buf.name!r} would change the computed instances: {bad}")
-    w = poly.find_violation(deps, after)
     if w is not None:
         raise ScheduleError.from_witness("cache_write", w, before, None, None, f"cache_write: {what} {buf.name!r}")
 
@@ -504,6 +512,7 @@ def cache_write(
     epilogue: Any = (),
     hoist_init: bool = True,
     check: bool = True,
+    deps: poly.Deps | None = None,
 ) -> tuple[Program, Buffer]:
     """Compute `buffer` into a scratch buffer of `scope` allocated inside `loop`.
 
@@ -513,7 +522,9 @@ def cache_write(
     box of constant size (after compacting strides). Each `epilogue` stage is written by one
     statement outside `loop` that reads `buffer[<its iters>]` and covers exactly the
     elements of `buffer`. Returns `(new_program, scratch_buffer)`; see the module docstring
-    for the nest before/after.
+    for the nest before/after. `deps`: the dependences of a program that `program` is a checked
+    schedule of (a Schedule's); the checks then derive the intermediate programs' dependences from
+    them (deps_shortcuts.derived_dependences) instead of analysing each afresh.
     """
     if scope not in SCOPES:
         raise ArgumentError(f"cache_write: scope must be one of {', '.join(SCOPES)}, got {scope!r}")
@@ -545,6 +556,8 @@ def cache_write(
     new_target = replace(target, body=body)
     p1 = replace(program, body=_replace_for(program.body, target, new_target))
     before = p1
+    # the dependences of p1 (program with statements re-based): those of `deps`, renamed, when derivable
+    d1 = deps_shortcuts.derived_dependences(deps, program, p1) if check and deps is not None else None
 
     # 2. hoist the initialising statement into its own nest at the top of the iteration
     inside = _inside(new_target.body)
@@ -557,7 +570,9 @@ def cache_write(
         t2 = replace(new_target, body=body)
         p2 = replace(p1, body=_replace_for(p1.body, new_target, t2))
         if check:
-            _check_order(p1, p2, buf, "hoisting the initialisation of")
+            _check_order(p1, p2, buf, "hoisting the initialisation of", d1)
+            # p2 runs p1's instances, checked to keep every dependence of d1: the same dependences
+            d1 = deps_shortcuts.derived_dependences(d1, p2, p2) if d1 is not None else None
         new_target, p1 = t2, p2
 
     # 3. layout of the scratch buffer
@@ -603,7 +618,8 @@ def cache_write(
     assert p_rest_body is not None
     if check and eps:  # the epilogue keeps its own iters here, so the instance check is exact
         t_chk = with_region([m for m in region_stmts if m.name != copy])
-        _check_order(p1, replace(p1, body=_replace_for(p_rest_body, new_target, t_chk)), buf, "moving the epilogue of")
+        _check_order(p1, replace(p1, body=_replace_for(p_rest_body, new_target, t_chk)), buf, "moving the epilogue of",
+                     d1)
     t3 = with_region([m if m.name == copy else _rebase_vars(m, region_vars) for m in region_stmts])
     p3 = replace(p1, body=_replace_for(p_rest_body, new_target, t3))
 
@@ -641,7 +657,8 @@ def cache_write(
 
 def _check_registered(ctx: Any) -> None:
     # the checks need the intermediate programs: rerun the primitive with its checks on
-    cache_write(ctx.old, *ctx.args, **ctx.kwargs, check=True)
+    # ctx.deps describe ctx.old exactly when every step since they were computed was checked
+    cache_write(ctx.old, *ctx.args, **ctx.kwargs, check=True, deps=ctx.deps if ctx.extra.get("checked") else None)
     return None
 
 
