@@ -7,7 +7,8 @@
             | For(var, lo, hi, body, kind, thread) | Seq(body) | If(cond, then, orelse)
             | Allocate(buffer, body) | Barrier()
             | Kernel(name, body, grid, block, index_dtype, guarded, reductions, cooperative, pipelined,
-                     single_thread, subwarp, dynamic_shared)   (lowered programs only, made by codegen.passes)
+                     single_thread, subwarp, dynamic_shared, pipeline_stages, mma_grids, min_blocks)
+                                                        (lowered programs only, made by codegen.passes)
     Program(name, args, temps, params, body)
 
 A `Store` is a *statement*: its `indices` and `value` are written in its original

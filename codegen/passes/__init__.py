@@ -70,9 +70,8 @@ def _pipelines(assume: Assume | None = None) -> dict[str, tuple[Pass, ...]]:
     plan = _with_args(plan_kernels, int32_sizes=True) if assume is not None and assume.index_int32 else plan_kernels
     cuda = (Pass("prove_bounds", prove_bounds), Pass("widen_accumulators", widen_accumulators),
             Pass("split_kernels", split_kernels),
-            Pass("plan_kernels", plan), Pass("place_barriers", place_barriers),
-            Pass("plan_staging", plan_staging), Pass("plan_mma", plan_mma),
-            Pass("version_full_tiles", version_full_tiles),
+            Pass("plan_kernels", plan), Pass("place_barriers", place_barriers), Pass("plan_mma", plan_mma),
+            Pass("plan_staging", plan_staging), Pass("version_full_tiles", version_full_tiles),
             Pass("plan_dynamic_shared", plan_dynamic_shared))
     cpu = (Pass("prove_bounds", prove_bounds), Pass("widen_accumulators", widen_accumulators),
            Pass("tighten_guards", tighten_guards),
