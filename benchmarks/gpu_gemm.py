@@ -250,10 +250,12 @@ def print_shapes(rows: list[dict[str, Any]]) -> None:
         show_row(r)
 
 
-def mma_entries(shapes: list[tuple[int, int, int]], reps: int = 20, **tiles: Any) -> list[dict[str, Any]]:
+def mma_entries(shapes: list[tuple[int, int, int]], reps: int = 20, dtypes: tuple[str, ...] = ("float16", "bfloat16"),
+                **tiles: Any) -> list[dict[str, Any]]:
     """Tensor-core GEMM (schedules.recipes.gemm_mma) in float16 and bfloat16 vs cuBLAS (torch.matmul in the same
     dtype, eager), same run: rows {workload, impl, ms, tflops, ratio_vs_cublas, rel_err vs float64}. A shape with a
-    0 is built with symbolic sizes (every size a variable) and run at the other sizes given (n = m = p)."""
+    0 is built with symbolic rows and columns (n, m variables; the reduction length 4096 known: the recipe has no
+    k remainder) and run at n = m = p = 4096."""
     import torch
 
     from codegen import build
@@ -266,6 +268,8 @@ def mma_entries(shapes: list[tuple[int, int, int]], reps: int = 20, **tiles: Any
     rows: list[dict[str, Any]] = []
     sync = torch.cuda.synchronize
     for dtype, tdt in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+        if dtype not in dtypes:
+            continue
         for n, m, p in shapes:
             symbolic = n == 0
             if symbolic:
@@ -277,13 +281,14 @@ def mma_entries(shapes: list[tuple[int, int, int]], reps: int = 20, **tiles: Any
             out = torch.full((n, m), float("nan"), device=dev, dtype=tdt)
             ref64 = torch.relu(a.double() @ b.double() + bias.double())
             scale = float(ref64.abs().max().item())
-            tag = f"relu(A@B+bias) {n}x{m}x{p} {dtype}" + (" symbolic" if symbolic else "")
+            tag = f"relu(A@B+bias) {n}x{m}x{p} {dtype}" + (" symbolic n, m" if symbolic else "")
             flops = 2.0 * n * m * p
             t_cub = _median_ms(lambda a=a, b=b, bias=bias: torch.relu(a @ b + bias), sync, reps)
             err_cub = float((torch.relu(a @ b + bias).double() - ref64).abs().max().item()) / scale
             rows.append({"workload": tag, "impl": "torch eager (cuBLAS)", "ms": t_cub, "rel_err": err_cub})
             try:
-                wl = w.matmul_bias_relu(dtype=dtype) if symbolic else w.matmul_bias_relu(n=n, m=m, p=p, dtype=dtype)
+                wl = (w.matmul_bias_relu(p=p, dtype=dtype) if symbolic
+                      else w.matmul_bias_relu(n=n, m=m, p=p, dtype=dtype))
                 s = Schedule(lower(list(wl.outputs), list(wl.inputs) + list(wl.outputs)))
                 t0 = time.perf_counter()
                 plan = schedule_gemm_mma(s, **tiles)
@@ -322,13 +327,14 @@ def main() -> None:
     ap.add_argument("--skinny-sweep", action="store_true",
                     help="also time SKINNY_SWEEP's tiles on the first shape of <= 64 rows")
     ap.add_argument("--mma", nargs="*", default=None,
-                    help="tensor-core GEMM (gemm_mma) at these shapes (N or NxMxP; 0 = symbolic sizes), f16 and bf16")
+                    help="tensor-core GEMM (gemm_mma) at these shapes (N or NxMxP; 0: symbolic n, m), f16 and bf16")
+    ap.add_argument("--mma-dtypes", nargs="+", default=["float16", "bfloat16"], help="dtypes of the --mma rows")
     ap.add_argument("--mma-tiles", default="{}",
                     help='gemm_mma tiles as JSON, e.g. {"block": [128, 64], "warp": [64, 32]}')
     a = ap.parse_args()
     if a.mma is not None:
         rows = mma_entries([_parse_shape(t) if t != "0" else (0, 0, 0) for t in a.mma or ["4096"]], a.reps,
-                           **json.loads(a.mma_tiles))
+                           tuple(a.mma_dtypes), **json.loads(a.mma_tiles))
         print("| workload | impl | ms | TFLOP/s | vs cuBLAS | rel. error vs float64 |\n|---|---|---|---|---|---|")
         for r in rows:
             if r.get("ms"):

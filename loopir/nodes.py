@@ -7,7 +7,8 @@
             | For(var, lo, hi, body, kind, thread) | Seq(body) | If(cond, then, orelse)
             | Allocate(buffer, body) | Barrier()
             | Kernel(name, body, grid, block, index_dtype, guarded, reductions, cooperative, pipelined,
-                     single_thread, subwarp, dynamic_shared)   (lowered programs only, made by codegen.passes)
+                     single_thread, subwarp, dynamic_shared, pipeline_stages, mma_grids, min_blocks)
+                                                        (lowered programs only, made by codegen.passes)
     Program(name, args, temps, params, body)
 
 A `Store` is a *statement*: its `indices` and `value` are written in its original
@@ -365,6 +366,11 @@ class Kernel(Stmt):
     # shared buffers in the kernel's `extern __shared__` array: (buffer, byte offset) each, then (None, the
     # bytes a launch asks for); offsets and total are expressions of the sizes, evaluated per call
     dynamic_shared: tuple[tuple[Buffer | None, Expr], ...] = ()
+    # tensor-core kernels (codegen.passes.mma): the stages of each pipelined loop's cp.async ring (0: two), and
+    # the unrolled loops `for mi: for ni: <mma nest>` whose operand fragments are loaded once per mi / per ni
+    pipeline_stages: int = 0
+    mma_grids: frozenset[Var] = frozenset()
+    min_blocks: int = 0  # > 0: blocks per multiprocessor the register allocation must leave room for
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,6 +106,75 @@ def test_lowered_cuda_program_adversarial() -> None:
     assert _rel(_as64(out, "float16"), ref) < 1e-2
 
 
+def _kernel(prog):
+    from loopir.nodes import Kernel
+    from loopir.visit import walk
+
+    ks = [k for k in walk(prog.body) if isinstance(k, Kernel)]
+    assert len(ks) == 1
+    return ks[0]
+
+
+def test_padded_row_lengths() -> None:
+    from codegen.passes.mma import padded_row
+
+    # the byte stride of a row becomes 16 x an odd number: 8 ldmatrix rows fall in 8 distinct bank groups
+    assert [padded_row(x, 2) for x in (16, 24, 32, 64, 128, 256)] == [24, 24, 40, 72, 136, 264]
+
+
+def test_plan_mma_pads_pipelines_and_reuses_fragments() -> None:
+    """codegen.passes.mma records its decisions in the IR: padded operand tiles, a 4-stage ring, the mma grid."""
+    from loopir.nodes import Allocate
+    from loopir.visit import walk
+
+    s, _ = _sched(64, 64, 64)
+    schedule_gemm_mma(s, **SMALL)
+    k = _kernel(lower_passes(s.program, "cuda"))
+    shapes = {a.buffer.name: tuple(int(d.value) for d in a.buffer.shape) for a in walk(k.body)
+              if isinstance(a, Allocate) and a.buffer.scope == "shared"}
+    assert shapes == {"A_shared": (64, 40), "B_shared": (32, 72)}
+    assert k.pipeline_stages == 4 and len(k.pipelined) == 1
+    assert len(k.mma_grids) == 1
+    assert k.min_blocks >= 1
+    # 4 stages of (64 x 40 + 32 x 72) halves pass 48 KiB? no: 38 KiB, static shared memory
+    assert k.dynamic_shared == ()
+
+
+def test_plan_mma_dynamic_shared_for_big_rings() -> None:
+    s, _ = _sched(128, 128, 64)
+    schedule_gemm_mma(s)  # block 128 x 128: 4 stages of 18.5 KiB
+    k = _kernel(lower_passes(s.program, "cuda"))
+    assert k.pipeline_stages == 4
+    assert k.dynamic_shared[-1][0] is None and int(k.dynamic_shared[-1][1].value) == 4 * (128 * 40 + 32 * 136) * 2
+
+
+@pytest.mark.parametrize("size", [(64, 64, 64), (80, 72, 64)])
+def test_lowered_edge_program_adversarial(size: tuple[int, int, int]) -> None:
+    """The padded, pipelined program (edge tiles included) through the adversarial GPU interpreter."""
+    n, m, p = size
+    s, wl = _sched(n, m, p)
+    schedule_gemm_mma(s, **SMALL)
+    prog = lower_passes(s.program, "cuda")
+    host, f64 = _inputs(wl, "float16", n, m, p, seed=11)
+    out = _out("float16", n, m)
+    interp.run(prog, *host, out, gpu_order="reversed")
+    ref = np.maximum(f64[0] @ f64[1] + f64[2], 0.0)
+    assert _rel(_as64(out, "float16"), ref) < 1e-2
+
+
+def test_source_ring_and_clipped_chunks() -> None:
+    from codegen import build
+
+    s, wl = _sched(80, 72, 64)
+    schedule_gemm_mma(s, **SMALL)
+    src = build(s, list(wl.inputs) + list(wl.outputs), target="cuda").source
+    assert "ring of 4 stages" in src and "cp.async.wait_group 2;" in src  # 3 tiles in flight, one waited for
+    assert "loopir_cp_async16(&A_shared_st" in src and "loopir_cp_async16(&B_shared_st" in src
+    assert "chunk_q" in src  # the edge tiles' copies: 16-byte chunks inside the clip, element-wise across it
+    assert "frag_a" in src and "__launch_bounds__(" in src
+    assert "A_shared_st[(((c0 * 40)" in src  # the padded row stride
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_nvrtc_source(dtype: str) -> None:
     from codegen import build
@@ -116,7 +185,7 @@ def test_nvrtc_source(dtype: str) -> None:
     src = mod.source
     t = "f16" if dtype == "float16" else "bf16"
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32" in src
-    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src and ".x2.trans" in src
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src and "ldmatrix.sync.aligned.m8n8.x4.trans" in src
 
 
 def test_refuses_float32_inputs() -> None:
@@ -196,12 +265,42 @@ def test_auto_schedule_uses_tensor_cores_for_half_gemm(dtype: str) -> None:
     assert _rel(_as64(out, dtype), _ref(f64)) < 1e-2
 
 
+def test_auto_schedule_tensor_cores_symbolic_rows_and_columns() -> None:
+    """Symbolic rows and columns (a constant reduction length, a multiple of 32) take the tensor-core recipe."""
+    from codegen.passes import lower as lower_cuda
+    from schedules import auto_schedule
+
+    wl = w.matmul_bias_relu(p=64, dtype="float16")
+    s = auto_schedule(list(wl.outputs), "cuda")
+    assert "tensor cores" in s.plan.explain()
+    n, m, p = 136, 72, 64
+    host, f64 = _inputs(wl, "float16", n, m, p, seed=13)
+    out = _out("float16", n, m)
+    interp.run(lower_cuda(s.program, "cuda"), *host, out, gpu_order="reversed")
+    assert _rel(_as64(out, "float16"), _ref(f64)) < 1e-2
+
+
 def test_auto_schedule_keeps_simt_where_tensor_cores_do_not_apply() -> None:
     from schedules import auto_schedule
 
     for n, m, p, dt in [(256, 128, 40, "float16"), (64, 128, 64, "float16"), (256, 128, 64, "float32")]:
         wl = w.matmul_bias_relu(n=n, m=m, p=p, dtype=dt)
         assert "tensor cores" not in auto_schedule(list(wl.outputs), "cuda").plan.explain(), (n, m, p, dt)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("size", [(1000, 1000), (4000, 4096), (100, 300)])
+def test_gpu_auto_tensor_core_symbolic_rows_columns(size: tuple[int, int]) -> None:
+    from codegen import build
+
+    wl = w.matmul_bias_relu(p=512, dtype="float16")
+    mod = build(list(wl.outputs), list(wl.args), target="cuda")
+    assert "mma.sync" in mod.source
+    n, m = size
+    host, f64 = _inputs(wl, "float16", n, m, 512, seed=6)
+    out = _out("float16", n, m)
+    mod(*host, out)
+    assert _rel(_as64(out, "float16"), _ref(f64)) < 1e-2
 
 
 @pytest.mark.gpu

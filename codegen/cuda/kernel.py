@@ -56,7 +56,7 @@ from .expr import (  # noqa: F401  (re-exported: tests and callers import them f
     _Names,
     _sanitize,
 )
-from .mma import render_mma
+from .mma import render_mma, render_mma_grid
 from .prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
 from .reduce import _identity, _ReductionEmitter  # noqa: F401
 from .staging import _StagingEmitter
@@ -329,6 +329,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             return None
         if f.kind.startswith("mma."):  # a tensorized nest: tensor-core PTX (codegen.cuda.mma)
             return render_mma(self, f)
+        if f.var in self.kern.mma_grids:  # fragments loaded once per row / column (codegen.passes.mma)
+            return render_mma_grid(self, f)
         if f.var in self.kern.cooperative:
             self.cooperative(f)
             return None
@@ -412,8 +414,9 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         body = self.lines[body_start:]
         bounds = ""
         nthreads = [e for e in plan.block]
-        if self.uses_async and LAUNCH_MIN_BLOCKS and all(_is_const(e) for e in nthreads):
-            bounds = f"__launch_bounds__({math.prod(int(e.value) for e in nthreads)}, {LAUNCH_MIN_BLOCKS}) "  # type: ignore[attr-defined]
+        min_blocks = self.kern.min_blocks or (LAUNCH_MIN_BLOCKS if self.uses_async else None)
+        if min_blocks and all(_is_const(e) for e in nthreads):
+            bounds = f"__launch_bounds__({math.prod(int(e.value) for e in nthreads)}, {min_blocks}) "  # type: ignore[attr-defined]
         head = [f'extern "C" __global__ void {bounds}{self.kname}(' + ", ".join(params) + ") {"]
         stmts = ", ".join(dict.fromkeys(stmt_names(self.nest)))
         launch = (f"  // statements: {stmts}; grid ({', '.join(str(e) for e in plan.grid)}), "

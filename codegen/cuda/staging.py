@@ -9,9 +9,23 @@ from __future__ import annotations
 import math
 
 from loopir import nodes as N
+from loopir.affine import linear_form
 from loopir.visit import subst_coords, substitute
 
-from .expr import _AXES, _is_const
+from .expr import _AXES, _STORAGE, _is_const
+
+_HALF = ("float16", "bfloat16")
+# rings planned by codegen.passes.mma issue the next tile after the first barrier and drop the closing one
+RING_ONE_BARRIER = True
+_CMP = ("lt", "le", "gt", "ge")
+
+
+def _affine_clip(g: N.Expr) -> bool:
+    """`g` is a conjunction of comparisons of affine index expressions (a copy's clip)."""
+    if isinstance(g, N.Logical) and g.op == "and" and g.b is not None:
+        return _affine_clip(g.a) and _affine_clip(g.b)
+    return (isinstance(g, N.Compare) and g.op in _CMP and linear_form(g.a) is not None
+            and linear_form(g.b) is not None)
 
 
 class _StagingEmitter:
@@ -42,26 +56,39 @@ class _StagingEmitter:
         self.ind += 1
         self.line(f"const int {t} = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);")
         vec = None
-        if guard is None and dims[-1] % 4 == 0 and isinstance(inner.value, N.Load):
-            vec = self._coop_vector(inner, loops[-1].var, sub)
+        w = 8 if inner.buffer.dtype in _HALF else 4  # elements per 16 bytes
+        # a clipped (edge-tile) pipelined copy of half tiles still goes by 16-byte chunks: a chunk whose first and
+        # last elements pass the clip passes it whole (the clip is affine, so its set along the row is an interval)
+        chunk_guard = guard is not None and async_ and w == 8 and _affine_clip(guard)
+        if (guard is None or chunk_guard) and dims[-1] % w == 0 and isinstance(inner.value, N.Load):
+            vec = self._coop_vector(inner, loops[-1].var, sub, w)
         if vec is not None:
             checks, src, dst = vec
             if checks:
                 self.line(f"if ({' && '.join(checks)}) {{")
                 self.ind += 1
-            self._coop_loop(loops, dims, total // 4, nt, t, e, 4, lambda: self.line(
-                f"loopir_cp_async16(&{self.buf(inner.buffer)}[{self.expr(dst)}], "
-                f"&{self.buf(inner.value.buffer)}[{self.expr(src)}]);") if async_ else self.line(  # type: ignore[union-attr]
-                f"*reinterpret_cast<float4*>(&{self.buf(inner.buffer)}[{self.expr(dst)}]) = "
-                f"*reinterpret_cast<const float4*>(&{self.buf(inner.value.buffer)}[{self.expr(src)}]);"))  # type: ignore[union-attr]
+            if guard is not None:
+                self._coop_loop(loops, dims, total // w, nt, t, e, w,
+                                lambda: self._clipped_chunk(inner, guard, loops[-1].var, w, src, dst))
+            else:
+                self._coop_loop(loops, dims, total // w, nt, t, e, w, lambda: self.line(
+                    f"loopir_cp_async16(&{self.buf(inner.buffer)}[{self.expr(dst)}], "
+                    f"&{self.buf(inner.value.buffer)}[{self.expr(src)}]);") if async_ else self.line(  # type: ignore[union-attr]
+                    f"*reinterpret_cast<float4*>(&{self.buf(inner.buffer)}[{self.expr(dst)}]) = "
+                    f"*reinterpret_cast<const float4*>(&{self.buf(inner.value.buffer)}[{self.expr(src)}]);"))  # type: ignore[union-attr]
             if checks:
                 self.ind -= 1
                 self.line("} else {")
                 self.ind += 1
         if vec is None or vec[0]:
             body = inner if guard is None else N.If(guard, inner)
-            self._coop_loop(loops, dims, total, nt, t, e, 1, lambda: self._async_scalar(inner, guard) if async_
-                            else self.stmt(body, False))
+            # a 2-byte element has no cp.async: copied synchronously, which the pipeline's argument also covers
+            # (the stage it writes was last read before the previous iteration's closing barrier)
+            # the element-wise fallback of a 16-byte path (misaligned pointer or size) stays a rolled loop: unrolled
+            # it keeps dozens of loads in flight, and the registers they take spill a tensor-core kernel's accumulators
+            self._coop_loop(loops, dims, total, nt, t, e, 1, lambda: self._async_scalar(inner, guard)
+                            if async_ and inner.buffer.dtype not in _HALF else self.stmt(body, False),
+                            unroll=vec is None or inner.buffer.dtype not in _HALF)
         if vec is not None and vec[0]:
             self.ind -= 1
             self.line("}")
@@ -69,6 +96,27 @@ class _StagingEmitter:
         self.ind -= 1
         self.line("}")
         return True
+
+    def _clipped_chunk(self, st: N.Store, guard: N.Expr, v: N.Var, w: int, src: N.Expr, dst: N.Expr) -> None:
+        """One 16-byte chunk (elements v .. v + w - 1) of a clipped pipelined copy: cp.async when the clip holds at
+        both ends, else the elements that pass it one by one (synchronously; a rolled loop, few registers)."""
+        ends = f"({self.expr(guard)}) && ({self.expr(substitute(guard, {v: N.binary('add', v, N.const(w - 1))}))})"
+        self.line(f"if ({ends}) {{")
+        self.ind += 1
+        self.line(f"loopir_cp_async16(&{self.buf(st.buffer)}[{self.expr(dst)}], "
+                  f"&{self.buf(st.value.buffer)}[{self.expr(src)}]);")  # type: ignore[union-attr]
+        self.ind -= 1
+        self.line("} else {")
+        self.ind += 1
+        q = N.Var(self.names.fresh("chunk_q"))
+        self.line("#pragma unroll 1")
+        self.line(f"for (int {self.var(q)} = 0; {self.var(q)} < {w}; ++{self.var(q)}) {{")
+        self.ind += 1
+        self.stmt(substitute(N.If(guard, st), {v: N.binary("add", v, q)}), False)
+        self.ind -= 1
+        self.line("}")
+        self.ind -= 1
+        self.line("}")
 
     def _async_scalar(self, st: N.Store, guard: N.Expr | None) -> None:
         """One element of a pipelined cooperative copy: a 4-byte cp.async (skipped where the copy's clip fails)."""
@@ -98,7 +146,11 @@ class _StagingEmitter:
         closing barrier; copy(k+2) is issued after iteration k's closing barrier; (3) wait_group + barrier
         make copy(k) complete and visible to every thread before REST, as the first barrier did. Elements a
         copy's clip skips stay unspecified, as before. Requires every thread to reach the loop (the copies are
-        cooperative) and sm_80+ (cp.async); `codegen.passes.staging` checks the shape and marks the loop."""
+        cooperative) and sm_80+ (cp.async); `codegen.passes.staging` checks the shape and marks the loop.
+
+        A ring of `Kernel.pipeline_stages` stages (codegen.passes.mma) keeps ns - 1 tiles in flight and issues
+        tile k + ns - 1 after iteration k's first barrier instead of before it (see the comment there), which
+        makes the closing barrier redundant."""
         chain: list[N.Buffer] = []
         inner: N.Stmt = f.body
         while isinstance(inner, N.Allocate) and inner.buffer.scope == "shared":
@@ -112,16 +164,30 @@ class _StagingEmitter:
         lo, hi = self.expr(f.lo), self.expr(f.hi)
         size = {id(b): math.prod(int(d.value) for d in b.shape) for b in chain}  # type: ignore[attr-defined]
         stages = {id(b): self.names.fresh(f"{b.name}_stages") for b in chain}
-        self.line(f"{{  // loop {f.var.name}: software-pipelined, next tiles copied by cp.async into a second stage")
+        ns = self.kern.pipeline_stages or 2  # the ring's depth, as codegen.passes.mma planned it
+        ring = RING_ONE_BARRIER and self.kern.pipeline_stages >= 2 and isinstance(items[-1], N.Barrier)
+        dyn = {id(b): off for b, off in self.kern.dynamic_shared if b is not None}
+        self.line(f"{{  // loop {f.var.name}: software-pipelined, next tiles copied by cp.async into a ring of "
+                  f"{ns} stages")
         self.ind += 1
         for b in chain:
-            self.line(f"__shared__ __align__(16) float {stages[id(b)]}[{2 * size[id(b)]}];  // 2 stages of {b.name}")
+            st = _STORAGE[b.dtype]
+            if id(b) in dyn:
+                self.line(f"{st}* {stages[id(b)]} = reinterpret_cast<{st}*>(loopir_dyn_smem + "
+                          f"{self.expr(dyn[id(b)])});  // {ns} stages of {b.name}, dynamic shared")
+            else:
+                self.line(f"__shared__ __align__(16) {st} {stages[id(b)]}[{ns * size[id(b)]}];  "
+                          f"// {ns} stages of {b.name}")
         saved = dict(self.names.of)
+
+        def slot(k: str) -> str:
+            return f"(({k} - ({lo})) & 1)" if ns == 2 else f"(({k} - ({lo})) % {ns})"
 
         def issue(k: str) -> None:
             for b in chain:
                 nb = self.names.fresh(f"{b.name}_st")
-                self.line(f"float* {nb} = {stages[id(b)]} + ((({k}) - ({lo})) & 1) * {size[id(b)]};")
+                st = _STORAGE[b.dtype]
+                self.line(f"{st}* {nb} = {stages[id(b)]} + {slot(f'({k})')} * {size[id(b)]};")
                 self.names.of[id(b)] = nb
             kn = self.names.fresh(f"{f.var.name}_copy")
             self.line(f"const {ix} {kn} = {k};")
@@ -131,29 +197,57 @@ class _StagingEmitter:
             self.names.of.clear()
             self.names.of.update(saved)
 
-        self.line(f"if ({lo} < {hi}) {{  // the first tiles")
-        self.ind += 1
-        issue(lo)
-        self.ind -= 1
-        self.line("}")
-        self.line('asm volatile("cp.async.commit_group;" ::: "memory");')
+        # the first ns - 1 tiles, one commit group each (empty groups past the end keep the count uniform)
+        for j in range(ns - 1):
+            at = lo if j == 0 else f"{lo} + {j}"
+            self.line(f"if ({at} < {hi}) {{  // tile {j} of the prologue")
+            self.ind += 1
+            issue(at)
+            self.ind -= 1
+            self.line("}")
+            self.line('asm volatile("cp.async.commit_group;" ::: "memory");')
         self.line(f"for ({ix} {v} = {lo}; {v} < {hi}; ++{v}) {{")
         self.ind += 1
         self.forward.append({})
-        self.line(f"if ({v} + 1 < {hi}) {{  // the next tiles, into the other stage")
-        self.ind += 1
-        issue(f"{v} + 1")
-        self.ind -= 1
-        self.line("}")
-        self.line('asm volatile("cp.async.commit_group;" ::: "memory");')
-        self.line('asm volatile("cp.async.wait_group 1;" ::: "memory");  // this iteration\'s tiles have landed')
-        for b in chain:
-            self.line(f"float* {self.buf(b)} = {stages[id(b)]} + (({v} - ({lo})) & 1) * {size[id(b)]};")
-        for k, x in enumerate(items[first:]):
-            self.stmt(x, last and k == len(items) - first - 1)
+
+        def later() -> None:
+            self.line(f"if ({v} + {ns - 1} < {hi}) {{  // a later tile, into the stage freed last iteration")
+            self.ind += 1
+            issue(f"{v} + {ns - 1}")
+            self.ind -= 1
+            self.line("}")
+            self.line('asm volatile("cp.async.commit_group;" ::: "memory");')
+
+        def views() -> None:
+            for b in chain:
+                st = _STORAGE[b.dtype]
+                self.line(f"{st}* {self.buf(b)} = {stages[id(b)]} + {slot(v)} * {size[id(b)]};")
+
+        if ring:
+            # a ring planned by codegen.passes.mma: wait for tile v (ns - 2 later groups may still be in flight),
+            # barrier, then issue tile v + ns - 1 into stage (v - 1) % ns: every thread has passed this barrier,
+            # so iteration v - 1's reads of that stage are over, and the loop's closing barrier is not needed
+            # (REST writes no staged buffer); one barrier after the loop frees the ring for what follows
+            self.line(f'asm volatile("cp.async.wait_group {ns - 2};" ::: "memory");  '
+                      '// this iteration\'s tiles have landed')
+            self.stmt(items[first], False)
+            later()
+            views()  # after issue(), which restores the buffer names it rebinds
+            for x in items[first + 1:-1]:
+                self.stmt(x, False)
+        else:
+            # tile v + ns - 1 goes to the stage tile v - 1 used: read before iteration v - 1's closing barrier
+            later()
+            self.line(f'asm volatile("cp.async.wait_group {ns - 1};" ::: "memory");  '
+                      '// this iteration\'s tiles have landed')
+            views()
+            for k, x in enumerate(items[first:]):
+                self.stmt(x, last and k == len(items) - first - 1)
         self.forward.pop()
         self.ind -= 1
         self.line("}")
+        if ring:
+            self.line("__syncthreads();  // the loop's last closing barrier")
         self.ind -= 1
         self.line("}")
         return True
@@ -176,10 +270,10 @@ class _StagingEmitter:
         assert self.cooperative(c, async_=True)  # type: ignore[arg-type]
 
     def _coop_loop(self, loops: list[N.For], dims: list[int], n: int, nt: int | None, t: str, e: str, width: int,
-                   body) -> None:
+                   body, unroll: bool = True) -> None:
         if nt is not None:
             reps = -(-n // nt)
-            self.line("#pragma unroll")
+            self.line("#pragma unroll" if unroll else "#pragma unroll 1")
             r = self.names.fresh("coop_r")
             self.line(f"for (int {r} = 0; {r} < {reps}; ++{r}) {{")
             self.ind += 1
@@ -203,15 +297,16 @@ class _StagingEmitter:
         self.ind -= 1
         self.line("}")
 
-    def _coop_vector(self, st: N.Store, v: N.Var, sub: dict) -> tuple[list[str], N.Expr, N.Expr] | None:
+    def _coop_vector(self, st: N.Store, v: N.Var, sub: dict, w: int = 4) -> tuple[list[str], N.Expr, N.Expr] | None:
+        """16-byte chunks of `w` elements (float32: 4; float16 / bfloat16: 8, copied as raw bits)."""
         ld = st.value
-        if not (isinstance(ld, N.Load) and ld.buffer.dtype == "float32" and st.buffer.dtype == "float32"
-                and ld.buffer.scope == "global"):
+        if not (isinstance(ld, N.Load) and ld.buffer.dtype == st.buffer.dtype
+                and ld.buffer.dtype == ("float32" if w == 4 else ld.buffer.dtype) and ld.buffer.scope == "global"):
             return None
         checks: list[str] = []
-        src = self._aligned_base(substitute(self.flat(ld.buffer, ld.indices), sub), v, checks)
+        src = self._aligned_base(substitute(self.flat(ld.buffer, ld.indices), sub), v, checks, w)
         dchecks: list[str] = []
-        dst = self._aligned_base(substitute(self.flat(st.buffer, st.indices), sub), v, dchecks)
+        dst = self._aligned_base(substitute(self.flat(st.buffer, st.indices), sub), v, dchecks, w)
         if src is None or dst is None or dchecks:
             return None
         checks.append(f"(((unsigned long long){self.buf(ld.buffer)}) & 15) == 0")

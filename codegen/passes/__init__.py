@@ -25,6 +25,7 @@ from .full_tiles import version_full_tiles
 from .guards import tighten_guards
 from .kernels import split_kernels
 from .launch import plan_kernels
+from .mma import plan_mma
 from .packing import pack_panels
 from .shared import plan_dynamic_shared
 from .staging import plan_staging
@@ -69,7 +70,7 @@ def _pipelines(assume: Assume | None = None) -> dict[str, tuple[Pass, ...]]:
     plan = _with_args(plan_kernels, int32_sizes=True) if assume is not None and assume.index_int32 else plan_kernels
     cuda = (Pass("prove_bounds", prove_bounds), Pass("widen_accumulators", widen_accumulators),
             Pass("split_kernels", split_kernels),
-            Pass("plan_kernels", plan), Pass("place_barriers", place_barriers),
+            Pass("plan_kernels", plan), Pass("place_barriers", place_barriers), Pass("plan_mma", plan_mma),
             Pass("plan_staging", plan_staging), Pass("version_full_tiles", version_full_tiles),
             Pass("plan_dynamic_shared", plan_dynamic_shared))
     cpu = (Pass("prove_bounds", prove_bounds), Pass("widen_accumulators", widen_accumulators),

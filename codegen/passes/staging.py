@@ -82,25 +82,30 @@ def staged_shape(f: N.For) -> tuple[list[N.Buffer], list[N.Stmt], int] | None:
     return chain, items, first
 
 
-def copy_store(c: N.Stmt) -> N.Store | None:
-    """The store of a cooperative copy nest `c` that reads one element of a float32 global buffer."""
+def copy_store(c: N.Stmt, half: bool = False) -> N.Store | None:
+    """The store of a cooperative copy nest `c` that reads one element of a float32 global buffer (`half`: of a
+    float16 / bfloat16 one into the same type, in rows of whole 16-byte chunks: cp.async has no 2-byte form)."""
     parts = copy_nest(c) if isinstance(c, N.For) else None
     if parts is None:
         return None
     st = parts[2]
-    if not (isinstance(st.value, N.Load) and st.buffer.dtype == "float32"
-            and st.value.buffer.scope == "global" and st.value.buffer.dtype == "float32"):
+    dts = ("float16", "bfloat16") if half else ("float32",)
+    if not (isinstance(st.value, N.Load) and st.buffer.dtype in dts
+            and st.value.buffer.scope == "global" and st.value.buffer.dtype == st.buffer.dtype):
+        return None
+    if half and getattr(parts[0][-1].hi, "value", 1) % 8:
         return None
     return st
 
 
-def pipeline_parts(k: N.Kernel, f: N.For) -> tuple[list[N.Buffer], list[N.Stmt], int] | None:
-    """`staged_shape(f)` when the loop's copies may be software-pipelined (see the module docstring)."""
+def pipeline_parts(k: N.Kernel, f: N.For, half: bool = False) -> tuple[list[N.Buffer], list[N.Stmt], int] | None:
+    """`staged_shape(f)` when the loop's copies may be software-pipelined (see the module docstring); `half`:
+    copies of float16 / bfloat16 tiles (codegen.passes.mma), whose caller sizes the stages itself."""
     shape = staged_shape(f)
     if shape is None:
         return None
     chain, items, first = shape
-    stores = [copy_store(c) for c in items[:first]]
+    stores = [copy_store(c, half) for c in items[:first]]
     if any(st is None for st in stores):
         return None
     ids = {id(b) for b in chain}
@@ -110,7 +115,7 @@ def pipeline_parts(k: N.Kernel, f: N.For) -> tuple[list[N.Buffer], list[N.Stmt],
         return None  # each stage must start 16-byte aligned
     others = sum(math.prod(int(d.value) for d in n.buffer.shape) * _ITEMSIZE[n.buffer.dtype]  # type: ignore[attr-defined]
                  for n in walk(k.body) if isinstance(n, N.Allocate) and n.buffer.scope == "shared")
-    if others + sum(4 * math.prod(int(d.value) for d in b.shape) for b in chain) > 48 * 1024:  # type: ignore[attr-defined]
+    if not half and others + sum(4 * math.prod(int(d.value) for d in b.shape) for b in chain) > 48 * 1024:  # type: ignore[attr-defined]
         return None  # a second stage would pass the 48 KiB of static shared memory
     written = {id(n.buffer) for n in walk(k.body) if isinstance(n, N.Store)}
     if any(id(st.value.buffer) in written for st in stores):  # type: ignore[union-attr]

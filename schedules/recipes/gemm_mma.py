@@ -19,15 +19,21 @@ of 16 x 8 accumulator fragments, lane l owning rows l//4 + 8*eh and columns 2*(l
 
 Every step is a Schedule primitive; `tensorize` checks that the innermost nest is exactly the instruction's
 fragment layout. A reduction length that k_tile does not divide (or a symbolic one) is refused: the k
-loop would need a guard inside the instruction's nest.
+loop would need a guard inside the instruction's nest. Rows and columns the tiles do not divide (or symbolic
+ones) are fine: the update keeps its element guard, the epilogue's store is guarded, the copies are clipped.
 
-Measured (H200, benchmarks/gpu_gemm.py --mma 4096 4000, same run as cuBLAS through torch): 4096^3 float16
-3.06 ms = 44.9 TFLOP/s (cuBLAS 0.275 ms), bfloat16 43.6 TFLOP/s; block (128, 64) / warp (64, 32): 51-52 TFLOP/s.
-Correct (rel. error vs float64 3.8e-4 float16, 3.0e-3 bfloat16), but ~10% of cuBLAS. Known causes, in the
-order to fix them: the shared copies are element-wise 2-byte copies, not 16-byte cp.async; the shared tiles
-are unpadded and unswizzled (ldmatrix rows 64 B / 256 B apart: 4- and 8-way bank conflicts); each (mi, ni)
-instruction reloads its A and B fragments (no fragment reuse across the warp tile); the accumulator buffer
-is the box hull of the lane's fragments (warp 64 x 64: 8 x 58 floats, 128 used; constant indices after unrolling).
+The CUDA pass `plan_mma` (codegen/passes/mma.py) then pads the shared tiles' rows for conflict-free ldmatrix
+(A_shared[128, 40], B_shared[32, 136]), pipelines the k loop as a 4-stage ring of 16-byte cp.async copies
+(dynamic shared memory: 74 KiB at 128 x 128) and has the renderer load each A / B fragment once per k step of
+the warp's 4 x 8 instruction grid (B two fragments per ldmatrix.x4.trans).
+
+Measured (H200, same run as cuBLAS through torch; benchmarks/gpu_gemm.py --mma has the table), float16 /
+bfloat16: 4096^3 0.46-0.49 ms = 280-297 TFLOP/s = 0.52-0.56 x cuBLAS (before plan_mma: 45 TFLOP/s, 0.11 x);
+symbolic rows and columns at 4096^3 the same (292 TFLOP/s); 4000^3 0.70-0.72 ms, 0.36-0.39 x (warp tile
+64 x 32: 0.58-0.60 ms, 0.42-0.45 x); 2048^3 0.72-0.77 x; 1024^3 0.89-0.95 x. Relative error vs float64
+3.8e-4 (float16), 3.0e-3 (bfloat16). Still below the 70% goal at 4096^3: mma.sync, not
+Hopper's wgmma + TMA (the next step, behind the same tensorize interface); warp tile 64 x 64 at 2 blocks
+per multiprocessor (213 registers); the edge tiles of 4000^3 run the full nest on a partial tile.
 """
 
 from __future__ import annotations
