@@ -12,6 +12,10 @@ it) is refused with a ValueError naming it: passing it would leave the array unt
 stage unscheduled-out (do not inline it) or drop it from `args`. CPU code is compiled once per program:
 an in-memory cache keyed by the program's *structure* (variables and buffers renumbered,
 names ignored) serves a structurally equal program, even one built from fresh objects.
+
+Whole builds are cached (`codegen.build_cache`, memory and disk): a build whose key (the program as given,
+target, machine, options, the project's version) was built before, in this process or an earlier one, is
+loaded without scheduling, lowering or compiling; `cache=False` (both targets) bypasses it.
 """
 
 from __future__ import annotations
@@ -190,7 +194,8 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", size
     ValueError) with a witness; an access isl cannot bound (non-affine index) is guarded at run
     time and `mod.notes` says so. A te stage in `args` that the schedule inlined (never written)
     is refused (see the module doc). A loop unrolled over more than UNROLL_LIMIT iterations is
-    refused. Options: cpu `threads` (a positive int); cuda `arch`, `options` (a tuple of str).
+    refused. Options: cpu `threads` (a positive int); cuda `arch`, `options` (a tuple of str); both `cache`
+    (False: no build cache, no disk cache of binaries; codegen/build_cache.py).
 
     Sizes: `sizes={n: 4096}` (size Vars or their names) pins sizes before scheduling (te tensors only).
     With symbolic sizes left, the module specializes at call time (`codegen.specialize`: a variant per
@@ -383,6 +388,9 @@ def _compile(program: Program, target: str, opts: dict[str, Any], dump: Any = Fa
 
 
 def _check_opts(target: str, opts: dict[str, Any]) -> None:
+    if "cache" in opts and not isinstance(opts["cache"], bool):
+        raise ArgumentTypeError(f"build: cache must be True or False, got {type(opts['cache']).__name__} "
+                                f"{opts['cache']!r}")
     if target == "cpu":
         for o in opts:
             if o not in _CPU_OPTS:

@@ -410,3 +410,12 @@ def test_concurrent_cuda_builds_agree():
     res = [_result(p) for p in procs]
     assert len({r["source"] for r in res}) == 1
     assert _result(_spawn("layernorm", "cuda", forbid=True))["calls"] == 0
+
+
+def test_cache_option_must_be_a_bool():
+    from loopir.errors import ArgumentTypeError
+
+    w = _mbr()
+    for target in ("cpu", "cuda"):
+        with pytest.raises(ArgumentTypeError, match="cache must be True or False"):
+            _build_w(w, target, cache="no")

@@ -61,13 +61,18 @@ def _llvm() -> Any:
     return llvm
 
 
+@cache
+def _host_cpu() -> tuple[str, str, str]:
+    """(triple, CPU name, features) of this host: asking LLVM for the features costs ~15 ms, once is enough."""
+    llvm = _llvm()
+    return llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
 def target_machine() -> Any:
     """A fresh target machine for this host's CPU and features (an engine takes ownership of it)."""
     llvm = _llvm()
-    target = llvm.Target.from_triple(llvm.get_process_triple())
-    return target.create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3, jit=True
-    )
+    triple, cpu, features = _host_cpu()
+    return llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=3, jit=True)
 
 
 def _optimised(source: str, tm: Any) -> Any:
@@ -90,9 +95,7 @@ def _optimised(source: str, tm: Any) -> Any:
 def host_id() -> str:
     import llvmlite
 
-    llvm = _llvm()
-    return "\0".join((llvmlite.__version__, llvm.get_process_triple(), llvm.get_host_cpu_name(),
-                      llvm.get_host_cpu_features().flatten()))
+    return "\0".join((llvmlite.__version__, *_host_cpu()))
 
 
 def object_key(source: str) -> str:
