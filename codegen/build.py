@@ -240,10 +240,13 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, i
 
 
 def _key_opts(target: str, opts: dict[str, Any]) -> dict[str, Any]:
-    """The options as the cache key sees them (CUDA: the arch resolved, as build_cuda will)."""
+    """The options as the cache key sees them: all but `threads` and `cache`, which change no code (CUDA:
+    the arch resolved, as build_cuda will)."""
+    out = {k: v for k, v in opts.items() if k not in ("threads", "cache")}
     if target == "cuda":
-        return {"arch": normalize_arch(opts.get("arch") or default_arch()), "options": opts.get("options")}
-    return {}
+        out["arch"] = normalize_arch(opts.get("arch") or default_arch())
+        out["options"] = tuple(opts.get("options") or ())
+    return out
 
 
 def _cached_compile(ck: BuildKey | None, compile_: Any, target: str, opts: dict[str, Any]) -> Module:

@@ -46,6 +46,8 @@ from loopir.nodes import Buffer, Program, Var
 from loopir.te import ComputeOp, Tensor
 
 from . import cache as disk
+from .cuda import kernel as cuda_kernel
+from .passes import staging
 from .cuda.nvrtc import nvrtc_identity
 from .cuda.runtime import CudaModule
 from .llvm.runtime import CpuKernel, host_id
@@ -139,10 +141,12 @@ def _member_order(x: Any) -> tuple[str, str]:
 
 
 def _target_id(target: str, opts: dict[str, Any]) -> tuple[Any, ...]:
-    """What the machine code is for, and the options that change it (cpu `threads` does not)."""
+    """What the machine code is for, the options (as build's `_key_opts` gives them) and the renderer's
+    module-level knobs (tests set them)."""
+    rest = tuple(sorted((k, repr(v)) for k, v in opts.items()))
     if target == "cuda":
-        return ("cuda", opts["arch"], tuple(opts.get("options") or ()), nvrtc_identity())
-    return ("cpu", host_id())
+        return ("cuda", nvrtc_identity(), rest, cuda_kernel.LAUNCH_MIN_BLOCKS, staging.PIPELINE_SHARED_COPIES)
+    return ("cpu", host_id(), rest)
 
 
 def _digest(parts: tuple[Any, ...]) -> str:

@@ -87,6 +87,8 @@ def test_warm_build_skips_the_pipeline_and_is_right(monkeypatch):
     assert mod.program.args == tuple(t.buffer for t in w2.args)  # the caller's own buffers
     _run_cpu(mod, w2, {}, 2)
     _run_cpu(_build_w(w2), w2, {}, 3)  # the memory cache
+    monkeypatch.undo()
+    assert "define" in mod.optimized_ir  # loaded from object code: the source is optimised again to show it
 
 
 def test_cuda_warm_build_is_the_same_kernel_without_nvrtc(monkeypatch):
