@@ -12,7 +12,7 @@ The key (`te_key`, `program_key`) is a sha256 of:
   and in the runtime's messages (a renamed tensor builds its own entry);
 * the target and what the machine code is for: CUDA the `sm_XX` and NVRTC's identity and options; CPU
   llvmlite's version, the triple, the host CPU and its features;
-* `codegen.cache.version()`, a hash of the project's sources: another version's entry is never found
+* `codegen.diskcache.version()`, a hash of the project's sources: another version's entry is never found
   (and an entry whose recorded version differs is refused on load as well).
 
 The value: the lowered program and the generated code (CUDA: `CudaSource`; CPU: the program and
@@ -22,7 +22,7 @@ pickled. The objects of the user's graph (buffers, size and loop variables) are 
 shares its buffers and size variables with the caller's tensors exactly as a fresh build's would.
 
 Levels: a per-process memory cache (MEMORY_ENTRIES entries, least recently used dropped) holding the
-entry bytes (and, on CPU, the loaded native kernel), then the disk (`codegen.cache`: atomic writes,
+entry bytes (and, on CPU, the loaded native kernel), then the disk (`codegen.diskcache`: atomic writes,
 checksummed entries, size bound, `python -m codegen.cache clear`). A corrupt, truncated or foreign entry,
 or one that does not unpickle, is deleted and rebuilt, never returned. Call-time specialization variants
 are sub-entries (`variant_key`): a warm process calling with a known size class compiles nothing.
@@ -45,7 +45,7 @@ import numpy as np
 from loopir.nodes import Buffer, Program, Var
 from loopir.te import ComputeOp, Tensor
 
-from . import cache as disk
+from . import diskcache as disk
 from .cuda import kernel as cuda_kernel
 from .passes import staging
 from .cuda.nvrtc import nvrtc_identity
@@ -295,7 +295,7 @@ def discard(key: BuildKey) -> None:
 
 
 def clear_memory() -> None:
-    """Forget this process's memory cache (the disk cache stays; `codegen.cache.clear()` empties it)."""
+    """Forget this process's memory cache (the disk cache stays; `codegen.diskcache.clear()` empties it)."""
     with _lock:
         _mem.clear()
         _kernels.clear()

@@ -1,4 +1,5 @@
-"""The whole-build cache (codegen/build_cache.py), the disk store (codegen/cache.py) and the LLVM object
+"""The whole-build cache (codegen/build_cache.py), the disk store (codegen/diskcache.py, its command line
+codegen/cache.py) and the LLVM object
 cache (codegen/llvm/runtime.py): hits skip scheduling, lowering and compiling; damaged, foreign or
 other-version entries are rebuilt, never returned; an unwritable cache means no caching; concurrent
 processes never see a wrong kernel."""
@@ -17,7 +18,7 @@ import pytest
 
 import codegen
 from codegen import build, build_cache
-from codegen import cache as disk
+from codegen import diskcache as disk
 from codegen.cuda import nvrtc
 from codegen.llvm import runtime as llrt
 from loopir import te

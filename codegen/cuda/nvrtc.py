@@ -3,7 +3,7 @@
 * Always a cubin for a real `sm_XX` (never PTX: a newer NVRTC writes PTX that older drivers refuse).
 * A failed compilation raises `NvrtcError` carrying NVRTC's log and the numbered source lines
   around each line the log names.
-* Cache: the shared disk cache (`codegen.cache`: `$LOOPIR_CACHE_DIR` or `~/.cache/loopir`, a size
+* Cache: the shared disk cache (`codegen.diskcache`: `$LOOPIR_CACHE_DIR` or `~/.cache/loopir`, a size
   bound with LRU eviction, `python -m codegen.cache clear`), one `.cubin` file per key, where the key hashes the
   source, the arch, the options and the NVRTC library's identity. The NVRTC identity is taken
   from the library file's path, size and mtime (loading libnvrtc just to ask its version costs
@@ -24,8 +24,8 @@ from functools import cache
 
 from loopir.errors import ArgumentError, RuntimeLaunchError
 
-from .. import cache as disk
-from ..cache import cache_dir
+from .. import diskcache as disk
+from ..diskcache import cache_dir
 
 MAGIC = b"LOOPIRCUBIN1"
 DEFAULT_OPTIONS: tuple[str, ...] = ("--std=c++17", "-default-device")

@@ -6,7 +6,7 @@ with it) and runs the segments in order; a parallel segment's `[lo, hi)` is cut 
 contiguous chunks (CHUNKS_PER_THREAD per thread), taken in order by the calling thread and the
 workers of a thread pool as each becomes free (ctypes drops the GIL during the call).
 
-Object cache: the O3-optimised machine code of a source is kept on disk (`codegen.cache`, entries
+Object cache: the O3-optimised machine code of a source is kept on disk (`codegen.diskcache`, entries
 `<key>.llo`, the key hashing the LLVM IR text, llvmlite's version, the process triple, the host CPU and
 its features). A new process that JITs a source it met before loads the object file into an MCJIT
 engine (`add_object_file`) instead of parsing, optimising and generating code again. `CpuKernel(gen,
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from .. import cache as disk
+from .. import diskcache as disk
 from .emit import Generated, host_features, libmvec
 
 OBJ_MAGIC = b"LOOPIRLLOBJ1"
