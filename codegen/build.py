@@ -12,6 +12,10 @@ it) is refused with a ValueError naming it: passing it would leave the array unt
 stage unscheduled-out (do not inline it) or drop it from `args`. CPU code is compiled once per program:
 an in-memory cache keyed by the program's *structure* (variables and buffers renumbered,
 names ignored) serves a structurally equal program, even one built from fresh objects.
+
+Whole builds are cached (`codegen.build_cache`, memory and disk): a build whose key (the program as given,
+target, machine, options, the project's version) was built before, in this process or an earlier one, is
+loaded without scheduling, lowering or compiling; `cache=False` (both targets) bypasses it.
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ from loopir.te import ComputeOp, tensor_of
 from loopir.visit import buffers_of, deep_recursion, free_vars, walk, walk_stmts
 from schedules.auto import auto_schedule
 
+from . import build_cache
+from .build_cache import BuildKey
 from .cuda.build import build_cuda
 from .cuda.nvrtc import normalize_arch
+from .cuda.runtime import default_arch
 from .llvm import generate, size_vars
 from .llvm.runtime import CpuKernel
 from .module import CpuModule, Module
@@ -42,7 +49,7 @@ from .specialize import Key, Specializer, size_vars_of, substitution
 TARGETS = ("cpu", "cuda")
 _cache: dict[tuple, Any] = {}
 _cache_lock = threading.Lock()
-_CPU_OPTS = ("threads",)
+_CPU_OPTS = ("threads", "cache")
 MAX_NATIVE_ARGS = 1024  # ctypes' limit on the parameters of one foreign function
 UNROLL_LIMIT = 4096  # iterations of one unrolled loop; beyond it, the build takes seconds to minutes
 
@@ -187,7 +194,8 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", size
     ValueError) with a witness; an access isl cannot bound (non-affine index) is guarded at run
     time and `mod.notes` says so. A te stage in `args` that the schedule inlined (never written)
     is refused (see the module doc). A loop unrolled over more than UNROLL_LIMIT iterations is
-    refused. Options: cpu `threads` (a positive int); cuda `arch`, `options` (a tuple of str).
+    refused. Options: cpu `threads` (a positive int); cuda `arch`, `options` (a tuple of str); both `cache`
+    (False: no build cache, no disk cache of binaries; codegen/build_cache.py).
 
     Sizes: `sizes={n: 4096}` (size Vars or their names) pins sizes before scheduling (te tensors only).
     With symbolic sizes left, the module specializes at call time (`codegen.specialize`: a variant per
@@ -206,24 +214,50 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, i
         raise ArgumentError(f"unknown target {target!r}; loopir targets: {', '.join(TARGETS)}")
     dump = opts.pop("dump_passes", False)
     _check_opts(target, opts)
+    # the whole-build cache (codegen/build_cache.py): off for dump_passes (the passes must run to print)
+    use_cache = not dump and opts.get("cache", True) is not False
     outs = _tensors(obj)
     if outs is None:
         if sizes is not None:
             raise ArgumentError(f"build: sizes= pins sizes before scheduling, so it needs te tensors; a "
                                 f"{type(obj).__name__} is already scheduled (pin sizes where its tensors are made)")
         program = with_args(to_program(obj, target, args), args)
-        mod = _compile(program, target, opts, dump=dump)
+        ck = build_cache.program_key(program, target, _key_opts(target, opts)) if use_cache else None
+        mod = _cached_compile(ck, lambda: _compile(program, target, opts, dump=dump), target, opts)
         if specialize and isinstance(mod, Module) and size_vars_of(program):
-            _specialize_program(mod, program, target, opts)
+            _specialize_program(mod, program, target, opts, ck)
         return mod
     pinned = _check_sizes(sizes, outs)
     if pinned:
         new = substitute_sizes(outs, pinned)
         outs, args = [new[t] for t in outs], _map_args(args, new)
-    program = with_args(_schedule(outs, target), args)
-    mod = _compile(program, target, opts, dump=dump)
-    if specialize and isinstance(mod, Module) and size_vars_of(program):
-        _specialize_te(mod, outs, args, target, opts)
+    ck = build_cache.te_key(outs, args, target, _key_opts(target, opts)) if use_cache else None
+    mod = _cached_compile(ck, lambda: _compile(with_args(_schedule(outs, target), args), target, opts, dump=dump),
+                          target, opts)
+    if specialize and isinstance(mod, Module) and size_vars_of(mod.program):
+        _specialize_te(mod, outs, args, target, opts, ck)
+    return mod
+
+
+def _key_opts(target: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """The options as the cache key sees them: all but `threads` and `cache`, which change no code (CUDA:
+    the arch resolved, as build_cuda will)."""
+    out = {k: v for k, v in opts.items() if k not in ("threads", "cache")}
+    if target == "cuda":
+        out["arch"] = normalize_arch(opts.get("arch") or default_arch())
+        out["options"] = tuple(opts.get("options") or ())
+    return out
+
+
+def _cached_compile(ck: BuildKey | None, compile_: Any, target: str, opts: dict[str, Any]) -> Module:
+    """The module of key `ck` from the build cache, else `compile_()` (and cached under `ck`)."""
+    if ck is not None:
+        hit = build_cache.load(ck, target, opts)
+        if hit is not None:
+            return hit
+    mod = compile_()
+    if ck is not None and isinstance(mod, Module):
+        build_cache.store(ck, mod)
     return mod
 
 
@@ -283,7 +317,7 @@ def _map_args(args: Sequence[Any] | None, new: dict[Any, Any]) -> list[Any] | No
 
 
 def _specialize_te(mod: Module, outs: list[Any], args: Sequence[Any] | None, target: str,
-                   opts: dict[str, Any]) -> None:
+                   opts: dict[str, Any], ck: BuildKey | None = None) -> None:
     """Let `mod` (built from `outs`) dispatch each call to a variant rescheduled for the call's key."""
     svars = size_vars_of(mod.program)
     rows = {v for t in stages_of(outs) for lh in getattr(t.op, "reduce_dom", ()) for x in lh for v in free_vars(x)}
@@ -298,10 +332,12 @@ def _specialize_te(mod: Module, outs: list[Any], args: Sequence[Any] | None, tar
             prog = with_args(_schedule(outs2, target, hint or None), _map_args(args, new) if new else args)
             return _compile(prog, target, opts, assume=Assume(index_int32=key.int32))
 
-    mod.specializer = Specializer(mod, svars, [v for v in svars if v in rows], bufs, make, int32=target == "cuda")
+    mod.specializer = Specializer(mod, svars, [v for v in svars if v in rows], bufs,
+                                  _cached_make(make, ck, target, opts), int32=target == "cuda")
 
 
-def _specialize_program(mod: Module, program: Program, target: str, opts: dict[str, Any]) -> None:
+def _specialize_program(mod: Module, program: Program, target: str, opts: dict[str, Any],
+                        ck: BuildKey | None = None) -> None:
     """A hand schedule is not rescheduled: the key's sizes are substituted in the scheduled program
     (loopir.subst.substitute_program_sizes), and on CUDA its index width follows the call's sizes."""
     reads, writes = buffers_of(program.body)
@@ -314,7 +350,19 @@ def _specialize_program(mod: Module, program: Program, target: str, opts: dict[s
             prog = substitute_program_sizes(program, sub)
             return _compile(prog, target, opts, assume=Assume(index_int32=key.int32))
 
-    mod.specializer = Specializer(mod, svars, [], bufs, make, int32=target == "cuda")
+    mod.specializer = Specializer(mod, svars, [], bufs, _cached_make(make, ck, target, opts), int32=target == "cuda")
+
+
+def _cached_make(make: Any, ck: BuildKey | None, target: str, opts: dict[str, Any]) -> Any:
+    """`make` (a specialization key -> its variant module) through the build cache: each variant is a
+    sub-entry of the generic build's entry, so a warm process compiles no variant it met before."""
+    if ck is None:
+        return make
+
+    def cached(key: Key) -> Module:
+        return _cached_compile(build_cache.variant_key(ck, key), lambda: make(key), target, opts)
+
+    return cached
 
 
 def _compile(program: Program, target: str, opts: dict[str, Any], dump: Any = False,
@@ -334,7 +382,8 @@ def _compile(program: Program, target: str, opts: dict[str, Any], dump: Any = Fa
     if target == "cuda":
         mod = build_cuda(program, **opts)
     else:
-        mod = CpuModule(program, compile_cpu(program), threads=opts.get("threads"))
+        mod = CpuModule(program, compile_cpu(program, use_cache=opts.get("cache", True) is not False),
+                        threads=opts.get("threads"))
     if isinstance(mod, Module):
         mod.notes = notes
         mod.preconditions = tuple(pre)
@@ -342,6 +391,9 @@ def _compile(program: Program, target: str, opts: dict[str, Any], dump: Any = Fa
 
 
 def _check_opts(target: str, opts: dict[str, Any]) -> None:
+    if "cache" in opts and not isinstance(opts["cache"], bool):
+        raise ArgumentTypeError(f"build: cache must be True or False, got {type(opts['cache']).__name__} "
+                                f"{opts['cache']!r}")
     if target == "cpu":
         for o in opts:
             if o not in _CPU_OPTS:
@@ -362,7 +414,7 @@ def _check_opts(target: str, opts: dict[str, Any]) -> None:
                                     f"build: options must be a tuple of str (one NVRTC option each), got {o!r}")
 
 
-def compile_cpu(program: Program) -> Any:
+def compile_cpu(program: Program, use_cache: bool = True) -> Any:
     """The cached native kernel of `program` (compiled at the first request)."""
     n_params = len(program.args) + len(program.temps) + len(size_vars(program)) + 2
     # the native functions are called through ctypes, which passes at most MAX_NATIVE_ARGS arguments
@@ -378,14 +430,18 @@ def compile_cpu(program: Program) -> Any:
         hit = _cache.get(key)
     if hit is not None:
         return hit
-    kernel = CpuKernel(generate(program, program.name))  # generate mangles the name for LLVM
+    # generate mangles the name for LLVM; use_cache=False: no disk object cache
+    kernel = CpuKernel(generate(program, program.name), use_cache=use_cache)
     with _cache_lock:
         return _cache.setdefault(key, kernel)
 
 
 def cache_clear() -> None:
+    """Forget this process's compiled kernels and cached builds (the disk cache stays: clear it with
+    `python -m codegen.cache clear`)."""
     with _cache_lock:
         _cache.clear()
+    build_cache.clear_memory()
 
 
 def cache_size() -> int:

@@ -17,7 +17,8 @@ and for each size a row length depends on (the bounds of a reduction) a coarse c
 correct for every row <= S). A key that asks for nothing is the generic module itself.
 
 A variant is built on first use (under a lock: two threads never build one key twice) and kept in
-memory; the cubin disk cache keeps NVRTC out of later processes. A variant that cannot be built falls
+memory; the build cache (codegen/build_cache.py) stores each variant as a sub-entry, so a later process
+loads it instead of scheduling and compiling it again. A variant that cannot be built falls
 back to the generic module (always correct), and `explain()` says why. A hand-made schedule (Program,
 Schedule) is not rescheduled: the key's sizes are substituted in its scheduled program
 (`loopir.subst.substitute_program_sizes`), with no row classes (nothing plans rows again).

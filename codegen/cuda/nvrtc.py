@@ -3,7 +3,8 @@
 * Always a cubin for a real `sm_XX` (never PTX: a newer NVRTC writes PTX that older drivers refuse).
 * A failed compilation raises `NvrtcError` carrying NVRTC's log and the numbered source lines
   around each line the log names.
-* Cache: `$LOOPIR_CACHE_DIR` or `~/.cache/loopir`, one file per key, where the key hashes the
+* Cache: the shared disk cache (`codegen.diskcache`: `$LOOPIR_CACHE_DIR` or `~/.cache/loopir`, a size
+  bound with LRU eviction, `python -m codegen.cache clear`), one `.cubin` file per key, where the key hashes the
   source, the arch, the options and the NVRTC library's identity. The NVRTC identity is taken
   from the library file's path, size and mtime (loading libnvrtc just to ask its version costs
   ~120 ms, which would make a cache hit slow); when the library cannot be located, the version
@@ -19,14 +20,14 @@ import glob
 import hashlib
 import os
 import re
-import struct
-import tempfile
 from functools import cache
 
 from loopir.errors import ArgumentError, RuntimeLaunchError
 
+from .. import diskcache as disk
+from ..diskcache import cache_dir
+
 MAGIC = b"LOOPIRCUBIN1"
-_HEADER = struct.Struct("<12sQ32s")
 DEFAULT_OPTIONS: tuple[str, ...] = ("--std=c++17", "-default-device")
 
 
@@ -37,10 +38,6 @@ class NvrtcError(RuntimeLaunchError):
         super().__init__(message)
         self.log = log
         self.source = source
-
-
-def cache_dir() -> str:
-    return os.environ.get("LOOPIR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "loopir")
 
 
 @cache
@@ -90,38 +87,6 @@ def cache_key(source: str, arch: str, options: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
-def _read_entry(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    if len(data) < _HEADER.size:
-        return None
-    magic, n, digest = _HEADER.unpack_from(data)
-    payload = data[_HEADER.size:]
-    if magic != MAGIC or n != len(payload) or hashlib.sha256(payload).digest() != digest:
-        return None
-    return payload
-
-
-def _write_entry(path: str, payload: bytes) -> None:
-    d = os.path.dirname(path)
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".cubin")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(_HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()))
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def normalize_arch(arch: str | int | None) -> str:
     if arch is None:
         return "sm_90"
@@ -140,18 +105,15 @@ def compile_cubin(source: str, arch: str | None = None, options: tuple[str, ...]
     """Compile CUDA C to a cubin for `arch` (default sm_90), through the disk cache."""
     arch = normalize_arch(arch)
     opts = DEFAULT_OPTIONS + tuple(options)
-    path = None
+    entry = None
     if use_cache:
-        path = os.path.join(cache_dir(), cache_key(source, arch, opts) + ".cubin")
-        hit = _read_entry(path)
+        entry = cache_key(source, arch, opts) + ".cubin"
+        hit = disk.read(entry, MAGIC)
         if hit is not None:
             return hit
     cubin = _compile(source, arch, opts, name)
-    if path is not None:
-        try:
-            _write_entry(path, cubin)
-        except OSError:
-            pass  # a read-only or full cache must not break compilation
+    if entry is not None:
+        disk.write(entry, cubin, MAGIC)  # a read-only or full cache does not break compilation
     return cubin
 
 

@@ -5,11 +5,18 @@ structurally equal program): it keeps the execution engine alive (the function p
 with it) and runs the segments in order; a parallel segment's `[lo, hi)` is cut into
 contiguous chunks (CHUNKS_PER_THREAD per thread), taken in order by the calling thread and the
 workers of a thread pool as each becomes free (ctypes drops the GIL during the call).
+
+Object cache: the O3-optimised machine code of a source is kept on disk (`codegen.diskcache`, entries
+`<key>.llo`, the key hashing the LLVM IR text, llvmlite's version, the process triple, the host CPU and
+its features). A new process that JITs a source it met before loads the object file into an MCJIT
+engine (`add_object_file`) instead of parsing, optimising and generating code again. `CpuKernel(gen,
+obj)` takes the object code directly (the whole-build cache stores it with the build).
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +24,10 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from .. import diskcache as disk
 from .emit import Generated, host_features, libmvec
+
+OBJ_MAGIC = b"LOOPIRLLOBJ1"
 
 _lock = threading.Lock()
 # A parallel loop is cut into this many contiguous chunks per thread, taken by whichever thread is
@@ -51,19 +61,23 @@ def _llvm() -> Any:
     return llvm
 
 
+@cache
+def _host_cpu() -> tuple[str, str, str]:
+    """(triple, CPU name, features) of this host: asking LLVM for the features costs ~15 ms, once is enough."""
+    llvm = _llvm()
+    return llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
 def target_machine() -> Any:
     """A fresh target machine for this host's CPU and features (an engine takes ownership of it)."""
     llvm = _llvm()
-    target = llvm.Target.from_triple(llvm.get_process_triple())
-    return target.create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3, jit=True
-    )
+    triple, cpu, features = _host_cpu()
+    return llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=3, jit=True)
 
 
-def jit(source: str) -> tuple[Any, Any]:
-    """(engine, target machine) for LLVM IR text, optimised at O3 with the new pass manager."""
+def _optimised(source: str, tm: Any) -> Any:
+    """The parsed module of `source`, verified and optimised at O3 (new pass manager)."""
     llvm = _llvm()
-    tm = target_machine()
     mod = llvm.parse_assembly(source)
     mod.triple = tm.triple
     mod.data_layout = str(tm.target_data)
@@ -74,9 +88,46 @@ def jit(source: str) -> tuple[Any, Any]:
     pto.loop_unrolling = True
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
+@cache
+def host_id() -> str:
+    import llvmlite
+
+    return "\0".join((llvmlite.__version__, *_host_cpu()))
+
+
+def object_key(source: str) -> str:
+    """The object cache's key of an LLVM IR text on this host."""
+    h = hashlib.sha256(OBJ_MAGIC + b"\0" + host_id().encode() + b"\0")
+    h.update(source.encode())
+    return h.hexdigest()
+
+
+def jit(source: str, obj: bytes | None = None, use_cache: bool = True) -> tuple[Any, Any, bytes | None]:
+    """(engine, optimised module or None, object code) for LLVM IR text: from the object code `obj` when
+    given, else from the disk object cache, else parsed, optimised at O3 and compiled (and cached)."""
+    llvm = _llvm()
+    tm = target_machine()
+    entry = object_key(source) + ".llo" if use_cache else None
+    if obj is None and entry is not None:
+        obj = disk.read(entry, OBJ_MAGIC)
+    if obj is not None:
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
+        engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        engine.finalize_object()
+        return engine, None, obj
+    mod = _optimised(source, tm)
+    captured: list[bytes] = []
     engine = llvm.create_mcjit_compiler(mod, tm)
+    # MCJIT hands the object code it generates to the cache callback: no second code generation
+    engine.set_object_cache(notify_func=lambda _m, data: captured.append(bytes(data)))
     engine.finalize_object()
-    return engine, mod
+    obj = captured[0] if captured else None
+    if obj is not None and entry is not None:
+        disk.write(entry, obj, OBJ_MAGIC)
+    return engine, mod, obj
 
 
 @dataclass
@@ -89,9 +140,9 @@ class _Seg:
 class CpuKernel:
     """Compiled native code of one program; `run(pointers, sizes, threads)`."""
 
-    def __init__(self, gen: Generated) -> None:
+    def __init__(self, gen: Generated, obj: bytes | None = None, use_cache: bool = True) -> None:
         self.gen = gen
-        self.engine, self._llmod = jit(gen.source)
+        self.engine, self._llmod, self.object_code = jit(gen.source, obj, use_cache)
         nb, ns = len(gen.buffers), len(gen.sizes)
         proto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * nb), *([ctypes.c_int64] * (ns + 2)))
         bproto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_int64] * ns), ctypes.c_void_p)
@@ -107,6 +158,8 @@ class CpuKernel:
         return [s.name for s in self.segments]
 
     def optimized_ir(self) -> str:
+        if self._llmod is None:  # loaded from object code: optimise the source again to show it
+            self._llmod = _optimised(self.gen.source, target_machine())
         return str(self._llmod)
 
     def run(self, ptrs: list[int], sizes: list[int], threads: int) -> None:
