@@ -111,3 +111,4 @@ def test_device_odd_width_and_symbolic_3d(dtype: str) -> None:
         o = np.full(shape, np.nan, dtype)
         mod(a, o)
         np.testing.assert_allclose(o.astype("float64"), (2 * a.astype("float64") - 1), rtol=2e-3, atol=2e-3)
+

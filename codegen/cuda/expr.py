@@ -75,6 +75,13 @@ class _ExprEmitter:
     def flat(self, b: N.Buffer, idx: tuple[N.Expr, ...]) -> N.Expr:
         return row_major(b.shape, idx) if idx else N.const(0)
 
+    def forward_key(self, b: N.Buffer, idx: tuple[N.Expr, ...], sub: dict) -> tuple[int, N.Expr]:
+        """The key of an element in the forwarding scopes: the buffer and its flat index in the loops' variables
+        (the indices substituted first, so that the same element has one key however its statement names it —
+        a collapsed index folds only once substituted). A write and a later read of one element must meet here:
+        a cross-thread reduction's total is visible to the other threads only through this register."""
+        return id(b), self.flat(b, tuple(substitute(i, sub) for i in idx))
+
     # ---------------------------------------------------------------- expressions
     def expr(self, e: N.Expr) -> str:
         if isinstance(e, N.Const):
@@ -85,7 +92,7 @@ class _ExprEmitter:
             if e in self.vec_lanes:
                 return self.vec_lanes[e]
             flat = self.flat(e.buffer, e.indices)
-            key = (id(e.buffer), substitute(flat, self.cur_sub))
+            key = self.forward_key(e.buffer, e.indices, self.cur_sub)
             for scope in reversed(self.forward):
                 if key in scope:
                     return scope[key]

@@ -39,7 +39,7 @@ from loopir import nodes as N
 from loopir.affine import eval_index
 from loopir.printer import expr_str
 from loopir.gpu import reduction_parts
-from loopir.visit import free_vars, loops_of, stmt_names, substitute, walk
+from loopir.visit import free_vars, loops_of, stmt_names, walk
 
 from .expr import (  # noqa: F401  (re-exported: tests and callers import them from codegen.cuda)
     _AXES,
@@ -303,7 +303,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             if isinstance(st.value, N.Const) and st.buffer.dtype not in _FROM_FLOAT:
                 # a reduction's init (C[i] = identity): the cross-thread reduction right after it in this
                 # scope starts from this constant instead of reading C[i] back from global memory
-                self.init_consts[(id(st.buffer), substitute(flat, self.cur_sub))] = (self.forward[-1], val)
+                self.init_consts[self.forward_key(st.buffer, st.indices, self.cur_sub)] = (self.forward[-1], val)
         self.cur_sub = {}
         self.pre = {}
         self.ind -= 1

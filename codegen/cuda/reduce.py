@@ -155,7 +155,8 @@ class _ReductionEmitter:
             ref = f"{self.buf(st.buffer)}[{self.expr(flat)}]"
             # read the current value BEFORE the barriers of the all-reduce: thread 0 overwrites it after them
             cur = self.names.fresh(f"{st.name}_before")
-            init = self.init_consts.get((id(st.buffer), flat))
+            key = self.forward_key(st.buffer, idx, {})
+            init = self.init_consts.get(key)
             load = f"{_TO_FLOAT[st.buffer.dtype]}({ref})" if st.buffer.dtype in _TO_FLOAT else ref
             if init is not None and init[0] is self.forward[-1]:  # written in this scope, nothing since
                 self.line(f"const {ct} {cur} = {init[1]};  // {st.buffer.name}[...] as initialized above")
@@ -175,6 +176,6 @@ class _ReductionEmitter:
             val = f"{_FROM_FLOAT[st.buffer.dtype]}({total})" if st.buffer.dtype in _FROM_FLOAT else total
             self.line(f"if ({'' if self.pred is None else self.pred + ' && '}threadIdx.x == 0) {ref} = {val};")
             self._invalidate(st.buffer)
-            self.forward[-1][(id(st.buffer), flat)] = total
+            self.forward[-1][key] = total
         # the barrier that makes the total visible to other threads is placed by codegen.passes.barriers
         return None
