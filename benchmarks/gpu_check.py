@@ -102,7 +102,7 @@ def main() -> None:
             rc, out, dt = _run([san, "--tool", "memcheck", "--error-exitcode", "99", *t], 150)
             summary = _last_line(out, "ERROR SUMMARY") or "no summary"
             # evidence that the target really ran its kernels on the GPU (not the CPU fallback)
-            keys = ("on cuda", "target: cuda", "small ", "fused ", "cuda: relative error")
+            keys = ("on cuda", "target: cuda", "small ", "fused ", "cuda: relative error", "runs on the GPU (CUDA)")
             ran = [ln for ln in out.splitlines() if any(k in ln for k in keys)]
             if not ran or "on cpu" in out or "target: cpu" in out:
                 rc = rc or 98
