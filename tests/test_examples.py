@@ -28,7 +28,8 @@ EXAMPLES = ["sincos", "gelu", "horizontal", "softmax", "layernorm", "matmul_bias
 
 
 def _run(name: str, tmp_path, *flags: str) -> str:
-    env = dict(os.environ, LOOPIR_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=ROOT)
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)  # keep the caller's packages
+    env = dict(os.environ, LOOPIR_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=path)
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", f"{name}.py"), *flags],
         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
