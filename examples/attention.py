@@ -25,41 +25,18 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from codegen import build, gpu_available  # noqa: E402
-from loopir import te  # noqa: E402
+from loopir import te, workloads  # noqa: E402
 from schedules import auto_schedule  # noqa: E402
 
 
 def naive_attention(d: int, causal: bool) -> tuple[list, te.Tensor]:
     """softmax(Q K^T / sqrt(d) [causal]) V over (batch x heads, rows, d); sizes symbolic except d."""
-    B, n, m = te.var("B"), te.var("n"), te.var("m")
-    Q = te.placeholder((B, n, d), name="Q")
-    K = te.placeholder((B, m, d), name="K")
-    V = te.placeholder((B, m, d), name="V")
-    scale = 1.0 / math.sqrt(d)
-    r = te.reduce_axis(d, "r")
-    S = te.compute((B, n, m), lambda b, i, j: te.sum(Q[b, i, r] * K[b, j, r], axis=r), name="S")
-    if causal:
-        Ss = te.compute((B, n, m), lambda b, i, j: te.where(j <= i, S[b, i, j] * scale, float("-inf")), name="Ss")
-    else:
-        Ss = te.compute((B, n, m), lambda b, i, j: S[b, i, j] * scale, name="Ss")
-    r2 = te.reduce_axis(m, "r2")
-    mx = te.compute((B, n), lambda b, i: te.max(Ss[b, i, r2], axis=r2), name="mx")
-    P = te.compute((B, n, m), lambda b, i, j: te.exp(Ss[b, i, j] - mx[b, i]), name="P")
-    r3 = te.reduce_axis(m, "r3")
-    sm = te.compute((B, n), lambda b, i: te.sum(P[b, i, r3], axis=r3), name="sm")
-    r4 = te.reduce_axis(m, "r4")
-    O = te.compute((B, n, d), lambda b, i, c: te.sum(P[b, i, r4] * V[b, r4, c], axis=r4), name="O")  # noqa: E741
-    Y = te.compute((B, n, d), lambda b, i, c: O[b, i, c] / sm[b, i], name="Y")
-    return [Q, K, V], Y
+    w = workloads.naive_attention(te.var("B"), te.var("n"), te.var("m"), d, causal)
+    return list(w.inputs), w.outputs[0]
 
 
 def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
-    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
-    s = np.einsum("bir,bjr->bij", q64, k64) / math.sqrt(q.shape[-1])
-    if causal:
-        s = np.where(np.arange(s.shape[2])[None, None, :] <= np.arange(s.shape[1])[None, :, None], s, -np.inf)
-    p = np.exp(s - s.max(axis=-1, keepdims=True))
-    return np.einsum("bij,bjc->bic", p, v64) / p.sum(axis=-1)[..., None]
+    return workloads.naive_attention_reference(q, k, v, causal)
 
 
 def _time_torch(mod, q, k, v, causal: bool) -> None:

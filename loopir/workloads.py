@@ -269,6 +269,50 @@ def attention(
     return Workload("attention", (q, k, v), (o,), ref, _vars(n, m, d), tolerance=1e-4)
 
 
+def naive_attention(B: Size | None = None, n: Size | None = None, m: Size | None = None, d: int = 64,
+                    causal: bool = False, dtype: str = "float32", scale: float | None = None) -> Workload:
+    """softmax(scale * Q K^T [causal mask]) V over (batch x heads, rows, d), written as a user would: scores S,
+    the scaled (masked: `Sm`) copy `Ss`, the row max `mx`, `P = exp(.)`, the row sum `sm`, `O = P V` and
+    `Y = O / sm`: the chain that `online_softmax` rewrites. `scale` defaults to 1/sqrt(d). Not a seed: the
+    attention examples and tests share it."""
+    B, n, m = _size(B, "B"), _size(n, "n"), _size(m, "m")
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    Q = te.placeholder((B, n, d), dtype, name="Q")
+    K = te.placeholder((B, m, d), dtype, name="K")
+    V = te.placeholder((B, m, d), dtype, name="V")
+    r = te.reduce_axis(d, "r")
+    S = te.compute((B, n, m), lambda b, i, j: te.sum(Q[b, i, r] * K[b, j, r], axis=r), name="S")
+    if causal:
+        S = te.compute((B, n, m), lambda b, i, j: te.where(j <= i, S[b, i, j] * scale, float("-inf")), name="Sm")
+    else:
+        S = te.compute((B, n, m), lambda b, i, j: S[b, i, j] * scale, name="Ss")
+    r2 = te.reduce_axis(m, "r2")
+    mx = te.compute((B, n), lambda b, i: te.max(S[b, i, r2], axis=r2), name="mx")
+    P = te.compute((B, n, m), lambda b, i, j: te.exp(S[b, i, j] - mx[b, i]), name="P")
+    r3 = te.reduce_axis(m, "r3")
+    sm = te.compute((B, n), lambda b, i: te.sum(P[b, i, r3], axis=r3), name="sm")
+    r4 = te.reduce_axis(m, "r4")
+    O = te.compute((B, n, d), lambda b, i, c: te.sum(P[b, i, r4] * V[b, r4, c], axis=r4), name="O")  # noqa: E741
+    Y = te.compute((B, n, d), lambda b, i, c: O[b, i, c] / sm[b, i], name="Y")
+
+    def ref(q: Array, k: Array, v: Array) -> tuple[Array, ...]:
+        return (naive_attention_reference(q, k, v, causal, scale),)
+
+    return Workload("naive_attention", (Q, K, V), (Y,), ref, _vars(B, n, m), tolerance=1e-4)
+
+
+def naive_attention_reference(q: Array, k: Array, v: Array, causal: bool = False,
+                              scale: float | None = None) -> Array:
+    """`naive_attention`'s output in float64 (scale defaults to 1/sqrt(d))."""
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    s = np.einsum("bir,bjr->bij", q64, k64) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if causal:
+        rows, keys = s.shape[1:]
+        s = np.where(np.arange(keys)[None, None, :] <= np.arange(rows)[None, :, None], s, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return np.einsum("bij,bjc->bic", p, v64) / p.sum(axis=-1)[..., None]
+
+
 # ----------------------------------------------------------------------------- stencil and scan
 
 STENCIL_CENTER, STENCIL_SIDE = 0.5, 0.125
@@ -336,6 +380,8 @@ __all__ = [
     "horizontal",
     "layernorm",
     "matmul_bias_relu",
+    "naive_attention",
+    "naive_attention_reference",
     "prefix_sum",
     "sincos",
     "softmax",

@@ -29,35 +29,13 @@ SCALE = 0.25
 
 
 def attention(B: Any, n: Any, m: Any, d: int, causal: bool = False, dtype: str = "float32") -> tuple[list, Any]:
-    """softmax(scale * Q K^T [causal mask]) V, written naively in te: scores, (mask), max, exp, sum, P V, divide."""
-    Q = te.placeholder((B, n, d), dtype, name="Q")
-    K = te.placeholder((B, m, d), dtype, name="K")
-    V = te.placeholder((B, m, d), dtype, name="V")
-    r = te.reduce_axis(d, "r")
-    S = te.compute((B, n, m), lambda b, i, j: te.sum(Q[b, i, r] * K[b, j, r], axis=r), name="S")
-    if causal:
-        S = te.compute((B, n, m), lambda b, i, j: te.where(j <= i, S[b, i, j] * SCALE, float("-inf")), name="Sm")
-    else:
-        S = te.compute((B, n, m), lambda b, i, j: S[b, i, j] * SCALE, name="Ss")
-    r2 = te.reduce_axis(m, "r2")
-    mx = te.compute((B, n), lambda b, i: te.max(S[b, i, r2], axis=r2), name="mx")
-    P = te.compute((B, n, m), lambda b, i, j: te.exp(S[b, i, j] - mx[b, i]), name="P")
-    r3 = te.reduce_axis(m, "r3")
-    sm = te.compute((B, n), lambda b, i: te.sum(P[b, i, r3], axis=r3), name="sm")
-    r4 = te.reduce_axis(m, "r4")
-    O = te.compute((B, n, d), lambda b, i, c: te.sum(P[b, i, r4] * V[b, r4, c], axis=r4), name="O")  # noqa: E741
-    Y = te.compute((B, n, d), lambda b, i, c: O[b, i, c] / sm[b, i], name="Y")
-    return [Q, K, V], Y
+    """softmax(scale * Q K^T [causal mask]) V, written naively in te (loopir.workloads.naive_attention)."""
+    w = workloads.naive_attention(B, n, m, d, causal, dtype, scale=SCALE)
+    return list(w.inputs), w.outputs[0]
 
 
 def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
-    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
-    s = np.einsum("bir,bjr->bij", q64, k64) * SCALE
-    if causal:
-        n, m = s.shape[1:]
-        s = np.where(np.arange(m)[None, None, :] <= np.arange(n)[None, :, None], s, -np.inf)
-    p = np.exp(s - s.max(axis=-1, keepdims=True))
-    return np.einsum("bij,bjc->bic", p, v64) / p.sum(axis=-1)[..., None]
+    return workloads.naive_attention_reference(q, k, v, causal, SCALE)
 
 
 def inputs(B: int, n: int, m: int, d: int, seed: int) -> tuple[np.ndarray, ...]:
