@@ -91,6 +91,13 @@ def render_mma(r: Any, f: N.For) -> None:
     r.line("}")
 
 
+def _unrolled_for(r: Any, header: str) -> None:
+    """Open `#pragma unroll` + `for (header) {` one level deeper (the caller closes it)."""
+    r.line("#pragma unroll")
+    r.line(f"for ({header}) {{")
+    r.ind += 1
+
+
 def render_mma_grid(r: Any, f: N.For) -> None:
     """Emit `for mi: for ni: <tensorized nest>` (`Kernel.mma_grids`, codegen.passes.mma: A does not depend on
     ni, B not on mi) with each A fragment loaded once per mi and each B fragment once per ni, then the grid of
@@ -128,15 +135,11 @@ def render_mma_grid(r: Any, f: N.For) -> None:
     # all A fragments of the k step first, then per B fragment (pair) its column of instructions: the live
     # registers are the accumulators, MI x 4 A words and 2 x step B words
     r.line(f"unsigned {fa}[{m1 - m0}][4];")
-    r.line("#pragma unroll")
-    r.line(f"for ({ix} {mv} = {m0}; {mv} < {m1}; ++{mv}) {{")
-    r.ind += 1
+    _unrolled_for(r, f"{ix} {mv} = {m0}; {mv} < {m1}; ++{mv}")
     _ldmatrix_a(r, [f"{fa}[{mv} - {m0}][{q}]" for q in range(4)], a_addr)
     r.ind -= 1
     r.line("}")
-    r.line("#pragma unroll")
-    r.line(f"for ({ix} {nb} = {n0}; {nb} < {n1}; {nb} += {step}) {{")
-    r.ind += 1
+    _unrolled_for(r, f"{ix} {nb} = {n0}; {nb} < {n1}; {nb} += {step}")
     r.line(f"unsigned {fb}[{step}][2];")
     r.line("{")
     r.ind += 1
@@ -147,13 +150,9 @@ def render_mma_grid(r: Any, f: N.For) -> None:
         _ldmatrix_b(r, [f"{fb}[0][{q}]" for q in range(2)], b_addr)
     r.ind -= 1
     r.line("}")
-    r.line("#pragma unroll")
-    r.line(f"for (int {j} = 0; {j} < {step}; ++{j}) {{")
-    r.ind += 1
+    _unrolled_for(r, f"int {j} = 0; {j} < {step}; ++{j}")
     r.line(f"const {ix} {nv} = {nb} + {j};")
-    r.line("#pragma unroll")
-    r.line(f"for ({ix} {mv} = {m0}; {mv} < {m1}; ++{mv}) {{")
-    r.ind += 1
+    _unrolled_for(r, f"{ix} {mv} = {m0}; {mv} < {m1}; ++{mv}")
     _mma(r, t, accs, [f"{fa}[{mv} - {m0}][{q}]" for q in range(4)], [f"{fb}[{j}][{q}]" for q in range(2)])
     for _ in range(3):
         r.ind -= 1
