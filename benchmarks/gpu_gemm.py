@@ -312,6 +312,12 @@ def mma_entries(shapes: list[tuple[int, int, int]], reps: int = 20, dtypes: tupl
     return rows
 
 
+def _write_json(path: str | None, rows: list) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("n", type=int, nargs="?", default=4096)
@@ -342,16 +348,12 @@ def main() -> None:
                       f"{r['ratio_vs_cublas']:.2f} | {r['rel_err']:.2e} |")
             else:
                 print(f"| {r['workload']} | {r['impl']} | failed: {r.get('error')} | | | |")
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(rows, f, indent=1)
+        _write_json(a.json, rows)
         return
     if a.shapes:
         print(HEADER, flush=True)
         rows = shape_entries([_parse_shape(t) for t in a.shapes], a.reps, a.dtype, a.skinny_sweep, show_row)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(rows, f, indent=1)
+        _write_json(a.json, rows)
         return
     tiles: dict[str, Any] = dict(block=tuple(a.block), thread_tile=tuple(a.thread_tile), k_tile=a.k_tile)
     if a.auto:
@@ -372,9 +374,7 @@ def main() -> None:
     best = [r for r in rows[2:] if r.get("ms")]
     if best:
         print(min(best, key=lambda r: r["ms"])["plan"])
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    _write_json(a.json, rows)
 
 
 if __name__ == "__main__":

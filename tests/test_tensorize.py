@@ -94,18 +94,6 @@ def test_refuses_symbolic_reduction_length() -> None:
         schedule_gemm_mma(s, **SMALL)
 
 
-def test_lowered_cuda_program_adversarial() -> None:
-    n, m, p = 64, 64, 32
-    s, wl = _sched(n, m, p)
-    schedule_gemm_mma(s, **SMALL)
-    prog = lower_passes(s.program, "cuda")
-    host, f64 = _inputs(wl, "float16", n, m, p, seed=5)
-    out = _out("float16", n, m)
-    interp.run(prog, *host, out, gpu_order="reversed")
-    ref = np.maximum(f64[0] @ f64[1] + f64[2], 0.0)
-    assert _rel(_as64(out, "float16"), ref) < 1e-2
-
-
 def _kernel(prog):
     from loopir.nodes import Kernel
     from loopir.visit import walk
@@ -148,9 +136,9 @@ def test_plan_mma_dynamic_shared_for_big_rings() -> None:
     assert k.dynamic_shared[-1][0] is None and int(k.dynamic_shared[-1][1].value) == 4 * (128 * 40 + 32 * 136) * 2
 
 
-@pytest.mark.parametrize("size", [(64, 64, 64), (80, 72, 64)])
+@pytest.mark.parametrize("size", [(64, 64, 32), (64, 64, 64), (80, 72, 64)])
 def test_lowered_edge_program_adversarial(size: tuple[int, int, int]) -> None:
-    """The padded, pipelined program (edge tiles included) through the adversarial GPU interpreter."""
+    """The lowered (padded, pipelined) program, edge tiles included, through the adversarial GPU interpreter."""
     n, m, p = size
     s, wl = _sched(n, m, p)
     schedule_gemm_mma(s, **SMALL)

@@ -18,23 +18,9 @@ from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from schedules import Schedule, ScheduleError, auto_schedule, plan_fusion
 from schedules.cost import H200
 from schedules.rows import RowParams, cache_worth, choose_row_strategy
-from test_rows import WORKLOADS, softmax
+from test_rows import WORKLOADS, _check_device, _check_interp, softmax
 
 FORCE = {"split_row_min": 2048}  # test-only threshold: the split at interpreter-sized rows
-
-
-def _arrays(ins, m, n, rng):
-    return [rng.standard_normal((m, n) if len(t.shape) == 2 else (n,)).astype(np.float32) for t in ins]
-
-
-def _check_interp(s, ins, ref, m, n, seed=0):
-    prog = lower(s.program, "cuda")
-    rng = np.random.default_rng(seed)
-    arrays = _arrays(ins, m, n, rng)
-    out = np.full((m, n), np.nan, np.float32)
-    interp.run(prog, *arrays, out, gpu_order="reversed")
-    assert not np.isnan(out).any()
-    np.testing.assert_allclose(out, ref(*arrays), rtol=2e-5, atol=2e-6)
 
 
 def _group(s):
@@ -235,13 +221,7 @@ def test_split_rows_run_on_the_gpu(wl, m, n, sizes):
     ins, y, ref = WORKLOADS[wl](te.var("m") if symbolic else m, te.var("n") if symbolic else n)
     s = auto_schedule([y], "cuda", sizes=sizes)
     assert _group(s).strategy.name == "split"
-    mod = build(s, [*ins, y], target="cuda")
-    rng = np.random.default_rng(m + n)
-    for _ in range(2):  # fresh data each call
-        arrays = _arrays(ins, m, n, rng)
-        out = np.full((m, n), np.nan, np.float32)
-        mod(*arrays, out)
-        np.testing.assert_allclose(out, ref(*arrays), rtol=2e-5, atol=2e-6)
+    _check_device(build(s, [*ins, y], target="cuda"), ins, ref, m, n)
 
 
 # ----------------------------------------------------------------------------- the row cache above 48 KiB
