@@ -112,3 +112,22 @@ def test_device_odd_width_and_symbolic_3d(dtype: str) -> None:
         mod(a, o)
         np.testing.assert_allclose(o.astype("float64"), (2 * a.astype("float64") - 1), rtol=2e-3, atol=2e-3)
 
+
+
+def test_halide_lesson_2_brighter_image_of_odd_width() -> None:
+    # Halide's tutorial lesson 2 (float): out(x, y, c) = min(in(x, y, c) * 1.5, 255) over a 3-channel image of an
+    # odd width; all three loops collapse into one vectorized flat loop
+    h, w, c = 37, 641, 3
+    img = te.placeholder((h, w, c), name="input")
+    out = te.compute((h, w, c), lambda y, x, ch: te.minimum(img[y, x, ch] * 1.5, 255.0), name="brighter")
+    a = (np.random.default_rng(0).random((h, w, c)) * 255).astype(np.float32)
+    ref = np.minimum(a.astype(np.float64) * 1.5, 255)
+    cu = build([out], [img, out], target="cuda")
+    vec = _kernel_body(cu.source).split("} else {")[0]
+    assert "LOOPIR_LD4" in vec and "loopir_floordiv" not in vec
+    got = np.full_like(a, np.nan)
+    _run(cu, [a], [got])
+    np.testing.assert_allclose(got, ref, rtol=1e-6)
+    got_cpu = np.full_like(a, np.nan)
+    build([out], [img, out], target="cpu")(a, got_cpu)
+    np.testing.assert_allclose(got_cpu, ref, rtol=1e-6)
