@@ -36,8 +36,9 @@ from schedules.auto import auto_schedule
 
 from . import build_cache
 from .build_cache import BuildKey
-from .cuda.build import build_cuda
-from .cuda.nvrtc import normalize_arch
+from .cuda.build import CUDA_OPTS, build_cuda, cuda_module
+from .cuda.kernel import CudaSource, generate_cuda
+from .cuda.nvrtc import normalize_arch, prefetch_cubin
 from .cuda.runtime import default_arch
 from .llvm import generate, size_vars
 from .llvm.runtime import CpuKernel
@@ -232,8 +233,15 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, i
         new = substitute_sizes(outs, pinned)
         outs, args = [new[t] for t in outs], _map_args(args, new)
     ck = build_cache.te_key(outs, args, target, _key_opts(target, opts)) if use_cache else None
-    mod = _cached_compile(ck, lambda: _compile(with_args(_schedule(outs, target), args), target, opts, dump=dump),
-                          target, opts)
+
+    def compile_() -> Module:
+        spec = _speculate(outs, args, opts) if target == "cuda" and not dump else None
+        program = with_args(_schedule(outs, target), args)
+        if spec is not None and _same(spec, program):
+            return _module(spec, opts)
+        return _compile(program, target, opts, dump=dump)
+
+    mod = _cached_compile(ck, compile_, target, opts)
     if specialize and isinstance(mod, Module) and size_vars_of(mod.program):
         _specialize_te(mod, outs, args, target, opts, ck)
     return mod
@@ -273,6 +281,44 @@ def _tensors(obj: Any) -> list[Any] | None:
 
 def _schedule(outs: list[Any], target: str, sizes: dict[Var, int] | None = None) -> Program:
     return auto_schedule(outs, target=target, sizes=sizes).program
+
+
+@dataclasses.dataclass(frozen=True)
+class _Speculation:
+    key: BuildKey  # the structural key of the unchecked schedule's program
+    program: Program  # that program (scheduled, not lowered)
+    gen: CudaSource  # its lowered, rendered source (NVRTC in flight on it)
+    notes: list[str]
+    pre: list[Any]
+
+
+def _speculate(outs: list[Any], args: Sequence[Any] | None, opts: dict[str, Any]) -> _Speculation | None:
+    """Schedule `outs` *unchecked*, lower and render that, and start NVRTC on it on a background thread, before
+    the checked schedule is computed: NVRTC and the legality checks then run at the same time (each is about
+    half of a cold GEMM build). Nothing is trusted from here: the checked schedule is computed as always, and the
+    speculation is used only when the checked program is the same program (`build_cache.program_key`, the key
+    the build cache already relies on: the same structure, the same arguments and sizes); otherwise it is
+    dropped and the checked program is lowered and compiled. Any error is left for the checked build."""
+    try:
+        fast = with_args(auto_schedule(outs, target="cuda", check=False).program, args)
+        key = build_cache.program_key(fast, "cuda", {})
+        if key is None:
+            return None
+        check_unroll(fast)
+        low, notes, pre = _lower(fast, "cuda")
+        gen = generate_cuda(low)
+        prefetch_cubin(gen.source, _arch(opts), _options(opts), name=f"{low.name}.cu")
+        return _Speculation(key, fast, gen, notes, pre)
+    except Exception:  # noqa: BLE001 - a speculation only; the checked build that follows reports every error
+        return None
+
+
+def _arch(opts: dict[str, Any]) -> str:
+    return normalize_arch(opts.get("arch") or default_arch())
+
+
+def _options(opts: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(opts.get("options") or ())
 
 
 def _check_sizes(sizes: Any, outs: list[Any]) -> dict[Var, int]:
@@ -369,15 +415,7 @@ def _compile(program: Program, target: str, opts: dict[str, Any], dump: Any = Fa
              assume: Assume | None = None) -> Module:
     """Lower and compile a scheduled program (arguments in call order) for `target`."""
     check_unroll(program)
-    notes: list[str] = []
-    pre: list[Any] = []
-
-    def collect(_p: Any, prog: Program) -> None:
-        notes.extend(n for n in notes_for(prog) if n not in notes)
-        pre.extend(x for x in preconditions_for(prog) if x not in pre)
-
-    program = lower(program, target, dump=dump, after=collect, assume=assume)
-
+    program, notes, pre = _lower(program, target, dump, assume)
     mod: Module
     if target == "cuda":
         mod = build_cuda(program, **opts)
@@ -387,6 +425,39 @@ def _compile(program: Program, target: str, opts: dict[str, Any], dump: Any = Fa
     if isinstance(mod, Module):
         mod.notes = notes
         mod.preconditions = tuple(pre)
+    return mod
+
+
+def _lower(program: Program, target: str, dump: Any = False,
+           assume: Assume | None = None) -> tuple[Program, list[str], list[Any]]:
+    """`target`'s passes over `program`, with the notes and preconditions the passes left (each once)."""
+    notes: list[str] = []
+    pre: list[Any] = []
+
+    def collect(_p: Any, prog: Program) -> None:
+        notes.extend(n for n in notes_for(prog) if n not in notes)
+        pre.extend(x for x in preconditions_for(prog) if x not in pre)
+
+    return lower(program, target, dump=dump, after=collect, assume=assume), notes, pre
+
+
+def _same(spec: _Speculation, program: Program) -> bool:
+    """The checked `program` is the speculated one: the same structural digest (names, dtypes, shapes, every
+    node), and wherever the two differ in an object's identity, the object is private to the program (a loop
+    variable, a temporary), never one the caller passes or sizes it by (an argument buffer, a size variable)."""
+    key = build_cache.program_key(program, "cuda", {})
+    if key is None or key.digest != spec.key.digest or len(key.objs) != len(spec.key.objs):
+        return False
+    ours = {id(x) for x in (*program.args, *program.params, *size_vars_of(program))}
+    theirs = {id(x) for x in (*spec.program.args, *spec.program.params, *size_vars_of(spec.program))}
+    return all(a is b or (id(a) not in ours and id(b) not in theirs) for a, b in zip(key.objs, spec.key.objs))
+
+
+def _module(spec: _Speculation, opts: dict[str, Any]) -> Module:
+    """The CUDA module of a speculation that the checked program confirmed."""
+    mod = cuda_module(spec.gen, _arch(opts), _options(opts), opts.get("cache", True))
+    mod.notes = list(spec.notes)
+    mod.preconditions = tuple(spec.pre)
     return mod
 
 
@@ -404,6 +475,9 @@ def _check_opts(target: str, opts: dict[str, Any]) -> None:
         if th is not None:
             opts["threads"] = int(th)
         return
+    for o in opts:  # named before any work (a confirmed speculation never reaches build_cuda's own check)
+        if o not in CUDA_OPTS:
+            raise ArgumentTypeError(f"build: unknown option {o!r} for target 'cuda' (known: {', '.join(CUDA_OPTS)})")
     if opts.get("arch") is not None:
         normalize_arch(opts["arch"])  # a bad arch is named before any lowering work
     o = opts.get("options")

@@ -371,6 +371,7 @@ class Kernel(Stmt):
     pipeline_stages: int = 0
     mma_grids: frozenset[Var] = frozenset()
     min_blocks: int = 0  # > 0: blocks per multiprocessor the register allocation must leave room for
+    rolled: frozenset[Var] = frozenset()  # loops kept rolled (`#pragma unroll 1`): remainder copies of unrolled nests
 
 
 @dataclass(frozen=True, slots=True)

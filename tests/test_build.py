@@ -116,10 +116,18 @@ def test_cuda_target_calls_build_cuda(monkeypatch):
         return "module"
 
     monkeypatch.setattr(sys.modules["codegen.build"], "build_cuda", build_cuda)
+    monkeypatch.setattr(sys.modules["codegen.build"], "_speculate", lambda *a, **k: None)  # the plain path
     x, y = sincos()
-    assert build(y, [y, x], target="cuda", block=128) == "module"
+    assert build(y, [y, x], target="cuda", options=("-lineinfo",)) == "module"
     (prog, opts), = calls
-    assert [b.name for b in prog.args] == ["y", "x"] and opts == {"block": 128}
+    assert [b.name for b in prog.args] == ["y", "x"] and opts == {"options": ("-lineinfo",)}
+
+
+def test_unknown_cuda_option_is_named_before_any_work(monkeypatch):
+    monkeypatch.setattr(sys.modules["codegen.build"], "_speculate", None)  # would fail if reached
+    x, y = sincos()
+    with pytest.raises(TypeError, match="'block'.*known: arch, options, cache"):
+        build(y, [y, x], target="cuda", block=128)
 
 
 def test_structural_cache_hit_with_fresh_objects():

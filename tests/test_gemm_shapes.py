@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from codegen import build
+from codegen.cuda.kernel import generate_cuda
 from codegen.passes import lower as lower_cuda
 from codegen.passes import pipeline
 from codegen.passes.bounds import prove_bounds
@@ -372,4 +373,31 @@ def test_guards_kept_when_the_tile_reads_global_memory():
     vars_in = {v.name for g in _guards_of(prog, "matmul") for c in g for v in walk(c) if isinstance(v, N.Var)}
     assert {"i_i_i", "j_i_i"} & vars_in  # an unguarded instance would read A / B out of range
     got, ref = _run(prog, 11, 20, 9)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_remainder_copy_rolls_only_loops_no_register_tile_needs():
+    # the remainder (else) copy of a versioned nest runs only at edge tiles: its loops stay unrolled only where
+    # they index the register tile (constant indices keep it in registers); the rest are rolled (`#pragma
+    # unroll 1`), which halves what NVRTC compiles for a GEMM whose tiles do not divide the sizes
+    _, s = _sched(11, 20, 9, **SMALL)
+    prog = lower_cuda(s.program, "cuda")
+    kern = next(x for x in walk(prog.body) if isinstance(x, N.Kernel))
+    assert kern.rolled, "nothing rolled in the remainder copies"
+    # the remainder's rolled loops have their own variables (serial, or vectorized with a rolled fallback); the
+    # full tile's loops are untouched
+    rolled = [f for x in _versioned(prog) for f in walk(x.orelse) if isinstance(f, N.For) and f.var in kern.rolled]
+    assert rolled and all(f.kind in ("serial", "vectorize") for f in rolled)
+    assert not any(isinstance(f, N.For) and f.var in kern.rolled for x in _versioned(prog) for f in walk(x.then)), \
+        "a loop of a full-tile copy was rolled"
+    for st in (x for f in rolled for x in walk(f) if isinstance(x, N.Store)):
+        at = dict(zip(st.iters, st.coords))
+        for acc in (st, *walk(st.value)):
+            if isinstance(acc, (N.Load, N.Store)) and acc.buffer.scope == "local":
+                used = {y for ix in acc.indices for x in walk(ix) if isinstance(x, N.Var)
+                        for y in walk(at.get(x, x)) if isinstance(y, N.Var)}
+                assert not used & kern.rolled, f"{acc.buffer.name} indexed by a rolled loop"
+    src = generate_cuda(prog).source
+    assert "#pragma unroll 1" in src
+    got, ref = _run(prog, 11, 20, 9, seed=3)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)

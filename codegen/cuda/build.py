@@ -12,12 +12,12 @@ from loopir.errors import ArgumentTypeError
 from loopir.nodes import Kernel, Program
 from loopir.visit import walk
 
-from .kernel import generate_cuda
+from .kernel import CudaSource, generate_cuda
 from .runtime import CudaModule, default_arch
 from .nvrtc import compile_cubin, normalize_arch
 from ..passes import lower
 
-_OPTS = ("arch", "options", "cache")
+CUDA_OPTS = ("arch", "options", "cache")
 
 
 def build_cuda(program: Program, arch: str | int | None = None, **opts: Any) -> CudaModule:
@@ -26,17 +26,21 @@ def build_cuda(program: Program, arch: str | int | None = None, **opts: Any) -> 
     arch: "sm_90" etc. (default: the device's own when a GPU is present, else sm_90);
     options: extra NVRTC options (tuple of str); cache: False to bypass the disk cache."""
     for o in opts:
-        if o not in _OPTS:
-            raise ArgumentTypeError(f"build: unknown option {o!r} for target 'cuda' (known: {', '.join(_OPTS)})")
+        if o not in CUDA_OPTS:
+            raise ArgumentTypeError(f"build: unknown option {o!r} for target 'cuda' (known: {', '.join(CUDA_OPTS)})")
     options = tuple(opts.get("options", ()))
     if arch is None:
         arch = default_arch()
     arch = normalize_arch(arch)
     if not any(isinstance(n, Kernel) for n in walk(program.body)):
         program = lower(program, "cuda")  # called directly, not through build: lower it here
-    gen = generate_cuda(program)
-    cubin = compile_cubin(gen.source, arch, options, name=f"{program.name}.cu", use_cache=opts.get("cache", True))
+    return cuda_module(generate_cuda(program), arch, options, opts.get("cache", True))
+
+
+def cuda_module(gen: CudaSource, arch: str, options: tuple[str, ...], use_cache: bool = True) -> CudaModule:
+    """The module of rendered CUDA source `gen` (NVRTC through the disk cache, or a compilation in flight)."""
+    cubin = compile_cubin(gen.source, arch, options, name=f"{gen.program.name}.cu", use_cache=use_cache)
     return CudaModule(gen, cubin, arch, options)
 
 
-__all__ = ["build_cuda"]
+__all__ = ["CUDA_OPTS", "build_cuda", "cuda_module"]

@@ -339,6 +339,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             return None
         if f.kind in ("unroll", "vectorize"):
             self.line("#pragma unroll")
+        elif f.var in self.kern.rolled:
+            self.line("#pragma unroll 1")
         self.line(f"for ({self.ix} {v} = {self.expr(f.lo)}; {v} < {self.expr(f.hi)}; ++{v}) {{")
         self.block(f.body, last)
         self.line("}")

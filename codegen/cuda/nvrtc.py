@@ -12,6 +12,11 @@
   truncated or corrupt entry fails the check and is recompiled. Entries are written to a
   temporary file in the same directory and moved into place with `os.replace` (atomic), so
   concurrent processes never see a partial entry.
+* In flight: `prefetch_cubin` starts a compilation on a background thread (NVRTC releases the GIL), and a
+  later `compile_cubin` of the same key waits for it instead of compiling again. `build` uses it to run NVRTC
+  on the source of the unchecked schedule while the checked one is computed (codegen/build.py,
+  `_speculate`); a source that turns out different is simply never asked for. A forked child never waits on
+  its parent's threads (the table is per process).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import glob
 import hashlib
 import os
 import re
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 
 from loopir.errors import ArgumentError, RuntimeLaunchError
@@ -102,19 +109,57 @@ def normalize_arch(arch: str | int | None) -> str:
 
 def compile_cubin(source: str, arch: str | None = None, options: tuple[str, ...] = (),
                   name: str = "loopir.cu", use_cache: bool = True) -> bytes:
-    """Compile CUDA C to a cubin for `arch` (default sm_90), through the disk cache."""
+    """Compile CUDA C to a cubin for `arch` (default sm_90), through the disk cache (and a compilation of the
+    same key already in flight, see `prefetch_cubin`)."""
     arch = normalize_arch(arch)
     opts = DEFAULT_OPTIONS + tuple(options)
-    entry = None
-    if use_cache:
-        entry = cache_key(source, arch, opts) + ".cubin"
+    key = cache_key(source, arch, opts)
+    entry = key + ".cubin" if use_cache else None
+    if entry is not None:
         hit = disk.read(entry, MAGIC)
         if hit is not None:
             return hit
-    cubin = _compile(source, arch, opts, name)
+    with _LOCK:
+        fut = _INFLIGHT.pop(key, None)
+    cubin = fut.result() if fut is not None else _compile(source, arch, opts, name)
     if entry is not None:
         disk.write(entry, cubin, MAGIC)  # a read-only or full cache does not break compilation
     return cubin
+
+
+# cache key -> the compilation in flight (this process only: a fork starts with an empty table, since the
+# parent's worker thread does not exist in the child)
+_INFLIGHT: dict[str, Future[bytes]] = {}
+_LOCK = threading.Lock()
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _forget_after_fork() -> None:
+    _INFLIGHT.clear()
+    _POOL.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def prefetch_cubin(source: str, arch: str | None = None, options: tuple[str, ...] = (),
+                   name: str = "loopir.cu") -> None:
+    """Start compiling `source` on a background thread; `compile_cubin` of the same source, arch and options
+    then takes its result (a failure is re-raised there). Nothing is started on a disk-cache hit, or when the
+    same key is already in flight; at most a few are kept (the oldest unclaimed ones are dropped)."""
+    arch = normalize_arch(arch)
+    opts = DEFAULT_OPTIONS + tuple(options)
+    key = cache_key(source, arch, opts)
+    if disk.read(key + ".cubin", MAGIC) is not None:
+        return
+    with _LOCK:
+        if key in _INFLIGHT:
+            return
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="loopir-nvrtc"))
+        _INFLIGHT[key] = _POOL[0].submit(_compile, source, arch, opts, name)
+        while len(_INFLIGHT) > 8:  # unclaimed speculations: never a leak
+            _INFLIGHT.pop(next(iter(_INFLIGHT)))
 
 
 def _compile(source: str, arch: str, opts: tuple[str, ...], name: str) -> bytes:

@@ -121,7 +121,7 @@ class _VectorEmitter:
         self.line("} else {")
         self.ind += 1
         vn = self.var(v)
-        self.line("#pragma unroll")
+        self.line("#pragma unroll 1" if v in self.kern.rolled else "#pragma unroll")  # rolled: a remainder copy
         self.line(f"for ({self.ix} {vn} = 0; {vn} < {lanes}; ++{vn}) {{")
         self.block(f.body, False)
         self.line("}")

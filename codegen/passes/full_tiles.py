@@ -44,7 +44,7 @@ from typing import Any
 
 from loopir import nodes as N
 from loopir.affine import linear_form, linear_in, simplify_affine
-from loopir.visit import subst_coords, substitute, walk
+from loopir.visit import subst_coords, subst_loops, substitute, walk
 
 __all__ = ["version_full_tiles"]
 
@@ -56,32 +56,33 @@ def version_full_tiles(program: N.Program) -> N.Program:
 
     identity iff, for every versioned nest, the version condition implies every removed guard at every
     instance of the nest (each condition is the guard at the extreme of each nest variable's constant range)."""
-    body = _go(program.body, None, frozenset())
+    body = _go(program.body, None, frozenset(), set())
     return program if body is program.body else dataclasses.replace(program, body=body)
 
 
-def _go(s: N.Stmt, kern: N.Kernel | None, threads: frozenset[N.Var],
+def _go(s: N.Stmt, kern: N.Kernel | None, threads: frozenset[N.Var], rolled: set[N.Var],
         ranges: dict[N.Var, tuple[int, int]] | None = None) -> N.Stmt:
     ranges = {} if ranges is None else ranges
     if isinstance(s, N.Kernel):
-        b = _go(s.body, s, frozenset(), {})
-        return s if b is s.body else dataclasses.replace(s, body=b)
+        mine: set[N.Var] = set()
+        b = _go(s.body, s, frozenset(), mine, {})
+        return s if b is s.body else dataclasses.replace(s, body=b, rolled=s.rolled | frozenset(mine))
     if isinstance(s, N.Seq):
-        kids = tuple(_go(c, kern, threads, ranges) for c in s.body)
+        kids = tuple(_go(c, kern, threads, rolled, ranges) for c in s.body)
         return s if all(a is b for a, b in zip(kids, s.body)) else N.Seq(kids)
     if isinstance(s, N.If):
-        t = _go(s.then, kern, threads, ranges)
-        e = None if s.orelse is None else _go(s.orelse, kern, threads, ranges)
+        t = _go(s.then, kern, threads, rolled, ranges)
+        e = None if s.orelse is None else _go(s.orelse, kern, threads, rolled, ranges)
         return s if t is s.then and e is s.orelse else N.If(s.cond, t, e)
     if isinstance(s, N.Allocate):
         inner = s.body
         if kern is not None and s.buffer.scope == "local":
             inner = _drop_dead_guards(s.buffer, inner, ranges)
-        b = _go(inner, kern, threads, ranges)
+        b = _go(inner, kern, threads, rolled, ranges)
         return s if b is s.body else N.Allocate(s.buffer, b)
     if isinstance(s, N.For):
         if kern is not None and s.kind in ("unroll", "vectorize"):
-            v = _version(s)
+            v = _version(s, rolled)
             if v is not None:
                 return v
         if kern is not None and s.kind == "parallel" and s.var in kern.cooperative:
@@ -91,7 +92,7 @@ def _go(s: N.Stmt, kern: N.Kernel | None, threads: frozenset[N.Var],
             threads = threads | {s.var}
         if isinstance(s.lo, N.Const) and isinstance(s.hi, N.Const) and s.hi.value > s.lo.value:
             ranges = {**ranges, s.var: (int(s.lo.value), int(s.hi.value) - 1)}
-        b = _go(s.body, kern, threads, ranges)
+        b = _go(s.body, kern, threads, rolled, ranges)
         return s if b is s.body else dataclasses.replace(s, body=b)
     return s
 
@@ -125,7 +126,7 @@ def _and(checks: list[N.Expr]) -> N.Expr:
     return cond
 
 
-def _version(nest: N.For) -> N.Stmt | None:
+def _version(nest: N.For, rolled: set[N.Var]) -> N.Stmt | None:
     """If(worst-case guards, nest without its guards[, nest]) or None when the nest is not versionable."""
     ranges: dict[N.Var, tuple[int, int]] = {}
     guards: list[N.If] = []
@@ -157,7 +158,51 @@ def _version(nest: N.For) -> N.Stmt | None:
             if w not in checks:  # structural equality: the tile's guards repeat per statement
                 checks.append(w)
     fast = _drop_guards(nest, {id(g) for g in guards})
-    return N.If(_and(checks), fast, nest if inner else None)
+    return N.If(_and(checks), fast, _rolled(nest, rolled) if inner else None)
+
+
+def _rolled(nest: N.For, rolled: set[N.Var]) -> N.Stmt:
+    """The remainder copy with its unrolled loops rolled back where no register array needs them unrolled.
+
+    Only edge tiles take the remainder, so unrolling it buys little and doubles the code NVRTC compiles (half of
+    a cold GEMM build): an unrolled loop stays unrolled only when its variable indexes a local buffer (a register
+    tile must see constant indices); every other one becomes serial, and a vectorized one keeps its vector
+    access but rolls its scalar fallback. Those loops get fresh variables (the full-tile copy shares the
+    originals) named in `rolled`, the kernel's `rolled`: the renderer writes `#pragma unroll 1`, since NVVM would
+    otherwise unroll a short constant loop on its own."""
+    keep: set[N.Var] = set()
+    for st in walk(nest):
+        if not isinstance(st, N.Store):
+            continue
+        at = dict(zip(st.iters, st.coords))  # indices use the statement's iterators: map them to the loops
+        for n in (st, *walk(st.value)):
+            if isinstance(n, (N.Load, N.Store)) and n.buffer.scope == "local":
+                for ix in n.indices:
+                    for x in walk(ix):
+                        if isinstance(x, N.Var):
+                            keep.update(y for y in walk(at.get(x, x)) if isinstance(y, N.Var))
+
+    def go(s: N.Stmt) -> N.Stmt:
+        if isinstance(s, N.For):
+            if s.kind in ("unroll", "vectorize") and s.var not in keep:
+                v = N.Var(s.var.name, s.var.dtype)
+                rolled.add(v)
+                kind = "serial" if s.kind == "unroll" else s.kind
+                return dataclasses.replace(s, var=v, kind=kind, body=go(subst_loops(s.body, {s.var: v})))
+            b = go(s.body)
+            return s if b is s.body else dataclasses.replace(s, body=b)
+        if isinstance(s, N.Seq):
+            kids = tuple(go(c) for c in s.body)
+            return s if all(a is b for a, b in zip(kids, s.body)) else N.Seq(kids)
+        if isinstance(s, N.If):
+            t, e = go(s.then), None if s.orelse is None else go(s.orelse)
+            return s if t is s.then and e is s.orelse else N.If(s.cond, t, e)
+        if isinstance(s, N.Allocate):
+            b = go(s.body)
+            return s if b is s.body else N.Allocate(s.buffer, b)
+        return s
+
+    return go(nest)
 
 
 def _conjuncts(e: N.Expr) -> list[N.Expr]:
