@@ -37,7 +37,8 @@ from loopir.affine import const_diff, simplify
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.footprint import simplify_in_context
 from loopir.isl_conv import NonAffine, _conj, _exists, _Names, aff, loop_constraints, pw_bound
-from loopir.nodes import SCOPES, Allocate, Buffer, Const, Expr, For, Load, Program, Stmt, Store, Var, binary, const
+from loopir.nodes import (SCOPES, Allocate, Binary, Buffer, Const, Expr, For, Load, Program, Stmt, Store, Var, binary,
+                          const)
 from loopir.poly_model import _Builder, rename_map, schedule_map
 from loopir.visit import StmtContext, Transformer, statements, substitute, walk
 
@@ -204,40 +205,56 @@ def _unallocate(program: Program, buf: Buffer) -> Program:
 # ----------------------------------------------------------------------------- sliding window
 
 
-def _slide(program: Program, buf: Buffer, c: For) -> Program | None:
+def _slide(program: Program, buf: Buffer, c: For) -> list[Program]:
     """The producer of `buf`, computed inside the serial loop `c`, computes only what earlier iterations
-    of `c` did not (see the module docstring); None when the region does not slide along one dimension
-    monotonically, or the producer's loops are not of the form compute_at builds."""
+    of `c` did not (see the module docstring): candidate programs, simplest window bound first (the caller
+    keeps the first whose reads all find their values); none when the region does not slide along one
+    dimension monotonically, or the producer's loops are not of the form compute_at builds."""
     ws = writers(program, buf)
     if c.kind != "serial" or not ws:
-        return None
+        return []
     path = find_loop_path(program.body, c.var)
     assert path is not None
     around = [a for a, _ in path[1] if isinstance(a, For)] + [c]
     try:
         lows, highs = _write_region(program, buf, ws, around)
     except (NonAffine, isl.Error, ValueError):
-        return None
+        return []
     prev = {c.var: binary("sub", c.var, 1)}
     moving = [d for d in range(buf.ndim)
               if const_diff(substitute(lows[d], prev), lows[d]) != 0 or const_diff(substitute(highs[d], prev),
                                                                                       highs[d]) != 0]
     if len(moving) != 1:
-        return None
+        return []
     d = moving[0]
     lo, hi = lows[d], highs[d]
-    lo_prev, hi_prev = substitute(lo, prev), substitute(hi, prev)
     # monotone: lo(c - 1) <= lo(c) and hi(c - 1) <= hi(c) for every c after the first
-    if not (_holds(program, around, c, lo_prev, lo) and _holds(program, around, c, hi_prev, hi)):
-        return None
-    k = _max_over(program, around, binary("sub", hi_prev, lo))
-    if k is None or k < 0:
-        return None
-    # the new lower end: lo(c) in the first iteration, max(lo(c), hi(c - 1)) after it, written affinely as
-    # max(lo, hi(c - 1) - k * (1 - min(c - c.lo, 1))) with k >= hi(c - 1) - lo(c) everywhere
-    first = binary("sub", 1, binary("min", binary("sub", c.var, c.lo), 1))
-    new_lo = binary("max", lo, binary("sub", hi_prev, binary("mul", const(k), first)))
-    return _start_producer_at(program, ws, d, new_lo, around)
+    if not (_holds(program, around, c, substitute(lo, prev), lo)
+            and _holds(program, around, c, substitute(hi, prev), hi)):
+        return []
+    # the end of the previous iteration's region: its unclipped pieces first (a clip at the buffer's end is
+    # no element to skip), the exact bound last
+    ends = [a for a in _min_args(hi) if any(n is c.var for n in walk(a))] + [hi]
+    out = []
+    for end in ends:
+        end_prev = substitute(end, prev)
+        k = _max_over(program, around, binary("sub", end_prev, lo))
+        if k is None or k < 0:
+            continue
+        # the new lower end: lo(c) in the first iteration, max(lo(c), end(c - 1)) after it, written affinely as
+        # max(lo, end(c - 1) - k * (1 - min(c - c.lo, 1))) with k >= end(c - 1) - lo(c) everywhere
+        first = binary("sub", 1, binary("min", binary("sub", c.var, c.lo), 1))
+        new_lo = binary("max", lo, binary("sub", end_prev, binary("mul", const(k), first)))
+        slid = _start_producer_at(program, ws, d, new_lo, around)
+        if slid is not None:
+            out.append(slid)
+    return out
+
+
+def _min_args(e: Expr) -> list[Expr]:
+    if isinstance(e, Binary) and e.op == "min":
+        return _min_args(e.a) + _min_args(e.b)
+    return [e]
 
 
 def _write_region(program: Program, buf: Buffer, ws: list[StmtContext], around: list[For]
@@ -358,13 +375,15 @@ def _place(program: Program, stage: Any, loop: Var | None, who: str, slide: bool
     # the sliding window: the storage outlives the iterations of the innermost loop around every access
     common = _common_loops(ctxs)
     if slide and common and (loop is None or common[-1].var is not loop):
-        slid = _slide(program, buf, common[-1])
-        # the window's bounds may be over-approximated (a region clipped at the buffer's end): kept only when
-        # every read still finds its value (else the stage is recomputed per iteration, as compute_at left it)
+        # the window's bounds may be over-approximated (a region clipped at the buffer's end): a candidate is
+        # kept only when every read still finds its value (else the stage is recomputed per iteration, as
+        # compute_at left it)
         before = reads_without_source(program, buf.name)
-        if slid is not None and before is not None and reads_without_source(slid, buf.name).is_subset(before):
-            program = slid
-            buf = _stage_buffer(program, buf.name, who)
+        for slid in _slide(program, buf, common[-1]) if before is not None else []:
+            if reads_without_source(slid, buf.name).is_subset(before):
+                program = slid
+                buf = _stage_buffer(program, buf.name, who)
+                break
     lows, shape = storage_box(program, buf, loop)
     new = Buffer(buf.name, tuple(shape), buf.dtype, buf.scope)
     out = _retarget(program, buf, new, lows)
