@@ -16,7 +16,7 @@ from codegen import build
 from codegen.cuda.build import build_cuda
 from loopir import interp, ir, te
 from loopir.bounds import check_bounds
-from loopir.errors import ArgumentError
+from loopir.errors import ArgumentError, CudaCodegenError
 from loopir.nodes import Allocate, Buffer, Const, Load, Store
 from loopir.visit import Transformer, walk
 from schedules import Schedule, ScheduleError
@@ -419,3 +419,16 @@ def test_blur_example_small_path(tmp_path):
     assert "strips: blur_x evaluated 640 times" in out  # 4 strips of 8 + 2 rows of 16: the window slides
     assert "__global__" in out and "__shared__" in out
     assert "0.9 ms/MP" in out
+
+
+@pytest.mark.parametrize("scope", ["local", "global"])
+def test_per_thread_copy_filled_by_a_thread_loop_is_refused_on_cuda(scope):
+    # allocation per block, producer loop bound to threads, scope not shared: each thread's own copy would hold
+    # only its element (the adversarial interpreter shows the unwritten ones); the CUDA pipeline refuses it
+    A, C, s = _blur1d(scope, True)
+    a = np.random.default_rng(6).standard_normal(130).astype(np.float32)
+    out = np.full(128, np.nan, np.float32)
+    interp.run(s.program, a, out, gpu_order="reversed")
+    assert np.isnan(out).any()
+    with pytest.raises(CudaCodegenError, match=r"buffer 'P' is one copy per thread.*set_scope\('P', 'shared'\)"):
+        build_cuda(s.program, arch="sm_90")
