@@ -71,6 +71,25 @@ def test_lesson8_evaluation_counts():
     assert counts == {"at_y": 40, "at_x": 64, "store_y": 40, "root": 25}
 
 
+def test_lesson8_mixed_strategy_counts():
+    # the lesson's last schedule on its 160 x 160 consumer: consumer.split(y, yo, yi, 16).parallel(yo)
+    # .vectorize(x, 4); producer.store_at(consumer, yo).compute_at(consumer, yi).vectorize(x, 4):
+    # each of the 10 strips computes its 16 rows + 1 halo row of 161 producer values once (sliding)
+    producer, consumer = _lesson8(160, 160)
+    s = Schedule(consumer)
+    y, x = s.loops(consumer)
+    yo, yi = s.split(y, 16)
+    s.compute_at(producer, yi).store_at(producer, yo).parallel(yo)
+    _, xi = s.split(x, 4)
+    s.vectorize(xi)
+    _, xci = s.split(s.loops(producer)[-1], 4)
+    s.vectorize(xci)
+    assert _count_and_check(s, 160, 160) == 10 * 17 * 161
+    out = np.full((160, 160), np.nan, np.float32)
+    build(s, [consumer], target="cpu")(out)
+    np.testing.assert_allclose(out, _lesson8_reference(160, 160), rtol=1e-4, atol=1e-5)
+
+
 def test_lesson8_store_root_nest():
     producer, consumer = _lesson8()
     s = Schedule(consumer)
