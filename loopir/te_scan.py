@@ -243,7 +243,10 @@ def scan(f: Front, init: Any, update: Any, state_placeholder: Any, inputs: Seque
     ia = _fresh_axis(f, name, [v.name for v in init.op.axis])
     ua = _fresh_axis(f, name, [v.name for v in update.op.axis])
     zero = nodes.const(0, INDEX)
-    d0 = Definition(ia, (zero,) * len(ia), tuple(init.shape), ia,
+    # the init rows clipped to the state's (a state of fewer rows than the init gives is written where it exists)
+    d = const_diff(rows, shape[0])
+    first = rows if d is not None and d <= 0 else nodes.binary("min", rows, shape[0])
+    d0 = Definition(ia, (zero,) * len(ia), (first,) + tuple(init.shape[1:]), ia,
                     substitute(init.op.body, dict(zip(init.op.axis, ia))))
     uval = _LoadToState(states, update.dtype).visit(substitute(update.op.body, dict(zip(update.op.axis, ua))))
     d1 = Definition(ua, (rows,) + (zero,) * (len(ua) - 1), shape, ua, uval)

@@ -120,7 +120,48 @@ def iir(h: int = 13, w: int = 40) -> Case:
                 _iir_ref, lambda a: a.shape)
 
 
-CASES = [scan2d, cumsum, cumsum_update, histogram, iir]
+def scan3d(m: int = 5, n: int = 3, k: int = 33) -> Case:
+    """A 3-D state, scanning over a computed stage: S[t] = S[t - 1] * 0.5 + 2 X[t]."""
+    M, N, K = te.var("m"), te.var("n"), te.var("k")
+    X = te.placeholder((M, N, K), name="X")
+    X2 = te.compute((M, N, K), lambda t, i, j: X[t, i, j] * 2.0, name="X2")
+    state = te.placeholder((M, N, K), name="state")
+    init = te.compute((1, N, K), lambda _, i, j: X2[0, i, j], name="init")
+    upd = te.compute((M, N, K), lambda t, i, j: state[t - 1, i, j] * 0.5 + X2[t, i, j], name="upd")
+    S = te.scan(init, upd, state, inputs=[X2], name="S3")
+    Y = te.compute((M, N, K), lambda t, i, j: S[t, i, j] - S[0, i, j], name="Y")  # also reads the first row
+
+    def ref(x: np.ndarray) -> np.ndarray:
+        acc = 2 * x.astype(np.float64)
+        for t in range(1, acc.shape[0]):
+            acc[t] += acc[t - 1] * 0.5
+        return acc - acc[0]
+
+    return Case("scan3d", [Y], [X, Y], lambda r: [r.standard_normal((m, n, k)).astype(np.float32)], ref,
+                lambda x: x.shape)
+
+
+def fib2(m: int = 12, n: int = 7) -> Case:
+    """Two init rows, the update reading two rows back: S[t] = S[t - 1] + S[t - 2] * 0.5 + X[t]."""
+    M, N = te.var("m"), te.var("n")
+    X = te.placeholder((M, N), name="X")
+    state = te.placeholder((M, N), name="state")
+    init = te.compute((2, N), lambda r, i: X[r, i], name="init")
+    upd = te.compute((M, N), lambda t, i: state[t - 1, i] + state[t - 2, i] * 0.5 + X[t, i], name="upd")
+    S = te.scan(init, upd, state, name="F")
+    Y = te.compute((M, N), lambda t, i: S[t, i] - 1.0, name="Y")
+
+    def ref(x: np.ndarray) -> np.ndarray:
+        s = x.astype(np.float64).copy()
+        for t in range(2, s.shape[0]):
+            s[t] = s[t - 1] + s[t - 2] * 0.5 + x[t]
+        return s - 1
+
+    return Case("fib2", [Y], [X, Y], lambda r: [r.uniform(-1, 1, (m, n)).astype(np.float32)], ref,
+                lambda x: x.shape)
+
+
+CASES = [scan2d, cumsum, cumsum_update, histogram, iir, scan3d, fib2]
 
 
 def _arrays(case: Case, seed: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
@@ -142,7 +183,7 @@ def test_scan_printed_nest() -> None:
     assert str(lower([Y])) == """\
 def Y(X: float32[m, n], Y: float32[m, n]):  # sizes: m, n
     S: float32[m, n]  # temporary
-    for _ in range(0, 1):
+    for _ in range(0, min(1, m)):
         for i in range(0, n):
             S[_, i] = X[0, i]  # S_init
     for t in range(1, m):
@@ -198,6 +239,25 @@ def test_interpreter_matches_numpy(make: Callable[[], Case]) -> None:
     ins, out, want = _arrays(case, 4)
     interp.run(lower(case.outs, case.args), *ins, out)
     _close(out, want)
+
+
+def test_structurally_different_scans_do_not_share_a_build() -> None:
+    """The build caches key a recurrence by its definitions: same names and shapes, another update."""
+    results = []
+    for op in ("add", "mul"):
+        n = te.var("n")
+        X = te.placeholder((n,), name="X")
+        state = te.placeholder((n,), name="state")
+        init = te.compute((1,), lambda _: X[0], name="init")
+        upd = te.compute((n,), lambda t: state[t - 1] + X[t] if op == "add" else state[t - 1] * X[t], name="upd")
+        S = te.scan(init, upd, state, name="S")
+        x = np.random.default_rng(1).uniform(0.5, 1.5, 9).astype(np.float32)
+        out = np.full(9, np.nan, np.float32)
+        build([S], [X, S], target="cpu")(x, out)
+        results.append(out)
+        x64 = x.astype(np.float64)
+        _close(out, np.cumsum(x64) if op == "add" else np.cumprod(x64))
+    assert not np.allclose(results[0], results[1])
 
 
 def test_symbolic_sizes_two_calls() -> None:
