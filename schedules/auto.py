@@ -471,12 +471,13 @@ def _map_recurrence(s: Schedule, t: Tensor, target: str, threads: int) -> None:
 
 def map_statements(s: Schedule, stmts: list[str], target: str = "cuda", threads: int = THREADS) -> Schedule:
     """Map the nest of each statement in `stmts` (freshly lowered: one loop per iteration dimension) with
-    checked primitives: its dependence-free loops moved outside (`reorder`), then on cpu the outermost
-    of extent > 1 `parallel`; on cuda the innermost `split` by `threads` onto threadIdx.x and the rest onto
-    blockIdx, the loops that carry a dependence (a scan axis, a scatter's domain) serial inside the thread.
-    A nest with no free loop runs on one thread: `split(loop, 1)`, the unit loop moved out and bound to
-    blockIdx.x. auto_schedule maps te.scan / te.update stages so; a hand-written recurrence (the builder's
-    prefix sum) can be mapped the same way: `map_statements(Schedule(program), ["S"], "cuda")`."""
+    checked primitives: its dependence-free loops moved outside (`reorder`), the loops that carry a
+    dependence (a scan axis, a scatter's domain) serial inside them. cpu: the outermost free loop of extent
+    > 1 `parallel` (the innermost split into vectorized blocks inside the carrying loops when it is free:
+    `_map_recurrence_cpu`). cuda: the innermost free loop `split` by `threads` onto threadIdx.x, the rest
+    onto blockIdx; a nest with no free loop runs on one thread (`split(loop, 1)`, the unit loop moved out
+    and bound to blockIdx.x). auto_schedule maps te.scan / te.update stages so; a hand-written recurrence
+    (the builder's prefix sum) the same way: `map_statements(Schedule(program), ["S"], "cuda")`."""
     for stmt in stmts:
         loops = list(s.loops(stmt))
         if not loops:
@@ -487,9 +488,7 @@ def map_statements(s: Schedule, stmts: list[str], target: str = "cuda", threads:
         if par and ser and loops != par + ser:
             s.reorder(*par, *ser)
         if target != "cuda":
-            wide = [h for h in par if not _is_const(_find(s, h.var).hi - _find(s, h.var).lo, 1)]
-            if wide:
-                s.parallel(wide[0])
+            _map_recurrence_cpu(s, loops, par, ser)
             continue
         if not par:
             outer, unit = s.split(loops[0], 1)
@@ -500,6 +499,31 @@ def map_statements(s: Schedule, stmts: list[str], target: str = "cuda", threads:
         s.bind(bi, "threadIdx.x")
         _bind_blocks(s, par[:-1] + [bo])
     return s
+
+
+CPU_SCAN_BLOCK = 64  # columns per block of a recurrence on cpu: serial loop inside, the block vectorized
+
+
+def _map_recurrence_cpu(s: Schedule, loops: list[Any], par: list[Any], ser: list[Any]) -> None:
+    """cpu: with a carrying loop and the innermost (contiguous) loop free, the innermost is `split` into
+    blocks, the block loop outside and `parallel`, the carrying loops inside it, the block's columns innermost
+    and `vectorize`d (each step of the recurrence reads and writes whole rows of the block); otherwise the
+    outermost free loop of extent > 1 `parallel`."""
+    if ser and par and par[-1].var is loops[-1].var:
+        bo, bi = s.split(par[-1], CPU_SCAN_BLOCK)
+        s.reorder(*par[:-1], bo, *ser, bi)
+        s.vectorize(bi)
+        par = par[:-1] + [bo]
+    wide = [h for h in par if not _at_most_one(simplify(_find(s, h.var).hi - _find(s, h.var).lo))]
+    if wide:
+        s.parallel(wide[0])
+
+
+def _at_most_one(e: Expr) -> bool:
+    """An extent of at most 1: the constant, or a min with such an operand (a scan's init rows, min(1, m))."""
+    if isinstance(e, Const):
+        return e.value <= 1
+    return getattr(e, "op", None) == "min" and (_at_most_one(e.a) or _at_most_one(e.b))
 
 
 def _dependence_free(s: Schedule, stmt: str, depth: int) -> list[bool]:

@@ -241,16 +241,20 @@ def test_interpreter_matches_numpy(make: Callable[[], Case]) -> None:
     _close(out, want)
 
 
+def _one_scan(op: str) -> tuple[Any, Any]:
+    n = te.var("n")
+    X = te.placeholder((n,), name="X")
+    state = te.placeholder((n,), name="state")
+    init = te.compute((1,), lambda _: X[0], name="init")
+    upd = te.compute((n,), lambda t: state[t - 1] + X[t] if op == "add" else state[t - 1] * X[t], name="upd")
+    return te.scan(init, upd, state, name="S"), X
+
+
 def test_structurally_different_scans_do_not_share_a_build() -> None:
     """The build caches key a recurrence by its definitions: same names and shapes, another update."""
     results = []
     for op in ("add", "mul"):
-        n = te.var("n")
-        X = te.placeholder((n,), name="X")
-        state = te.placeholder((n,), name="state")
-        init = te.compute((1,), lambda _: X[0], name="init")
-        upd = te.compute((n,), lambda t: state[t - 1] + X[t] if op == "add" else state[t - 1] * X[t], name="upd")
-        S = te.scan(init, upd, state, name="S")
+        S, X = _one_scan(op)
         x = np.random.default_rng(1).uniform(0.5, 1.5, 9).astype(np.float32)
         out = np.full(9, np.nan, np.float32)
         build([S], [X, S], target="cpu")(x, out)
@@ -431,7 +435,12 @@ def test_auto_schedule_cuda_keeps_the_scan_axis_serial_inside_a_thread() -> None
 def test_auto_schedule_cpu_parallel_non_scan_axis() -> None:
     case = iir()
     s = auto_schedule(case.outs, target="cpu")
-    assert [(f.var.name, f.kind) for f in _path(s.program, "blur")] == [("x", "parallel"), ("y", "serial")]
+    # blocks of columns in parallel, the recurrence down the rows inside, the block's columns vectorized
+    assert [(f.var.name, f.kind) for f in _path(s.program, "blur")] == [
+        ("x_o", "parallel"), ("y", "serial"), ("x_i", "vectorize")]
+    assert [f.kind for f in _path(s.program, "blur_init")] == ["parallel", "serial"]
+    s2 = auto_schedule(scan2d().outs, target="cpu")
+    assert [f.kind for f in _path(s2.program, "S_init")] == ["serial", "parallel"]  # not the single init row
 
 
 @pytest.mark.parametrize("make", CASES, ids=lambda f: f.__name__)
