@@ -265,13 +265,20 @@ def test_structurally_different_scans_do_not_share_a_build() -> None:
 
 
 def test_symbolic_sizes_two_calls() -> None:
+    """Symbolic sizes: one module over several shapes (32 x 64: the call-time specialization's multiples of 16),
+    and a build with a size pinned (`sizes=`: the te graph, recurrence included, re-made with it)."""
     case = scan2d()
     mod = build(case.outs, case.args, target="cpu")
-    for shape in ((3, 5), (17, 2)):
+    pinned = build(case.outs, case.args, target="cpu", sizes={"m": 17})
+    for shape in ((3, 5), (17, 2), (32, 64), (1, 7)):
         x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
         out = np.full(shape, np.nan, np.float32)
         mod(x, out)
         _close(out, case.ref(x))
+        if shape[0] == 17:
+            out[:] = np.nan
+            pinned(x, out)
+            _close(out, case.ref(x))
 
 
 # ----------------------------------------------------------------------------- schedules: parallel, refusals
@@ -358,16 +365,19 @@ def test_compute_at_scan_at_the_consumer_row_loop() -> None:
 
 
 def test_compute_at_scan_at_a_consumer_column_loop() -> None:
-    m, n = te.var("m"), te.var("n")
-    X, S, _ = _scan2d()
-    Z = te.compute((X.shape[1], X.shape[0]), lambda i, t: S[t, i] + 1.0, name="Z")  # the transpose
-    s = Schedule([Z])
-    s.compute_at(S, s.loops("Z")[0])  # one column of S per i: the whole scan of that column
-    x = np.random.default_rng(8).standard_normal((6, 10)).astype(np.float32)
-    out = np.full((10, 6), np.nan, np.float32)
-    build(s, [X, Z], target="cpu")(x, out)
-    _close(out, np.cumsum(x.astype(np.float64), 0).T + 1)
-    del m, n
+    case = _transposed(6, 10)
+    s = Schedule(lower(case.outs, case.args))
+    s.compute_at("S", s.loops("Z")[0])  # one column of S per i: the whole scan of that column
+    s.parallel(s.loops("Z")[0])  # the columns are independent
+    ins, out, want = _arrays(case, 8)
+    build(s, case.args, target="cpu")(*ins, out)
+    _close(out, want)
+    rows = scan2d()
+    s2 = Schedule(lower(rows.outs, rows.args))
+    s2.compute_at("S", s2.loops("Y")[0])  # at the row loop: legal, but the rows stay in order
+    with pytest.raises(ScheduleError) as e:
+        s2.parallel(s2.loops("Y")[0])
+    assert e.value.source[0] in ("S_init", "S") and e.value.sink[0] == "S" and e.value.kind == "flow"
 
 
 def test_compute_at_refused_when_a_row_needs_a_later_iteration() -> None:
@@ -485,20 +495,45 @@ def test_cuda_numerics(make: Callable[[], Case]) -> None:
         _close(out, want)
 
 
+def _transposed(m: int, n: int) -> Case:
+    X, S, _ = _scan2d()
+    Z = te.compute((X.shape[1], X.shape[0]), lambda i, t: S[t, i] + 1.0, name="Z")
+    return Case("transposed", [Z], [X, Z], lambda r: [r.standard_normal((m, n)).astype(np.float32)],
+                lambda x: np.cumsum(x.astype(np.float64), 0).T + 1, lambda x: x.shape[::-1])
+
+
+def _compute_at_cuda_schedule(case: Case) -> Schedule:
+    """The scan computed at the consumer's column loop, that loop split onto blockIdx.x / threadIdx.x: each
+    thread scans its column (the producer's nests and the consumer's row loop serial inside it). Binding the
+    consumer's row loop instead is refused: the rows of the scan depend on each other."""
+    s = Schedule(lower(case.outs, case.args))
+    s.compute_at("S", s.loops("Z")[0])
+    i_o, i_i = s.split(s.loops("Z")[0], 128)
+    s.bind(i_o, "blockIdx.x")
+    s.bind(i_i, "threadIdx.x")
+    return s
+
+
+def test_compute_at_scan_cuda_build_and_adversarial_interpreter() -> None:
+    case = _transposed(6, 300)
+    s = _compute_at_cuda_schedule(case)
+    mod = build(s, case.args, target="cuda")
+    assert mod.cubin[:4] == b"\x7fELF"
+    low = lower_for(s.program, "cuda")
+    for order in ("reversed", 0):
+        ins, out, want = _arrays(case, 13)
+        interp.run(low, *ins, out, gpu_order=order)
+        _close(out, want)
+
+
 @pytest.mark.gpu
 def test_cuda_numerics_compute_at_scan() -> None:
-    case = scan2d(m=33, n=300)
-    p = lower(case.outs, case.args)
-    s = Schedule(p)
-    y = s.loops("Y")
-    s.compute_at("S", y[0])
-    i_o, i_i = s.split(s.loops("Y")[1], 128)
-    s.bind(s.loops("Y")[0], "blockIdx.x")
-    s.bind(i_i, "threadIdx.x")
-    del i_o, y
-    ins, out, want = _arrays(case, 3)
-    build(s, case.args, target="cuda")(*ins, out)
-    _close(out, want)
+    case = _transposed(33, 300)
+    mod = build(_compute_at_cuda_schedule(case), case.args, target="cuda")
+    for seed in (3, 4):
+        ins, out, want = _arrays(case, seed)
+        mod(*ins, out)
+        _close(out, want)
 
 
 # ----------------------------------------------------------------------------- refusals of te.scan / te.update
