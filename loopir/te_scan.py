@@ -266,7 +266,11 @@ def _dims(shape: Sequence[Any]) -> str:
 
 
 def _domains(over: Any, who: str) -> list[tuple[Expr, Expr]]:
-    items = over if isinstance(over, list) or (isinstance(over, tuple) and not _is_pair(over)) else [over]
+    # a tuple is one (lo, hi) domain, several domains are a list: `over=(n, m)` is [n, m), never two extents
+    if isinstance(over, tuple) and not _is_pair(over):
+        raise ArgumentTypeError(f"{who}: over={over!r}: a tuple is one (lo, hi) domain; give several domains as a "
+                                "list, e.g. over=[(1, h), w]")
+    items = over if isinstance(over, list) else [over]
     if not items:
         raise ArgumentError(f"{who}: over= needs at least one domain (an extent or a (lo, hi) pair)")
     out = []
@@ -283,7 +287,6 @@ def _domains(over: Any, who: str) -> list[tuple[Expr, Expr]]:
 
 
 def _is_pair(x: tuple[Any, ...]) -> bool:
-    # `over=(1, n)` is one (lo, hi) domain; `over=((0, w), (1, h))` two
     return len(x) == 2 and not any(isinstance(e, (tuple, list)) for e in x)
 
 

@@ -125,6 +125,7 @@ def auto_schedule(
         if any(is_recurrence(t) for t in g.stages):
             for t in g.stages:
                 _map_recurrence(s, t, target, threads)
+            g.mapping = "serial"  # what the plan printed (flat, cpu) is not what ran: the note below says what did
             g.log.append(Decision("note", tuple(g.stage_names), None, _RECURRENCE_NOTE[target == "cuda"]))
         elif g.mapping == "gemm":
             _map_gemm(s, g, target)

@@ -597,6 +597,8 @@ def test_update_refusals() -> None:
     other = te.compute((n,), lambda j: x[j], name="other")
     with pytest.raises(ArgumentError, match="loop variable of stage 'other'"):
         te.update(f0, n, lambda r: ((other.op.axis[0],), f0[r]))
+    with pytest.raises(ArgumentTypeError, match="give several domains as a list"):
+        te.update(f0, (n, n, n), lambda a, b, c: ((a,), f0[a]))
     with pytest.raises(ArgumentError, match="negative range"):
         te.update(f0, (3, 1), lambda r: ((r,), f0[r]))
     with pytest.raises(ArgumentTypeError, match="takes 2 index argument"):
