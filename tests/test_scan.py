@@ -347,6 +347,59 @@ def test_scatter_reorder_and_parallel_refused() -> None:
     assert src != snk
 
 
+def test_scatter_refusal_is_real_for_an_order_dependent_update() -> None:
+    """The witness of a refused reorder, made concrete: with both instances sending their value to one bin,
+    the unchecked reordered program computes another result (a per-bin moving average depends on the order)."""
+    n, bins = te.var("n"), te.var("bins")
+    idx = te.placeholder((n,), dtype="int32", name="idx")
+    x = te.placeholder((n,), name="x")
+    z = te.placeholder((bins,), name="z")
+    a0 = te.compute((bins,), lambda b: z[b], name="a0")
+    avg = te.update(a0, n, lambda r: ((idx[r],), a0[idx[r]] * 0.5 + x[r]), name="avg")
+    p = lower([avg], [idx, x, z, avg])
+    s = Schedule(p)
+    ro, ri = s.split(_loop(s, "avg", "r"), 4)
+    with pytest.raises(ScheduleError) as e:
+        s.reorder(ri, ro)
+    err = e.value
+    assert err.buffer == "avg" and err.source[0] == "avg" and err.sink[0] == "avg"
+    src, snk = err.source[1], err.sink[1]
+    bad = _unchecked(p, lambda u: u.reorder(*reversed(u.split(_loop(u, "avg", "r"), 4))))
+    size = int(err.params["n"])  # the witness's sizes
+    assert src["r"] < snk["r"] < size  # the source runs first in the original program
+    rng = np.random.default_rng(14)
+    iv = np.arange(size, dtype=np.int32) % 3 + 1  # every other instance in bins 1..3
+    iv[src["r"]] = iv[snk["r"]] = 0  # the witness pair: one bin
+    xv = rng.standard_normal(size).astype(np.float32)
+    zv = rng.standard_normal(4).astype(np.float32)
+    outs = []
+    for prog in (p, bad):
+        out = np.full(4, np.nan, np.float32)
+        interp.run(prog, iv, xv, zv, out)
+        outs.append(out)
+    assert not np.allclose(outs[0][0], outs[1][0])  # the bin of the witness differs
+    want = zv.astype(np.float64).copy()
+    for r in range(size):
+        want[iv[r]] = want[iv[r]] * 0.5 + xv[r]
+    _close(outs[0], want)
+
+
+def test_scatter_indices_out_of_range_are_skipped() -> None:
+    """A scatter index outside the buffer is not written (the bounds pass guards the store): memory-safe."""
+    case = histogram()
+    img = np.array([0, 3, 50, -4, 3, 10**6, 10], np.int32)
+    edges = np.random.default_rng(15).integers(-5, 5, 11).astype(np.int32)
+    want = 3 * np.bincount(img[(img >= 0) & (img < 11)], minlength=11) + edges
+    for target in ("cpu",):
+        out = np.full(11, -77, np.int32)
+        build(case.outs, case.args, target=target)(img, edges, out)
+        np.testing.assert_array_equal(out, want)
+    low = lower_for(auto_schedule(case.outs, target="cuda").program, "cuda")
+    out = np.full(11, -77, np.int32)
+    interp.run(low, img, edges, out, gpu_order="reversed")
+    np.testing.assert_array_equal(out, want)
+
+
 # ----------------------------------------------------------------------------- compute_at of a recurrence
 
 
