@@ -14,6 +14,10 @@ operand): one that is not the whole body is lifted into a stage of its own, name
 enclosing stage (`y.sum0`, `y.max1`) and a function of only the enclosing axes its operand uses
 (`loopir.te_lift`); `te.lifted(y)` returns those stages.
 
+Recurrences: `te.scan` (TVM's: a recurrence along the first axis, init rows then updates reading earlier rows)
+and `te.update` (Halide's update definitions over a domain of their own, scatters included) make stages that
+later stages read like any other (`loopir.te_scan`).
+
 dtypes: float16, bfloat16, float32, float64, int32, int64, bool (bfloat16 data on the host:
 uint16 arrays of bits, `loopir.dtypes.to_bfloat16` / `from_bfloat16`; halves compute in float32).
 Promotion (see `loopir.dtypes`): two typed operands combine as `numpy.promote_types`;

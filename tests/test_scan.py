@@ -462,6 +462,25 @@ def test_compute_at_iir_at_the_consumer_row_loop_and_refused_scatter() -> None:
         s2.compute_at(h, s2.loops("out")[0])
 
 
+def test_compute_at_update_chain_refused_when_a_later_definition_overwrites_what_an_earlier_reads() -> None:
+    """f = x; f[r] = f[r - 1] + f[r] (r >= 1); f[r] = 2 f[r]. Computed element by element at a consumer's loop,
+    the doubling of f[i - 1] would run before the prefix step of f[i] reads it: an anti dependence, refused."""
+    n = te.var("n")
+    x = te.placeholder((n,), name="x")
+    f0 = te.compute((n,), lambda i: x[i], name="f0")
+    f1 = te.update(f0, (1, n), lambda r: ((r,), f0[r - 1] + f0[r]), name="f1")
+    f2 = te.update(f1, n, lambda r: ((r,), f1[r] * 2.0), name="f")
+    y = te.compute((n,), lambda i: f2[i] + 1.0, name="y")
+    p = lower([y], [x, y])
+    s = Schedule(p)
+    i = s.loops("y")[0]
+    with pytest.raises(ScheduleError) as e:
+        s.compute_at("f", i)
+    err = e.value
+    assert err.kind == "anti" and err.source[0] == "f_u1" and err.sink[0] == "f"
+    verify_witness(p, compute_at(p, "f", i.var)[0], err)
+
+
 # ----------------------------------------------------------------------------- auto_schedule: cpu and cuda
 
 
