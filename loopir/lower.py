@@ -30,6 +30,7 @@ from . import nodes
 from .names import sanitize
 from .nodes import Buffer, Const, Expr, For, Program, Stmt, Store, Var
 from .te import ComputeOp, PlaceholderOp, Reduce, Tensor, identity
+from .te_scan import Recurrence, definition_stores, statement_names
 from .visit import free_vars, seq, walk
 
 _COMBINE = {"sum": "add", "max": "max", "min": "min"}
@@ -85,17 +86,44 @@ def _check_names(tensors: list[Tensor]) -> None:
                 f"lower: the init statement of reduction {t.name!r} would be named {t.name + '_init'!r}, "
                 "which is the name of another tensor"
             )
+        for extra in _extra_statements(t):
+            if extra in stmt_names:
+                raise ArgumentError(f"lower: a statement of recurrence {t.name!r} would be named {extra!r}, which "
+                                    "is the name of another tensor")
     # isl formulas name statements by identifier (`names.sanitize`): a stage lifted from an inline reduction
     # (`y.sum0`) and a user's `y_sum0` would be one statement there
     idents: dict[str, str] = {}
     for t in tensors:
-        for s in (t.name, f"{t.name}_init"):
+        for s in dict.fromkeys((t.name, f"{t.name}_init", *_extra_statements(t))):
             other = idents.setdefault(sanitize(s), s)
             if other != s:
                 raise ArgumentError(
                     f"lower: statements {other!r} and {s!r} have one identifier, {sanitize(s)!r}, in the "
                     "dependence analysis; rename the tensor whose name has no dot"
                 )
+
+
+def _extra_statements(t: Tensor) -> list[str]:
+    """The statements of a recurrence besides `<name>` (te.scan / te.update: one per definition)."""
+    body = getattr(t.op, "body", None)
+    return [s for s in statement_names(t.name, len(body.defs)) if s != t.name] if isinstance(body, Recurrence) else []
+
+
+def _recurrence(t: Tensor, rec: Recurrence) -> Stmt:
+    # one nest per definition, in order, each over its own box (te.scan: the init rows, then the later rows)
+    nests = []
+    for d, st in zip(rec.defs, definition_stores(t.name, t.buffer, rec)):
+        nest: Stmt = st
+        for v, lo, hi in reversed(list(zip(d.axis, d.lo, d.hi))):
+            nest = For(v, lo, hi, nest)
+        nests.append(nest)
+    return seq(*nests)
+
+
+def _loop_vars(op: ComputeOp) -> tuple[Var, ...]:
+    if isinstance(op.body, Recurrence):
+        return tuple(v for d in op.body.defs for v in d.axis)
+    return op.axis + op.reduce_axis
 
 
 def _stage(t: Tensor) -> Stmt:
@@ -105,6 +133,8 @@ def _stage(t: Tensor) -> Stmt:
     buf = t.buffer
     idx: tuple[Expr, ...] = axis
     body = op.body
+    if isinstance(body, Recurrence):
+        return _recurrence(t, body)
     if isinstance(body, Reduce):
         init = Store(f"{t.name}_init", buf, idx, identity(body.op, body.dtype), axis, axis)
         iters = axis + op.reduce_axis
@@ -178,8 +208,7 @@ def _params(args: tuple[Buffer, ...], temps: tuple[Buffer, ...], stages: list[Te
     for t in stages:
         op = t.op
         assert isinstance(op, ComputeOp)
-        loop_vars.update(op.axis)
-        loop_vars.update(op.reduce_axis)
+        loop_vars.update(_loop_vars(op))
     found: dict[Var, None] = {}
 
     def add(e: object) -> None:
@@ -237,6 +266,8 @@ def _check_var_names(params: tuple[Var, ...], stages: list[Tensor]) -> None:
     for t in stages:
         op = t.op
         assert isinstance(op, ComputeOp)
+        if isinstance(op.body, Recurrence):
+            continue  # each definition is a nest of its own, its loop variables the lambda's distinct parameters
         local: set[str] = set()
         for v in op.axis + op.reduce_axis:
             if v.name in local:

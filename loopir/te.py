@@ -14,6 +14,10 @@ operand): one that is not the whole body is lifted into a stage of its own, name
 enclosing stage (`y.sum0`, `y.max1`) and a function of only the enclosing axes its operand uses
 (`loopir.te_lift`); `te.lifted(y)` returns those stages.
 
+Recurrences: `te.scan` (TVM's: a recurrence along the first axis, init rows then updates reading earlier rows)
+and `te.update` (Halide's update definitions over a domain of their own, scatters included) make stages that
+later stages read like any other (`loopir.te_scan`).
+
 dtypes: float16, bfloat16, float32, float64, int32, int64, bool (bfloat16 data on the host:
 uint16 arrays of bits, `loopir.dtypes.to_bfloat16` / `from_bfloat16`; halves compute in float32).
 Promotion (see `loopir.dtypes`): two typed operands combine as `numpy.promote_types`;
@@ -45,6 +49,7 @@ from .errors import ArgumentError, ArgumentTypeError
 from . import nodes
 from .dtypes import DTYPES, INDEX, check_dtype, is_float, is_int
 from .nodes import Buffer, Const, Expr, ExprLike, Load, Node, Var
+from . import te_scan
 from .te_lift import Reduce, lift
 from .visit import walk
 
@@ -413,6 +418,28 @@ def _inputs(stage: str, body: Expr) -> tuple[Tensor, ...]:
     return tuple(seen.values())
 
 
+# ----------------------------------------------------------------------------- recurrences (loopir.te_scan)
+
+
+def scan(init: Tensor, update: Tensor, state_placeholder: Tensor, inputs: Sequence[Tensor] | None = None,
+         name: str | None = None) -> Tensor:
+    """TVM's scan: `out[t] = update(out[t - 1], ...)` along the first axis, `init` giving the first rows.
+
+    `state_placeholder` (a placeholder shaped like the result) stands for the result inside `update`, which may
+    read it only at earlier rows (`state[t - c, ...]`, a constant c >= 1); `init` has the shape of the state
+    except along the scan axis (its row count: how many rows it gives); `inputs`, when given, must list every
+    tensor the two read. The result is a stage later stages read (statements `<name>_init` and `<name>`)."""
+    return te_scan.scan(_FRONT, init, update, state_placeholder, inputs, name)
+
+
+def update(tensor: Tensor, over: Any, fupdate: Callable[..., Any], name: str | None = None) -> Tensor:
+    """Halide's update definition: `tensor` redefined over the domain `over` (an extent, a (lo, hi) pair, or a
+    list of them), `fupdate(*vars) -> (index, value)`; in it, reading `tensor` reads the current value. The
+    index may be any integer expression (a scatter: `lambda r: ((img[r],), h[img[r]] + 1)`). The iterations
+    run in order. Returns the redefined stage (a new tensor; read it, not `tensor`)."""
+    return te_scan.update(_FRONT, tensor, over, fupdate, name)
+
+
 # ----------------------------------------------------------------------------- reductions
 
 
@@ -467,6 +494,10 @@ def identity(op: str, dtype: str) -> Const:
         info = np.iinfo(dtype)
         return nodes.const(int(info.min) if op == "max" else int(info.max), dtype)
     raise ArgumentTypeError(f"no identity of {op} in dtype {dtype}")
+
+
+_FRONT = te_scan.Front(Tensor, ComputeOp, lambda x: isinstance(x, Tensor), _check_name, _default_name,
+                       _lambda_arity, _inputs, _AXIS_OWNER, _REDUCE_DOM)
 
 
 # ----------------------------------------------------------------------------- elementwise math
@@ -550,12 +581,14 @@ __all__ = [
     "placeholder",
     "reduce_axis",
     "rsqrt",
+    "scan",
     "sigmoid",
     "sin",
     "sqrt",
     "sum",
     "tanh",
     "tensor_of",
+    "update",
     "var",
     "where",
 ]

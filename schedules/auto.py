@@ -41,11 +41,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import islpy as isl
+
+from loopir import poly
 from loopir.affine import same_value, simplify
 from loopir.dtypes import vector_lanes
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.nodes import Allocate, Const, Expr, For, If, Load, Seq, Store, Var
+from loopir.subst import stages_of
 from loopir.te import Tensor
+from loopir.te_scan import is_recurrence, statement_names
 from loopir.visit import substitute, walk
 from loopir.affine import linear_form
 
@@ -59,7 +64,7 @@ from .recipes import gemm_params, matmul_stage, schedule_gemm, schedule_gemm_cud
 from .recipes.gemm_mma import mma_applicable, schedule_gemm_mma
 from .schedule import Schedule
 
-__all__ = ["auto_schedule"]
+__all__ = ["auto_schedule", "map_statements"]
 
 PER_THREAD = 2  # 16-byte chunks per thread in vectorized flat kernels (benchmarks/gpu_suite.py --sweep)
 
@@ -99,6 +104,9 @@ def auto_schedule(
         raise ArgumentError(f"auto_schedule: threads must be a multiple of 32 in [32, 1024], got {threads!r}")
     if isinstance(per_thread, bool) or not isinstance(per_thread, int) or not 1 <= per_thread <= 16:
         raise ArgumentError(f"auto_schedule: per_thread must be an int in [1, 16], got {per_thread!r}")
+    recurrences = [t for t in stages_of(outs) if is_recurrence(t)]
+    if recurrences and plan is None:
+        fuse = False  # a scan / update stage is several nests: each stage its own kernel (no inlining into one)
     if online and fuse and plan is None:  # softmax(.) V chains: the online-softmax rewrite (schedules/attention.py)
         s_online = schedule_attention(outs, target, check=check)
         if s_online is not None:
@@ -114,7 +122,12 @@ def auto_schedule(
         if g.mapping not in ("gemm", "split"):
             _fuse_group(s, g)
     for g in plan.groups:
-        if g.mapping == "gemm":
+        if any(is_recurrence(t) for t in g.stages):
+            for t in g.stages:
+                _map_recurrence(s, t, target, threads)
+            g.mapping = "serial"  # what the plan printed (flat, cpu) is not what ran: the note below says what did
+            g.log.append(Decision("note", tuple(g.stage_names), None, _RECURRENCE_NOTE[target == "cuda"]))
+        elif g.mapping == "gemm":
             _map_gemm(s, g, target)
         elif target == "cuda" and g.mapping == "split":
             _map_split_rows(s, g, threads, per_thread)
@@ -440,6 +453,104 @@ def _is_reduction_loop(f: For) -> bool:
         if used & inner:
             return False
     return True
+
+
+# ----------------------------------------------------------------------------- recurrences (te.scan, te.update)
+
+_RECURRENCE_NOTE = {
+    False: "recurrence: per definition, the loops that carry no dependence of its own moved outside and the "
+           "outermost parallel; the others serial inside, in order",
+    True: "recurrence: per definition, the loops that carry no dependence of its own moved outside and bound "
+          "(threadIdx.x, blockIdx); the others serial inside each thread; a definition with none runs on one "
+          "thread",
+}
+
+
+def _map_recurrence(s: Schedule, t: Tensor, target: str, threads: int) -> None:
+    map_statements(s, statement_names(t.name, len(t.op.body.defs)), target, threads)
+
+
+def map_statements(s: Schedule, stmts: list[str], target: str = "cuda", threads: int = THREADS) -> Schedule:
+    """Map the nest of each statement in `stmts` (freshly lowered: one loop per iteration dimension) with
+    checked primitives: its dependence-free loops moved outside (`reorder`), the loops that carry a
+    dependence (a scan axis, a scatter's domain) serial inside them. cpu: the outermost free loop of extent
+    > 1 `parallel` (the innermost split into vectorized blocks inside the carrying loops when it is free:
+    `_map_recurrence_cpu`). cuda: the innermost free loop `split` by `threads` onto threadIdx.x, the rest
+    onto blockIdx; a nest with no free loop runs on one thread (`split(loop, 1)`, the unit loop moved out
+    and bound to blockIdx.x). auto_schedule maps te.scan / te.update stages so; a hand-written recurrence
+    (the builder's prefix sum) the same way: `map_statements(Schedule(program), ["S"], "cuda")`."""
+    for stmt in stmts:
+        loops = list(s.loops(stmt))
+        if not loops:
+            continue
+        free = _dependence_free(s, stmt, len(loops))
+        par = [h for h, ok in zip(loops, free) if ok]
+        ser = [h for h, ok in zip(loops, free) if not ok]
+        if par and ser and loops != par + ser:
+            s.reorder(*par, *ser)
+        if target != "cuda":
+            _map_recurrence_cpu(s, loops, par, ser)
+            continue
+        if not par:
+            outer, unit = s.split(loops[0], 1)
+            s.reorder(unit, outer)
+            s.bind(unit, "blockIdx.x")
+            continue
+        bo, bi = s.split(par[-1], threads)
+        s.bind(bi, "threadIdx.x")
+        _bind_blocks(s, par[:-1] + [bo])
+    return s
+
+
+CPU_SCAN_BLOCK = 64  # columns per block of a recurrence on cpu: serial loop inside, the block vectorized
+
+
+def _map_recurrence_cpu(s: Schedule, loops: list[Any], par: list[Any], ser: list[Any]) -> None:
+    """cpu: with a carrying loop and the innermost (contiguous) loop free, the innermost is `split` into
+    blocks, the block loop outside and `parallel`, the carrying loops inside it, the block's columns innermost
+    and `vectorize`d (each step of the recurrence reads and writes whole rows of the block); otherwise the
+    outermost free loop of extent > 1 `parallel`."""
+    if ser and par and par[-1].var is loops[-1].var:
+        bo, bi = s.split(par[-1], CPU_SCAN_BLOCK)
+        s.reorder(*par[:-1], bo, *ser, bi)
+        s.vectorize(bi)
+        par = par[:-1] + [bo]
+    wide = [h for h in par if not _at_most_one(simplify(_find(s, h.var).hi - _find(s, h.var).lo))]
+    if wide:
+        s.parallel(wide[0])
+
+
+def _at_most_one(e: Expr) -> bool:
+    """An extent of at most 1: the constant, or a min with such an operand (a scan's init rows, min(1, m))."""
+    if isinstance(e, Const):
+        return e.value <= 1
+    return getattr(e, "op", None) == "min" and (_at_most_one(e.a) or _at_most_one(e.b))
+
+
+def _dependence_free(s: Schedule, stmt: str, depth: int) -> list[bool]:
+    """Per loop of the freshly lowered nest of `stmt` (its iteration dimensions): no dependence between two of
+    its instances crosses two values of it (the delta of every dependence is 0 there). May-dependences
+    (a scatter's accesses) count: they relate every pair, so their loops are never free."""
+    name = poly._sanitize(stmt)
+    maps = s.deps.all.get_map_list()
+    deltas = None
+    for k in range(maps.n_map()):
+        m = maps.get_at(k)
+        if m.get_tuple_name(isl.dim_type.in_) == name and m.get_tuple_name(isl.dim_type.out) == name:
+            d = m.deltas()
+            deltas = d if deltas is None else deltas.union(d)
+    if deltas is None:
+        return [True] * depth
+    n = deltas.dim(isl.dim_type.set)
+    out = []
+    for k in range(depth):
+        if k >= n:
+            out.append(False)
+            continue
+        dk = deltas.project_out(isl.dim_type.set, k + 1, n - k - 1).project_out(isl.dim_type.set, 0, k)
+        zero = isl.BasicSet.universe(dk.get_space()).fix_val(isl.dim_type.set, 0, isl.Val.int_from_si(dk.get_ctx(), 0))
+        out.append(dk.subtract(zero).is_empty())
+    return out
 
 
 # ----------------------------------------------------------------------------- CPU

@@ -228,11 +228,29 @@ def _producer_nest(program: Program, buf: Buffer, ws: list[StmtContext]) -> Stmt
     raise ArgumentError(f"compute_at: the statements writing {buf.name!r} are not in one nest of their own")
 
 
+def _producer_nests(program: Program, buf: Buffer, ws: list[StmtContext]) -> list[Stmt]:
+    """The subtrees that hold exactly the producer statements: one nest, or one per definition of a
+    recurrence (te.scan / te.update: `S_init` and `S` in nests of their own), each holding writers only."""
+    try:
+        return [_producer_nest(program, buf, ws)]
+    except ArgumentError as one:
+        roots: list[Stmt] = []
+        for w in ws:
+            root = w.loops[0] if w.loops else w.store
+            if all(r is not root for r in roots):
+                roots.append(root)
+        names = {w.store.name for w in ws}
+        if len(roots) < 2 or any({c.store.name for c in statements(r)} - names for r in roots):
+            raise one
+        return roots
+
+
 def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None) -> tuple[Program, AtPlan]:
     """Compute the producer of a buffer inside `loop`, over the region the loop's readers need.
 
     Precondition: the buffer is a temp written only by the statements of one nest of their
-    own (a stage, or `C_init` + `C` of a reduction), each writing B[v0, v1, ...] with plain
+    own (a stage, or `C_init` + `C` of a reduction) or of consecutive nests of their own (the
+    definitions of a te.scan / te.update, moved in their order), each writing B[v0, v1, ...] with plain
     loop variables of that nest as indices; every statement that reads the buffer is inside
     `loop`, and `loop` is not in the producer's nest. `footprint(program, stmt, buf, loop)`
     gives the per-dimension half-open (lo, hi) region a reader needs in one iteration of
@@ -263,9 +281,9 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
         raise NotFoundError(f"compute_at: loop {loop.name!r} is not in program {program.name!r}")
     target, _ = found
     names = {w.store.name for w in ws}
-    nest = _producer_nest(program, buf, ws)
+    nests = _producer_nests(program, buf, ws)
     in_target = {c.store.name for c in statements(target)}
-    if names & in_target or (isinstance(nest, For) and find_loop_path(nest, loop) is not None):
+    if names & in_target or any(isinstance(n, For) and find_loop_path(n, loop) is not None for n in nests):
         raise ArgumentError(
             f"compute_at: loop {loop.name!r} is in the nest that computes {buf.name!r}; pick a loop of a consumer"
         )
@@ -282,7 +300,7 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
         raise ArgumentError(f"compute_at: {buf.name!r} is read in a loop bound or a guard")
 
     # loop variable of the producer's nest -> buffer dimension it indexes
-    nest_loops = {f.var for f in walk(nest) if isinstance(f, For)}
+    nest_loops = {f.var for nest in nests for f in walk(nest) if isinstance(f, For)}
     dim_of: dict[Var, int] = {}
     for w in ws:
         st = w.store
@@ -355,15 +373,16 @@ def compute_at(program: Program, producer: Any, loop: Var, footprint: Any = None
             return replace(s, body=rebuild(s.body, env))
         return s
 
-    moved = rebuild(nest, {})
-    new_target = replace(target, body=seq(moved, target.body))
+    moved = [rebuild(nest, {}) for nest in nests]  # the definitions of a recurrence in their order
+    new_target = replace(target, body=seq(*moved, target.body))
     _, tpath = find_loop_path(program.body, loop)
     body = replace_at(tpath, new_target)
-    npath = _find_node(body, nest)
-    assert npath is not None
-    body = replace_at(npath, None)
-    if body is None:
-        body = Seq(())
+    for nest in nests:
+        npath = _find_node(body, nest)
+        assert npath is not None
+        body = replace_at(npath, None)
+        if body is None:
+            body = Seq(())
     plan = AtPlan(tuple(w.store.name for w in ws), tuple(r.store.name for r in rs), tuple(new_loops))
     return replace(program, body=body), plan
 
@@ -432,22 +451,47 @@ def check_at(ctx: Any) -> Any:
     """Legality of compute_at: every dependence except those the construction satisfies.
 
     Formal condition: with R the producer's statements and new the (non-injective) schedule of
-    the rebuilt program, no dependence d = (s -> t) with not (s, t in R) and not (s in R, t not
-    in R, d a flow) is run backwards (flow: first run of s before every run of t; anti: last
+    the rebuilt program, no dependence d = (s -> t) with not (s, t in R writing one element) and
+    not (s in R, t not in R, d a flow) is run backwards (flow: first run of s before every run of t; anti: last
     run of s before the first of t; output: last runs ordered)."""
     producer, loop = ctx.args[0], ctx.args[1]
     unrebased, plan = compute_at(ctx.old, producer, loop)
     group = {poly._sanitize(n) for n in plan.producers}
     deps = ctx.deps
-    both = lambda a, b: a in group and b in group  # noqa: E731 - satisfied: the nest is rebuilt in its own order
+    both = lambda a, b: a in group and b in group  # noqa: E731
     feeds = lambda a, b: a in group and b not in group  # noqa: E731 - satisfied: the footprint covers the reads
+    # between producer instances, only those writing one element are satisfied by construction (each iteration
+    # that needs the element runs all its writers, in their order); a recurrence's instances that read another
+    # element (a scan's S[t - 1]) are checked like any dependence: that element's writers may run in an
+    # earlier iteration of the loop, or (refused) a later one
+    same = _same_element(ctx.old, producer_buffer(ctx.old, producer))
+
+    def keep(um: Any, others: Any) -> Any:
+        return _split_by_names(um, others).union(_split_by_names(um, both).subtract(same))
+
     filtered = replace(
         deps,
-        flow=_split_by_names(deps.flow, lambda a, b: not both(a, b) and not feeds(a, b)),
-        anti=_split_by_names(deps.anti, lambda a, b: not both(a, b)),
-        output=_split_by_names(deps.output, lambda a, b: not both(a, b)),
+        flow=keep(deps.flow, lambda a, b: not both(a, b) and not feeds(a, b)),
+        anti=keep(deps.anti, lambda a, b: not both(a, b)),
+        output=keep(deps.output, lambda a, b: not both(a, b)),
     )
     return poly.find_violation(filtered, unrebased)
+
+
+def _same_element(program: Program, buf: Buffer) -> Any:
+    """S[x] -> T[y] for the writers S, T of `buf` (each indexing it with plain loop variables, compute_at's
+    precondition) when S[x] and T[y] write one element."""
+    ws = [w.store for w in writers(program, buf)]
+    parts = []
+    for a in ws:
+        for b in ws:
+            da, db = _index_iters(a, "compute_at"), _index_iters(b, "compute_at")
+            xs = [f"x{k}" for k in range(len(a.iters))]
+            ys = [f"y{k}" for k in range(len(b.iters))]
+            eq = " and ".join(f"{xs[i]} = {ys[j]}" for i, j in zip(da, db)) or "true"
+            parts.append(f"{poly._sanitize(a.name)}[{', '.join(xs)}] -> {poly._sanitize(b.name)}[{', '.join(ys)}] "
+                         f": {eq}")
+    return isl.UnionMap("{ " + "; ".join(parts) + " }")
 
 
 def check_inline(ctx: Any) -> Any:
@@ -479,6 +523,10 @@ def _inline_hint(ctx: Any, w: Any) -> str | None:
 
 def _at_hint(ctx: Any, w: Any) -> str | None:
     group = {c.store.name for c in writers(ctx.old, producer_buffer(ctx.old, ctx.args[0]))}
+    if w.source[0] in group and w.sink[0] in group:
+        return (f"{w.sink[0]} reads an element of {w.buffer} that {w.source[0]} computes in a later iteration of "
+                f"loop {ctx.args[1].name!r} (a recurrence computed piecewise); compute it at a loop whose "
+                "iterations follow its order, or keep it where it is")
     other = w.sink[0] if w.source[0] in group else w.source[0]
     return (f"computing {ctx.args[0]} inside loop {ctx.args[1].name!r} reorders it with {other}; "
             "compute it at another loop, or keep it where it is")
