@@ -30,7 +30,8 @@ import numpy as np
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, ResourceLimitError
 from loopir.nodes import Allocate, Buffer, Const, For, Node, Program, Var
 from loopir.subst import stages_of, substitute_program_sizes, substitute_sizes
-from loopir.te import ComputeOp, tensor_of
+from loopir.lower import size_arguments
+from loopir.te import ComputeOp, scalar_tensor, tensor_of
 from loopir.visit import buffers_of, deep_recursion, free_vars, walk, walk_stmts
 from schedules.auto import auto_schedule
 
@@ -204,8 +205,36 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", size
     if not isinstance(specialize, bool):
         raise ArgumentTypeError(f"build: specialize must be True or False, got {type(specialize).__name__} "
                                 f"{specialize!r}")
-    with deep_recursion():  # the visitors recurse: deep expressions and long stage chains need room
-        return _build(obj, args, target, sizes, specialize, **opts)
+    args, size_args = _scalar_args(args)
+    if size_args and _tensors(obj) is not None:
+        specialize = False  # a variant is lowered at call time, without these sizes known as arguments
+    with deep_recursion(), size_arguments(v for _, v in size_args):  # the visitors recurse: deep expressions
+        # and long stage chains need room
+        mod = _build(obj, args, target, sizes, specialize, **opts)
+    if not size_args:
+        return mod
+    for k, v in size_args:
+        if v not in mod.program.params:
+            raise NotFoundError(f"build: args[{k}] is the size variable {v.name!r}, which program "
+                                f"{mod.program.name!r} does not use")
+    return mod.with_size_args(size_args)
+
+
+def _scalar_args(args: Any) -> tuple[Any, tuple[tuple[int, Var], ...]]:
+    """`args` with each scalar argument (`te.var(name, "float32")`, a 0-d read) as its tensor and the size
+    variables taken out, with their positions (sizes passed in the call's argument order)."""
+    if args is None or isinstance(args, Buffer) or _is_tensor(args) or not isinstance(args, (list, tuple)):
+        return args, ()
+    out, sizes = [], []
+    for k, a in enumerate(args):
+        if isinstance(a, Var):
+            if any(v is a for _, v in sizes):
+                raise ArgumentError(f"build: size variable {a.name!r} is listed twice in args")
+            sizes.append((k, a))
+            continue
+        t = scalar_tensor(a)
+        out.append(a if t is None else t)
+    return out, tuple(sizes)
 
 
 def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, int] | None, specialize: bool,

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 
 from loopir import nodes as N
-from loopir.dtypes import is_int
+from loopir.dtypes import INT_RANGE, is_int
 from loopir.gpu import REDUCE_OPS, reduction_parts, reduction_stores
 from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
@@ -53,6 +53,8 @@ def _identity(op: str, dtype: str) -> str:
         return "(-2147483647 - 1)" if neg else "2147483647"
     if dtype == "int64":
         return "(-9223372036854775807LL - 1)" if neg else "9223372036854775807LL"
+    if dtype in INT_RANGE:  # the small integers (computed in int)
+        return str(INT_RANGE[dtype][0 if neg else 1])
     inf = "LOOPIR_INF_F" if _CTYPE[dtype] == "float" else "LOOPIR_INF_D"
     return f"(-{inf})" if neg else inf
 

@@ -394,9 +394,19 @@ class CudaModule(Module):
         return check(cu.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc")
 
     # -- one call
-    def _bind(self, arrays: tuple[Any, ...], args: list[_Arg] | None = None) -> tuple[list[_Arg], dict[Var, int]]:
+    def with_size_args(self, size_args: tuple[tuple[int, Var], ...]) -> CudaModule:
+        mod = super().with_size_args(size_args)
+        assert isinstance(mod, CudaModule)
+        # device memory and loaded functions of its own: each copy frees what it holds (__del__)
+        mod._loaded, mod._host_bufs, mod._temps, mod._smem_set, mod._smem_limits = {}, {}, {}, {}, {}
+        mod._load_lock = threading.Lock()
+        return mod
+
+    def _bind(self, arrays: tuple[Any, ...], args: list[_Arg] | None = None,
+              known: dict[Var, int] | None = None) -> tuple[list[_Arg], dict[Var, int]]:
         """Every check of the arguments (no device work): their descriptions and the sizes. `args`: the
-        arguments already classified (by the generic module that dispatched to this variant)."""
+        arguments already classified (by the generic module that dispatched to this variant); `known`: sizes
+        passed as arguments."""
         prog = self.program
         if len(arrays) != len(prog.args):
             names = ", ".join(b.name for b in prog.args)
@@ -404,7 +414,7 @@ class CudaModule(Module):
                 f"program {prog.name!r} takes {len(prog.args)} argument(s) ({names}), got {len(arrays)}")
         if args is None or [a.name for a in args] != [b.name for b in prog.args]:
             args = [classify(a, b.name) for a, b in zip(arrays, prog.args)]
-        sizes = bind_shapes(prog, [(a.shape, a.dtype) for a in args])
+        sizes = bind_shapes(prog, [(a.shape, a.dtype) for a in args], known)
         for pre in self.preconditions:
             pre.check(sizes)
         for a, b in zip(args, prog.args):
@@ -415,9 +425,9 @@ class CudaModule(Module):
                     raise ArgumentError(f"argument {a.name!r} is written by program {prog.name!r} but is read-only")
         return args, sizes
 
-    def check(self, arrays: tuple[Any, ...]) -> dict[Var, int]:
+    def check(self, arrays: tuple[Any, ...], known: dict[Var, int] | None = None) -> dict[Var, int]:
         """The size variables, after every check of the arguments (host or device arrays)."""
-        return self._bind(arrays)[1]
+        return self._bind(arrays, None, known)[1]
 
     def prepare(self, arrays: tuple[Any, ...], bound: tuple[list[_Arg], dict[Var, int]] | None = None) -> _Prepared:
         """Check the arguments, pick the variant for their sizes (codegen.specialize), upload host arrays;
@@ -557,8 +567,17 @@ class CudaModule(Module):
         if any(a.host is not None for a in p.args):
             check(cu.cuStreamSynchronize(p.stream), "cuStreamSynchronize")
 
-    def __call__(self, *arrays: Any) -> None:
+    def __call__(self, *args: Any) -> None:
+        if self.size_args or self._scalars:
+            arrays, known = self.split_call(args)
+        else:
+            arrays, known = args, None
+        self._call(arrays, known)
+
+    def _call(self, arrays: tuple[Any, ...], known: dict[Var, int] | None) -> None:
         q = _signature(arrays) if self.fast_path else None
+        if q is not None and known:
+            q = ((*q[0], tuple(known.items())), q[1], q[2])
         if q is not None:
             plan = self._plans.get((threading.get_ident(), q[0]))
             if plan is not None:  # same signature as a checked call: same decisions, only the pointers differ
@@ -566,7 +585,7 @@ class CudaModule(Module):
                     self._last_call = plan.last_call
                 self._run_plan(plan, arrays, q[1], q[2])
                 return
-        p = self._call_full(arrays, q is not None)
+        p = self._call_full(arrays, q is not None, None, known)
         if q is not None and p is not None:
             plan = _make_plan(p, self._last_call if self.specializer is not None else None)
             if plan is not None:
@@ -577,15 +596,16 @@ class CudaModule(Module):
                         pass
                 self._plans[(threading.get_ident(), q[0])] = plan
 
-    def _call_full(self, arrays: tuple[Any, ...], record: bool, args: list[_Arg] | None = None) -> _Prepared | None:
+    def _call_full(self, arrays: tuple[Any, ...], record: bool, args: list[_Arg] | None = None,
+                   known: dict[Var, int] | None = None) -> _Prepared | None:
         """Every check, then the run; returns the run's _Prepared (with its launches when `record`)."""
-        bound = self._bind(arrays, args)
+        bound = self._bind(arrays, args, known)
         mod = self._select(bound[1])
         if mod is not self:  # a variant specialized for this call's key (codegen.specialize)
             if not isinstance(mod, CudaModule):
-                mod(*arrays)
+                mod._call(arrays, known)
                 return None
-            return mod._call_full(arrays, record, bound[0])  # the variant checks its own program's shapes
+            return mod._call_full(arrays, record, bound[0], known)  # the variant checks its own program's shapes
         p = self.prepare(arrays, bound)
         if record:
             p.record = []
@@ -626,10 +646,13 @@ class CudaModule(Module):
         a specializing module times the variant the call dispatches to.
 
         numpy arguments are uploaded once, before timing, and the results copied back after."""
-        bound = self._bind(arrays)
+        return self._benchmark(*self.split_call(arrays), warmup, repeat)
+
+    def _benchmark(self, arrays: tuple[Any, ...], known: dict[Var, int] | None, warmup: int, repeat: int) -> float:
+        bound = self._bind(arrays, None, known)
         mod = self._select(bound[1])
         if mod is not self:
-            return mod.benchmark(*arrays, warmup=warmup, repeat=repeat)  # type: ignore[attr-defined]
+            return mod._benchmark(arrays, known, warmup, repeat)  # type: ignore[attr-defined]
         cu = _driver()
         p = self.prepare(arrays, bound)
         for _ in range(warmup):
