@@ -171,7 +171,7 @@ class Module:
 
     def check(self, arrays: tuple[Any, ...], known: dict[Var, int] | None = None) -> dict[Var, int]:
         """The size variables, after every check of the arguments (`known`: sizes passed as arguments)."""
-        sizes = bind_args(self.program, arrays, known)
+        sizes = bind_args(self.program, arrays, known_sizes(self.program, known))
         for pre in self.preconditions:
             pre.check(sizes)
         for buf, a in zip(self.program.args, arrays):
@@ -241,6 +241,15 @@ class Module:
         return f"<{type(self).__name__} {self.program.name}({args}) target={self.target} kernels={self.kernels}>"
 
 
+def known_sizes(program: Program, known: dict[Var, int] | None) -> dict[Var, int] | None:
+    """Sizes passed as arguments, as `program`'s own size variables: a specialized variant's program is a
+    substituted copy (its variables are its own, matched by name; one it pinned to a constant is dropped)."""
+    if not known:
+        return known
+    own = {v.name: v for v in program.params}
+    return {own[v.name]: x for v, x in known.items() if v.name in own}
+
+
 def _scalar_array(buf: Buffer, value: Any) -> np.ndarray:
     """A number passed for the scalar argument `buf` (a 0-d buffer), as the 0-d array the program reads."""
     dt = buf.dtype
@@ -248,7 +257,9 @@ def _scalar_array(buf: Buffer, value: Any) -> np.ndarray:
         raise ArgumentTypeError(f"scalar argument {buf.name!r} ({dt}) must be a number, got "
                                 f"{type(value).__name__} {value!r}")
     if is_float(dt):
-        return to_bfloat16(np.float64(value)).reshape(()) if dt == "bfloat16" else np.array(value, np_dtype(dt))
+        if dt == "bfloat16":
+            return np.array(to_bfloat16(np.float64(value)), np.uint16)  # its bits, rounded once
+        return np.array(value, np_dtype(dt))
     if isinstance(value, (float, np.floating)):
         raise ArgumentTypeError(f"scalar argument {buf.name!r} is {dt}, got the float {value!r}; pass an int")
     lo, hi = INT_RANGE[dt]

@@ -116,6 +116,9 @@ class _ExprEmitter:
             a, b = self.expr(e.a), self.expr(e.b)
             if e.op in ("add", "sub", "mul", "div"):
                 return _wrap(e.dtype, f"({a} {dict(add='+', sub='-', mul='*', div='/')[e.op]} {b})")
+            if e.dtype in _SMALL and e.op in ("floordiv", "mod") and not (_is_const(e.b) and e.b.value > 0):  # type: ignore[attr-defined]
+                # x // 0 == x % 0 == 0, as numpy and the CPU target give
+                return _wrap(e.dtype, f"loopir_{e.op}0({a}, {b})")
             return _wrap(e.dtype, f"loopir_{e.op}({a}, {b})") if e.op == "floordiv" else f"loopir_{e.op}({a}, {b})"
         if isinstance(e, N.Unary):
             return _wrap(e.dtype, f"(-{self.expr(e.a)})")

@@ -39,7 +39,7 @@ from loopir.dtypes import INT_RANGE, is_int
 from loopir.gpu import REDUCE_OPS, reduction_parts, reduction_stores
 from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
-from .expr import _CTYPE, _FROM_FLOAT, _TO_FLOAT, CudaCodegenError
+from .expr import _CTYPE, _FROM_FLOAT, _TO_FLOAT, CudaCodegenError, _wrap
 
 
 
@@ -174,7 +174,8 @@ class _ReductionEmitter:
                 self.line(f"{acc} = loopir_block_allreduce({acc}, loopir_op_{op}(), "
                           f"({ct}){_identity(op, st.buffer.dtype)}, {smem});  // {st.name}: across threads")
             total = self.names.fresh(f"{st.name}_total")
-            self.line(f"const {ct} {total} = {self.red_combine(op, cur, acc)};")
+            # a small integer's total is narrowed (wraps): later statements may read it from this register
+            self.line(f"const {ct} {total} = {_wrap(st.buffer.dtype, self.red_combine(op, cur, acc))};")
             val = f"{_FROM_FLOAT[st.buffer.dtype]}({total})" if st.buffer.dtype in _FROM_FLOAT else total
             self.line(f"if ({'' if self.pred is None else self.pred + ' && '}threadIdx.x == 0) {ref} = {val};")
             self._invalidate(st.buffer)

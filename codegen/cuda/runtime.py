@@ -20,6 +20,7 @@ import ctypes
 import statistics
 import sys
 import threading
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -34,7 +35,7 @@ from loopir.errors import (ArgumentError, ArgumentTypeError, CudaCodegenError, N
 from loopir.nodes import Buffer, Var
 
 from .kernel import CudaSource, HostIf, HostLoop, HostStep, Kernel, Launch
-from ..module import Module
+from ..module import Module, known_sizes
 from .nvrtc import compile_cubin
 
 
@@ -166,6 +167,7 @@ class _Arg:
     ptr: int = 0
     device: int | None = None
     stream: int | None = None
+    bf16: bool = False  # bfloat16 data taken as its uint16 bits: only a bfloat16 buffer takes it, not a uint16 one
 
 
 def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
@@ -217,7 +219,8 @@ def classify(obj: Any, name: str) -> _Arg:
             if bf16:
                 import torch
 
-                return classify(obj.detach().view(torch.int16).numpy().view(np.uint16), name)
+                return dataclasses.replace(classify(obj.detach().view(torch.int16).numpy().view(np.uint16), name),
+                                           bf16=True)
             return classify(obj.detach().numpy(), name)
         if not obj.is_contiguous():
             raise ArgumentError(f"argument {name!r} is a non-contiguous device array (strides {tuple(obj.stride())}); "
@@ -226,11 +229,13 @@ def classify(obj: Any, name: str) -> _Arg:
 
         dt = np.dtype(np.uint16) if bf16 else np.dtype(str(obj.dtype).removeprefix("torch."))
         stream = torch.cuda.current_stream(obj.device).cuda_stream
-        return _Arg(name, tuple(obj.shape), dt, ptr=obj.data_ptr(), device=obj.device.index, stream=stream)
+        return _Arg(name, tuple(obj.shape), dt, ptr=obj.data_ptr(), device=obj.device.index, stream=stream,
+                    bf16=bf16)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         shape = tuple(int(d) for d in cai["shape"])
-        dt = _bits_if_bfloat16(np.dtype(cai["typestr"]))
+        raw = np.dtype(cai["typestr"])
+        dt = _bits_if_bfloat16(raw)
         if not _contiguous(shape, cai.get("strides"), dt.itemsize):
             raise ArgumentError(f"argument {name!r} is a non-contiguous device array (strides {cai.get('strides')}); "
                                 "pass a C-contiguous array")
@@ -242,7 +247,7 @@ def classify(obj: Any, name: str) -> _Arg:
             stream = int(cupy.cuda.get_current_stream().ptr)
         elif isinstance(cai.get("stream"), int):
             stream = 0 if cai["stream"] == 1 else int(cai["stream"])
-        return _Arg(name, shape, dt, ptr=ptr, device=_pointer_device(ptr), stream=stream)
+        return _Arg(name, shape, dt, ptr=ptr, device=_pointer_device(ptr), stream=stream, bf16=dt != raw)
     if hasattr(obj, "__dlpack_device__"):
         dev_type, dev_id = obj.__dlpack_device__()
         if int(dev_type) == 1:  # kDLCPU
@@ -253,12 +258,13 @@ def classify(obj: Any, name: str) -> _Arg:
 
         view = StridedMemoryView.from_any_interface(obj, stream_ptr=-1)
         shape = tuple(view.shape)
-        dt = _bits_if_bfloat16(np.dtype(view.dtype))
+        raw = np.dtype(view.dtype)
+        dt = _bits_if_bfloat16(raw)
         strides = None if view.strides is None else tuple(s * dt.itemsize for s in view.strides)
         if not _contiguous(shape, strides, dt.itemsize):
             raise ArgumentError(f"argument {name!r} is a non-contiguous device array (strides {view.strides}); "
                                 "pass a C-contiguous array")
-        return _Arg(name, shape, dt, ptr=int(view.ptr), device=int(dev_id))
+        return _Arg(name, shape, dt, ptr=int(view.ptr), device=int(dev_id), bf16=dt != raw)
     raise ArgumentTypeError(f"argument {name!r} must be a numpy array or a CUDA device array "
                             f"(__cuda_array_interface__ / DLPack), got {type(obj).__name__}")
 
@@ -414,7 +420,11 @@ class CudaModule(Module):
                 f"program {prog.name!r} takes {len(prog.args)} argument(s) ({names}), got {len(arrays)}")
         if args is None or [a.name for a in args] != [b.name for b in prog.args]:
             args = [classify(a, b.name) for a, b in zip(arrays, prog.args)]
-        sizes = bind_shapes(prog, [(a.shape, a.dtype) for a in args], known)
+        for a, b in zip(args, prog.args):
+            if a.bf16 and b.dtype != "bfloat16":  # the bits of bfloat16 data are no uint16 numbers
+                raise ArgumentTypeError(f"argument {a.name!r} holds bfloat16 data, but program {prog.name!r} "
+                                        f"expects {b.dtype}")
+        sizes = bind_shapes(prog, [(a.shape, a.dtype) for a in args], known_sizes(prog, known))
         for pre in self.preconditions:
             pre.check(sizes)
         for a, b in zip(args, prog.args):
