@@ -115,8 +115,8 @@ def itemsize(dtype: str) -> int:
 
 def vector_lanes(dtype: str) -> int:
     """Elements of `dtype` in one 16-byte (128-bit) access where a target has one for it (float32: 4,
-    float16 / bfloat16: 8), else 0."""
-    return 16 // itemsize(dtype) if dtype in ("float32", "float16", "bfloat16") else 0
+    float16 / bfloat16 / int16 / uint16: 8, int8 / uint8: 16), else 0."""
+    return 16 // itemsize(dtype) if dtype in ("float32", "float16", "bfloat16") or dtype in SMALL_INTS else 0
 
 
 def to_bfloat16(x: object) -> np.ndarray:

@@ -110,6 +110,8 @@ def test_brighten_uint8_image(target: str, how: str) -> None:
     out = te.compute((h, w, 3), lambda y, x, c: te.cast("uint8", te.minimum(img[y, x, c] * 1.5, 255)),
                      name="brighter")
     mod = build(out, [img, out], target=target)
+    if target == "cuda":  # flat, 16 lanes of bytes per 128-bit access (guarded: 16 does not divide 23 * 45 * 3)
+        assert "const uint4 img_v = LOOPIR_LD4(" in mod.source
     x = _ints(_rng(1), "uint8", (h, w, 3))
     got = _poison((h, w, 3), "uint8")
     _run(mod, how, x, got)
@@ -322,18 +324,31 @@ def test_cpu_vectorized_small_int_loops_at_odd_sizes(dt: str, factor: int) -> No
 
 
 @pytest.mark.parametrize("dt", SMALL)
-def test_cuda_vectorized_small_int_lane_loops_fall_back_to_scalar(dt: str) -> None:
+@pytest.mark.parametrize("lanes", ["128-bit", 4])
+def test_cuda_vectorized_small_int_lane_loops(dt: str, lanes) -> None:
+    """16 lanes of a byte type (8 of a 2-byte one) become 128-bit accesses of packed lanes; another lane count
+    is the scalar unrolled loop. Sizes the lanes do not divide run guarded (the scalar fallback)."""
     n = te.var("n")
     a, b = te.placeholder((n,), dt, name="a"), te.placeholder((n,), dt, name="b")
     c = te.compute((n,), lambda i: a[i] * b[i] - b[i], name="c")
     s = Schedule(c)
     (i,) = s.loops("c")
-    o, ii = s.split(i, 4)
+    width = 16 // np.dtype(dt).itemsize if lanes == "128-bit" else lanes
+    o, ii = s.split(i, width)
     bo, bi = s.split(o, 32)
     s.bind(bo, "blockIdx.x").bind(bi, "threadIdx.x")
     s.vectorize(ii)
     mod = build(s, [a, b, c], target="cuda")
     assert len(mod.cubin) > 0
+    body = mod.source[mod.source.index("__global__"):]
+    assert ("const uint4 a_v = LOOPIR_LD4(" in body) == (lanes == "128-bit")
+    if lanes == "128-bit":
+        size = np.dtype(dt).itemsize
+        ctype = {"int8": "signed char", "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short"}[dt]
+        top = 32 - 8 * size  # the last lane of a word: little-endian, lane k at bit 8 * size * k
+        assert f"((int)({ctype})(a_v.w >> {top}))" in body
+        mask = "0xFFu" if size == 1 else "0xFFFFu"
+        assert f"(((unsigned)(c_{width - 1}) & {mask}) << {top})" in body and "LOOPIR_ST4(" in body
     rng = _rng(4)
     for size in (1, 31, 257):
         x, y = _ints(rng, dt, size), _ints(rng, dt, size)
