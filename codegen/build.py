@@ -30,7 +30,7 @@ import numpy as np
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, ResourceLimitError
 from loopir.nodes import Allocate, Buffer, Const, For, Node, Program, Var
 from loopir.subst import stages_of, substitute_program_sizes, substitute_sizes
-from loopir.lower import size_arguments
+from loopir.lower import passed_sizes, size_arguments
 from loopir.te import ComputeOp, scalar_tensor, tensor_of
 from loopir.visit import buffers_of, deep_recursion, free_vars, walk, walk_stmts
 from schedules.auto import auto_schedule
@@ -206,8 +206,6 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", size
         raise ArgumentTypeError(f"build: specialize must be True or False, got {type(specialize).__name__} "
                                 f"{specialize!r}")
     args, size_args = _scalar_args(args)
-    if size_args and _tensors(obj) is not None:
-        specialize = False  # a variant is lowered at call time, without these sizes known as arguments
     with deep_recursion(), size_arguments(v for _, v in size_args):  # the visitors recurse: deep expressions
         # and long stage chains need room
         mod = _build(obj, args, target, sizes, specialize, **opts)
@@ -352,10 +350,11 @@ def _specialize_te(mod: Module, outs: list[Any], args: Sequence[Any] | None, tar
     rows = {v for t in stages_of(outs) for lh in getattr(t.op, "reduce_dom", ()) for x in lh for v in free_vars(x)}
     # the int32 test covers every stage a variant could keep in memory (its schedule may inline fewer)
     bufs = [*{id(t.buffer): t.buffer for t in stages_of(outs)}.values(), *mod.program.temps]
+    passed = passed_sizes()  # sizes the call passes as arguments: a variant is lowered later, outside build
 
     def make(key: Key) -> Module:
         sub, hint = substitution(key, svars)
-        with deep_recursion():  # called at a call, outside build's own deep_recursion
+        with deep_recursion(), size_arguments(passed):  # called at a call, outside build's own deep_recursion
             new = substitute_sizes(outs, sub) if sub else {}
             outs2 = [new.get(t, t) for t in outs]
             prog = with_args(_schedule(outs2, target, hint or None), _map_args(args, new) if new else args)

@@ -223,6 +223,11 @@ def size_arguments(sizes: Iterable[Var]) -> Iterator[None]:
         _SIZE_ARGS.reset(token)
 
 
+def passed_sizes() -> frozenset[Var]:
+    """The sizes `size_arguments` declares passed as arguments here (for a lowering that happens later)."""
+    return _SIZE_ARGS.get()
+
+
 def _check_params(params: tuple[Var, ...], args: tuple[Buffer, ...]) -> None:
     # every size variable must be recoverable from the argument shapes at call time, or passed as an argument
     known: set[Var] = set(_SIZE_ARGS.get())

@@ -243,13 +243,15 @@ def test_te_size_used_only_in_a_body_is_a_size_argument() -> None:
         lower(y)  # still refused where no call can give it
     for target in ("cpu", "cuda"):
         mod = build(y, [x, steps, y], target=target)
-        a = _rng(11).standard_normal(33).astype(np.float32)
-        out = np.full(33, np.nan, np.float32)
-        if target == "cpu":
-            mod(a, 4, out)
-        else:
-            interp.run(mod.program, a, out, sizes={"steps": 4}, gpu_order="reversed")
-        np.testing.assert_allclose(out, a * 4, rtol=1e-6)
+        # several sizes: call-time specialization lowers variants later, still knowing `steps` is passed
+        for size, k in ((33, 4), (4096, 3), (33, 9)):
+            a = _rng(size + k).standard_normal(size).astype(np.float32)
+            out = np.full(size, np.nan, np.float32)
+            if target == "cpu":
+                mod(a, k, out)
+            else:
+                interp.run(mod.program, a, out, sizes={"steps": k}, gpu_order="reversed")
+            np.testing.assert_allclose(out, a * k, rtol=1e-6)
 
 
 def test_cuda_jacobi_1d_host_time_loop() -> None:
