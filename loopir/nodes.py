@@ -585,10 +585,12 @@ def cast(dtype: str, a: ExprLike) -> Expr:
     if a.dtype == dtype:
         return a
     if isinstance(a, Const):
-        if is_int(dtype) and not isinstance(a.value, bool):
-            if isinstance(a.value, float) and not math.isfinite(a.value):
+        if is_int(dtype) and isinstance(a.value, int) and not isinstance(a.value, bool):
+            return const(wrap_int(a.value, dtype), dtype)  # integer casts wrap (numpy's astype), as at run time
+        if is_small_int(dtype) and isinstance(a.value, float):  # truncated to 64 bits, then wrapped
+            if not (math.isfinite(a.value) and -(2.0**63) <= a.value < 2.0**63):
                 return Cast(dtype, a)  # unspecified, as at run time: left to the target
-            return const(wrap_int(int(a.value), dtype), dtype)  # casts wrap (numpy's astype), as at run time
+            return const(wrap_int(int(a.value), dtype), dtype)
         return const(a.value, dtype)
     return Cast(dtype, a)
 
