@@ -51,6 +51,7 @@ from .visit import walk
 
 float16, float32, float64, int32, int64, bool_ = "float16", "float32", "float64", "int32", "int64", "bool"
 bfloat16 = "bfloat16"
+int8, uint8, int16, uint16 = "int8", "uint8", "int16", "uint16"
 
 SizeLike = int | Expr
 REDUCE_OPS = ("sum", "max", "min")
@@ -613,6 +614,8 @@ __all__ = [
     "float32",
     "float64",
     "identity",
+    "int8",
+    "int16",
     "int32",
     "int64",
     "lifted",
@@ -630,6 +633,8 @@ __all__ = [
     "sum",
     "tanh",
     "tensor_of",
+    "uint8",
+    "uint16",
     "var",
     "where",
 ]
