@@ -30,7 +30,8 @@ import numpy as np
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, ResourceLimitError
 from loopir.nodes import Allocate, Buffer, Const, For, Node, Program, Var
 from loopir.subst import stages_of, substitute_program_sizes, substitute_sizes
-from loopir.te import ComputeOp, tensor_of
+from loopir.lower import passed_sizes, size_arguments
+from loopir.te import ComputeOp, scalar_tensor, tensor_of
 from loopir.visit import buffers_of, deep_recursion, free_vars, walk, walk_stmts
 from schedules.auto import auto_schedule
 
@@ -205,8 +206,34 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", size
     if not isinstance(specialize, bool):
         raise ArgumentTypeError(f"build: specialize must be True or False, got {type(specialize).__name__} "
                                 f"{specialize!r}")
-    with deep_recursion():  # the visitors recurse: deep expressions and long stage chains need room
-        return _build(obj, args, target, sizes, specialize, **opts)
+    args, size_args = _scalar_args(args)
+    with deep_recursion(), size_arguments(v for _, v in size_args):  # the visitors recurse: deep expressions
+        # and long stage chains need room
+        mod = _build(obj, args, target, sizes, specialize, **opts)
+    if not size_args:
+        return mod
+    for k, v in size_args:
+        if v not in mod.program.params:
+            raise NotFoundError(f"build: args[{k}] is the size variable {v.name!r}, which program "
+                                f"{mod.program.name!r} does not use")
+    return mod.with_size_args(size_args)
+
+
+def _scalar_args(args: Any) -> tuple[Any, tuple[tuple[int, Var], ...]]:
+    """`args` with each scalar argument (`te.var(name, "float32")`, a 0-d read) as its tensor and the size
+    variables taken out, with their positions (sizes passed in the call's argument order)."""
+    if args is None or isinstance(args, Buffer) or _is_tensor(args) or not isinstance(args, (list, tuple)):
+        return args, ()
+    out, sizes = [], []
+    for k, a in enumerate(args):
+        if isinstance(a, Var):
+            if any(v is a for _, v in sizes):
+                raise ArgumentError(f"build: size variable {a.name!r} is listed twice in args")
+            sizes.append((k, a))
+            continue
+        t = scalar_tensor(a)
+        out.append(a if t is None else t)
+    return out, tuple(sizes)
 
 
 def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, int] | None, specialize: bool,
@@ -369,10 +396,11 @@ def _specialize_te(mod: Module, outs: list[Any], args: Sequence[Any] | None, tar
     rows = {v for t in stages_of(outs) for lh in getattr(t.op, "reduce_dom", ()) for x in lh for v in free_vars(x)}
     # the int32 test covers every stage a variant could keep in memory (its schedule may inline fewer)
     bufs = [*{id(t.buffer): t.buffer for t in stages_of(outs)}.values(), *mod.program.temps]
+    passed = passed_sizes()  # sizes the call passes as arguments: a variant is lowered later, outside build
 
     def make(key: Key) -> Module:
         sub, hint = substitution(key, svars)
-        with deep_recursion():  # called at a call, outside build's own deep_recursion
+        with deep_recursion(), size_arguments(passed):  # called at a call, outside build's own deep_recursion
             new = substitute_sizes(outs, sub) if sub else {}
             outs2 = [new.get(t, t) for t in outs]
             prog = with_args(_schedule(outs2, target, hint or None), _map_args(args, new) if new else args)

@@ -17,18 +17,26 @@ each launch's grid, block, shared bytes and arguments). A call with a remembered
 the pointers (and re-checks what depends on them: overlapping memory on the CPU, the stream on CUDA) and
 runs; any other call takes the full path, so it is refused or handled exactly as without the cache.
 `mod.fast_path = False` makes every call take the full path.
+
+Scalar arguments: a 0-d argument the program only reads (`te.var("alpha", "float32")`) takes a Python or
+numpy number in its place (`mod(a, 2.5, b)`), checked against its dtype (a float for an integer scalar, a
+bool, a value outside a small integer's range: a typed error naming it). A size variable listed in build's
+`args` (`build(outs, [a, tsteps, b])`, `size_args`) takes a non-negative int at its position; it is bound
+like a size inferred from a shape (and checked against the shapes that carry it), so call-time
+specialization and the fast path see it (the fast path keys on its value).
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from loopir.errors import ArgumentError, ResourceLimitError
-from loopir.dtypes import np_dtype
+from loopir.errors import ArgumentError, ArgumentTypeError, ResourceLimitError
+from loopir.dtypes import INT_RANGE, is_float, np_dtype, to_bfloat16
 from loopir.args import bind_args, size_of
 from loopir.nodes import Buffer, Program, Var
 from loopir.visit import buffers_of
@@ -70,6 +78,8 @@ class Module:
     (`_plannable`) implements `_plan_run(sizes)` and `_run_planned(arrays, ptrs, plan)`."""
 
     target = "none"
+    # (position in a call's arguments, size variable) of each size passed as a scalar argument (set by build)
+    size_args: tuple[tuple[int, Var], ...] = ()
     # remember the last few argument signatures and what their checks decided (the fast path); False: every
     # call takes the full checking path (same results, slower)
     fast_path = True
@@ -89,6 +99,54 @@ class Module:
         self.specializer: Any = None
         self._last_call: tuple[Any, dict[Var, int]] | None = None
         self._plans: dict[Any, Any] = {}  # signature -> plan (the fast path)
+        # positions of the scalar arguments: 0-d buffers the program only reads take a number in their place
+        self._scalars = tuple(k for k, b in enumerate(program.args) if not b.shape and b not in self.written)
+
+    def with_size_args(self, size_args: tuple[tuple[int, Var], ...]) -> Module:
+        """This module called with sizes among its arguments at these positions (a copy: the build cache may
+        hand this module to another build whose args differ)."""
+        mod = copy.copy(self)
+        mod.size_args = tuple(size_args)
+        mod._plans = {}
+        return mod
+
+    def split_call(self, args: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[Var, int] | None]:
+        """A call's arguments as (arrays in program.args order, sizes passed as arguments or None): size
+        arguments taken out, a number passed for a scalar argument made a 0-d array of its dtype."""
+        known = None
+        if self.size_args:
+            names = [b.name for b in self.program.args]
+            for k, v in self.size_args:
+                names.insert(k, v.name)
+            if len(args) != len(names):
+                raise ArgumentTypeError(f"program {self.program.name!r} takes {len(names)} argument(s) "
+                                        f"({', '.join(names)}), got {len(args)}")
+            known = {}
+            where = dict(self.size_args)
+            arrays = []
+            for k, a in enumerate(args):
+                v = where.get(k)
+                if v is None:
+                    arrays.append(a)
+                    continue
+                if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)):
+                    raise ArgumentTypeError(f"size argument {v.name!r} (argument {k}) must be an int, got "
+                                            f"{type(a).__name__} {a!r}")
+                if a < 0:
+                    raise ArgumentError(f"size argument {v.name!r} (argument {k}) is negative: {int(a)}")
+                known[v] = int(a)
+            args = tuple(arrays)
+        if self._scalars and len(args) == len(self.program.args):
+            fixed = None
+            for k in self._scalars:
+                a = args[k]
+                if isinstance(a, np.generic) or not hasattr(a, "shape"):  # a number (numpy scalars have a shape)
+                    if fixed is None:
+                        fixed = list(args)
+                    fixed[k] = _scalar_array(self.program.args[k], a)
+            if fixed is not None:
+                args = tuple(fixed)
+        return args, known
 
     def explain(self) -> str:
         """The build's notes, one per line, then which specialization the last call took and why
@@ -111,9 +169,9 @@ class Module:
         self._last_call = (key, dict(sizes))
         return mod
 
-    def check(self, arrays: tuple[Any, ...]) -> dict[Var, int]:
-        """The size variables, after every check of the arguments."""
-        sizes = bind_args(self.program, arrays)
+    def check(self, arrays: tuple[Any, ...], known: dict[Var, int] | None = None) -> dict[Var, int]:
+        """The size variables, after every check of the arguments (`known`: sizes passed as arguments)."""
+        sizes = bind_args(self.program, arrays, known_sizes(self.program, known))
         for pre in self.preconditions:
             pre.check(sizes)
         for buf, a in zip(self.program.args, arrays):
@@ -126,8 +184,17 @@ class Module:
         """The argument pairs `check` refuses to overlap in memory (none here)."""
         return ()
 
-    def __call__(self, *arrays: Any) -> None:
+    def __call__(self, *args: Any) -> None:
+        if self.size_args or self._scalars:
+            arrays, known = self.split_call(args)
+        else:
+            arrays, known = args, None
+        self._call(arrays, known)
+
+    def _call(self, arrays: tuple[Any, ...], known: dict[Var, int] | None) -> None:
         sig = _host_signature(arrays) if self.fast_path and self._plannable else None
+        if sig is not None and known:
+            sig = (*sig, tuple(known.items()))
         if sig is not None:
             plan = self._plans.get(sig)
             if plan is not None:
@@ -139,13 +206,13 @@ class Module:
                         self._last_call = plan.last_call
                     plan.module._run_planned(arrays, ptrs, plan)
                     return
-        sizes = self.check(arrays)
+        sizes = self.check(arrays, known)
         mod = self._select(sizes)
         if mod is not self:
             if mod.specializer is not None:
-                mod(*arrays)
+                mod._call(arrays, known)
                 return
-            sizes = mod.check(arrays)  # what mod(*arrays) does (the variant checks its own program), keeping
+            sizes = mod.check(arrays, known)  # what mod(*arrays) does (the variant checks its own program), keeping
             # the variant's sizes for the plan
         mod._run(arrays, sizes)
         if sig is not None and mod._plannable:
@@ -174,6 +241,33 @@ class Module:
         return f"<{type(self).__name__} {self.program.name}({args}) target={self.target} kernels={self.kernels}>"
 
 
+def known_sizes(program: Program, known: dict[Var, int] | None) -> dict[Var, int] | None:
+    """Sizes passed as arguments, as `program`'s own size variables: a specialized variant's program is a
+    substituted copy (its variables are its own, matched by name; one it pinned to a constant is dropped)."""
+    if not known:
+        return known
+    own = {v.name: v for v in program.params}
+    return {own[v.name]: x for v, x in known.items() if v.name in own}
+
+
+def _scalar_array(buf: Buffer, value: Any) -> np.ndarray:
+    """A number passed for the scalar argument `buf` (a 0-d buffer), as the 0-d array the program reads."""
+    dt = buf.dtype
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ArgumentTypeError(f"scalar argument {buf.name!r} ({dt}) must be a number, got "
+                                f"{type(value).__name__} {value!r}")
+    if is_float(dt):
+        if dt == "bfloat16":
+            return np.array(to_bfloat16(np.float64(value)), np.uint16)  # its bits, rounded once
+        return np.array(value, np_dtype(dt))
+    if isinstance(value, (float, np.floating)):
+        raise ArgumentTypeError(f"scalar argument {buf.name!r} is {dt}, got the float {value!r}; pass an int")
+    lo, hi = INT_RANGE[dt]
+    if not lo <= int(value) <= hi:
+        raise ArgumentError(f"scalar argument {buf.name!r} ({dt}) cannot hold {int(value)} (range [{lo}, {hi}])")
+    return np.array(int(value), np_dtype(dt))
+
+
 INT64_MAX = 2**63 - 1
 
 
@@ -197,8 +291,8 @@ class CpuModule(Module):
         return tuple((i, j) for i in range(len(args)) for j in range(i + 1, len(args))
                      if args[i] in self.written or args[j] in self.written)
 
-    def check(self, arrays: tuple[Any, ...]) -> dict[Var, int]:
-        sizes = super().check(arrays)
+    def check(self, arrays: tuple[Any, ...], known: dict[Var, int] | None = None) -> dict[Var, int]:
+        sizes = super().check(arrays, known)
         # The native code declares every buffer `noalias`: refuse overlapping arrays when one is written.
         args = self.program.args
         for i in range(len(args)):

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ArgumentError, ArgumentTypeError, NotFoundError
-from .dtypes import check_dtype
+from .dtypes import INT_RANGE, check_dtype, wrap_int
 from .nodes import Binary, Call, Cast, Compare, Const, Expr, Load, Logical, Program, Select, Unary, Var
 from .printer import expr_str
 from .visit import free_vars
@@ -91,8 +91,8 @@ def eval_expr(e: Expr, env: Mapping[Var, int]) -> Any:
         return eval_expr(e.a, env) if eval_expr(e.cond, env) else eval_expr(e.b, env)
     if isinstance(e, Cast):
         v = eval_expr(e.a, env)
-        if e.dtype in ("int32", "int64"):
-            return int(v)
+        if e.dtype in INT_RANGE:
+            return wrap_int(int(v), e.dtype)
         if e.dtype == "bool":
             return bool(v)
         return float(v)

@@ -15,6 +15,12 @@ keeps float16, e.g. next to bool, float64 next to int32/int64). Arithmetic on ha
 half type when stored (or where the user writes `te.cast`); for bfloat16 the reference
 interpreter does the same, so its bfloat16 results match the targets'.
 
+Small integers (int8, uint8, int16, uint16: images, quantized weights) promote as numpy does and wrap
+as numpy does: every operation's result is its dtype's value modulo 2**bits (uint8 200 + 100 is 44), the
+targets compute in 32-bit registers (as C does) and narrow each result. `te.cast` to a small integer wraps
+like numpy's `astype` (a float is truncated toward zero first; a float beyond int64, inf or NaN gives an
+unspecified value there); `te.saturate_cast` clamps instead (see `loopir.te`).
+
 Host representation of bfloat16: numpy arrays of dtype uint16 holding the bits (the upper
 half of the float32 bit pattern). `to_bfloat16(x)` rounds any float array to those bits
 (round to nearest, ties to even; NaN stays a quiet NaN), `from_bfloat16(bits)` widens them
@@ -27,10 +33,15 @@ import numpy as np
 
 from .errors import ArgumentTypeError
 
-DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "bool")
+DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "uint16", "int32",
+                           "int64", "bool")
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 HALVES = frozenset({"float16", "bfloat16"})  # 16-bit floats: stored as 2 bytes, computed in float32
-INTS = frozenset({"int32", "int64"})
+INTS = frozenset({"int8", "uint8", "int16", "uint16", "int32", "int64"})
+SMALL_INTS = frozenset({"int8", "uint8", "int16", "uint16"})  # stored narrow, computed in 32 bits, wrapped per op
+UNSIGNED = frozenset({"uint8", "uint16"})
+INT_RANGE = {"int8": (-(2**7), 2**7 - 1), "uint8": (0, 2**8 - 1), "int16": (-(2**15), 2**15 - 1),
+             "uint16": (0, 2**16 - 1), "int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 INDEX = "int64"
 
 
@@ -51,6 +62,21 @@ def is_float(dtype: str) -> bool:
 
 def is_int(dtype: str) -> bool:
     return dtype in INTS
+
+
+def is_small_int(dtype: str) -> bool:
+    return dtype in SMALL_INTS
+
+
+def is_unsigned(dtype: str) -> bool:
+    return dtype in UNSIGNED
+
+
+def wrap_int(value: int, dtype: str) -> int:
+    """`value` modulo 2**bits of integer `dtype`, as the (two's complement) targets hold it."""
+    lo, hi = INT_RANGE[dtype]
+    span = hi - lo + 1
+    return (int(value) - lo) % span + lo
 
 
 def promote(a: str, b: str) -> str:
@@ -89,8 +115,8 @@ def itemsize(dtype: str) -> int:
 
 def vector_lanes(dtype: str) -> int:
     """Elements of `dtype` in one 16-byte (128-bit) access where a target has one for it (float32: 4,
-    float16 / bfloat16: 8), else 0."""
-    return 16 // itemsize(dtype) if dtype in ("float32", "float16", "bfloat16") else 0
+    float16 / bfloat16 / int16 / uint16: 8, int8 / uint8: 16), else 0."""
+    return 16 // itemsize(dtype) if dtype in ("float32", "float16", "bfloat16") or dtype in SMALL_INTS else 0
 
 
 def to_bfloat16(x: object) -> np.ndarray:

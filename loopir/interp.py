@@ -18,6 +18,9 @@ Every other target is tested against it, so it follows the IR to the letter:
   bfloat16 (numpy has none) is held as float32 scalars, as the compiled targets compute it: a load
   widens the buffer's uint16 bits (`loopir.dtypes.from_bfloat16`), arithmetic is float32, a cast to
   bfloat16 and a store round to nearest even (`to_bfloat16`).
+  Small integers (int8, uint8, int16, uint16) are numpy scalars of their dtype, so each operation
+  wraps as numpy's does (and as the targets narrow it); a cast to one goes through int64 (`astype`).
+  A scalar argument (`te.var(name, "float32")`) is a 0-d array argument.
   `where(c, a, b)` and `and`/`or` evaluate only the branch taken, as C does.
 - Every load and store is bounds-checked: an index outside `[0, dim)` raises IndexError
   naming the buffer (numpy's wrap-around of negative indices never happens).

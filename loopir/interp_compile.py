@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ArgumentError, ArgumentTypeError
-from .dtypes import is_float, is_int, round_bfloat16, to_bfloat16
+from .dtypes import is_float, is_int, is_small_int, round_bfloat16, to_bfloat16
 from .names import fresh, sanitize
 from .nodes import (
     Allocate,
@@ -190,6 +190,8 @@ class _Compiler:
             return f"bool({x})"
         if e.dtype == "int64" and not is_float(e.a.dtype):
             return f"int({x})"  # index arithmetic stays in Python ints
+        if is_small_int(e.dtype) and e.a.dtype != "bool":  # through int64, so that it wraps (numpy's astype)
+            return f"{self.dtype_fn(e.dtype)}(_np.int64({x}))"
         return f"{self.dtype_fn(e.dtype)}({x})"
 
     def indexed(self, b: Buffer, indices: tuple[Expr, ...]) -> tuple[str, str, str]:

@@ -23,7 +23,9 @@ keep passing sizes by the names they gave.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from .errors import ArgumentError, ArgumentTypeError
 from . import nodes
@@ -236,9 +238,28 @@ def _first_pos(e: object, v: Var) -> int:
     return 1 << 30
 
 
+_SIZE_ARGS: ContextVar[frozenset[Var]] = ContextVar("size_args", default=frozenset())
+
+
+@contextmanager
+def size_arguments(sizes: Iterable[Var]) -> Iterator[None]:
+    """Lower with `sizes` passed as scalar arguments of the call (`build(outs, [a, tsteps, b])`), so a size
+    that no argument's shape carries is not refused."""
+    token = _SIZE_ARGS.set(frozenset(sizes))
+    try:
+        yield
+    finally:
+        _SIZE_ARGS.reset(token)
+
+
+def passed_sizes() -> frozenset[Var]:
+    """The sizes `size_arguments` declares passed as arguments here (for a lowering that happens later)."""
+    return _SIZE_ARGS.get()
+
+
 def _check_params(params: tuple[Var, ...], args: tuple[Buffer, ...]) -> None:
-    # every size variable must be recoverable from the argument shapes at call time
-    known: set[Var] = set()
+    # every size variable must be recoverable from the argument shapes at call time, or passed as an argument
+    known: set[Var] = set(_SIZE_ARGS.get())
     for b in args:
         for e in b.shape:
             known |= free_vars(e)

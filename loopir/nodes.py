@@ -25,12 +25,13 @@ structural equality (use `.eq()` / `.ne()` to build those comparisons).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any, Literal, Union
 
 from .errors import ArgumentError, ArgumentTypeError
-from .dtypes import INDEX, check_dtype, is_float, is_int, promote, weak_scalar_dtype
+from .dtypes import INDEX, INT_RANGE, check_dtype, is_float, is_int, is_small_int, promote, weak_scalar_dtype, wrap_int
 
 # str() of a node prints it with loopir.printer, which imports this module: the printer fills this
 # table when it loads (loopir/__init__ imports it, so it has loaded before any node can be printed)
@@ -392,7 +393,7 @@ class Program(Node):
 # ----------------------------------------------------------------------------- smart constructors
 
 
-_INT_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+_INT_RANGE = INT_RANGE
 
 
 def const(value: Scalar, dtype: str | None = None) -> Const:
@@ -477,6 +478,9 @@ def _coerce(a: ExprLike, b: ExprLike) -> tuple[Expr, Expr]:
 
 
 def _fold(op: str, x: int | float, y: int | float, dtype: str) -> Const | None:
+    if is_small_int(dtype):  # small integers wrap per operation (loopir.dtypes), as the targets compute them
+        r = _fold(op, x, y, "int64")
+        return None if r is None else Const(wrap_int(int(r.value), dtype), dtype)
     if op == "add":
         return const(x + y, dtype)
     if op == "sub":
@@ -582,6 +586,12 @@ def cast(dtype: str, a: ExprLike) -> Expr:
     if a.dtype == dtype:
         return a
     if isinstance(a, Const):
+        if is_int(dtype) and isinstance(a.value, int) and not isinstance(a.value, bool):
+            return const(wrap_int(a.value, dtype), dtype)  # integer casts wrap (numpy's astype), as at run time
+        if is_small_int(dtype) and isinstance(a.value, float):  # truncated to 64 bits, then wrapped
+            if not (math.isfinite(a.value) and -(2.0**63) <= a.value < 2.0**63):
+                return Cast(dtype, a)  # unspecified, as at run time: left to the target
+            return const(wrap_int(int(a.value), dtype), dtype)
         return const(a.value, dtype)
     return Cast(dtype, a)
 

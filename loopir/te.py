@@ -18,7 +18,8 @@ Recurrences: `te.scan` (TVM's: a recurrence along the first axis, init rows then
 and `te.update` (Halide's update definitions over a domain of their own, scatters included) make stages that
 later stages read like any other (`loopir.te_scan`).
 
-dtypes: float16, bfloat16, float32, float64, int32, int64, bool (bfloat16 data on the host:
+dtypes: float16, bfloat16, float32, float64, int8, uint8, int16, uint16, int32, int64, bool (small integers wrap
+per operation as numpy's do; `saturate_cast` clamps; bfloat16 data on the host:
 uint16 arrays of bits, `loopir.dtypes.to_bfloat16` / `from_bfloat16`; halves compute in float32).
 Promotion (see `loopir.dtypes`): two typed operands combine as `numpy.promote_types`;
 a Python scalar is *weak* and takes the other operand's dtype (numpy's NEP 50), except
@@ -47,7 +48,7 @@ import numpy as np
 
 from .errors import ArgumentError, ArgumentTypeError
 from . import nodes
-from .dtypes import DTYPES, INDEX, check_dtype, is_float, is_int
+from .dtypes import DTYPES, INDEX, INT_RANGE, check_dtype, is_float, is_int
 from .nodes import Buffer, Const, Expr, ExprLike, Load, Node, Var
 from . import te_scan
 from .te_lift import Reduce, lift
@@ -55,6 +56,7 @@ from .visit import walk
 
 float16, float32, float64, int32, int64, bool_ = "float16", "float32", "float64", "int32", "int64", "bool"
 bfloat16 = "bfloat16"
+int8, uint8, int16, uint16 = "int8", "uint8", "int16", "uint16"
 
 SizeLike = int | Expr
 REDUCE_OPS = ("sum", "max", "min")
@@ -66,6 +68,7 @@ _REDUCE_DOM: dict[Var, tuple[Expr, Expr]] = {}  # reduce axis -> (lo, hi)
 _REDUCE_OWNER: dict[Var, str] = {}  # reduce axis -> the stage whose reduction uses it
 _TENSOR_OF: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()  # id(buffer) -> tensor
 _counter = itertools.count()
+_SCALARS: dict[int, Tensor] = {}  # id(buffer) -> the 0-d tensor of a scalar argument (te.var with a float dtype)
 # tensors created while a compute's lambda runs, one list per open compute (kept alive until its
 # inputs are collected: a stage made inside a lambda is referenced by nothing else)
 _BUILDING: list[list[Tensor]] = []
@@ -185,12 +188,32 @@ def tensor_of(buffer: Buffer) -> Tensor | None:
 # ----------------------------------------------------------------------------- sizes, inputs, stages
 
 
-def var(name: str = "n", dtype: str = INDEX) -> Var:
-    """A symbolic integer size. Arithmetic on it (`n - 1`, `2 * n`, `n // 2`) builds expressions."""
+def var(name: str = "n", dtype: str = INDEX) -> Var | Load:
+    """A symbolic integer size (int32 / int64: a `Var`). Arithmetic on it (`n - 1`, `2 * n`, `n // 2`) builds
+    expressions. A size that no argument's shape carries (a time-step count) is passed in the call's argument
+    order when listed in `build(..., args)` (`build(outs, [a, n, b])`, `mod(a_arr, 10, b_arr)`; a negative
+    value is refused), or by name (`interp.run(..., sizes={"n": 10})`).
+
+    Any other dtype (float32, float64, float16, bfloat16, a small integer) makes a *scalar argument*: the
+    value `alpha` usable in expressions (`x[i] * alpha`), passed in the call's argument order like an array
+    (`build(outs, [a, alpha, b])`, then `mod(a_arr, 2.5, b_arr)`). It is a 0-d read-only tensor read as
+    `alpha[()]` (what this returns); a call may also pass a 0-d numpy array."""
     _check_name(name, "size variable")
-    if check_dtype(dtype, f"dtype of size variable {name!r}") not in ("int32", "int64"):
-        raise ArgumentTypeError(f"size variable {name!r} must be an integer, not {dtype}")
-    return Var(name, INDEX)
+    dt = check_dtype(dtype, f"dtype of size variable {name!r}")
+    if dt in ("int32", "int64"):
+        return Var(name, INDEX)
+    if dt == "bool":
+        raise ArgumentTypeError(f"scalar argument {name!r} cannot be bool; pass an int32 or a float")
+    t = placeholder((), dt, name)
+    _SCALARS[id(t.buffer)] = t  # the Load below is all the caller holds: keep its tensor alive
+    return t[()]
+
+
+def scalar_tensor(x: object) -> Tensor | None:
+    """The 0-d tensor of a scalar argument made by `var(name, float dtype)` (its Load), else None."""
+    if isinstance(x, Load) and not x.indices:
+        return _SCALARS.get(id(x.buffer))
+    return None
 
 
 def _check_name(name: object, what: str) -> str:
@@ -542,8 +565,57 @@ def where(cond: ExprLike, a: ExprLike, b: ExprLike) -> Expr:
 
 
 def cast(dtype: str, x: ExprLike) -> Expr:
-    """`x` converted to `dtype`."""
+    """`x` converted to `dtype`. To an integer it wraps, as numpy's `astype`: the value modulo 2**bits (a
+    float is truncated toward zero first; a float beyond int64, inf or NaN gives an unspecified value).
+    `saturate_cast` clamps instead."""
     return nodes.cast(check_dtype(dtype), x)
+
+
+def saturate_cast(dtype: str, x: ExprLike) -> Expr:
+    """`x` converted to `dtype`, clamped to its range (Halide's `saturating_cast`, also `te.saturating_cast`).
+
+    To an integer: values below the range give its minimum, above it its maximum (uint8: -129 -> 0,
+    256 -> 255; inf -> 255, -inf -> 0); a float inside is truncated toward zero (after clamping, so 255.7 ->
+    255); NaN gives 0. To a float: values beyond the largest finite value give it (float16: 1e6 -> 65504),
+    NaN stays NaN. bool source or target: a plain cast."""
+    dt = check_dtype(dtype)
+    x = nodes.as_expr(x)
+    src = x.dtype
+    if src == dt or "bool" in (src, dt):
+        return cast(dt, x)
+    if is_float(dt):
+        fmax = 3.3895313892515355e38 if dt == "bfloat16" else float(np.finfo(dt).max)  # largest finite value
+        if is_int(src):
+            if INT_RANGE[src][1] <= fmax:
+                return cast(dt, x)
+            lim = int(fmax)
+            return cast(dt, maximum(minimum(x, nodes.const(lim, src)), nodes.const(-lim, src)))
+        w = "float64" if src == "float64" else "float32"  # halves compare in float32, where fmax is exact
+        if w == "float32" and dt in ("float32", "float64") or dt == "float64":
+            return cast(dt, x)  # every value of the source fits
+        xf = cast(w, x)
+        big, small = nodes.const(fmax, w), nodes.const(-fmax, w)
+        return cast(dt, where(xf > big, big, where(xf < small, small, xf)))
+    lo, hi = INT_RANGE[dt]
+    if is_int(src):
+        slo, shi = INT_RANGE[src]
+        y = x
+        if shi > hi:
+            y = minimum(y, nodes.const(hi, src))
+        if slo < lo:
+            y = maximum(y, nodes.const(lo, src))
+        return cast(dt, y)
+    # a float: compared in float32 / float64, where the bounds lo and hi + 1 (powers of two) are exact; only
+    # a value strictly inside (lo, hi + 1) is converted, so the conversion never leaves the type, and NaN,
+    # which no comparison holds for, falls through to 0
+    w = "float64" if src == "float64" else "float32"
+    xf = cast(w, x)
+    top, bot = nodes.const(float(hi + 1), w), nodes.const(float(lo), w)
+    return where(xf >= top, nodes.const(hi, dt),
+                 where(xf > bot, cast(dt, xf), where(xf <= bot, nodes.const(lo, dt), nodes.const(0, dt))))
+
+
+saturating_cast = saturate_cast  # Halide's name
 
 
 def const(value: float | bool, dtype: str | None = None) -> Const:
@@ -560,6 +632,9 @@ __all__ = [
     "abs",
     "bool_",
     "cast",
+    "saturate_cast",
+    "saturating_cast",
+    "scalar_tensor",
     "compute",
     "const",
     "cos",
@@ -570,6 +645,8 @@ __all__ = [
     "float32",
     "float64",
     "identity",
+    "int8",
+    "int16",
     "int32",
     "int64",
     "lifted",
@@ -588,6 +665,8 @@ __all__ = [
     "sum",
     "tanh",
     "tensor_of",
+    "uint8",
+    "uint16",
     "update",
     "var",
     "where",

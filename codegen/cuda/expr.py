@@ -6,7 +6,9 @@ Index arithmetic is 64-bit (`long long`) unless `_fits_int32` proves every index
 `//` and `%` follow Python (floor), through the prelude's `loopir_floordiv` / `loopir_mod`. float16 and
 bfloat16 values are computed in float: loads go through `loopir_h2f` / `loopir_bf2f`, casts to them round through
 `loopir_round_half` / `loopir_round_bf16`, stores convert with `loopir_f2h` / `loopir_f2bf` (round to nearest even);
-bfloat16 constants are rounded to bfloat16 (as the interpreter holds them)."""
+bfloat16 constants are rounded to bfloat16 (as the interpreter holds them). Small integers (int8, uint8, int16,
+uint16) are stored narrow and computed in `int`, as C does; every result that could leave the type (+ - * // neg
+abs, casts) is narrowed back through its C type (`_wrap`), so each operation wraps as numpy's does."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import math
 
 from loopir import nodes as N
 from loopir.affine import row_major
-from loopir.dtypes import is_int, round_bfloat16
+from loopir.dtypes import is_float, is_int, round_bfloat16
 from loopir.errors import CodegenError, CudaCodegenError, UnboundLoopError  # noqa: F401
 from loopir.visit import subst_coords, substitute, walk
 
@@ -23,9 +25,11 @@ from ..names import C_RESERVED, Namer, mangle
 
 
 _CTYPE = {"float16": "float", "bfloat16": "float", "float32": "float", "float64": "double", "int32": "int",
-          "int64": "long long", "bool": "bool"}
-_STORAGE = {**_CTYPE, "float16": "unsigned short", "bfloat16": "unsigned short"}
-_NPTYPE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+          "int64": "long long", "bool": "bool", "int8": "int", "uint8": "int", "int16": "int", "uint16": "int"}
+_SMALL = {"int8": "signed char", "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short"}
+_STORAGE = {**_CTYPE, "float16": "unsigned short", "bfloat16": "unsigned short", **_SMALL}
+_NPTYPE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1,
+           "int8": 1, "uint8": 1, "int16": 2, "uint16": 2}
 # 16-bit floats: stored as bits, computed in float (prelude PRELUDE_HALF)
 _TO_FLOAT = {"float16": "loopir_h2f", "bfloat16": "loopir_bf2f"}
 _FROM_FLOAT = {"float16": "loopir_f2h", "bfloat16": "loopir_f2bf"}
@@ -45,6 +49,11 @@ _Names = Namer
 
 def _is_const(e: N.Expr) -> bool:
     return isinstance(e, N.Const)
+
+
+def _wrap(dtype: str, text: str) -> str:
+    """A small integer's `int` value narrowed to its type (wraps modulo 2**bits, as numpy); others unchanged."""
+    return f"((int)({_SMALL[dtype]})({text}))" if dtype in _SMALL else text
 
 
 
@@ -97,6 +106,8 @@ class _ExprEmitter:
                 if key in scope:
                     return scope[key]
             ref = f"{self.buf(e.buffer)}[{self.expr(flat)}]"
+            if e.buffer.dtype in _SMALL:
+                return f"((int){ref})"
             if e.buffer.dtype in _TO_FLOAT:
                 self.uses_half = True
                 return f"{_TO_FLOAT[e.buffer.dtype]}({ref})"
@@ -104,10 +115,13 @@ class _ExprEmitter:
         if isinstance(e, N.Binary):
             a, b = self.expr(e.a), self.expr(e.b)
             if e.op in ("add", "sub", "mul", "div"):
-                return f"({a} {dict(add='+', sub='-', mul='*', div='/')[e.op]} {b})"
-            return f"loopir_{e.op}({a}, {b})"
+                return _wrap(e.dtype, f"({a} {dict(add='+', sub='-', mul='*', div='/')[e.op]} {b})")
+            if e.dtype in _SMALL and e.op in ("floordiv", "mod") and not (_is_const(e.b) and e.b.value > 0):  # type: ignore[attr-defined]
+                # x // 0 == x % 0 == 0, as numpy and the CPU target give
+                return _wrap(e.dtype, f"loopir_{e.op}0({a}, {b})")
+            return _wrap(e.dtype, f"loopir_{e.op}({a}, {b})") if e.op == "floordiv" else f"loopir_{e.op}({a}, {b})"
         if isinstance(e, N.Unary):
-            return f"(-{self.expr(e.a)})"
+            return _wrap(e.dtype, f"(-{self.expr(e.a)})")
         if isinstance(e, N.Call):
             if e in self.pre:
                 return self.pre[e]
@@ -128,6 +142,8 @@ class _ExprEmitter:
                 return f"{_ROUND[e.dtype]}((float)({inner}))"
             if e.dtype == "bool":
                 return f"({inner} != 0)"
+            if e.dtype in _SMALL:  # a float truncates toward zero to 64 bits first, then wraps (numpy's astype)
+                return _wrap(e.dtype, f"(long long)({inner})" if is_float(e.a.dtype) else inner)
             return f"(({_CTYPE[e.dtype]})({inner}))"
         raise CudaCodegenError(f"cannot emit expression {e!r} in CUDA")
 
@@ -136,7 +152,7 @@ class _ExprEmitter:
             return "true" if c.value else "false"
         if c.dtype == "int64":
             return str(int(c.value)) if self.ix == "int" and abs(int(c.value)) < 2**31 else f"{int(c.value)}LL"
-        if c.dtype == "int32":
+        if c.dtype == "int32" or c.dtype in _SMALL:
             return str(int(c.value))
         f = float(c.value)
         if c.dtype == "bfloat16":
@@ -158,7 +174,7 @@ class _ExprEmitter:
         x = args[0]
         if e.fn == "abs":
             if is_int(e.dtype):
-                return f"llabs({x})" if e.dtype == "int64" else f"abs({x})"
+                return f"llabs({x})" if e.dtype == "int64" else _wrap(e.dtype, f"abs({x})")
             return f"fabsf({x})" if single else f"fabs({x})"
         if e.fn == "sigmoid":
             return f"(1.0f / (1.0f + expf(-({x}))))" if single else f"(1.0 / (1.0 + exp(-({x}))))"

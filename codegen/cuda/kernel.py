@@ -55,6 +55,7 @@ from .expr import (  # noqa: F401  (re-exported: tests and callers import them f
     _is_const,
     _Names,
     _sanitize,
+    _wrap,
 )
 from .mma import render_mma, render_mma_grid
 from .prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
@@ -288,7 +289,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.sincos(st.value)
         if target is not None:
             op, e = reduction_parts(st)  # type: ignore[misc]
-            val = self.red_combine(op, target, self.expr(e))
+            val = _wrap(st.buffer.dtype, self.red_combine(op, target, self.expr(e)))  # small ints: narrowed
             self.line(f"{target} = {val};")
         else:
             flat = self.flat(st.buffer, st.indices)

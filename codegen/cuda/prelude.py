@@ -20,6 +20,9 @@ __device__ __forceinline__ long long loopir_mod(long long a, long long b) {
   long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 __device__ __forceinline__ int loopir_mod(int a, int b) {
   int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+// small integers (computed in int): a zero divisor gives 0, as numpy and the CPU target give
+__device__ __forceinline__ int loopir_floordiv0(int a, int b) { return b == 0 ? 0 : loopir_floordiv(a, b); }
+__device__ __forceinline__ int loopir_mod0(int a, int b) { return b == 0 ? 0 : loopir_mod(a, b); }
 __device__ __forceinline__ float loopir_floordiv(float a, float b) { return floorf(a / b); }
 __device__ __forceinline__ double loopir_floordiv(double a, double b) { return floor(a / b); }
 __device__ __forceinline__ float loopir_mod(float a, float b) {

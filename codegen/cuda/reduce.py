@@ -35,11 +35,11 @@ from __future__ import annotations
 
 
 from loopir import nodes as N
-from loopir.dtypes import is_int
+from loopir.dtypes import INT_RANGE, is_int
 from loopir.gpu import REDUCE_OPS, reduction_parts, reduction_stores
 from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
-from .expr import _CTYPE, _FROM_FLOAT, _TO_FLOAT, CudaCodegenError
+from .expr import _CTYPE, _FROM_FLOAT, _TO_FLOAT, CudaCodegenError, _wrap
 
 
 
@@ -53,6 +53,8 @@ def _identity(op: str, dtype: str) -> str:
         return "(-2147483647 - 1)" if neg else "2147483647"
     if dtype == "int64":
         return "(-9223372036854775807LL - 1)" if neg else "9223372036854775807LL"
+    if dtype in INT_RANGE:  # the small integers (computed in int)
+        return str(INT_RANGE[dtype][0 if neg else 1])
     inf = "LOOPIR_INF_F" if _CTYPE[dtype] == "float" else "LOOPIR_INF_D"
     return f"(-{inf})" if neg else inf
 
@@ -172,7 +174,8 @@ class _ReductionEmitter:
                 self.line(f"{acc} = loopir_block_allreduce({acc}, loopir_op_{op}(), "
                           f"({ct}){_identity(op, st.buffer.dtype)}, {smem});  // {st.name}: across threads")
             total = self.names.fresh(f"{st.name}_total")
-            self.line(f"const {ct} {total} = {self.red_combine(op, cur, acc)};")
+            # a small integer's total is narrowed (wraps): later statements may read it from this register
+            self.line(f"const {ct} {total} = {_wrap(st.buffer.dtype, self.red_combine(op, cur, acc))};")
             val = f"{_FROM_FLOAT[st.buffer.dtype]}({total})" if st.buffer.dtype in _FROM_FLOAT else total
             self.line(f"if ({'' if self.pred is None else self.pred + ' && '}threadIdx.x == 0) {ref} = {val};")
             self._invalidate(st.buffer)

@@ -20,6 +20,7 @@ import ctypes
 import statistics
 import sys
 import threading
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -34,7 +35,7 @@ from loopir.errors import (ArgumentError, ArgumentTypeError, CudaCodegenError, N
 from loopir.nodes import Buffer, Var
 
 from .kernel import CudaSource, HostIf, HostLoop, HostStep, Kernel, Launch
-from ..module import Module
+from ..module import Module, known_sizes
 from .nvrtc import compile_cubin
 
 
@@ -166,6 +167,7 @@ class _Arg:
     ptr: int = 0
     device: int | None = None
     stream: int | None = None
+    bf16: bool = False  # bfloat16 data taken as its uint16 bits: only a bfloat16 buffer takes it, not a uint16 one
 
 
 def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
@@ -217,7 +219,8 @@ def classify(obj: Any, name: str) -> _Arg:
             if bf16:
                 import torch
 
-                return classify(obj.detach().view(torch.int16).numpy().view(np.uint16), name)
+                return dataclasses.replace(classify(obj.detach().view(torch.int16).numpy().view(np.uint16), name),
+                                           bf16=True)
             return classify(obj.detach().numpy(), name)
         if not obj.is_contiguous():
             raise ArgumentError(f"argument {name!r} is a non-contiguous device array (strides {tuple(obj.stride())}); "
@@ -226,11 +229,13 @@ def classify(obj: Any, name: str) -> _Arg:
 
         dt = np.dtype(np.uint16) if bf16 else np.dtype(str(obj.dtype).removeprefix("torch."))
         stream = torch.cuda.current_stream(obj.device).cuda_stream
-        return _Arg(name, tuple(obj.shape), dt, ptr=obj.data_ptr(), device=obj.device.index, stream=stream)
+        return _Arg(name, tuple(obj.shape), dt, ptr=obj.data_ptr(), device=obj.device.index, stream=stream,
+                    bf16=bf16)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         shape = tuple(int(d) for d in cai["shape"])
-        dt = _bits_if_bfloat16(np.dtype(cai["typestr"]))
+        raw = np.dtype(cai["typestr"])
+        dt = _bits_if_bfloat16(raw)
         if not _contiguous(shape, cai.get("strides"), dt.itemsize):
             raise ArgumentError(f"argument {name!r} is a non-contiguous device array (strides {cai.get('strides')}); "
                                 "pass a C-contiguous array")
@@ -242,7 +247,7 @@ def classify(obj: Any, name: str) -> _Arg:
             stream = int(cupy.cuda.get_current_stream().ptr)
         elif isinstance(cai.get("stream"), int):
             stream = 0 if cai["stream"] == 1 else int(cai["stream"])
-        return _Arg(name, shape, dt, ptr=ptr, device=_pointer_device(ptr), stream=stream)
+        return _Arg(name, shape, dt, ptr=ptr, device=_pointer_device(ptr), stream=stream, bf16=dt != raw)
     if hasattr(obj, "__dlpack_device__"):
         dev_type, dev_id = obj.__dlpack_device__()
         if int(dev_type) == 1:  # kDLCPU
@@ -253,12 +258,13 @@ def classify(obj: Any, name: str) -> _Arg:
 
         view = StridedMemoryView.from_any_interface(obj, stream_ptr=-1)
         shape = tuple(view.shape)
-        dt = _bits_if_bfloat16(np.dtype(view.dtype))
+        raw = np.dtype(view.dtype)
+        dt = _bits_if_bfloat16(raw)
         strides = None if view.strides is None else tuple(s * dt.itemsize for s in view.strides)
         if not _contiguous(shape, strides, dt.itemsize):
             raise ArgumentError(f"argument {name!r} is a non-contiguous device array (strides {view.strides}); "
                                 "pass a C-contiguous array")
-        return _Arg(name, shape, dt, ptr=int(view.ptr), device=int(dev_id))
+        return _Arg(name, shape, dt, ptr=int(view.ptr), device=int(dev_id), bf16=dt != raw)
     raise ArgumentTypeError(f"argument {name!r} must be a numpy array or a CUDA device array "
                             f"(__cuda_array_interface__ / DLPack), got {type(obj).__name__}")
 
@@ -394,9 +400,19 @@ class CudaModule(Module):
         return check(cu.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc")
 
     # -- one call
-    def _bind(self, arrays: tuple[Any, ...], args: list[_Arg] | None = None) -> tuple[list[_Arg], dict[Var, int]]:
+    def with_size_args(self, size_args: tuple[tuple[int, Var], ...]) -> CudaModule:
+        mod = super().with_size_args(size_args)
+        assert isinstance(mod, CudaModule)
+        # device memory and loaded functions of its own: each copy frees what it holds (__del__)
+        mod._loaded, mod._host_bufs, mod._temps, mod._smem_set, mod._smem_limits = {}, {}, {}, {}, {}
+        mod._load_lock = threading.Lock()
+        return mod
+
+    def _bind(self, arrays: tuple[Any, ...], args: list[_Arg] | None = None,
+              known: dict[Var, int] | None = None) -> tuple[list[_Arg], dict[Var, int]]:
         """Every check of the arguments (no device work): their descriptions and the sizes. `args`: the
-        arguments already classified (by the generic module that dispatched to this variant)."""
+        arguments already classified (by the generic module that dispatched to this variant); `known`: sizes
+        passed as arguments."""
         prog = self.program
         if len(arrays) != len(prog.args):
             names = ", ".join(b.name for b in prog.args)
@@ -404,7 +420,11 @@ class CudaModule(Module):
                 f"program {prog.name!r} takes {len(prog.args)} argument(s) ({names}), got {len(arrays)}")
         if args is None or [a.name for a in args] != [b.name for b in prog.args]:
             args = [classify(a, b.name) for a, b in zip(arrays, prog.args)]
-        sizes = bind_shapes(prog, [(a.shape, a.dtype) for a in args])
+        for a, b in zip(args, prog.args):
+            if a.bf16 and b.dtype != "bfloat16":  # the bits of bfloat16 data are no uint16 numbers
+                raise ArgumentTypeError(f"argument {a.name!r} holds bfloat16 data, but program {prog.name!r} "
+                                        f"expects {b.dtype}")
+        sizes = bind_shapes(prog, [(a.shape, a.dtype) for a in args], known_sizes(prog, known))
         for pre in self.preconditions:
             pre.check(sizes)
         for a, b in zip(args, prog.args):
@@ -415,9 +435,9 @@ class CudaModule(Module):
                     raise ArgumentError(f"argument {a.name!r} is written by program {prog.name!r} but is read-only")
         return args, sizes
 
-    def check(self, arrays: tuple[Any, ...]) -> dict[Var, int]:
+    def check(self, arrays: tuple[Any, ...], known: dict[Var, int] | None = None) -> dict[Var, int]:
         """The size variables, after every check of the arguments (host or device arrays)."""
-        return self._bind(arrays)[1]
+        return self._bind(arrays, None, known)[1]
 
     def prepare(self, arrays: tuple[Any, ...], bound: tuple[list[_Arg], dict[Var, int]] | None = None) -> _Prepared:
         """Check the arguments, pick the variant for their sizes (codegen.specialize), upload host arrays;
@@ -557,8 +577,17 @@ class CudaModule(Module):
         if any(a.host is not None for a in p.args):
             check(cu.cuStreamSynchronize(p.stream), "cuStreamSynchronize")
 
-    def __call__(self, *arrays: Any) -> None:
+    def __call__(self, *args: Any) -> None:
+        if self.size_args or self._scalars:
+            arrays, known = self.split_call(args)
+        else:
+            arrays, known = args, None
+        self._call(arrays, known)
+
+    def _call(self, arrays: tuple[Any, ...], known: dict[Var, int] | None) -> None:
         q = _signature(arrays) if self.fast_path else None
+        if q is not None and known:
+            q = ((*q[0], tuple(known.items())), q[1], q[2])
         if q is not None:
             plan = self._plans.get((threading.get_ident(), q[0]))
             if plan is not None:  # same signature as a checked call: same decisions, only the pointers differ
@@ -566,7 +595,7 @@ class CudaModule(Module):
                     self._last_call = plan.last_call
                 self._run_plan(plan, arrays, q[1], q[2])
                 return
-        p = self._call_full(arrays, q is not None)
+        p = self._call_full(arrays, q is not None, None, known)
         if q is not None and p is not None:
             plan = _make_plan(p, self._last_call if self.specializer is not None else None)
             if plan is not None:
@@ -577,15 +606,16 @@ class CudaModule(Module):
                         pass
                 self._plans[(threading.get_ident(), q[0])] = plan
 
-    def _call_full(self, arrays: tuple[Any, ...], record: bool, args: list[_Arg] | None = None) -> _Prepared | None:
+    def _call_full(self, arrays: tuple[Any, ...], record: bool, args: list[_Arg] | None = None,
+                   known: dict[Var, int] | None = None) -> _Prepared | None:
         """Every check, then the run; returns the run's _Prepared (with its launches when `record`)."""
-        bound = self._bind(arrays, args)
+        bound = self._bind(arrays, args, known)
         mod = self._select(bound[1])
         if mod is not self:  # a variant specialized for this call's key (codegen.specialize)
             if not isinstance(mod, CudaModule):
-                mod(*arrays)
+                mod._call(arrays, known)
                 return None
-            return mod._call_full(arrays, record, bound[0])  # the variant checks its own program's shapes
+            return mod._call_full(arrays, record, bound[0], known)  # the variant checks its own program's shapes
         p = self.prepare(arrays, bound)
         if record:
             p.record = []
@@ -626,10 +656,13 @@ class CudaModule(Module):
         a specializing module times the variant the call dispatches to.
 
         numpy arguments are uploaded once, before timing, and the results copied back after."""
-        bound = self._bind(arrays)
+        return self._benchmark(*self.split_call(arrays), warmup, repeat)
+
+    def _benchmark(self, arrays: tuple[Any, ...], known: dict[Var, int] | None, warmup: int, repeat: int) -> float:
+        bound = self._bind(arrays, None, known)
         mod = self._select(bound[1])
         if mod is not self:
-            return mod.benchmark(*arrays, warmup=warmup, repeat=repeat)  # type: ignore[attr-defined]
+            return mod._benchmark(arrays, known, warmup, repeat)  # type: ignore[attr-defined]
         cu = _driver()
         p = self.prepare(arrays, bound)
         for _ in range(warmup):

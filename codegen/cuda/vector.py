@@ -2,15 +2,15 @@
 
 Vector loads (loop kind "vectorize")
 ------------------------------------
-A vectorized loop `v in 0..L` whose body is one Store of a dtype with L = 16 / itemsize lanes
-(float32: 4, float16 / bfloat16: 8) and whose flat index is `base + v` becomes one 128-bit store
+A vectorized loop `v in 0..L` whose body is one Store of a dtype with L = 16 / itemsize lanes (float32: 4, float16
+/ bfloat16 / int16 / uint16: 8, int8 / uint8: 16) and whose flat index is `base + v` becomes one 128-bit store
 (`float4`; `uint4` of packed half pairs for the 16-bit floats, converted two lanes at a time with
-`cvt.rn.f16x2.f32` / `cvt.rn.bf16x2.f32`), with 128-bit loads for every load of the same dtype of
-the form `base' + v` (halves are widened to float lane by lane: the arithmetic is float32). `base`
-must be a multiple of L: proven statically from its affine form where every term's coefficient is
-a multiple of L, otherwise checked at run time (size parameters divisible, base pointers 16-byte
-aligned) with the scalar unrolled loop as fallback. The checks on pointers and sizes are computed
-once at the kernel's entry (`const bool`s, `_KernelGen.entry_checks`), not at each access.
+`cvt.rn.f16x2.f32` / `cvt.rn.bf16x2.f32`; `uint4` of packed bytes / shorts for the small integers), with 128-bit
+loads for every load of the same dtype of the form `base' + v` (halves are widened to float lane by lane: the
+arithmetic is float32; small integers to int). `base` must be a multiple of L: proven statically from its affine
+form where every term's coefficient is a multiple of L, otherwise checked at run time (size parameters divisible,
+base pointers 16-byte aligned) with the scalar unrolled loop as fallback. The checks on pointers and sizes are
+computed once at the kernel's entry (`const bool`s, `_KernelGen.entry_checks`), not at each access.
 Anything else emits the scalar unrolled loop. Also handled: several float32 stores in one lane loop
 (horizontally fused outputs: the loads are shared and hoisted, so no store may write a buffer the
 group reads), and a lane loop body under a guard that is a conjunction of `a < b` / `a <= b` growing
@@ -27,7 +27,7 @@ from loopir.affine import polynomial
 from loopir.dtypes import vector_lanes
 from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
-from .expr import _is_const
+from .expr import _NPTYPE, _SMALL, _is_const
 
 _VEC_SCOPES = ("global", "shared")  # float4 accesses: global memory, and shared arrays (declared __align__(16))
 # a 32-bit word of a 128-bit access of halves: (lane 2k in the low half, lane 2k + 1 in the high half)
@@ -115,6 +115,8 @@ class _VectorEmitter:
         self.ind += 1
         if stores[0].buffer.dtype == "float32":
             self._vector_emit(v, outs, vec_loads)
+        elif stores[0].buffer.dtype in _SMALL:
+            self._vector_emit_small(v, outs, vec_loads, stores[0].buffer.dtype)
         else:
             self._vector_emit_half(v, outs, vec_loads, stores[0].buffer.dtype)
         self.ind -= 1
@@ -181,6 +183,43 @@ class _VectorEmitter:
             self.vec_lanes = {}
             self.pre = {}
             words = ", ".join(f"{_PACK[dt]}({vals[2 * k]}, {vals[2 * k + 1]})" for k in range(4))
+            self.line(f"const uint4 {out} = make_uint4({words});  // {st.name}")
+            self.line(f"LOOPIR_ST4({ptr}, {out});" if st.buffer.scope == "global" else f"*{ptr} = {out};")
+            self._invalidate(st.buffer)
+
+    def _vector_emit_small(self, v: N.Var, outs: list, vec_loads: list, dt: str) -> None:
+        """16 lanes of int8 / uint8 (8 of int16 / uint16) per 128-bit access: a `uint4` of 4 little-endian words,
+        lane l in word l // per at bit 8 * size * (l % per); a lane is computed in int (narrowed like every small
+        integer, codegen.cuda.expr) and packed back masked to its bytes."""
+        size = _NPTYPE[dt]
+        per, bits = 4 // size, 8 * size
+        mask = "0xFFu" if size == 1 else "0xFFFFu"
+        lanes = per * 4
+        lane_names = {}
+        for ld, lbase in vec_loads:
+            nm = self.names.fresh(f"{ld.buffer.name}_v")
+            lane_names[ld] = nm
+            ptr = f"reinterpret_cast<const uint4*>(&{self.buf(ld.buffer)}[{self.expr(lbase)}])"
+            self.line(f"const uint4 {nm} = {f'LOOPIR_LD4({ptr})' if ld.buffer.scope == 'global' else '*' + ptr};")
+        for st, base, value in outs:
+            out = self.names.fresh(f"{st.name}_v")
+            ptr = f"reinterpret_cast<uint4*>(&{self.buf(st.buffer)}[{self.expr(base)}])"
+            if isinstance(value, N.Load) and value in lane_names:  # a copy: the bits as they are
+                self.line(f"{'LOOPIR_ST4(' + ptr + ', ' if st.buffer.scope == 'global' else '*' + ptr + ' = '}"
+                          f"{lane_names[value]}{')' if st.buffer.scope == 'global' else ''};  // {st.name}: a copy")
+                self._invalidate(st.buffer)
+                continue
+            vals = [self.names.fresh(f"{st.name}_{lane}") for lane in range(lanes)]
+            for lane in range(lanes):
+                word, shift = f".{'xyzw'[lane // per]}", bits * (lane % per)
+                self.vec_lanes = {substitute(ld, {v: N.const(lane)}): f"((int)({_SMALL[dt]})({nm}{word} >> {shift}))"
+                                  for ld, nm in lane_names.items()}
+                lane_value = substitute(value, {v: N.const(lane)})
+                self.line(f"const int {vals[lane]} = {self.expr(lane_value)};")
+            self.vec_lanes = {}
+            self.pre = {}
+            words = ", ".join(" | ".join(f"(((unsigned)({vals[w * per + k]}) & {mask}) << {bits * k})"
+                                         for k in range(per)) for w in range(4))
             self.line(f"const uint4 {out} = make_uint4({words});  // {st.name}")
             self.line(f"LOOPIR_ST4({ptr}, {out});" if st.buffer.scope == "global" else f"*{ptr} = {out};")
             self._invalidate(st.buffer)

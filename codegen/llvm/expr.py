@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from loopir.nodes import Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Logical, Select, Unary, Var
 
 from .queries import _loads
-from .types import FLT, INTS, ITEMSIZE, STORE_T, VALUE_T, CodegenError, const_text
+from .types import FLT, INTS, ITEMSIZE, STORE_T, UNSIGNED, VALUE_T, CodegenError, const_text
 
 if TYPE_CHECKING:
     from .emit import _ModuleEmitter
@@ -65,8 +65,8 @@ class _ExprEmitter:
     def index(self, e: Expr) -> str:
         """An i64 index value."""
         v = self.expr(e, index=True)
-        if e.dtype == "int32":
-            return self.op(f"sext i32 {v} to i64")
+        if e.dtype in INTS and e.dtype != "int64":  # an int32 index, or a small-integer element (a lookup table)
+            return self.op(f"{'zext' if e.dtype in UNSIGNED else 'sext'} {VALUE_T[e.dtype]} {v} to i64")
         if e.dtype != "int64":
             raise CodegenError(f"index expression {e} has dtype {e.dtype}, not an integer")
         return v
@@ -172,14 +172,23 @@ class _ExprEmitter:
                 return v
             return self.op(f"{'fpext' if td == 'double' else 'fptrunc'} {ts} {v} to {td}")
         if src in INTS and dst in INTS:
-            return self.op(f"{'sext' if dst == 'int64' else 'trunc'} {ts} {v} to {td}")
+            ws, wd = ITEMSIZE[src], ITEMSIZE[dst]
+            if ws == wd:  # int16 <-> uint16: the same bits
+                return v
+            if ws > wd:  # wraps, as numpy's astype
+                return self.op(f"trunc {ts} {v} to {td}")
+            return self.op(f"{'zext' if src in UNSIGNED else 'sext'} {ts} {v} to {td}")
         if src in INTS and dst in FLT:
+            tofp = "uitofp" if src in UNSIGNED else "sitofp"
             if dst == "float16":
-                return self.round_half(self.op(f"sitofp {ts} {v} to float"))
+                return self.round_half(self.op(f"{tofp} {ts} {v} to float"))
             if dst == "bfloat16":
-                return self.round_bf16(self.op(f"sitofp {ts} {v} to float"))
-            return self.op(f"sitofp {ts} {v} to {td}")
+                return self.round_bf16(self.op(f"{tofp} {ts} {v} to float"))
+            return self.op(f"{tofp} {ts} {v} to {td}")
         if src in FLT and dst in INTS:
+            if ITEMSIZE[dst] < 4:  # truncate toward zero to 64 bits, then wrap to the small type (numpy's astype)
+                w = self.op(f"fptosi {ts} {v} to i64")
+                return self.op(f"trunc i64 {w} to {td}")
             return self.op(f"fptosi {ts} {v} to {td}")
         if src == "bool":
             return self.op(f"{'uitofp' if dst in FLT else 'zext'} i1 {v} to {td}")
@@ -218,13 +227,18 @@ class _ExprEmitter:
                 rb = self.op(f"fadd {t} {r}, {b}")
                 return self.op(f"select i1 {fix}, {t} {rb}, {t} {r}")
         if e.dtype in INTS:
-            nsw = " nsw" if index else ""
+            nsw = " nsw" if index and e.dtype in ("int32", "int64") else ""  # small integers wrap (numpy)
             if e.op in ("add", "sub", "mul"):
                 return self.op(f"{e.op}{nsw} {t} {a}, {b}")
             if e.op in ("max", "min"):
-                intr = f"llvm.s{e.op}.{t}"
+                intr = f"llvm.{'u' if e.dtype in UNSIGNED else 's'}{e.op}.{t}"
                 self.m.declare(intr, f"declare {t} @{intr}({t}, {t})")
                 return self.op(f"call {t} @{intr}({t} {a}, {t} {b})")
+            if e.op in ("floordiv", "mod") and e.dtype in UNSIGNED:  # floor is truncation; x // 0 == x % 0 == 0
+                zero = self.op(f"icmp eq {t} {b}, 0")
+                sb = self.op(f"select i1 {zero}, {t} 1, {t} {b}")
+                r = self.op(f"{'udiv' if e.op == 'floordiv' else 'urem'} {t} {a}, {sb}")
+                return self.op(f"select i1 {zero}, {t} 0, {t} {r}")
             if e.op in ("floordiv", "mod"):
                 return self.int_divmod(e.op, t, a, b, e.b)
         raise CodegenError(f"cannot compile {e.op} on {e.dtype}")
@@ -267,7 +281,7 @@ class _ExprEmitter:
         if dt in FLT:
             pred = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}[e.op]
             return self.op(f"fcmp {pred} {t} {a}, {b}")
-        if dt == "bool":
+        if dt == "bool" or dt in UNSIGNED:
             pred = {"lt": "ult", "le": "ule", "gt": "ugt", "ge": "uge", "eq": "eq", "ne": "ne"}[e.op]
         else:
             pred = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}[e.op]
@@ -282,7 +296,7 @@ class _ExprEmitter:
                 intr = f"llvm.fabs.{'f64' if t == 'double' else 'f32'}"
                 self.m.declare(intr, f"declare {t} @{intr}({t})")
                 return self.op(f"call {t} @{intr}({t} {x})")
-            if dt == "bool":
+            if dt == "bool" or dt in UNSIGNED:
                 return x
             intr = f"llvm.abs.{t}"
             self.m.declare(intr, f"declare {t} @{intr}({t}, i1)")

@@ -16,13 +16,18 @@ from loopir import errors
 from loopir.dtypes import round_bfloat16
 from loopir.nodes import Const
 
+# small integers compute in their own width: LLVM's i8 / i16 arithmetic wraps exactly as numpy's does;
+# signedness lives in the instructions (zext / udiv / icmp ult / umax for uint8 and uint16)
+_SMALL = {"int8": "i8", "uint8": "i8", "int16": "i16", "uint16": "i16"}
 VALUE_T = {"float16": "float", "bfloat16": "float", "float32": "float", "float64": "double",
-           "int32": "i32", "int64": "i64", "bool": "i1"}
+           "int32": "i32", "int64": "i64", "bool": "i1", **_SMALL}
 STORE_T = {"float16": "half", "bfloat16": "i16", "float32": "float", "float64": "double",
-           "int32": "i32", "int64": "i64", "bool": "i8"}
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+           "int32": "i32", "int64": "i64", "bool": "i8", **_SMALL}
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1,
+            "int8": 1, "uint8": 1, "int16": 2, "uint16": 2}
 FLT = {"float16", "bfloat16", "float32", "float64"}
-INTS = {"int32", "int64"}
+INTS = {"int8", "uint8", "int16", "uint16", "int32", "int64"}
+UNSIGNED = {"uint8", "uint16"}
 
 
 class CodegenError(errors.CodegenError):
@@ -49,7 +54,8 @@ def const_text(c: Const) -> str:
     if c.dtype == "bool":
         return "true" if c.value else "false"
     v = int(c.value)
-    if c.dtype == "int32":
-        v = (v + 2**31) % 2**32 - 2**31
+    if c.dtype != "int64":  # LLVM reads an iN literal as signed: a uint8 255 is i8 -1
+        bits = 8 * ITEMSIZE[c.dtype]
+        v = (v + 2 ** (bits - 1)) % 2**bits - 2 ** (bits - 1)
     return str(v)
 

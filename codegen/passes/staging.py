@@ -22,7 +22,8 @@ from .launch import copy_nest, uniform_path
 
 # software pipelining of shared block-tile copies; off: the plain copy, barrier, compute
 PIPELINE_SHARED_COPIES = True
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1,
+             "int8": 1, "uint8": 1, "int16": 2, "uint16": 2}
 
 
 def plan_staging(program: N.Program) -> N.Program:
