@@ -39,6 +39,7 @@ from loopir.bounds import BoundsError, check_bounds
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
 from loopir.lower import lower
 from loopir.nodes import Buffer, Const, For, Program, Seq, Store, Var
+from loopir.target import cpu_vector_fallback
 from loopir.visit import deep_recursion, statements, walk_stmts
 
 from .errors import InexactCheckError, ScheduleError, nest_str
@@ -154,6 +155,11 @@ class Schedule:
                 out.append(f"loop {f.var.name} is parallel but {where}: the CPU target runs only the loops at the top "
                            "of the program on threads, so it runs serially there (reorder it outermost, or "
                            "collapse the loops around it into one parallel loop)")
+            why = cpu_vector_fallback(f)
+            if why:
+                out.append(f"loop {f.var.name} is vectorize but {why}, so the CPU target does not vectorize it "
+                           f"(LLVM only warns on stderr; reorder that loop outside {f.var.name}, or vectorize an "
+                           "inner loop)")
         return out
 
     def explain(self) -> str:

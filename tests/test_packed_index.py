@@ -133,7 +133,8 @@ def test_opt_gemm_packed_cuda_source_cubin_and_adversarial_interpreter():
     s, args = _opt_gemm_gpu(64)
     mod = build_cuda(s.program, arch="sm_90")
     assert mod.cubin[:4] == b"\x7fELF"
-    assert "loopir_floordiv" not in mod.source and "loopir_mod" not in mod.source, mod.source
+    reads = [ln for ln in mod.source.splitlines() if "* packedB[" in ln]
+    assert reads and not any("loopir_floordiv" in ln or "loopir_mod" in ln for ln in reads), reads
     for order in ("reversed", 2):
         a, b, c = _gemm_data(64, 3)
         interp.run(s.program, a, b, c, gpu_order=order)
@@ -146,3 +147,54 @@ def test_opt_gemm_packed_gpu():
     a, b, c = _gemm_data(64, 4)
     build(s, args, target="cuda")(a, b, c)
     _check(a, b, c)
+
+
+# ----------------------------------------------------------------------------- a vectorize that falls back says so
+
+
+def _matvec(vectorize_outer: bool):
+    n = 64
+    A = te.placeholder((n, n), name="A")
+    x = te.placeholder((n,), name="x")
+    k = te.reduce_axis(n, "k")
+    y = te.compute((n,), lambda i: te.sum(A[i, k] * x[k], axis=k), name="y")
+    s = Schedule(y)
+    i, kk = s.loops(y)
+    if vectorize_outer:
+        s.vectorize(i)  # its body keeps the k loop: LLVM vectorizes innermost loops only
+    else:
+        io, ii = s.split(i, 8)
+        s.reorder(io, kk, ii).vectorize(ii)
+    return s, [A, x, y]
+
+
+def test_vectorize_falling_back_says_so_in_notes_explain_and_the_nest(capfd):
+    s, args = _matvec(vectorize_outer=True)
+    assert "    for i in vectorize(0, 64):  # not vectorized on the CPU: its body holds loop k" in str(s), str(s)
+    assert any("loop i is vectorize but its body holds loop k" in n for n in s.notes), s.notes
+    assert "note: loop i is vectorize but its body holds loop k" in s.explain()
+    capfd.readouterr()
+    mod = build(s, args, target="cpu", cache=False)
+    assert "loop not vectorized" in capfd.readouterr().err  # what LLVM says, and all it says, on its own
+    rng = np.random.default_rng()
+    a, x = rng.standard_normal((64, 64)).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    y = np.full(64, np.nan, np.float32)
+    mod(a, x, y)
+    np.testing.assert_allclose(y, a.astype(np.float64) @ x.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
+def test_vectorize_of_an_innermost_loop_has_no_note(capfd):
+    s, args = _matvec(vectorize_outer=False)
+    assert "not vectorized" not in str(s) and not s.notes
+    capfd.readouterr()
+    build(s, args, target="cpu", cache=False)
+    assert "loop not vectorized" not in capfd.readouterr().err
+
+
+def test_vectorize_around_a_constant_unrolled_loop_has_no_note():
+    A = te.placeholder((16, 4), name="A")
+    B = te.compute((16, 4), lambda i, j: A[i, j] * 2.0, name="B")
+    s = Schedule(B)
+    i, j = s.loops(B)
+    s.unroll(j).vectorize(i)  # the renderer unrolls j (4 <= UNROLL_EMIT_LIMIT): i is innermost for LLVM
+    assert "not vectorized" not in str(s) and not s.notes
