@@ -167,7 +167,11 @@ class Schedule:
         def arg(a: Any) -> str:
             return a["loop"] if isinstance(a, dict) and "loop" in a else repr(a)
 
-        lines = [f"{k + 1}. {t['primitive']}({', '.join(arg(a) for a in t['args'])})" for k, t in enumerate(self.trace)]
+        def step(t: dict[str, Any]) -> str:
+            parts = [arg(a) for a in t["args"]] + [f"{n}={arg(v)}" for n, v in t.get("kwargs", {}).items()]
+            return f"{t['primitive']}({', '.join(parts)})"
+
+        lines = [f"{k + 1}. {step(t)}" for k, t in enumerate(self.trace)]
         lines += [f"note: {n}" for n in self.notes]
         plan = getattr(self, "plan", None)
         if plan is not None and hasattr(plan, "explain"):
@@ -363,7 +367,8 @@ class Schedule:
             self._check_kinds(spec, new, args, result)
             return
         marks = {a: f"<-- {spec.name}" for a in _vars_in(args)}
-        what = f"{spec.name}({', '.join(_arg_str(a) for a in args)})"
+        shown = [_arg_str(a) for a in args] + [f"{k}={_arg_str(v)}" for k, v in kwargs.items()]
+        what = f"{spec.name}({', '.join(shown)})"
         if getattr(w, "notes", ()):
             # the new nest was analysed over-approximately (non-affine bounds, guards or coords, e.g.
             # after collapse of a symbolic extent): the conflict found may not be real, so it is no

@@ -65,6 +65,7 @@ def test_jacobi1d_fuse_with_shift_golden():
         "                A[j] = (B[j - 1] + B[j] + B[j + 1]) * 0.33333  # S2 (j = i - 1)"
     )
     assert s.trace[-1]["kwargs"] == {"shift": 1}
+    assert "1. fuse(i, j, shift=1)" in s.explain()
 
 
 def test_jacobi1d_fuse_without_shift_refused_with_witness():
@@ -89,7 +90,7 @@ def test_jacobi1d_negative_shift_refused_with_witness():
     _, j = s.loops("S2")
     with pytest.raises(ScheduleError) as ei:
         s.fuse(i, j, shift=-1)  # b ahead of a: reads B before it is written
-    assert ei.value.buffer == "B"
+    assert ei.value.buffer == "B" and "fuse(i, j, shift=-1) is illegal" in str(ei.value)
     verify_witness(p, fuse(p, i.var, j.var, -1)[0], ei.value)
 
 
