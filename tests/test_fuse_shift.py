@@ -225,3 +225,12 @@ def test_shift_with_unequal_symbolic_extents_guards_both_ends():
         interp.run(s.program, *got)
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
+
+
+def test_shifted_fusion_replays_from_the_trace():
+    p = _jacobi1d()
+    s = Schedule(p)
+    t, i = s.loops("S1")
+    _, j = s.loops("S2")
+    s.tile(t, s.skew(t, s.fuse(i, j, shift=1), 2), 2, 8)
+    assert str(Schedule.replay(s.trace_json(), p)) == str(s)

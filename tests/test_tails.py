@@ -265,3 +265,15 @@ def test_shift_inwards_gpu():
     b = np.full(n, np.nan, np.float32)
     build(s, [A, B], target="cuda")(a, b)
     np.testing.assert_allclose(b, a.astype(np.float64) * 2 + 1, rtol=1e-6)
+
+
+def test_tail_strategies_replay_from_the_trace():
+    p = _padded()
+    s = Schedule(p)
+    io, ii = s.split(s.loops("S")[0], 8, tail="round_up")
+    s.vectorize(ii)
+    assert str(Schedule.replay(s.trace_json(), p)) == str(s)
+    A, B = _affine(te.var("n"))
+    s2 = Schedule(B)
+    s2.split(s2.loops(B)[0], 4, tail="shift_inwards")
+    assert str(Schedule.replay(s2.trace_json(), B)) == str(s2)
