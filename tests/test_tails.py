@@ -78,6 +78,18 @@ def test_guard_is_the_default_and_unchanged():
     assert str(s1) == str(s2) and "if i_o * 8 + i_i < n:" in str(s1)
 
 
+def test_halide_names_are_aliases():
+    A, B = _affine(20)
+    s1, s2 = Schedule(B), Schedule(B)
+    s1.split(s1.loops(B)[0], 8, tail="ShiftInwards")
+    s2.split(s2.loops(B)[0], 8, tail="shift_inwards")
+    assert str(s1) == str(s2)
+    p = _padded()
+    s3 = Schedule(p)
+    s3.split(s3.loops("S")[0], 8, tail="RoundUp")
+    assert "if " not in str(s3) and s3.original is s3.program  # round_up rebased the schedule
+
+
 def test_bad_tail_name_refused():
     _, B = _affine(te.var("n"))
     s = Schedule(B)

@@ -128,7 +128,7 @@ def split(program: Program, loop: Var, factor: int, tail: str = "guard") -> tupl
     """
     factor = _check_factor(factor, "split")
     if tails.check_tail(tail) != "guard":
-        return tails.split_tail(program, loop, factor, tail)
+        return tails.split_tail(program, loop, factor, tails.check_tail(tail))
     f = find_loop(program, loop)
     _serial(f, "split")
     on = fresh_name(program, f"{loop.name}_o")
@@ -155,7 +155,7 @@ def split(program: Program, loop: Var, factor: int, tail: str = "guard") -> tupl
     return replace_loop(program, loop, new), (vo, vi)
 
 
-split.rebases_when = lambda kwargs: kwargs.get("tail") == "round_up"  # type: ignore[attr-defined]  # new instances
+split.rebases_when = lambda kw: tails.check_tail(kw.get("tail", "guard")) == "round_up"  # type: ignore[attr-defined]
 
 
 # ----------------------------------------------------------------------------- reorder

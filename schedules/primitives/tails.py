@@ -47,12 +47,17 @@ from . import CheckContext, find_loop, fresh_name, replace_loop, subst_loops
 __all__ = ["TAILS", "split_tail", "split_check"]
 
 TAILS = ("guard", "round_up", "shift_inwards")
+# Halide's TailStrategy names, accepted as written there
+ALIASES = {"GuardWithIf": "guard", "guard_with_if": "guard", "RoundUp": "round_up", "ShiftInwards": "shift_inwards"}
 
 
 def check_tail(tail: Any) -> str:
+    """The tail strategy `tail` names (an alias resolved); ArgumentError for anything else."""
+    if isinstance(tail, str) and tail in ALIASES:
+        tail = ALIASES[tail]
     if tail not in TAILS:
-        raise ArgumentError(f"split: tail must be one of {', '.join(map(repr, TAILS))} (Halide's tail strategies), "
-                            f"got {tail!r}")
+        raise ArgumentError(f"split: tail must be one of {', '.join(map(repr, TAILS))} (Halide's tail strategies; "
+                            f"its names {', '.join(map(repr, ALIASES))} are accepted too), got {tail!r}")
     return tail
 
 
@@ -94,7 +99,7 @@ def split_tail(program: Program, loop: Var, factor: int, tail: str) -> tuple[Pro
 
 def split_check(ctx: CheckContext) -> poly.Witness | None:
     """The legality check of `split` for every tail strategy (the default is the plain order check)."""
-    tail = ctx.kwargs.get("tail", "guard")
+    tail = check_tail(ctx.kwargs.get("tail", "guard"))
     if tail == "guard":
         bad = poly.instance_mismatch(ctx.deps, ctx.new)
         if bad is not None:
