@@ -35,8 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loopir.nodes import Allocate, Barrier, Binary, Buffer, Const, For, If, Kernel, Program, Seq, Stmt, Store, Var
-from loopir.visit import walk
 from loopir.target import UNROLL_EMIT_LIMIT  # one limit: the schedule notes read it too
+from loopir.visit import walk
 
 from ..names import mangle
 from .expr import _ExprEmitter
