@@ -24,7 +24,7 @@ from .nodes import Binary, Cast, Const, Expr, Unary, Var, binary
 from .visit import walk
 
 __all__ = ["access_pattern", "const_diff", "eval_index", "linear_form", "linear_in", "polynomial", "row_major",
-           "same_value", "simplify", "simplify_affine"]
+           "same_value", "simplify", "simplify_affine", "simplify_divmod"]
 
 
 def linear_in(e: Expr, v: Var) -> tuple[int, Expr] | None:
@@ -303,3 +303,50 @@ def _flatten(e: Expr, op: str) -> list[Expr]:
     if isinstance(e, Binary) and e.op == op:
         return _flatten(e.a, op) + _flatten(e.b, op)
     return [e]
+
+
+# ----------------------------------------------------------------------------- div / mod by known ranges
+
+
+def _term_range(terms: list[tuple[Expr, int]], c: int,
+                ranges: Mapping[Var, tuple[int, int]]) -> tuple[int, int] | None:
+    """[min, max] of sum(k * atom) + c when every atom is a Var with a known inclusive range."""
+    lo = hi = c
+    for t, k in terms:
+        if not isinstance(t, Var) or t not in ranges:
+            return None
+        a, b = ranges[t]
+        lo, hi = lo + min(k * a, k * b), hi + max(k * a, k * b)
+    return lo, hi
+
+
+def simplify_divmod(e: Expr, ranges: Mapping[Var, tuple[int, int]]) -> Expr:
+    """`e` with each `x // d` and `x % d` (d a positive constant) resolved where the loop ranges allow:
+    x = d*q + r with every term of q a multiple of d and 0 <= r < d over `ranges` (Var -> inclusive
+    [lo, hi]) gives x // d = q and x % d = r. The packed layouts of TVM's opt_gemm read
+    `(no*32 + ni) // 32` and `(no*32 + ni) % 32` with 0 <= ni < 32: `no` and `ni`, so an access stays
+    contiguous in `ni`. Anything else is returned unchanged (floor semantics, so the value is equal)."""
+    if isinstance(e, Binary):
+        a, b = simplify_divmod(e.a, ranges), simplify_divmod(e.b, ranges)
+        d = _const_int(b)
+        if e.op in ("floordiv", "mod") and d is not None and d > 0 and _is_int_expr(e):
+            lin = _linear(a)
+            if lin is not None:
+                terms, c = lin
+                q_terms = [(t, k // d) for t, k in terms if k % d == 0]
+                r_terms = [(t, k) for t, k in terms if k % d != 0]
+                r_range = _term_range(r_terms, c % d, ranges)
+                if r_range is not None and 0 <= r_range[0] and r_range[1] < d:
+                    if e.op == "floordiv":
+                        return _rebuild(q_terms, c // d, e.dtype)
+                    return _rebuild(r_terms, c % d, e.dtype)
+        if a is not e.a or b is not e.b:
+            return Binary(e.op, a, b, e.dtype)
+        return e
+    if isinstance(e, Unary):
+        a = simplify_divmod(e.a, ranges)
+        return e if a is e.a else Unary(e.op, a, e.dtype)
+    if isinstance(e, Cast):
+        a = simplify_divmod(e.a, ranges)
+        return e if a is e.a else Cast(e.dtype, a)
+    return e

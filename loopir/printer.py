@@ -55,6 +55,7 @@ from .nodes import (
     Unary,
     Var,
 )
+from .target import cpu_vector_fallback
 from .visit import deep_recursion, walk
 
 INDENT = "    "
@@ -236,7 +237,8 @@ def _loop_head(f: For) -> tuple[str, str]:
         return f"for {_nm(f.var)} in range({rng}):", f"# {f.thread}"
     if f.kind == "serial":
         return f"for {_nm(f.var)} in range({rng}):", ""
-    return f"for {_nm(f.var)} in {f.kind}({rng}):", ""
+    scalar = cpu_vector_fallback(f)
+    return f"for {_nm(f.var)} in {f.kind}({rng}):", f"# not vectorized on the CPU: {scalar}" if scalar else ""
 
 
 def _binding(s: Store) -> str:

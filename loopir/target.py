@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from functools import cache
 
-__all__ = ["host_features", "vector_bits", "vector_registers"]
+from .nodes import Const, For
+from .visit import walk
+
+__all__ = ["UNROLL_EMIT_LIMIT", "cpu_vector_fallback", "host_features", "vector_bits", "vector_registers"]
+
+UNROLL_EMIT_LIMIT = 64  # the CPU renderer emits constant `unroll` loops up to this many iterations unrolled
 
 
 @cache
@@ -32,3 +37,20 @@ def vector_bits() -> int:
 def vector_registers() -> int:
     """How many vector registers the host has (32 with AVX-512, else 16)."""
     return 32 if "avx512f" in host_features() else 16
+
+
+def cpu_vector_fallback(f: For) -> str | None:
+    """Why the CPU target runs `vectorize` loop `f` as scalar code, or None when it does not (as far as the
+    schedule can tell). A vectorize loop the CPU renderer does not emit as explicit vectors (codegen/llvm/vec.py)
+    goes to LLVM's loop vectorizer, which takes innermost loops only: a loop left in the body (any but a constant
+    `unroll` loop the renderer unrolls) makes it give up, with nothing but a warning on stderr
+    ("loop not vectorized: the optimizer was unable to perform the requested transformation")."""
+    if f.kind != "vectorize":
+        return None
+    for n in walk(f.body):
+        if isinstance(n, For):
+            ext = n.hi.value - n.lo.value if isinstance(n.lo, Const) and isinstance(n.hi, Const) else None
+            if n.kind == "unroll" and ext is not None and ext <= UNROLL_EMIT_LIMIT:
+                continue
+            return f"its body holds loop {n.var.name} (LLVM's vectorizer takes innermost loops only)"
+    return None

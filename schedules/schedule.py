@@ -39,6 +39,7 @@ from loopir.bounds import BoundsError, check_bounds
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
 from loopir.lower import lower
 from loopir.nodes import Buffer, Const, For, Program, Seq, Store, Var
+from loopir.target import cpu_vector_fallback
 from loopir.visit import deep_recursion, statements, walk_stmts
 
 from .errors import InexactCheckError, ScheduleError, nest_str
@@ -155,6 +156,11 @@ class Schedule:
                 out.append(f"loop {f.var.name} is parallel but {where}: the CPU target runs only the loops at the top "
                            "of the program on threads, so it runs serially there (reorder it outermost, or "
                            "collapse the loops around it into one parallel loop)")
+            why = cpu_vector_fallback(f)
+            if why:
+                out.append(f"loop {f.var.name} is vectorize but {why}, so the CPU target does not vectorize it "
+                           f"(LLVM only warns on stderr; reorder that loop outside {f.var.name}, or vectorize an "
+                           "inner loop)")
         return out
 
     def explain(self) -> str:
@@ -162,7 +168,11 @@ class Schedule:
         def arg(a: Any) -> str:
             return a["loop"] if isinstance(a, dict) and "loop" in a else repr(a)
 
-        lines = [f"{k + 1}. {t['primitive']}({', '.join(arg(a) for a in t['args'])})" for k, t in enumerate(self.trace)]
+        def step(t: dict[str, Any]) -> str:
+            parts = [arg(a) for a in t["args"]] + [f"{n}={arg(v)}" for n, v in t.get("kwargs", {}).items()]
+            return f"{t['primitive']}({', '.join(parts)})"
+
+        lines = [f"{k + 1}. {step(t)}" for k, t in enumerate(self.trace)]
         lines += [f"note: {n}" for n in self.notes]
         plan = getattr(self, "plan", None)
         if plan is not None and hasattr(plan, "explain"):
@@ -257,13 +267,13 @@ class Schedule:
         def collapse(self, outer: LoopHandle, inner: LoopHandle) -> LoopHandle: ...
         def compute_at(self, producer: Any, loop: LoopHandle) -> Schedule: ...
         def compute_inline(self, producer: Any) -> Schedule: ...
-        def fuse(self, loop_a: LoopHandle, loop_b: LoopHandle) -> LoopHandle: ...
+        def fuse(self, loop_a: LoopHandle, loop_b: LoopHandle, shift: int = 0) -> LoopHandle: ...
         def online_softmax(self, max_buffer: str) -> Schedule: ...
         def parallel(self, loop: LoopHandle) -> Schedule: ...
         def reorder(self, *loops: LoopHandle) -> Schedule: ...
         def sink_guard(self, loop: LoopHandle) -> Schedule: ...
         def skew(self, outer: LoopHandle, inner: LoopHandle, factor: int = 1) -> LoopHandle: ...
-        def split(self, loop: LoopHandle, factor: int) -> tuple[LoopHandle, LoopHandle]: ...
+        def split(self, loop: LoopHandle, factor: int, tail: str = "guard") -> tuple[LoopHandle, LoopHandle]: ...
         def tile(self, i: LoopHandle, j: LoopHandle, ti: int,
                  tj: int) -> tuple[LoopHandle, LoopHandle, LoopHandle, LoopHandle]: ...
         def unroll(self, loop: LoopHandle) -> Schedule: ...
@@ -320,7 +330,7 @@ class Schedule:
             self._reductions.update(_reduction_loops(new, result if isinstance(result, Var) else
                                                      result[0] if isinstance(result, tuple) else rargs[0]))
         self._checked = self._checked and self.check
-        if spec.rebase:
+        if spec.rebase or (hasattr(spec.fn, "rebases_when") and spec.fn.rebases_when(rkw)):
             self._original = new
             self._deps = None
             self._checked = True
@@ -362,7 +372,8 @@ class Schedule:
             self._check_kinds(spec, new, args, result)
             return
         marks = {a: f"<-- {spec.name}" for a in _vars_in(args)}
-        what = f"{spec.name}({', '.join(_arg_str(a) for a in args)})"
+        shown = [_arg_str(a) for a in args] + [f"{k}={_arg_str(v)}" for k, v in kwargs.items()]
+        what = f"{spec.name}({', '.join(shown)})"
         if getattr(w, "notes", ()):
             # the new nest was analysed over-approximately (non-affine bounds, guards or coords, e.g.
             # after collapse of a symbolic extent): the conflict found may not be real, so it is no
@@ -581,8 +592,9 @@ def _check_loop_args(spec: PrimitiveSpec, args: tuple[Any, ...], kwargs: dict[st
 def bounds_checked(spec: PrimitiveSpec) -> bool:
     """Steps after which the bounds proof runs: those that change the statement instances or accesses
     (rebase) or are checked by a custom function. The others are checked to run exactly the original
-    instances (poly.instance_mismatch), so their accesses, and the bounds, cannot change."""
-    return spec.rebase or callable(spec.check)
+    instances (poly.instance_mismatch), so their accesses, and the bounds, cannot change. A custom check marked
+    `checks_bounds` runs the proof itself where its step needs it (split's, for tail="round_up" only)."""
+    return spec.rebase or (callable(spec.check) and not getattr(spec.check, "checks_bounds", False))
 
 
 def _check_bounds_step(name: str, args: tuple[Any, ...], old: Program, new: Program) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loopir.nodes import Allocate, Barrier, Binary, Buffer, Const, For, If, Kernel, Program, Seq, Stmt, Store, Var
+from loopir.target import UNROLL_EMIT_LIMIT  # one limit: the schedule notes read it too
 from loopir.visit import walk
 
 from ..names import mangle
@@ -52,7 +53,6 @@ __all__ = [
 ]
 
 STACK_LIMIT = 64 * 1024  # bytes: a constant-size scratch up to this lives on the stack
-UNROLL_EMIT_LIMIT = 64  # constant-extent unrolled loops up to this many iterations are emitted unrolled
 
 
 @dataclass(frozen=True)

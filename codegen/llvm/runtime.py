@@ -4,7 +4,14 @@ A `CpuKernel` is the compiled form of one program (shared by every Module built 
 structurally equal program): it keeps the execution engine alive (the function pointers die
 with it) and runs the segments in order; a parallel segment's `[lo, hi)` is cut into
 contiguous chunks (CHUNKS_PER_THREAD per thread), taken in order by the calling thread and the
-workers of a thread pool as each becomes free (ctypes drops the GIL during the call).
+workers of a persistent thread pool as each becomes free (ctypes drops the GIL during the call).
+
+The pool (`_Pool`, one per thread count) keeps its workers parked on a condition variable between
+calls: a call posts its job (a generation number), wakes them and runs chunks itself; chunks are handed
+out by an atomic counter, and the call returns as soon as every chunk has finished, without waiting
+for a worker that woke too late to find one (a small loop costs the caller one wake-up, not a round
+trip through futures). The same chunks run whichever thread takes them, so results do not depend on
+the pool. After `fork` the child starts with no pools (its copies of the parent's workers do not exist).
 
 Object cache: the O3-optimised machine code of a source is kept on disk (`codegen.diskcache`, entries
 `<key>.llo`, the key hashing the LLVM IR text, llvmlite's version, the process triple, the host CPU and
@@ -16,10 +23,12 @@ obj)` takes the object code directly (the whole-build cache stores it with the b
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
+import itertools
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -33,7 +42,6 @@ _lock = threading.Lock()
 # A parallel loop is cut into this many contiguous chunks per thread, taken by whichever thread is
 # free: a thread slowed by another process on its core then does less of the work.
 CHUNKS_PER_THREAD = 4
-_pools: dict[int, ThreadPoolExecutor] = {}
 
 
 def default_threads() -> int:
@@ -43,11 +51,81 @@ def default_threads() -> int:
         return max(os.cpu_count() or 1, 1)
 
 
-def _pool(n: int) -> ThreadPoolExecutor:
+class _Job:
+    """The chunks of one parallel segment: `k` calls of `fn(lo_j, hi_j)`, each run by whichever thread takes it."""
+
+    __slots__ = ("fn", "cuts", "k", "take", "finished", "rcs", "error", "done")
+
+    def __init__(self, fn: Callable[[int, int], int], cuts: list[int]) -> None:
+        self.fn, self.cuts, self.k = fn, cuts, len(cuts) - 1
+        self.take = itertools.count()  # next() on a C counter is atomic under the GIL: no lock per chunk
+        self.finished = itertools.count(1)
+        self.rcs = [0] * self.k
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def work(self) -> None:
+        while (j := next(self.take)) < self.k:
+            try:
+                self.rcs[j] = self.fn(self.cuts[j], self.cuts[j + 1])
+            except BaseException as e:  # noqa: BLE001 - handed to the caller; the chunk still counts as done
+                self.error = e
+            if next(self.finished) == self.k:
+                self.done.set()
+
+
+class _Pool:
+    """`workers` persistent daemon threads that help the calling thread run a `_Job` (one job at a time)."""
+
+    def __init__(self, workers: int) -> None:
+        self._run_lock = threading.Lock()  # callers from several Python threads take turns
+        self._cv = threading.Condition(threading.Lock())
+        self._gen = 0
+        self._job: _Job | None = None
+        for _ in range(workers):
+            threading.Thread(target=self._loop, name="loopir-cpu", daemon=True).start()
+
+    def _loop(self) -> None:
+        seen = 0
+        while True:
+            with self._cv:
+                while self._gen == seen:
+                    self._cv.wait()
+                seen, job = self._gen, self._job
+            if job is not None:
+                job.work()  # a job already finished by others hands out no chunk: the thread parks again
+
+    def run(self, job: _Job) -> None:
+        with self._run_lock:
+            with self._cv:
+                self._job = job
+                self._gen += 1
+                self._cv.notify_all()
+            job.work()
+            job.done.wait()
+            self._job = None
+        if job.error is not None:
+            raise job.error
+
+
+_pools: dict[int, _Pool] = {}
+
+
+def _pool(n: int) -> _Pool:
+    """The pool that runs a job on `n` threads: the caller and n - 1 workers."""
     with _lock:
         if n not in _pools:
-            _pools[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="loopir-cpu")
+            _pools[n] = _Pool(n - 1)
         return _pools[n]
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # a parent thread may have held it at the fork
+    _pools.clear()  # the workers were not copied into the child
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @cache
@@ -181,21 +259,12 @@ class CpuKernel:
                 continue
             k = min(threads * CHUNKS_PER_THREAD, n)
             cuts = [lo + (n * j) // k for j in range(k + 1)]
-            nxt = iter(range(k))
-            take = threading.Lock()
-
-            def worker(seg: _Seg = seg, cuts: list[int] = cuts, nxt: Any = nxt, take: Any = take) -> list[int]:
-                rcs = []
-                while True:
-                    with take:
-                        j = next(nxt, None)
-                    if j is None:
-                        return rcs
-                    rcs.append(seg.fn(*ptrs, *sizes, cuts[j], cuts[j + 1]))
-
-            futs = [_pool(threads).submit(worker) for _ in range(min(threads, k) - 1)]
-            rcs = worker() + [r for f in futs for r in f.result()]
-            for r in rcs:
+            job = _Job(functools.partial(seg.fn, *ptrs, *sizes), cuts)
+            if k == 1:
+                job.work()
+            else:
+                _pool(min(threads, k)).run(job)
+            for r in job.rcs:
                 self._check(seg, r)
 
     @staticmethod

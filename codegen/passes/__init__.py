@@ -29,6 +29,7 @@ from .mma import plan_mma
 from .packing import pack_panels
 from .private import refuse_split_private
 from .shared import plan_dynamic_shared
+from .simplify_indices import simplify_indices
 from .staging import plan_staging
 from .versioning import version_tiles
 
@@ -71,13 +72,14 @@ def _pipelines(assume: Assume | None = None) -> dict[str, tuple[Pass, ...]]:
     plan = _with_args(plan_kernels, int32_sizes=True) if assume is not None and assume.index_int32 else plan_kernels
     cuda = (Pass("prove_bounds", prove_bounds), Pass("refuse_split_private", refuse_split_private),
             Pass("widen_accumulators", widen_accumulators),
-            Pass("split_kernels", split_kernels),
+            Pass("simplify_indices", simplify_indices), Pass("split_kernels", split_kernels),
             Pass("plan_kernels", plan), Pass("place_barriers", place_barriers), Pass("plan_mma", plan_mma),
             Pass("plan_staging", plan_staging), Pass("version_full_tiles", version_full_tiles),
             Pass("plan_dynamic_shared", plan_dynamic_shared))
     cpu = (Pass("prove_bounds", prove_bounds), Pass("widen_accumulators", widen_accumulators),
            Pass("tighten_guards", tighten_guards),
-           Pass("version_tiles", version_tiles), Pass("pack_panels", pack_panels))
+           Pass("version_tiles", version_tiles), Pass("pack_panels", pack_panels),
+           Pass("simplify_indices", simplify_indices))
     return {"cuda": cuda, "cpu": cpu}
 
 

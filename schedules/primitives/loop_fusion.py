@@ -50,7 +50,7 @@ def replace_at(path: Path, new: Stmt | None) -> Stmt | None:
 # ----------------------------------------------------------------------------- fuse
 
 
-def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
+def fuse(program: Program, loop_a: Var, loop_b: Var, shift: int = 0) -> tuple[Program, Var]:
     """Fuse the sibling loops `loop_a` and `loop_b` into one loop (the returned `loop_a` variable).
 
     Precondition: both loops are children of one Seq, `loop_a` first, with the same kind. With
@@ -63,8 +63,22 @@ def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
         for j in lo_b..lo_b+n: SB(j)     ==>        SA(i)
                                                     SB(i - lo_a + lo_b)
 
-    This function only rewrites the IR; `check_fuse` tests legality.
+    `shift=k` (PolyBench's jacobi-1d: time tiling needs the two nests of the time loop fused with an
+    offset first) delays `b` by k iterations: the fused iteration that runs iteration lo_a + p of `a` runs
+    iteration lo_b + p - k of `b`, so with equal lower bounds iteration i of `b` runs with iteration i + k
+    of `a`. The fused loop spans both ranges and guards each body by its own range (k < 0 runs `b` ahead)::
+
+        for i in 1..n-1: B[i] = f(A[i-1..i+1])        for i in 1..n:                             # shift=1
+        for j in 1..n-1: A[j] = g(B[j-1..j+1])  ==>       if i < n - 1: B[i] = f(A[i-1..i+1])
+                                                          if i >= 2:    A[j] = g(B[j-1..j+1])  (j = i - 1)
+
+    The shift changes the execution order only; it is checked like every fuse (refused with a witness
+    when a dependence would run backwards, e.g. the fusion above with shift=0: A[j] needs B[j + 1]).
+    This function only rewrites the IR; the registered primitive's order check tests legality.
     """
+    if isinstance(shift, bool) or not isinstance(shift, int):
+        raise ArgumentTypeError(f"fuse: shift must be an int (iterations of the second loop's delay), got "
+                                f"{type(shift).__name__} {shift!r}")
     for v, what in ((loop_a, "first"), (loop_b, "second")):
         if not isinstance(v, Var):
             raise ArgumentTypeError(f"fuse: the {what} loop must be a loop handle, got {type(v).__name__} {v!r}")
@@ -102,11 +116,11 @@ def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
             f"fuse: loops {a.var.name!r} ({ka_s}) and {b.var.name!r} ({kb_s}) have different kinds; "
             "fuse them before annotating"
         )
-    shift = b.lo - a.lo
-    target: Expr = a.var if same_value(shift, a.var - a.var) else a.var + shift
+    off = b.lo - a.lo - shift
+    target: Expr = a.var if same_value(off, a.var - a.var) else simplify(a.var + off)
     body_a, body_b = a.body, subst_loops(b.body, {b.var: target})
-    hi = a.hi
-    if not same_value(ext_a, ext_b):
+    lo, hi = a.lo, a.hi
+    if shift == 0 and not same_value(ext_a, ext_b):
         # different extents (fdtd-2d: nx - 1 and nx): the fused loop runs the longer one, and the body of the
         # shorter one (either, when the difference is not a constant) is guarded by its own extent
         d = const_diff(ext_a, ext_b)
@@ -116,7 +130,23 @@ def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
             body_a = If(a.var < a.hi, body_a)
         if d is None or d > 0:
             body_b = If(a.var < simplify(a.lo + ext_b), body_b)
-    fused = replace(a, hi=hi, body=seq(body_a, body_b))
+    elif shift != 0:
+        # in fused coordinates (offsets from lo_a) a runs [0, ext_a), b runs [shift, shift + ext_b): the loop spans
+        # both, and each body keeps a guard for each end where the other range sticks out
+        end_b = simplify(ext_b + shift)
+        d = const_diff(ext_a, end_b)
+        lo = simplify(a.lo + min(0, shift))
+        hi = simplify(a.lo + (ext_a if d is not None and d >= 0 else end_b if d is not None
+                              else binary("max", ext_a, end_b)))
+        if shift < 0:
+            body_a = If(a.var >= a.lo, body_a)
+        if d is None or d < 0:
+            body_a = If(a.var < a.hi, body_a)
+        if shift > 0:
+            body_b = If(a.var >= simplify(a.lo + shift), body_b)
+        if d is None or d > 0:
+            body_b = If(a.var < simplify(a.lo + end_b), body_b)
+    fused = replace(a, lo=lo, hi=hi, body=seq(body_a, body_b))
     kids = list(parent.body)
     kids[ka] = fused
     del kids[kb]
@@ -132,13 +162,14 @@ def fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
 def _fuse_hint(ctx: Any, w: Any) -> str | None:
     a, b = ctx.args[0], ctx.args[1]
     return (f"fusing loops {a.name!r} and {b.name!r} makes {w.sink[0]} run in the same iteration as the "
-            f"{w.source[0]} it depends on, or earlier; shift or reverse one nest first, or keep them apart")
+            f"{w.source[0]} it depends on, or earlier; delay the second nest (fuse({a.name}, {b.name}, shift=k), "
+            "k > 0), reverse one nest first, or keep them apart")
 
 
 def _register() -> None:
     @primitive("fuse", check="order", hint=_fuse_hint)
-    def _fuse(program: Program, loop_a: Var, loop_b: Var) -> tuple[Program, Var]:
-        return fuse(program, loop_a, loop_b)
+    def _fuse(program: Program, loop_a: Var, loop_b: Var, shift: int = 0) -> tuple[Program, Var]:
+        return fuse(program, loop_a, loop_b, shift)
 
     _fuse.__doc__ = fuse.__doc__  # the method's help is the primitive's
 

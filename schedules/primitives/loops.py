@@ -20,7 +20,7 @@ from loopir.isl_conv import pw_bound
 from loopir.nodes import Allocate, Const, Expr, For, If, Program, Seq, Stmt, Var, binary, const, logical
 from loopir.visit import free_vars, substitute
 
-from . import CheckContext, find_loop, fresh_name, loop_path, primitive, replace_loop, subst_loops
+from . import CheckContext, find_loop, fresh_name, loop_path, primitive, replace_loop, subst_loops, tails
 
 __all__ = ["split", "tile", "reorder", "collapse", "skew", "order_hint"]
 
@@ -110,8 +110,8 @@ def order_hint(ctx: CheckContext, w: poly.Witness) -> str | None:
 # ----------------------------------------------------------------------------- split
 
 
-@primitive("split", hint=skew_hint)
-def split(program: Program, loop: Var, factor: int) -> tuple[Program, tuple[Var, Var]]:
+@primitive("split", check=tails.split_check, hint=skew_hint)
+def split(program: Program, loop: Var, factor: int, tail: str = "guard") -> tuple[Program, tuple[Var, Var]]:
     """Split `loop` into an outer loop over chunks of `factor` and an inner loop within one.
 
     Precondition: `loop` is a serial loop; factor >= 1. A guard keeps the last chunk inside
@@ -123,8 +123,12 @@ def split(program: Program, loop: Var, factor: int) -> tuple[Program, tuple[Var,
             S(i)              ->             for i_i in range(0, 4):
                                                  if i_o*4 + i_i < n:
                                                      S(i_o*4 + i_i)
+
+    `tail` is Halide's tail strategy: "guard" (above), "round_up" or "shift_inwards" (see tails.py).
     """
     factor = _check_factor(factor, "split")
+    if tails.check_tail(tail) != "guard":
+        return tails.split_tail(program, loop, factor, tails.check_tail(tail))
     f = find_loop(program, loop)
     _serial(f, "split")
     on = fresh_name(program, f"{loop.name}_o")
@@ -149,6 +153,9 @@ def split(program: Program, loop: Var, factor: int) -> tuple[Program, tuple[Var,
         body = If(guard, body)
     new = For(vo, olo, ohi, For(vi, const(0), fc, body))
     return replace_loop(program, loop, new), (vo, vi)
+
+
+split.rebases_when = lambda kw: tails.check_tail(kw.get("tail", "guard")) == "round_up"  # type: ignore[attr-defined]
 
 
 # ----------------------------------------------------------------------------- reorder
