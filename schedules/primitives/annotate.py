@@ -217,9 +217,14 @@ def _bind_vthread(program: Program, loop: Var) -> Program:
     program = _annotate(program, loop, "unroll", VTHREAD, "bind")
     below = _chain_below(find_loop(program, loop))
     last = max((k for k, x in enumerate(below) if _is_threads(x)), default=None)
-    if last is not None:
-        program = _sink_vthreads(program, below[: last + 1])
-    return program
+    if last is None:
+        return program
+    end = last + 1
+    while end < len(below) and _is_vthread(below[end]):
+        end += 1  # vthreads already moved there (bound earlier, so outer ones first): the new one goes after them
+    band = below[:end]
+    order = [f.var for f in band if not _is_vthread(f)] + [f.var for f in band[1:] if _is_vthread(f)] + [loop]
+    return reorder(program, *order) if order != [f.var for f in band] else program
 
 
 @primitive("vthread", check=_check_bind, hint=_bind_hint)
