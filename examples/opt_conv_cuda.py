@@ -22,9 +22,8 @@ Where the schedule differs from TVM's, and why (each in one place below):
 - TVM moves the channel loop rco outside ry, rx (reduce axes reordered among themselves); loopir's checker
   refuses reordering a floating-point reduction (the sum would be rounded in another order), so the tiles
   are staged at rco inside ry, rx: the same number of tiles of the same size.
-- TVM splits the copy loops of AA and WW and binds them to threadIdx.y/x; loopir's CUDA target spreads a
-  shared copy over all the block's threads by itself (128-bit wide where aligned), so those lines have no
-  counterpart; the copy loops are still there to split or reorder (`s.loops("A_shared")`).
+- TVM vectorizes the innermost copy loop; loopir copies the innermost loop of a bound copy by 16-byte chunks
+  by itself where the alignment allows (not for the padded A, whose copy is clipped at the image border).
 - AL and WL (register copies of the shared tiles) are left out: the unrolled 8 x 8 tile reads each shared
   value once per k already, and a register copy of a strided (cyclic) tile would be its bounding box.
 """
@@ -99,8 +98,16 @@ def gpu_schedule(s: Schedule, block: int, threads: int, vthread: int, step: int)
     vy, vx, fi, ni, ry, rx, rc = s.loops("B")[-7:]
     rco, rci = s.split(rc, step)
     s.reorder(ry, rx, rco, rci, vy, vx, fi, ni)  # every k step updates the whole register tile
-    s.cache_read("A", "shared", rco)             # TVM's AA, WW: the block's tiles of A (padded) and W
-    s.cache_read("W", "shared", rco)
+    for t in ("A", "W"):                         # TVM's AA, WW: the block's tiles of A (padded) and W, copied by
+        cache = s.cache_read(t, "shared", rco)   # the block's threads as bound: channel rows over threadIdx.y,
+        _, _, c, n = s.loops(cache.name)[-4:]    # columns over threadIdx.x
+        cty, c = s.split(c, nparts=threads)
+        if t == "W":                             # TVM's way: a thread copies a run of 8 columns, by 16-byte chunks
+            ctx, n = s.split(n, nparts=threads)
+        else:                                    # A's copy is clipped at the image border (no 16-byte chunks):
+            n, ctx = s.split(n, factor=threads)  # neighbouring threads take neighbouring columns (coalesced)
+        s.reorder(cty, ctx, c, n)
+        s.bind(cty, "threadIdx.y").bind(ctx, "threadIdx.x")
     for lp in s.loops("B")[-2:]:
         s.unroll(lp)
     for lp in s.loops("B_init")[-2:]:

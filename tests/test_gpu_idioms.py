@@ -397,15 +397,92 @@ def test_copy_stage_loops_are_handles_to_split_and_reorder():
     _cuda_adversarial(s, [A, B, C], [a, b], want)
 
 
-def test_copy_stage_bind_vectorize_unroll_are_refused_with_the_reason():
+def _bound_copy(s: Schedule, cache: str, tile: str = "blocked"):  # noqa: ANN202
+    """TVM's copy schedule: rows over threadIdx.y, columns over threadIdx.x (blocked: a run per thread)."""
+    c0, c1 = s.loops(cache)[-2:]
+    cty, c0 = s.split(c0, nparts=4)
+    if tile == "blocked":
+        ctx, c1 = s.split(c1, nparts=4)
+    else:
+        c1, ctx = s.split(c1, factor=4)
+    s.reorder(cty, ctx, c0, c1)
+    s.bind(cty, "threadIdx.y").bind(ctx, "threadIdx.x")
+    return cty, ctx
+
+
+def _strip_barriers(p: Program) -> Program:
+    from loopir.nodes import Barrier, Seq
+    from loopir.visit import Transformer
+
+    class _T(Transformer):
+        def visit_Seq(self, q: Seq):  # noqa: ANN202
+            return Seq(tuple(self.visit(x) for x in q.body if not isinstance(x, Barrier)))
+
+    return _T().visit(p)
+
+
+@pytest.mark.parametrize("tile", ["blocked", "cyclic"])
+def test_copy_stage_bound_to_threads(tile):
+    (A, B, C), s, AA = _staged_matmul()
+    BB = s.cache_read("B", "shared", s.loops(AA.name)[-3])
+    _bound_copy(s, AA.name, tile)
+    cty, ctx = _bound_copy(s, BB.name, tile)
+    bound = {f.var.name: f.thread for f in walk(s.program.body) if isinstance(f, For) and f.kind == "parallel"
+             and f.thread}
+    assert bound == {"c0_o": "threadIdx.y", "c02_o": "threadIdx.y",
+                     **({"c1_o": "threadIdx.x", "c12_o": "threadIdx.x"} if tile == "blocked" else
+                        {"c1_i": "threadIdx.x", "c12_i": "threadIdx.x"})}
+    a, b = _x((32, 16), 9), _x((16, 32), 10)
+    want = a.astype(np.float64) @ b
+    out = _nan((32, 32))
+    build(s, [A, B, C], target="cpu")(a, b, out)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    src = build(s, [A, B, C], target="cuda").source
+    assert "A_shared: copy spread over the block's threads as bound (c0_o on threadIdx.y" in src
+    assert "const int c0_o = (int)threadIdx.y;  // one iteration per thread" in src
+    if tile == "blocked":  # B's rows are 16-byte aligned: a thread's run of 4 goes as one chunk
+        assert "loopir_cp_async16(&B_shared" in src
+    _cuda_adversarial(s, [A, B, C], [a, b], want)
+    # the barriers the pipeline placed are what make it right: without them some thread order reads unwritten tiles
+    bare = _strip_barriers(lower_passes(s.program, "cuda"))
+    wrong = []
+    for order in ORDERS:
+        got = _nan((32, 32))
+        interp.run(bare, a, b, got, gpu_order=order)
+        wrong.append(not np.allclose(got, want, rtol=1e-4, atol=1e-4))
+    assert any(wrong)
+
+
+@pytest.mark.gpu
+def test_copy_stage_bound_to_threads_on_the_gpu():
+    (A, B, C), s, AA = _staged_matmul()
+    BB = s.cache_read("B", "shared", s.loops(AA.name)[-3])
+    _bound_copy(s, AA.name, "blocked")
+    _bound_copy(s, BB.name, "cyclic")
+    a, b = _x((32, 16), 13), _x((16, 32), 14)
+    out = _nan((32, 32))
+    build(s, [A, B, C], target="cuda")(a, b, out)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_copy_stage_bad_bindings_and_steps_are_refused():
     _, s, AA = _staged_matmul()
     c0, c1 = s.loops(AA.name)[-2:]
-    for step, args in (("bind", (c0, "threadIdx.y")), ("vectorize", (c1,)), ("unroll", (c1,))):
-        with pytest.raises(ArgumentError, match="loop of a shared cache_read copy, which the CUDA target already "
-                                                "spreads over ALL the block's threads"):
+    with pytest.raises(ArgumentError, match="can be bound to threadIdx.x|y|z .*not to blockIdx.x"):
+        s.bind(c0, "blockIdx.x")
+    with pytest.raises(ArgumentError, match="no loop around the copy of loop 'c0' is bound to threadIdx.z"):
+        s.bind(c0, "threadIdx.z")
+    s.bind(c0, "threadIdx.y")
+    with pytest.raises(ArgumentError, match="loop 'c0' of the same copy is already bound to threadIdx.y"):
+        s.bind(c1, "threadIdx.y")
+    with pytest.raises(ArgumentError, match="copy loop 'c0' is already bound to threadIdx.y"):
+        s.bind(c0, "threadIdx.x")
+    with pytest.raises(ArgumentError, match="split: copy loop 'c0' is already bound to threadIdx.y; split it before"):
+        s.split(c0, 2)
+    for step, args in (("vectorize", (c1,)), ("unroll", (c1,)), ("bind", (c1, "vthread"))):
+        with pytest.raises(ArgumentError, match="loop of a shared cache_read copy, which the CUDA target unrolls "
+                                                "and copies by 16-byte chunks"):
             s.apply(step, *args)
-    with pytest.raises(ArgumentError, match="'vthread'.*shared cache_read copy"):
-        s.bind(c0, "vthread")
 
 
 def test_split_of_a_parallel_loop_that_is_not_a_copy_is_refused():

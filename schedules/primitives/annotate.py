@@ -180,6 +180,10 @@ def bind(program: Program, loop: Var, axis: str) -> Program:
 
         for i in range(0, n):   ->   for i in range(0, n):  # blockIdx.x
 
+    A loop of a shared cache_read copy (`s.loops("A_shared")`) can be bound to a threadIdx axis of the block
+    around it: the copy stays cooperative, its loop runs threadIdx.a, threadIdx.a + blockDim.a, ... in each
+    thread (TVM's copy binding); no two loops of one copy on one axis.
+
     "vthread" (TVM's virtual thread; also `s.vthread(loop)`): the loop runs serially, unrolled, INSIDE
     each thread and strides the thread's tile — a thread computes i = v*stride + ty*... for each v, so
     neighbouring threads touch neighbouring elements (coalesced, shared-memory banks spread) while each
@@ -196,7 +200,9 @@ def bind(program: Program, loop: Var, axis: str) -> Program:
         return _bind_vthread(program, loop)
     if not isinstance(axis, str) or axis not in GPU_AXES:
         raise ArgumentError(f"bind: unknown GPU axis {axis!r}; use one of {', '.join(GPU_AXES)} or 'vthread'")
-    _refuse_copy_loop(program, loop, f"bind(..., {axis!r})")
+    f = find_loop(program, loop)
+    if f.kind == "parallel" and _is_copy_loop(program, f):
+        return _bind_copy_loop(program, f, axis)
     program = _annotate(program, loop, "thread", axis, "bind")
     f = find_loop(program, loop)
     if (axis or "").startswith("threadIdx"):
@@ -243,7 +249,41 @@ def _refuse_copy_loop(program: Program, loop: Var, what: str) -> None:
     f = find_loop(program, loop)
     if f.kind == "parallel" and _is_copy_loop(program, f):
         raise ArgumentError(
-            f"{what}: loop {loop.name!r} is a loop of a shared cache_read copy, which the CUDA target already "
-            "spreads over ALL the block's threads (thread t copies flat elements t, t + T, ..., 128-bit wide where "
-            "the alignment is proven), so TVM's bind / vectorize of the copy loops is what it does by itself; "
-            "split or reorder the copy loops to choose the order of the elements instead")
+            f"{what}: loop {loop.name!r} is a loop of a shared cache_read copy, which the CUDA target unrolls and "
+            "copies by 16-byte chunks along its innermost loop where the alignment allows, by itself (leave this "
+            "step out); a copy loop can be split, reordered and bound to a threadIdx axis")
+
+
+def _copy_nest(program: Program, f: For) -> list[For]:
+    """The loops of the copy nest that `f` belongs to, outermost first."""
+    path = loop_path(program, f.var) or [f]
+    top = len(path) - 1
+    while top > 0 and isinstance(path[top - 1], For) and path[top - 1].kind == "parallel":  # type: ignore[union-attr]
+        top -= 1
+    out = [s for s in path[top:] if isinstance(s, For)]
+    inner = f.body
+    while isinstance(inner, For) and inner.kind == "parallel":
+        out.append(inner)
+        inner = inner.body
+    return out
+
+
+def _bind_copy_loop(program: Program, f: For, axis: str) -> Program:
+    # the copy stays one cooperative copy: its loop runs threadIdx.a, threadIdx.a + blockDim.a, ... in each thread
+    # (codegen.cuda.staging._coop_bound), which covers each element once as long as no other loop of the copy
+    # takes the same axis; every thread still reaches the copy and the barriers around it stay where they are
+    name = f.var.name
+    if not axis.startswith("threadIdx"):
+        raise ArgumentError(f"bind: loop {name!r} is a loop of a shared cache_read copy inside the block; it can be "
+                            f"bound to threadIdx.x|y|z (the block's threads share the copy), not to {axis}")
+    if f.thread is not None:
+        raise ArgumentError(f"bind: copy loop {name!r} is already bound to {f.thread}")
+    twin = next((x for x in _copy_nest(program, f) if x.thread == axis), None)
+    if twin is not None:
+        raise ArgumentError(f"bind: loop {twin.var.name!r} of the same copy is already bound to {axis}; two loops of "
+                            "one copy on one axis would copy some elements twice and skip others")
+    path = loop_path(program, f.var) or []
+    if not any(isinstance(x, For) and x.kind == "thread" and x.thread == axis for x in path):
+        raise ArgumentError(f"bind: no loop around the copy of loop {name!r} is bound to {axis}; bind a copy loop to "
+                            "an axis the block's threads use")
+    return replace_loop(program, f.var, dataclasses.replace(f, thread=axis))

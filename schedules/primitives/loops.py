@@ -210,6 +210,9 @@ def split(program: Program, loop: Var, factor: int | None = None,
 def _split_kind(program: Program, f: For) -> str:
     """The kind both halves get: "serial", or "parallel" for a loop of a cooperative shared copy (cache_read)."""
     if f.kind == "parallel" and _is_copy_loop(program, f):
+        if f.thread is not None:
+            raise ArgumentError(f"split: copy loop {f.var.name!r} is already bound to {f.thread}; split it before "
+                                "binding it")
         return "parallel"
     _serial(f, "split")
     return "serial"
