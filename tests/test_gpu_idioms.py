@@ -376,7 +376,7 @@ def _staged_matmul():  # noqa: ANN202
 
 def test_copy_stage_loops_are_handles_to_split_and_reorder():
     (A, B, C), s, AA = _staged_matmul()
-    loops = s.loops(AA.name)  # TVM: s[AA].op.axis — the copy's own loops come last
+    loops = s.loops(AA)  # TVM: s[AA].op.axis — the copy's own loops come last
     c0, c1 = loops[-2:]
     assert [lp.name for lp in loops[-2:]] == ["c0", "c1"]
     c1o, c1i = s.split(c1, nparts=2)        # TVM's split of the copy: both halves stay copy loops
@@ -483,6 +483,29 @@ def test_copy_stage_bad_bindings_and_steps_are_refused():
         with pytest.raises(ArgumentError, match="loop of a shared cache_read copy, which the CUDA target unrolls "
                                                 "and copies by 16-byte chunks"):
             s.apply(step, *args)
+
+
+def test_cache_write_copy_out_loops_are_handles():
+    A, B, C = _matmul(32, 32, 16)
+    s = Schedule(C)
+    i, j, _ = s.loops(C)
+    bi, ir_ = s.split(i, 16)
+    bj, jr = s.split(j, 16)
+    ii, ty = s.split(ir_, factor=4)
+    jj, tx = s.split(jr, factor=4)
+    s.reorder(bi, bj, ty, tx, ii, jj)
+    s.bind(bi, "blockIdx.y").bind(bj, "blockIdx.x").bind(ty, "threadIdx.y").bind(tx, "threadIdx.x")
+    s.cache_write("C", "local", tx)
+    q0, q1 = s.loops("C_copy")[-2:]  # the write-back of the register tile: its own loops
+    q1o, q1i = s.split(q1, nparts=2)
+    s.unroll(q0).unroll(q1i)
+    assert "for C_q1_o in range(0, 2):" in str(s) and "for C_q1_i in unroll(0, 2):" in str(s)
+    a, b = _x((32, 16), 15), _x((16, 32), 16)
+    want = a.astype(np.float64) @ b
+    out = _nan((32, 32))
+    build(s, [A, B, C], target="cpu")(a, b, out)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    _cuda_adversarial(s, [A, B, C], [a, b], want, orders=("reversed", 0))
 
 
 def test_split_of_a_parallel_loop_that_is_not_a_copy_is_refused():

@@ -669,6 +669,8 @@ def _register() -> None:
         """Compute `buffer` into a scratch buffer of `scope` ("local" or "shared") allocated inside `loop`;
         returns the scratch Buffer. `epilogue` stages (elementwise readers of `buffer`) move to the end of
         the iteration and read the scratch buffer (see the module docstring and `cache_write.cache_write`).
+        The write-back statement is `<buffer>_copy`; `s.loops("<buffer>_copy")` are its loops, to split,
+        unroll or vectorize like any serial loop.
 
         Precondition: statements inside `loop` write `buffer`; every read of it inside `loop` reads a value
         written in the same iteration (a reduction with its init inside `loop`); the elements one
