@@ -566,6 +566,21 @@ def test_opt_conv_cpu_numerics_and_cuda_adversarial():
     _cuda_adversarial(s, [A, W, B], [a, w], E.reference(a, w), orders=("reversed", 0))
 
 
+def test_opt_conv_schedule_trace_replays():
+    E = _example()
+    A, W, B = E.conv(**TINY)
+    s = Schedule(B)
+    E.gpu_schedule(s, **TINY_TILES)
+    steps = [t["primitive"] for t in s.trace]
+    assert steps.count("bind") == 11 and {"collapse", "split", "reorder", "cache_write", "cache_read"} <= set(steps)
+    again = Schedule.replay(s.trace_json(), B)
+
+    def kinds(sch: Schedule) -> list[tuple[str, str, str | None]]:
+        return [(f.var.name, f.kind, f.thread) for f in walk(sch.program.body) if isinstance(f, For)]
+
+    assert str(again) == str(s) and kinds(again) == kinds(s)
+
+
 @pytest.mark.gpu
 def test_opt_conv_small_on_the_gpu():
     E = _example()
