@@ -15,17 +15,16 @@ whose CUDA kernel it compiles with NVRTC); --cpu: the CPU only. With a GPU the C
 with CUDA events (median of 20 runs after warm-up). Both check against numpy (float64).
 
 Where the schedule differs from TVM's, and why (each in one place below):
-- TVM's thread tile is a block of 4 x 4 elements per virtual thread (f = vy*32 + ty*4 + fi); here it is
-  cyclic (f = vy*32 + fi*8 + ty): a thread owns f = ty + 8k, k = 0..7 — the same 8 x 8 = 64 outputs per thread
-  and the same two virtual threads per axis, with one stride, which cache_write compacts to an 8 x 8 register
-  tile (TVM gives each virtual thread its own copy instead).
+- The thread tile is TVM's: per virtual thread a 4 x 4 block (f = vy*32 + ty*4 + fi), so a thread owns
+  f in {4ty .. 4ty + 3} and {32 + 4ty .. 32 + 4ty + 3}; TVM gives each virtual thread its own copy of the
+  register tile, loopir's cache_write compacts the twice-strided tile into one 8 x 8 register tile.
 - TVM moves the channel loop rco outside ry, rx (reduce axes reordered among themselves); loopir's checker
   refuses reordering a floating-point reduction (the sum would be rounded in another order), so the tiles
   are staged at rco inside ry, rx: the same number of tiles of the same size.
 - TVM vectorizes the innermost copy loop; loopir copies the innermost loop of a bound copy by 16-byte chunks
   by itself where the alignment allows (not for the padded A, whose copy is clipped at the image border).
 - AL and WL (register copies of the shared tiles) are left out: the unrolled 8 x 8 tile reads each shared
-  value once per k already, and a register copy of a strided (cyclic) tile would be its bounding box.
+  value once per k already, and cache_read's register copy of a twice-strided tile would be its bounding box.
 """
 
 from __future__ import annotations
@@ -88,8 +87,8 @@ def gpu_schedule(s: Schedule, block: int, threads: int, vthread: int, step: int)
     bx, ni = s.split(nn, block)
     tyz, fi = s.split(fi, nparts=vthread)        # 2 x 2 virtual threads, each a quarter of the block tile
     txz, ni = s.split(ni, nparts=vthread)
-    fi, ty = s.split(fi, factor=threads)         # threads x threads threads, thread t owning t, t + threads, ...
-    ni, tx = s.split(ni, factor=threads)         # (cyclic: neighbouring threads, neighbouring elements)
+    ty, fi = s.split(fi, nparts=threads)         # threads x threads threads, each a 4 x 4 block of a quarter
+    tx, ni = s.split(ni, nparts=threads)
     s.reorder(bz, by, bx, tyz, txz, ty, tx, fi, ni)
     s.bind(bz, "blockIdx.z").bind(by, "blockIdx.y").bind(bx, "blockIdx.x")
     s.bind(tyz, "vthread").bind(txz, "vthread")  # run serially inside each thread (moved inside ty, tx below)

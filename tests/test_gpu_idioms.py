@@ -297,6 +297,53 @@ def test_vthread_numerics_cpu_and_cuda_adversarial():
     _cuda_adversarial(s, [A, B, C], [a, b], want)
 
 
+def _tvm_tile(vthread: bool):  # noqa: ANN202
+    """TVM's opt_gemm / opt_conv thread tile: 2 virtual threads x 4 threads x a block of 2 per axis."""
+    A, B, C = _matmul(16, 32, 8)
+    s = Schedule(C)
+    i, j, _ = s.loops(C)
+    vi, ti = s.split(i, nparts=2)
+    vj, tj = s.split(j, nparts=2)
+    ty, ii = s.split(ti, nparts=4)
+    tx, jj = s.split(tj, nparts=4)
+    s.reorder(vi, vj, ty, tx, ii, jj)
+    if vthread:
+        s.bind(vi, "vthread").bind(vj, "vthread")
+    s.bind(ty, "threadIdx.y").bind(tx, "threadIdx.x")
+    if not vthread:
+        s.reorder(ty, tx, vi, vj)  # the same order, by hand, without the vthread marks
+    s.cache_write("C", "local", tx)
+    return (A, B, C), s
+
+
+def test_cache_write_compacts_the_tile_of_virtual_threads():
+    # thread (ty, tx) owns rows {2ty, 2ty + 1, 8 + 2ty, 8 + 2ty + 1}: with vthreads the register tile is the 4
+    # of them ((r // 8)*2 + r % 8), not the 10-row box; a loop order made by hand keeps the box (no change there)
+    (A, B, C), s = _tvm_tile(vthread=True)
+    text = str(s)
+    assert "allocate(float32[4, 8], 'local') as C_local" in text, text
+    assert "C_local[2 * i_o + i_i_i, 4 * j_o + j_i_i] = 0.0" in text
+    assert ("C[C_q0 // 2 * 8 + C_q0 % 2 + 2 * i_i_o, C_q1 // 4 * 16 + C_q1 % 4 + 4 * j_i_o] = C_local[C_q0, C_q1]"
+            in text)
+    _, plain = _tvm_tile(vthread=False)
+    assert "allocate(float32[10, 20], 'local') as C_local" in str(plain)
+    a, b = _x((16, 8), 17), _x((8, 32), 18)
+    want = a.astype(np.float64) @ b
+    out = _nan((16, 32))
+    build(s, [A, B, C], target="cpu")(a, b, out)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    _cuda_adversarial(s, [A, B, C], [a, b], want)
+
+
+@pytest.mark.gpu
+def test_cache_write_vthread_tile_on_the_gpu():
+    (A, B, C), s = _tvm_tile(vthread=True)
+    a, b = _x((16, 8), 19), _x((8, 32), 20)
+    out = _nan((16, 32))
+    build(s, [A, B, C], target="cuda")(a, b, out)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
 def _shifted() -> Program:
     """for v in 0..2: for t in 0..4: A[v + 1, t] = A[v, t + 1] * 2 — t carries nothing, but (v, t) -> (v + 1,
     t - 1) is a dependence: moving v inside t would run the read before the write."""
