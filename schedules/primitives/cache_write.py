@@ -15,7 +15,9 @@ Design. `cache_write(program, buffer, scope, loop, epilogue=(), hoist_init=True)
 - every statement inside `loop` that writes or reads `buffer` is redirected to the scratch
   buffer `<name>_local` (scope "local" or "shared"), whose shape is the constant-size box of
   the elements written in ONE iteration of `loop`, compacted by the access stride (a thread
-  owning rows ty, ty+16, … gets 8 rows, not 113);
+  owning rows ty, ty+16, … gets 8 rows, not 113), and, when virtual-thread loops (bind
+  "vthread") lie inside `loop`, by a second stride (TVM's tile: rows {4ty..4ty+3, 32+4ty..
+  32+4ty+3} get 8 rows, not 36; `_two_level`);
 - the initialising statement (writes `buffer` without reading it) is hoisted into its own
   copy of its loops at the top of the iteration (`hoist_init`), so that the reduction loop
   can then be reordered outside the register tile;
