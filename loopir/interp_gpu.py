@@ -604,6 +604,10 @@ class _KernelCompiler(_Compiler):
         dims = [int(x.hi.value) for x in loops]  # type: ignore[attr-defined]
         total = math.prod(dims)
         self.k.cooperative.append(inner.name)
+        if any(x.thread for x in loops):  # copy loops bound to thread axes: the renderer's `_coop_bound`
+            self._coop_bound(loops, dims, inner if guard is None else If(guard, inner), depth)
+            self.invalidate(inner.buffer)
+            return True
         vec = None
         if guard is None and dims[-1] % 4 == 0 and isinstance(inner.value, Load):
             ld = inner.value
@@ -656,6 +660,22 @@ class _KernelCompiler(_Compiler):
             del self.vars[x.var]
         self.invalidate(inner.buffer)
         return True
+
+    def _coop_bound(self, loops: list[For], dims: list[int], body: Stmt, depth: int) -> None:
+        """A copy loop bound to threadIdx.a runs a, a + blockDim.a, ... below its extent; the others run whole."""
+        names = [self.fresh("v_" + x.var.name) for x in loops]
+        d = depth
+        for x, nm, dim in zip(loops, names, dims):
+            self.vars[x.var] = nm
+            if x.thread:
+                step = self.expr(self.launch.get(x.thread, const(1)))
+                self.emit(d, f"for {nm} in range({_AXIS_VAR[x.thread]}, {dim}, {step}):")
+            else:
+                self.emit(d, f"for {nm} in range({dim}):")
+            d += 1
+        self.stmt(body, d, False)
+        for x in loops:
+            del self.vars[x.var]
 
     # ---------------------------------------------------------------- the generator function
 

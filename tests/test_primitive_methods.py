@@ -27,7 +27,7 @@ def test_every_primitive_is_a_method():
 
 def test_signature_names_the_parameters():
     sig = inspect.signature(Schedule.split)
-    assert list(sig.parameters)[:3] == ["self", "loop", "factor"] and "tail" in sig.parameters
+    assert list(sig.parameters) == ["self", "loop", "factor", "nparts", "tail"]
     assert list(inspect.signature(Schedule.tile).parameters) == ["self", "i", "j", "ti", "tj"]
     assert inspect.signature(Schedule.reorder).parameters["loops"].kind is inspect.Parameter.VAR_POSITIONAL
     assert "LoopHandle" in str(sig.parameters["loop"].annotation)

@@ -49,6 +49,9 @@ class _StagingEmitter:
         sub = subst_coords(inner)
         dims = [int(x.hi.value) for x in loops]  # type: ignore[attr-defined]
         total = math.prod(dims)
+        if any(x.thread for x in loops):  # copy loops the schedule bound to thread axes (s.bind on a copy loop)
+            self._coop_bound(loops, dims, guard, inner, async_)
+            return True
         ext = [self.launch.get(f"threadIdx.{a}", N.const(1)) for a in _AXES]
         nt = math.prod(int(e.value) for e in ext) if all(_is_const(e) for e in ext) else None  # type: ignore[attr-defined]
         t, e = self.names.fresh("coop_t"), self.names.fresh("coop_e")
@@ -96,6 +99,71 @@ class _StagingEmitter:
         self.ind -= 1
         self.line("}")
         return True
+
+    def _coop_bound(self, loops: list[N.For], dims: list[int], guard: N.Expr | None, st: N.Store,
+                    async_: bool) -> None:
+        """A cooperative copy whose loops the schedule bound to thread axes: loop c bound to threadIdx.a runs
+        c = threadIdx.a, threadIdx.a + blockDim.a, ... below its extent, the others run whole in every thread, so
+        each element is copied by one thread (no two loops of one copy share an axis: schedules' bind). An
+        unbound innermost loop goes by 16-byte chunks where the alignment is proven (else checked at run time)."""
+        bound = ", ".join(f"{x.var.name} on {x.thread}" for x in loops if x.thread)
+        self.line(f"{{  // {st.name}: copy spread over the block's threads as bound ({bound})")
+        self.ind += 1
+        w = 8 if st.buffer.dtype in _HALF else 4  # elements per 16 bytes
+        vec = None
+        if guard is None and loops[-1].thread is None and dims[-1] % w == 0 and isinstance(st.value, N.Load):
+            vec = self._coop_vector(st, loops[-1].var, subst_coords(st), w)
+
+        def nest(step: int, body) -> None:  # noqa: ANN001
+            ix = self.ix
+            for k, (x, d) in enumerate(zip(loops, dims)):
+                v = self.var(x.var)
+                if x.thread:
+                    a, e = x.thread.split(".")[1], self.launch.get(x.thread)
+                    if e is not None and _is_const(e) and int(e.value) == d:  # type: ignore[attr-defined]
+                        self.line(f"{{  const {ix} {v} = ({ix})threadIdx.{a};  // one iteration per thread")
+                    else:
+                        self.line(f"for ({ix} {v} = ({ix})threadIdx.{a}; {v} < {d}; {v} += ({ix})blockDim.{a}) {{")
+                else:
+                    inc = f"{v} += {step}" if k == len(loops) - 1 and step != 1 else f"++{v}"
+                    self.line("#pragma unroll")
+                    self.line(f"for ({ix} {v} = 0; {v} < {d}; {inc}) {{")
+                self.ind += 1
+            body()
+            for _ in loops:
+                self.ind -= 1
+                self.line("}")
+
+        def scalar() -> None:
+            if async_ and st.buffer.dtype not in _HALF:
+                self._async_scalar(st, guard)
+            else:
+                self.stmt(st if guard is None else N.If(guard, st), False)
+
+        if vec is None:
+            nest(1, scalar)
+        else:
+            checks, src, dst = vec
+            to, frm = f"{self.buf(st.buffer)}[{self.expr(dst)}]", f"{self.buf(st.value.buffer)}[{self.expr(src)}]"  # type: ignore[union-attr]
+
+            def chunk() -> None:
+                self.line(f"loopir_cp_async16(&{to}, &{frm});" if async_ else
+                          f"*reinterpret_cast<float4*>(&{to}) = *reinterpret_cast<const float4*>(&{frm});")
+
+            if checks:
+                self.line(f"if ({' && '.join(checks)}) {{")
+                self.ind += 1
+            nest(w, chunk)
+            if checks:
+                self.ind -= 1
+                self.line("} else {")
+                self.ind += 1
+                nest(1, scalar)
+                self.ind -= 1
+                self.line("}")
+        self._invalidate(st.buffer)
+        self.ind -= 1
+        self.line("}")
 
     def _clipped_chunk(self, st: N.Store, guard: N.Expr, v: N.Var, w: int, src: N.Expr, dst: N.Expr) -> None:
         """One 16-byte chunk (elements v .. v + w - 1) of a clipped pipelined copy: cp.async when the clip holds at

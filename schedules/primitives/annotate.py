@@ -8,12 +8,14 @@ from dataclasses import dataclass
 
 from loopir import poly
 from loopir.errors import ArgumentError
-from loopir.nodes import GPU_AXES, Binary, Load, Program, Var
-from loopir.visit import free_vars, substitute
+from loopir.affine import simplify
+from loopir.nodes import GPU_AXES, Binary, Const, For, Load, Program, Var, binary
+from loopir.visit import free_vars, substitute, walk
 
-from . import CheckContext, find_loop, primitive, replace_loop
+from . import CheckContext, find_loop, loop_path, primitive, replace_loop
+from .loops import _is_copy_loop, reorder
 
-__all__ = ["unroll", "vectorize", "parallel", "bind", "reduction_loop_info", "ReductionInfo"]
+__all__ = ["unroll", "vectorize", "parallel", "bind", "vthread", "reduction_loop_info", "ReductionInfo", "VTHREAD"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ def reduction_loop_info(program: Program, loop_var: Var) -> ReductionInfo | None
 
 def _annotate(program: Program, loop: Var, kind: str, thread: str | None, what: str) -> Program:
     f = find_loop(program, loop)
+    if what in ("unroll", "vectorize"):
+        _refuse_copy_loop(program, loop, what)
     if f.kind != "serial":
         how = f.thread if f.kind == "thread" else f.kind
         raise ArgumentError(f"{what}: loop {loop.name!r} is already {how}")
@@ -98,13 +102,188 @@ def parallel(program: Program, loop: Var) -> Program:
     return _annotate(program, loop, "parallel", None, "parallel")
 
 
-@primitive("bind", check="carried", hint=carried_hint)
+VTHREAD = "vthread"  # bind(loop, "vthread"): TVM's virtual thread (see bind)
+
+
+def _is_vthread(f: For) -> bool:
+    return f.kind == "unroll" and f.thread == VTHREAD
+
+
+def _loop_order(program: Program) -> list[int]:
+    return [id(n.var) for n in walk(program.body) if isinstance(n, For)]
+
+
+def _check_bind(ctx: CheckContext) -> poly.Witness | None:
+    # formal condition: a threadIdx/blockIdx loop carries no dependence (poly.carried_by); when the step also
+    # moved virtual-thread loops inside the thread loops (a reorder), no dependence runs backwards in the new
+    # order (poly.find_violation) and the instances are the same. A vthread loop runs serially inside its thread,
+    # so it needs no condition of its own beyond that move.
+    loop, axis = ctx.args[0], (ctx.args[1] if len(ctx.args) > 1 else VTHREAD)
+    if _loop_order(ctx.old) != _loop_order(ctx.new):
+        bad = poly.instance_mismatch(ctx.deps, ctx.new)
+        if bad is not None:
+            raise RuntimeError(f"internal error in primitive bind: {bad}")
+        w = poly.find_violation(ctx.deps, ctx.new)
+        if w is not None:
+            return w
+    if axis == VTHREAD:
+        return None
+    return poly.carried_by(ctx.deps, ctx.new, loop)
+
+
+def _sink_vthreads(program: Program, band: list[For]) -> Program:
+    """Reorder the perfectly nested loops `band` (outermost first) so that its vthread loops come right inside
+    its innermost loop that is not a vthread (keeping the relative order of both groups)."""
+    plain = [f.var for f in band if not _is_vthread(f)]
+    virtual = [f.var for f in band if _is_vthread(f)]
+    order = plain + virtual
+    if not virtual or order == [f.var for f in band]:
+        return program
+    return reorder(program, *order)
+
+
+def _chain_below(f: For) -> list[For]:
+    out = [f]
+    while isinstance(out[-1].body, For):
+        out.append(out[-1].body)  # type: ignore[arg-type]
+    return out
+
+
+def _chain_above(program: Program, f: For) -> list[For]:
+    path = loop_path(program, f.var) or [f]
+    out = [f]
+    for s in reversed(path[:-1]):
+        if not (isinstance(s, For) and s.body is out[0]):
+            break
+        out.insert(0, s)
+    return out
+
+
+def _is_threads(f: For) -> bool:
+    return f.kind == "thread" and (f.thread or "").startswith("threadIdx")
+
+
+def _bind_hint(ctx: CheckContext, w: poly.Witness) -> str:
+    if _loop_order(ctx.old) != _loop_order(ctx.new):
+        return ("this step moves the virtual-thread (vthread) loops right inside the threadIdx loops below them "
+                "(where a vthread runs), and in that order this dependence would run backwards; keep that loop "
+                "serial, or make the loops below it free of this dependence first")
+    return carried_hint(ctx, w)
+
+
+@primitive("bind", check=_check_bind, hint=_bind_hint)
 def bind(program: Program, loop: Var, axis: str) -> Program:
-    """Map `loop` onto a CUDA grid axis ("blockIdx.x|y|z" or "threadIdx.x|y|z").
-    Precondition: it carries no dependence (a reduction loop is refused for now)::
+    """Map `loop` onto a CUDA grid axis ("blockIdx.x|y|z" or "threadIdx.x|y|z"), or make it a virtual
+    thread ("vthread").
+
+    Precondition (grid axes): it carries no dependence (a reduction loop is refused for now)::
 
         for i in range(0, n):   ->   for i in range(0, n):  # blockIdx.x
+
+    A loop of a shared cache_read copy (`s.loops("A_shared")`) can be bound to a threadIdx axis of the block
+    around it: the copy stays cooperative, its loop runs threadIdx.a, threadIdx.a + blockDim.a, ... in each
+    thread (TVM's copy binding); no two loops of one copy on one axis.
+
+    "vthread" (TVM's virtual thread; also `s.vthread(loop)`): the loop runs serially, unrolled, INSIDE
+    each thread and strides the thread's tile — a thread computes i = v*stride + ty*... for each v, so
+    neighbouring threads touch neighbouring elements (coalesced, shared-memory banks spread) while each
+    thread still owns several. It lowers as a reorder plus unroll the checker already understands: the
+    loop moves right inside the innermost threadIdx loop nested perfectly below it (now, or when that
+    loop is bound later), and is marked unroll. Precondition: that move is legal (checked exactly
+    against the dependences, as reorder is); a constant extent::
+
+        for v in range(0, 2):                 for ty in range(0, 8):  # threadIdx.y
+            for ty in range(0, 8):     ->         for v in unroll(0, 2):      # vthread
+                S(v*32 + ty*4)                        S(v*32 + ty*4)
     """
+    if axis == VTHREAD:
+        return _bind_vthread(program, loop)
     if not isinstance(axis, str) or axis not in GPU_AXES:
-        raise ArgumentError(f"bind: unknown GPU axis {axis!r}; use one of {', '.join(GPU_AXES)}")
-    return _annotate(program, loop, "thread", axis, "bind")
+        raise ArgumentError(f"bind: unknown GPU axis {axis!r}; use one of {', '.join(GPU_AXES)} or 'vthread'")
+    f = find_loop(program, loop)
+    if f.kind == "parallel" and _is_copy_loop(program, f):
+        return _bind_copy_loop(program, f, axis)
+    program = _annotate(program, loop, "thread", axis, "bind")
+    f = find_loop(program, loop)
+    if (axis or "").startswith("threadIdx"):
+        above = _chain_above(program, f)
+        first = next((k for k, x in enumerate(above) if _is_vthread(x)), None)
+        if first is not None:
+            program = _sink_vthreads(program, above[first:])
+    return program
+
+
+def _bind_vthread(program: Program, loop: Var) -> Program:
+    f = find_loop(program, loop)
+    ext = simplify(binary("sub", f.hi, f.lo))
+    if not isinstance(ext, Const):
+        raise ArgumentError(f"bind: a vthread loop needs a constant extent (it is unrolled inside each thread); "
+                            f"loop {loop.name!r} has extent {ext}; split it by a constant first")
+    _refuse_copy_loop(program, loop, "bind(..., 'vthread')")
+    program = _annotate(program, loop, "unroll", VTHREAD, "bind")
+    below = _chain_below(find_loop(program, loop))
+    last = max((k for k, x in enumerate(below) if _is_threads(x)), default=None)
+    if last is None:
+        return program
+    end = last + 1
+    while end < len(below) and _is_vthread(below[end]):
+        end += 1  # vthreads already moved there (bound earlier, so outer ones first): the new one goes after them
+    band = below[:end]
+    order = [f.var for f in band if not _is_vthread(f)] + [f.var for f in band[1:] if _is_vthread(f)] + [loop]
+    return reorder(program, *order) if order != [f.var for f in band] else program
+
+
+@primitive("vthread", check=_check_bind, hint=_bind_hint)
+def vthread(program: Program, loop: Var) -> Program:
+    """`bind(loop, "vthread")` (see bind): the loop runs serially, unrolled, inside each thread, moved right
+    inside the threadIdx loops perfectly nested below it. Precondition: that move is legal (checked)::
+
+        for v in range(0, 2):                 for ty in range(0, 8):  # threadIdx.y
+            for ty in range(0, 8):     ->         for v in unroll(0, 2):
+                S(v*32 + ty*4)                        S(v*32 + ty*4)
+    """
+    return _bind_vthread(program, loop)
+
+
+def _refuse_copy_loop(program: Program, loop: Var, what: str) -> None:
+    f = find_loop(program, loop)
+    if f.kind == "parallel" and _is_copy_loop(program, f):
+        raise ArgumentError(
+            f"{what}: loop {loop.name!r} is a loop of a shared cache_read copy, which the CUDA target unrolls and "
+            "copies by 16-byte chunks along its innermost loop where the alignment allows, by itself (leave this "
+            "step out); a copy loop can be split, reordered and bound to a threadIdx axis")
+
+
+def _copy_nest(program: Program, f: For) -> list[For]:
+    """The loops of the copy nest that `f` belongs to, outermost first."""
+    path = loop_path(program, f.var) or [f]
+    top = len(path) - 1
+    while top > 0 and isinstance(path[top - 1], For) and path[top - 1].kind == "parallel":  # type: ignore[union-attr]
+        top -= 1
+    out = [s for s in path[top:] if isinstance(s, For)]
+    inner = f.body
+    while isinstance(inner, For) and inner.kind == "parallel":
+        out.append(inner)
+        inner = inner.body
+    return out
+
+
+def _bind_copy_loop(program: Program, f: For, axis: str) -> Program:
+    # the copy stays one cooperative copy: its loop runs threadIdx.a, threadIdx.a + blockDim.a, ... in each thread
+    # (codegen.cuda.staging._coop_bound), which covers each element once as long as no other loop of the copy
+    # takes the same axis; every thread still reaches the copy and the barriers around it stay where they are
+    name = f.var.name
+    if not axis.startswith("threadIdx"):
+        raise ArgumentError(f"bind: loop {name!r} is a loop of a shared cache_read copy inside the block; it can be "
+                            f"bound to threadIdx.x|y|z (the block's threads share the copy), not to {axis}")
+    if f.thread is not None:
+        raise ArgumentError(f"bind: copy loop {name!r} is already bound to {f.thread}")
+    twin = next((x for x in _copy_nest(program, f) if x.thread == axis), None)
+    if twin is not None:
+        raise ArgumentError(f"bind: loop {twin.var.name!r} of the same copy is already bound to {axis}; two loops of "
+                            "one copy on one axis would copy some elements twice and skip others")
+    path = loop_path(program, f.var) or []
+    if not any(isinstance(x, For) and x.kind == "thread" and x.thread == axis for x in path):
+        raise ArgumentError(f"bind: no loop around the copy of loop {name!r} is bound to {axis}; bind a copy loop to "
+                            "an axis the block's threads use")
+    return replace_loop(program, f.var, dataclasses.replace(f, thread=axis))

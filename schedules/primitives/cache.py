@@ -273,7 +273,9 @@ def _check_cache_read(ctx: CheckContext) -> poly.Witness | None:
 def cache_read(program: Program, tensor: Any, scope: str, loop: Var) -> tuple[Program, Buffer]:
     """Copy the region of `tensor` that one iteration of `loop` reads into a scratch buffer of
     `scope` ("shared" or "local") allocated at the top of the iteration; loads inside the loop
-    read the copy. Returns the scratch Buffer; the copy statement is named `<buffer>_<scope>`.
+    read the copy. Returns the scratch Buffer; the copy statement is named `<buffer>_<scope>`, and
+    `s.loops(returned_buffer)` are its loops (the copy's own last): split, reorder them, and bind
+    those of a shared copy to threadIdx axes (TVM's copy schedule; see bind).
 
     Precondition: the region (poly.footprint, the bounding box of all reads inside `loop`) has a
     constant size, and no statement inside `loop` writes a value of the buffer that a statement

@@ -15,7 +15,9 @@ Design. `cache_write(program, buffer, scope, loop, epilogue=(), hoist_init=True)
 - every statement inside `loop` that writes or reads `buffer` is redirected to the scratch
   buffer `<name>_local` (scope "local" or "shared"), whose shape is the constant-size box of
   the elements written in ONE iteration of `loop`, compacted by the access stride (a thread
-  owning rows ty, ty+16, … gets 8 rows, not 113);
+  owning rows ty, ty+16, … gets 8 rows, not 113), and, when virtual-thread loops (bind
+  "vthread") lie inside `loop`, by a second stride (TVM's tile: rows {4ty..4ty+3, 32+4ty..
+  32+4ty+3} get 8 rows, not 36; `_two_level`);
 - the initialising statement (writes `buffer` without reading it) is hoisted into its own
   copy of its loops at the top of the iteration (`hoist_init`), so that the reduction loop
   can then be reordered outside the register tile;
@@ -269,8 +271,10 @@ def _elems(st: Store) -> tuple[Expr, ...]:
 
 
 def _layout(buf: Buffer, writers: list[tuple[Store, tuple[For, ...], tuple[Expr, ...]]], outer: tuple[For, ...],
-            outer_guards: tuple[Expr, ...], params: tuple[Var, ...], nm: _Names) -> _Layout:
-    """The constant-size, stride-compacted box of the elements written in one iteration of the loop."""
+            outer_guards: tuple[Expr, ...], params: tuple[Var, ...], nm: _Names,
+            compact_holes: bool = False) -> _Layout:
+    """The constant-size, stride-compacted box of the elements written in one iteration of the loop
+    (`compact_holes`: also compact a dimension strided twice, see _two_level)."""
     pnames = list(params) + [f.var for f in outer]
     pre = prefix(pnames, nm)
     octx = loop_constraints(outer, outer_guards, nm)
@@ -324,7 +328,67 @@ def _layout(buf: Buffer, writers: list[tuple[Store, tuple[For, ...], tuple[Expr,
         hi = flat.dim_max(d)
         vals = [_val(a.get_constant_val())[0] for _, a in hi.get_pieces()]
         sizes.append(max(vals) + 1)
-    return _Layout(offs, strides, los, sizes, region, context)
+    radix: list[tuple[int, int] | None] = [None] * buf.ndim
+    if compact_holes:
+        radix, region, sizes = _two_level(region, sizes, context)
+    return _Layout(offs, strides, los, sizes, region, context, radix)
+
+
+def _two_level(region: isl.Set, sizes: list[int],
+               context: isl.Set) -> tuple[list[tuple[int, int] | None], isl.Set, list[int]]:
+    """Compact a dimension whose box has holes of one regular shape: the indices written (over every value of
+    the outer loops) are exactly {a*v + f : 0 <= v < n1, 0 <= f < n0} with a > n0 — a tile strided twice, as
+    TVM's virtual threads make it (f = 32*vthread + 4*thread + fi: per thread {0..3, 32..35}). Such an index r
+    is stored at (r // a)*n0 + r % a: n0*n1 elements instead of a*(n1 - 1) + n0. Other dimensions keep r.
+    Only when the compacted region is the whole box for every value of the outer loops (no guard over it)."""
+    flat = region.project_out(isl.dim_type.param, 0, region.dim(isl.dim_type.param))
+    nd, old_sizes = len(sizes), sizes
+    radix: list[tuple[int, int] | None] = [None] * nd
+    for d in range(nd):
+        if sizes[d] > 4096:
+            continue
+        line = flat.project_out(isl.dim_type.set, d + 1, nd - d - 1).project_out(isl.dim_type.set, 0, d)
+        pts: set[int] = set()
+        line.foreach_point(lambda p, pts=pts: pts.add(int(p.get_coordinate_val(isl.dim_type.set, 0).to_python())))
+        if len(pts) == sizes[d] or 0 not in pts:
+            continue
+        n0 = next(k for k in range(sizes[d] + 1) if k not in pts)
+        rest = [x for x in pts if x >= n0]
+        if not rest or len(pts) % n0:
+            continue
+        a, n1 = min(rest), len(pts) // n0
+        if pts == {a * v + f for v in range(n1) for f in range(n0)}:
+            radix[d], sizes = (a, n0), sizes[:d] + [n0 * n1] + sizes[d + 1:]
+    if not any(radix):
+        return radix, region, sizes
+    rs = [f"r{d}" for d in range(nd)]
+    cs = [f"(floor(r{d}/{x[0]})*{x[1]} + r{d} - {x[0]}*floor(r{d}/{x[0]}))" if x else f"r{d}"
+          for d, x in enumerate(radix)]
+    space = region.get_space()
+    pnames = [space.get_dim_name(isl.dim_type.param, k) for k in range(region.dim(isl.dim_type.param))]
+    m = isl.Map(f"[{', '.join(pnames)}] -> {{ R[{', '.join(rs)}] -> R[{', '.join(cs)}] }}")
+    compact = region.apply(m).coalesce()
+    box_text = _conj([f"0 <= r{d} < {n}" for d, n in enumerate(sizes)])
+    box = isl.Set(f"[{', '.join(pnames)}] -> {{ R[{', '.join(rs)}] : {box_text} }}").intersect_params(context)
+    if not box.is_subset(compact):
+        return [None] * nd, region, old_sizes
+    return radix, compact, sizes
+
+
+def _compact(r: Expr, radix: tuple[int, int] | None) -> Expr:
+    """A box index r as stored (_two_level)."""
+    if radix is None:
+        return r
+    a, n0 = radix
+    return binary("add", binary("mul", binary("floordiv", r, const(a)), const(n0)), binary("mod", r, const(a)))
+
+
+def _expand(q: Expr, radix: tuple[int, int] | None) -> Expr:
+    """The box index stored at q (the inverse of _compact)."""
+    if radix is None:
+        return q
+    a, n0 = radix
+    return binary("add", binary("mul", binary("floordiv", q, const(n0)), const(a)), binary("mod", q, const(n0)))
 
 
 def _region_guard(lay: _Layout, qs: list[Var], nm: _Names) -> Expr | None:
@@ -354,10 +418,10 @@ def _local_index(idx: tuple[Expr, ...], st: Store, loops: tuple[For, ...], guard
                  lay: _Layout, params: tuple[Var, ...]) -> tuple[Expr, ...]:
     """Index into the scratch buffer of an access `buf[idx]` of `st`, in `st`'s iters (simplified by isl)."""
     sub = dict(zip(st.iters, st.coords))
-    direct = [
+    direct = [_compact(
         binary("sub", binary("floordiv", binary("sub", substitute(e, sub), lay.off[d]), lay.stride[d]), lay.lo[d])
         if lay.stride[d] != 1
-        else binary("sub", binary("sub", substitute(e, sub), lay.off[d]), lay.lo[d])
+        else binary("sub", binary("sub", substitute(e, sub), lay.off[d]), lay.lo[d]), lay.radix[d])
         for d, e in enumerate(idx)
     ]
     nm = _Names(unique=True)
@@ -501,6 +565,7 @@ class _Layout:
     size: list[int]
     region: isl.Set  # local indices written in one iteration (params: sizes + outer loop vars)
     context: isl.Set  # outer loops' domain (params only)
+    radix: list[tuple[int, int] | None]  # (a, n0): box index r is stored at (r // a)*n0 + r % a (see _two_level)
 
 
 def cache_write(
@@ -577,12 +642,14 @@ def cache_write(
 
     # 3. layout of the scratch buffer
     inside = _inside(new_target.body)
-    lay = _layout(buf, [x for x in inside if x[0].buffer is buf], outer, outer_guards, program.params, nm)
+    # a tile strided twice comes from virtual threads (bind "vthread"): only then the layout compacts it
+    vthreads = any(isinstance(f, For) and f.thread == "vthread" for f in walk(new_target.body))
+    lay = _layout(buf, [x for x in inside if x[0].buffer is buf], outer, outer_guards, program.params, nm, vthreads)
     local = Buffer(fresh_name(program, f"{buf.name}_local"), tuple(const(s, INDEX) for s in lay.size), buf.dtype, scope)
 
     # 4. the region nest: epilogue stages moved in, and the copy-out when still needed
     qs = [Var(f"{buf.name}_q{d}") for d in range(len(lay.size))]
-    elem = [binary("add", lay.off[d], binary("mul", lay.stride[d], binary("add", q, lay.lo[d])))
+    elem = [binary("add", lay.off[d], binary("mul", lay.stride[d], binary("add", _expand(q, lay.radix[d]), lay.lo[d])))
             for d, q in enumerate(qs)]
     region_loops = tuple(For(q, const(0, INDEX), const(s, INDEX), Seq(())) for q, s in zip(qs, lay.size))
     guard = _region_guard(lay, qs, nm)
@@ -669,6 +736,8 @@ def _register() -> None:
         """Compute `buffer` into a scratch buffer of `scope` ("local" or "shared") allocated inside `loop`;
         returns the scratch Buffer. `epilogue` stages (elementwise readers of `buffer`) move to the end of
         the iteration and read the scratch buffer (see the module docstring and `cache_write.cache_write`).
+        The write-back statement is `<buffer>_copy`; `s.loops("<buffer>_copy")` are its loops, to split,
+        unroll or vectorize like any serial loop.
 
         Precondition: statements inside `loop` write `buffer`; every read of it inside `loop` reads a value
         written in the same iteration (a reduction with its init inside `loop`); the elements one

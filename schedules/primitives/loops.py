@@ -17,7 +17,7 @@ from loopir import poly
 from loopir.affine import linear_form, simplify
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
 from loopir.isl_conv import pw_bound
-from loopir.nodes import Allocate, Const, Expr, For, If, Program, Seq, Stmt, Var, binary, const, logical
+from loopir.nodes import Allocate, Const, Expr, For, If, Program, Seq, Stmt, Store, Var, binary, const, logical
 from loopir.visit import free_vars, substitute
 
 from . import CheckContext, find_loop, fresh_name, loop_path, primitive, replace_loop, subst_loops, tails
@@ -110,49 +110,170 @@ def order_hint(ctx: CheckContext, w: poly.Witness) -> str | None:
 # ----------------------------------------------------------------------------- split
 
 
-@primitive("split", check=tails.split_check, hint=skew_hint)
-def split(program: Program, loop: Var, factor: int, tail: str = "guard") -> tuple[Program, tuple[Var, Var]]:
+def _check_split(ctx: CheckContext) -> poly.Witness | None:
+    # formal condition: the new program runs exactly the old instances (poly.instance_mismatch) and no
+    # dependence runs backwards (poly.find_violation) — both exact for a constant factor. For a symbolic
+    # factor F (split(n, nparts=P) with n symbolic: F = ceil(n / P)) the coordinate i = i_o*F + i_i is not
+    # affine, so the same two facts are proved for every F >= 1 instead: (a) 0 <= i_i < F makes
+    # (i_o, i_i) -> i_o*F + i_i strictly increasing in lexicographic order, so every pair of instances keeps
+    # its order; (b) i_o ranges over [0, P) with P*F >= n and the guard keeps i < n, so the instances are
+    # exactly lo..hi-1, each once. Later steps on the nest meet the non-affine coordinate in the analysis,
+    # which then over-approximates and refuses what it cannot prove with InexactCheckError.
+    # A tail strategy other than "guard" has its own conditions (tails.split_check).
+    if tails.check_tail(ctx.kwargs.get("tail", "guard")) != "guard":
+        return tails.split_check(ctx)
+    if _symbolic_split(ctx):
+        return None
+    bad = poly.instance_mismatch(ctx.deps, ctx.new)
+    if bad is not None:
+        raise RuntimeError(f"internal error in primitive split: {bad}")
+    return poly.find_violation(ctx.deps, ctx.new)
+
+
+_check_split.checks_bounds = True  # type: ignore[attr-defined]  # a guarded split adds no access; round_up proves its own
+
+
+def _symbolic_split(ctx: CheckContext) -> bool:
+    res = ctx.result
+    if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[1], Var)):
+        return False
+    return not _is_const(find_loop(ctx.new, res[1]).hi)
+
+
+def _check_nparts(nparts: Any) -> int:
+    if isinstance(nparts, bool) or not isinstance(nparts, int):
+        raise ArgumentTypeError(f"split: nparts must be a positive int, got {type(nparts).__name__} {nparts!r}")
+    if nparts < 1:
+        raise ArgumentError(f"split: nparts must be >= 1, got {nparts}")
+    return nparts
+
+
+@primitive("split", check=_check_split, hint=skew_hint)
+def split(program: Program, loop: Var, factor: int | None = None, nparts: int | None = None,
+          tail: str = "guard") -> tuple[Program, tuple[Var, Var]]:
     """Split `loop` into an outer loop over chunks of `factor` and an inner loop within one.
 
-    Precondition: `loop` is a serial loop; factor >= 1. A guard keeps the last chunk inside
-    the range unless the extent is a known multiple of the factor. A loop whose lower bound
-    depends on other loops (after skew) is split at multiples of `factor` (absolute), which
-    makes a later tile a parallelogram tile::
+    Exactly one of `factor` (the inner extent) and `nparts` (the outer extent, TVM's meaning: the
+    inner extent is ceil(extent / nparts), also when the extent is symbolic) is given.
 
-        for i in range(0, n):            for i_o in range(0, (n + 3) // 4):
+    Precondition: `loop` is a serial loop (or a loop of a shared cache_read copy, whose halves stay
+    copy loops); factor, nparts >= 1. A guard keeps the last chunk inside the range unless the
+    extent is a known multiple of the factor. A loop whose lower bound depends on other loops
+    (after skew) is split at multiples of `factor` (absolute), which makes a later tile a
+    parallelogram tile. With `nparts` and a symbolic extent the inner extent is the expression
+    (n + nparts - 1) // nparts; the split itself is proved legal for every value of it, and later
+    steps on that nest that the (then over-approximate) analysis cannot prove raise
+    InexactCheckError::
+
+        for i in range(0, n):            for i_o in range(0, (n + 3) // 4):      # split(i, 4)
             S(i)              ->             for i_i in range(0, 4):
                                                  if i_o*4 + i_i < n:
                                                      S(i_o*4 + i_i)
 
-    `tail` is Halide's tail strategy: "guard" (above), "round_up" or "shift_inwards" (see tails.py).
+        for i in range(0, n):            for i_o in range(0, 4):                 # split(i, nparts=4)
+            S(i)              ->             for i_i in range(0, (n + 3) // 4):
+                                                 if i_o*((n + 3) // 4) + i_i < n:
+                                                     S(i_o*((n + 3) // 4) + i_i)
+
+    `tail` is Halide's tail strategy: "guard" (above), "round_up" or "shift_inwards" (see tails.py; with
+    `factor` only).
     """
-    factor = _check_factor(factor, "split")
+    if (factor is None) == (nparts is None):
+        given = "both" if factor is not None else "neither"
+        raise ArgumentError(f"split: give exactly one of factor= (the inner extent) and nparts= (the outer extent); "
+                            f"got {given}")
     if tails.check_tail(tail) != "guard":
-        return tails.split_tail(program, loop, factor, tails.check_tail(tail))
+        if nparts is not None:
+            raise ArgumentError(f"split: tail={tail!r} takes factor=, not nparts= (the tail strategies round or shift "
+                                "the last chunk of a fixed factor)")
+        return tails.split_tail(program, loop, _check_factor(factor, "split"), tails.check_tail(tail))
     f = find_loop(program, loop)
-    _serial(f, "split")
+    kind = _split_kind(program, f)
     on = fresh_name(program, f"{loop.name}_o")
     vo, vi = Var(on), Var(fresh_name(program, f"{loop.name}_i", {on}))
+    if nparts is not None:
+        nparts = _check_nparts(nparts)
+        ext = simplify(binary("sub", f.hi, f.lo))
+        if not (_is_const(f.lo) and _is_const(ext)):
+            return _split_nparts_symbolic(program, f, nparts, vo, vi, kind)
+        factor = max(1, -(-int(ext.value) // nparts))  # type: ignore[attr-defined]
+        outer_hi: int | None = nparts
+    else:
+        factor = _check_factor(factor, "split")
+        outer_hi = None
     fc = const(factor)
     if _is_const(f.lo):
         value = binary("add", f.lo, binary("add", binary("mul", vo, fc), vi))
         ext = binary("sub", f.hi, f.lo)
         olo: Expr = const(0)
-        ohi = binary("floordiv", binary("add", ext, const(factor - 1)), fc)
+        ohi = binary("floordiv", binary("add", ext, const(factor - 1)), fc) if outer_hi is None else const(outer_hi)
         # exact when the extent is provably a multiple (4096, or 16*n16 after call-time specialization)
         lin = linear_form(simplify(ext))
         exact = lin is not None and all(isinstance(c, int) and c % factor == 0 for c in lin.values())
+        if outer_hi is not None:  # nparts: outer * factor covers the extent exactly iff it equals it
+            exact = exact and outer_hi * factor == int(ext.value)  # type: ignore[attr-defined]
         guard = None if exact else value < f.hi
     else:
         value = binary("add", binary("mul", vo, fc), vi)
         olo = binary("floordiv", f.lo, fc)
         ohi = binary("add", binary("floordiv", binary("sub", f.hi, const(1)), fc), const(1))
         guard = logical("and", f.lo <= value, value < f.hi)
-    body = subst_loops(f.body, {loop: value})
+    return _finish_split(program, f, vo, vi, olo, ohi, fc, value, guard, kind)
+
+
+def _split_kind(program: Program, f: For) -> str:
+    """The kind both halves get: "serial", or "parallel" for a loop of a cooperative shared copy (cache_read)."""
+    if f.kind == "parallel" and _is_copy_loop(program, f):
+        if f.thread is not None:
+            raise ArgumentError(f"split: copy loop {f.var.name!r} is already bound to {f.thread}; split it before "
+                                "binding it")
+        return "parallel"
+    _serial(f, "split")
+    return "serial"
+
+
+def _is_copy_loop(program: Program, f: For) -> bool:
+    """`f` is a loop of a shared cache_read copy inside thread loops: a chain of "parallel" loops around one
+    store into a shared buffer (the CUDA target spreads its iterations over the block's threads)."""
+    inner: Stmt = f
+    while isinstance(inner, For) and inner.kind == "parallel":
+        inner = inner.body
+    if isinstance(inner, If) and inner.orelse is None:
+        inner = inner.then
+    if not (isinstance(inner, Store) and inner.buffer.scope == "shared"):
+        return False
+    path = loop_path(program, f.var) or []
+    return any(isinstance(s, For) and s.kind == "thread" and (s.thread or "").startswith("threadIdx") for s in path)
+
+
+def _finish_split(program: Program, f: For, vo: Var, vi: Var, olo: Expr, ohi: Expr, fc: Expr, value: Expr,
+                  guard: Expr | None, kind: str) -> tuple[Program, tuple[Var, Var]]:
+    body = subst_loops(f.body, {f.var: value})
     if guard is not None:
-        body = If(guard, body)
-    new = For(vo, olo, ohi, For(vi, const(0), fc, body))
-    return replace_loop(program, loop, new), (vo, vi)
+        if kind == "parallel":  # a copy nest keeps its guard innermost (around the store), as cache_read makes it
+            body = _guard_innermost(body, guard)
+        else:
+            body = If(guard, body)
+    new = For(vo, olo, ohi, For(vi, const(0), fc, body, kind), kind)
+    return replace_loop(program, f.var, new), (vo, vi)
+
+
+def _guard_innermost(s: Stmt, guard: Expr) -> Stmt:
+    if isinstance(s, For):
+        return dataclasses.replace(s, body=_guard_innermost(s.body, guard))
+    if isinstance(s, If) and s.orelse is None:
+        return If(logical("and", guard, s.cond), s.then)
+    return If(guard, s)
+
+
+def _split_nparts_symbolic(program: Program, f: For, nparts: int, vo: Var, vi: Var,
+                           kind: str) -> tuple[Program, tuple[Var, Var]]:
+    # TVM's split(nparts=P) of a symbolic extent: P chunks of ceil(extent / P), the last ones guarded
+    ext = simplify(binary("sub", f.hi, f.lo))
+    fc = simplify(binary("floordiv", binary("add", ext, const(nparts - 1)), const(nparts)))
+    value = binary("add", f.lo, binary("add", binary("mul", vo, fc), vi))
+    guard = value < f.hi
+    return _finish_split(program, f, vo, vi, const(0), const(nparts), fc, value, guard, kind)
 
 
 split.rebases_when = lambda kw: tails.check_tail(kw.get("tail", "guard")) == "round_up"  # type: ignore[attr-defined]

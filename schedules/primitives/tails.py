@@ -106,7 +106,8 @@ def split_check(ctx: CheckContext) -> poly.Witness | None:
             raise RuntimeError(f"internal error in primitive 'split': {bad}")
         return poly.find_violation(ctx.deps, ctx.new)
     loop = ctx.args[0]
-    what = f"split({loop.name}, {ctx.args[1]}, tail={tail!r})"
+    factor = ctx.args[1] if len(ctx.args) > 1 else ctx.kwargs.get("factor")
+    what = f"split({loop.name}, {factor}, tail={tail!r})"
     if tail == "round_up":
         bw = check_bounds(ctx.new)
         if bw is not None and check_bounds(ctx.old) is None:
