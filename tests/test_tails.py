@@ -289,3 +289,19 @@ def test_tail_strategies_replay_from_the_trace():
     s2 = Schedule(B)
     s2.split(s2.loops(B)[0], 4, tail="shift_inwards")
     assert str(Schedule.replay(s2.trace_json(), B)) == str(s2)
+
+
+def test_tail_with_nparts_refused_and_factor_by_keyword():
+    prog = _padded()
+    s = Schedule(prog)
+    (i,) = s.loops("S")
+    with pytest.raises(ArgumentError, match="tail='round_up' takes factor="):
+        s.split(i, nparts=4, tail="round_up")
+    io, ii = s.split(i, factor=8, tail="round_up")  # the factor by keyword, as TVM users write it
+    assert "round_up" in s.explain() or "RoundUp" in s.explain() or s.trace[-1]["kwargs"].get("tail") == "round_up"
+    mod = build(s, target="cpu")
+    m = 21
+    a = _rand(m + 8, seed=4)
+    out = np.full(m + 8, np.nan, np.float32)
+    mod(a, out)
+    np.testing.assert_allclose(out[:m], a[:m] * 2.0 + 0.5, rtol=1e-6)
