@@ -167,6 +167,8 @@ def _version(nest: N.For, rolled: set[N.Var], serial: frozenset[N.Var] = frozens
     if not inner:
         return N.If(_and(checks), fast, None)
     edge = not any(isinstance(x, N.Var) and x in serial for c in checks for x in walk(c))
+    # a tensorized nest is rendered from the kernel's mma plan, which names its loops: left as it is
+    edge = edge and not any(isinstance(f, N.For) and f.kind.startswith("mma.") for f in walk(nest))
     return N.If(_and(checks), fast, _rolled(nest, rolled) if edge else nest)
 
 
