@@ -581,7 +581,8 @@ def identity(op: str, dtype: str) -> Const:
     return builtin_identity(op, dtype)
 
 
-def comm_reducer(combine: Callable[..., Any], identity: Any, name: str = "reduce") -> CommReducer:
+def comm_reducer(combine: Callable[..., Any], identity: Any, name: str = "reduce",
+                 commutative: bool = True) -> CommReducer:
     """A user-defined commutative, associative reducer (TVM's `te.comm_reducer`).
 
     `combine(lhs, rhs)` gives the combined value (over a tuple of values: takes two tuples, returns one);
@@ -590,9 +591,11 @@ def comm_reducer(combine: Callable[..., Any], identity: Any, name: str = "reduce
     one reduction per component, which a stage returns as a tuple (each becomes an output tensor).
 
     The checker may reassociate its updates (reorder / split / tile of its reduce axes): declare only a
-    combine that is commutative and associative (floating-point rounding aside)."""
+    combine that is commutative and associative (floating-point rounding aside). `commutative=False` (a
+    loopir extension) declares an ordered fold (Horner's rule, a running recurrence): its reduce loops then
+    keep their order, and a step that would change it is refused with a witness."""
     _check_name(name, "reducer")
-    return CommReducer(combine, identity, name, _check_axes)
+    return CommReducer(combine, identity, name, _check_axes, commutative)
 
 
 def argmax(expr: ExprLike, axis: Var | Sequence[Var] | None = None) -> TupleReduce:

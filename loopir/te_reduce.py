@@ -165,13 +165,17 @@ class CommReducer:
     for a tuple reducer (it returns one reduction per component)."""
 
     def __init__(self, combine: Callable[..., Any], identity: Any, name: str,
-                 check_axes: Callable[[str, Any], tuple[Var, ...]]) -> None:
+                 check_axes: Callable[[str, Any], tuple[Var, ...]], commutative: bool = True) -> None:
         if not callable(combine):
             raise ArgumentTypeError(f"comm_reducer {name!r}: combine must be a function (lhs, rhs) -> value, "
                                     f"got {type(combine).__name__} {combine!r}")
         self.combine = combine
         self.identity = identity
         self.name = name
+        if not isinstance(commutative, bool):
+            raise ArgumentTypeError(f"comm_reducer {name!r}: commutative must be True or False, got {commutative!r}")
+        # False: an ordered fold (its updates keep their order; the checker does not reassociate them)
+        self.commutative = commutative
         self._check_axes = check_axes
 
     def __repr__(self) -> str:

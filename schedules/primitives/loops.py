@@ -13,7 +13,7 @@ from typing import Any
 
 import islpy as isl
 
-from loopir import poly
+from loopir import poly, reassoc
 from loopir.affine import linear_form, simplify
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
 from loopir.isl_conv import pw_bound
@@ -73,6 +73,9 @@ def _outer_first(program: Program, vs: list[Var]) -> list[Var]:
 
 def skew_hint(ctx: CheckContext, w: poly.Witness) -> str | None:
     """'skew j by i first' when the witness distance is (+, -) on two of the loops involved."""
+    acc = reassoc.refusal_hint(ctx.deps, w)
+    if acc is not None:  # an ordered accumulation: no skew makes its interchange legal
+        return acc
     vs = _outer_first(ctx.old, [a for a in ctx.args if isinstance(a, Var)])
     dist = _distance(ctx, w, vs)
     for a, b in itertools.combinations(vs, 2):
@@ -98,7 +101,8 @@ def order_hint(ctx: CheckContext, w: poly.Witness) -> str | None:
         try:
             candidate = reorder(ctx.old, *perm)
             # the nest as it stands is legal (a checked schedule only ever holds legal nests): no need to ask isl
-            if candidate == ctx.old or poly.find_violation(ctx.deps, candidate) is None:
+            if (candidate == ctx.old or poly.find_violation(ctx.deps, candidate) is None
+                    or reassoc.find_violation_reassociated(ctx.deps, candidate) is None):
                 legal.append("(" + ", ".join(v.name for v in perm) + ")")
         except ValueError:
             continue
