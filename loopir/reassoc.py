@@ -26,6 +26,7 @@ from collections import OrderedDict
 
 import islpy as isl
 
+from .affine import eval_index
 from .dtypes import is_float
 from .isl_conv import _sanitize
 from .nodes import Binary, Load, Program, Store
@@ -35,7 +36,8 @@ from .te import ComputeOp, tensor_of
 from .te_reduce import TupleReduce
 from .visit import walk, walk_stmts
 
-__all__ = ["groups", "relaxed", "find_violation_reassociated", "reassociated_groups", "float_note", "refusal_hint"]
+__all__ = ["closed", "groups", "relaxed", "find_violation_reassociated", "reassociated_groups", "float_note",
+           "refusal_hint"]
 
 _OPS = ("add", "mul", "max", "min")
 
@@ -169,6 +171,43 @@ def _add(flow: isl.UnionMap, anti: isl.UnionMap, output: isl.UnionMap, kind: str
     return flow, anti, output.union(rel)
 
 
+_CLOSED: OrderedDict[int, tuple[Deps, Deps]] = OrderedDict()  # id(deps) -> (deps, closed deps)
+
+
+def closed(deps: Deps) -> Deps:
+    """`deps` plus every pair of instances of one group touching one element (in the original order), as output
+    dependences. After a step reassociated a reduction, the value-based dependences of the original order no
+    longer relate every two updates that a later parallel / vectorized / bound loop could run at once (the
+    reassociated order puts different neighbours side by side); these pairs do, so the carried-dependence
+    checks stay exact. Order checks drop them again (`relaxed`)."""
+    for _d, c in _CLOSED.values():
+        if c is deps:
+            return deps
+    hit = _CLOSED.get(id(deps))
+    if hit is not None and hit[0] is deps:
+        return hit[1]
+    gs = groups(deps.program)
+    output = deps.output
+    if gs:
+        program = deps.program
+        b = _Builder(program)
+        rt, wt, mt = b.access_texts()
+        acc = _parse_union_map(b, rt).union(_parse_union_map(b, wt)).union(_parse_union_map(b, mt))
+        acc = acc.intersect_domain(deps.domain)
+        sched = schedule_map(program).intersect_domain(deps.domain)
+        before = sched.lex_lt_union_map(sched)
+        stores = {n.name: n for n in walk_stmts(program) if isinstance(n, Store)}
+        for g in gs:
+            mine = {_sanitize(n) for n in g}
+            gbufs = {_bufname(b, stores[n].buffer) for n in g if n in stores}
+            acc_g = _select(acc, lambda s, a, m=mine, gb=gbufs: s in m and a in gb)
+            output = output.union(acc_g.apply_range(acc_g.reverse()).intersect(before))
+    out = dataclasses.replace(deps, output=output)
+    _CLOSED[id(deps)] = (deps, out)
+    _trim(_CLOSED, 16)
+    return out
+
+
 def find_violation_reassociated(deps: Deps, program: Program) -> Witness | None | bool:
     """Whether `program` is legal once reassociable reductions may be reassociated: None when it is, a
     Witness (from the relaxed dependences) when it is not, False when nothing can be reassociated here (no
@@ -204,6 +243,10 @@ def float_note(program: Program, g: frozenset[str], step: str) -> str | None:
     st = stores[0]
     if isinstance(st.value, Binary) and st.value.op in ("max", "min") and len(stores) == 1:
         return None
+    t = tensor_of(st.buffer)
+    body = t.op.bodies[t.value_index] if t is not None and isinstance(t.op, ComputeOp) else None
+    if isinstance(body, TupleReduce) and body.call is not None and getattr(body.call.reducer, "exact", False):
+        return None
     what = {"add": "float sum", "mul": "float product"}.get(st.value.op if isinstance(st.value, Binary) else "",
                                                            "float reduction")
     names = ", ".join(sorted(g))
@@ -220,6 +263,16 @@ def refusal_hint(deps: Deps, w: Witness) -> str | None:
     if st is None or any(st.name in g for g in groups(deps.program)):
         return None
     if not any(isinstance(n, Load) and n.buffer is st.buffer and n.indices == st.indices for n in walk(st.value)):
+        return None
+    # the conflict is the accumulator itself: both instances write the element of the witness (a recurrence
+    # reading a neighbour, A[i-1, j+1], is no accumulation: the skew hint fits it)
+    sizes = {v: w.params[v.name] for v in deps.params.values() if v.name in w.params}
+    try:
+        own = [tuple(eval_index(ix, {**sizes, **{v: it[v.name] for v in st.iters}}) for ix in st.indices)
+               for it in (w.source[1], w.sink[1])]
+    except (KeyError, ValueError):
+        return None
+    if w.element is None or own[0] != tuple(w.element) or own[1] != tuple(w.element):
         return None
     return (f"{st.name} accumulates into {st.buffer.name} in the order written, and its update is not an associative "
             f"and commutative reduction (C[idx] = C[idx] op e with op add, mul, max or min and e not reading "

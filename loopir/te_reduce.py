@@ -176,6 +176,7 @@ class CommReducer:
             raise ArgumentTypeError(f"comm_reducer {name!r}: commutative must be True or False, got {commutative!r}")
         # False: an ordered fold (its updates keep their order; the checker does not reassociate them)
         self.commutative = commutative
+        self.exact = False  # True: reassociating it changes no bit (argmax / argmin), so explain() notes nothing
         self._check_axes = check_axes
 
     def __repr__(self) -> str:
@@ -261,6 +262,7 @@ def arg_reduce(kind: str, check_axes: Callable[[str, Any], tuple[Var, ...]],
     over several axes is the row-major position in their box (numpy's flat index)."""
     axes = check_axes(kind, axis)
     red = CommReducer(_argcombine(kind == "argmax"), _arg_identity(kind == "argmax"), kind, check_axes)
+    red.exact = True
     index = None
     for k in axes:
         lo, hi = dom_of(k)

@@ -379,6 +379,8 @@ class Schedule:
         # the new program breaks the order of some reductions' updates: derived dependences (which assume every
         # original dependence kept) no longer apply, and a float reduction's rounding changes (explain() says so)
         self._checked = False
+        # from now on the checks of parallel / vectorized / bound loops need every pair of updates of one element
+        self._deps = reassoc.closed(self.deps)
         what = f"{spec.name}({', '.join(_arg_str(a) for a in args)})"
         for g in reassoc.reassociated_groups(self.deps, new):
             note = reassoc.float_note(self._original, g, what)
