@@ -46,8 +46,8 @@ from . import nodes
 from .dtypes import DTYPES, INDEX, check_dtype
 from .nodes import Buffer, Const, Expr, ExprLike, Load, Node, Var
 from .te_lift import Reduce, has_reduce, lift
-from .te_reduce import CommReducer, TupleReduce, arg_reduce, builtin_identity, tuple_reduce
-from .visit import walk
+from .te_reduce import CommReducer, TupleReduce, arg_reduce, builtin_identity, flat_index, tuple_reduce
+from .visit import substitute, walk
 
 float16, float32, float64, int32, int64, bool_ = "float16", "float32", "float64", "int32", "int64", "bool"
 bfloat16 = "bfloat16"
@@ -598,16 +598,38 @@ def comm_reducer(combine: Callable[..., Any], identity: Any, name: str = "reduce
     return CommReducer(combine, identity, name, _check_axes, commutative)
 
 
-def argmax(expr: ExprLike, axis: Var | Sequence[Var] | None = None) -> TupleReduce:
+def argmax(expr: ExprLike, axis: Var | Sequence[Var] | None = None, one_pass: bool = False) -> Expr:
     """The index of the first maximum of `expr` over `axis` (ties: the smallest index, as numpy.argmax), int64.
-    Over several axes, the row-major position in their box (numpy's flat index). Must be the whole body of a
-    stage; the maximum itself is a hidden output `<stage>.argmax0` of the stage."""
-    return arg_reduce("argmax", _check_axes, _REDUCE_DOM.__getitem__, expr, axis)
+    Over several axes, the row-major position in their box (numpy's flat index). NaNs are not numpy's.
+
+    Default: two reductions, `min over k of (k where expr == max(expr) else BIG)`, the max lifted into a stage
+    of its own (`<stage>.max0`, see te.lifted): plain reductions, so they reassociate, vectorize, run across
+    the threads of a block on CUDA (bind_reduction, the row strategies) and may sit anywhere in a body.
+    `one_pass=True`: one (value, index) tuple reduction (te.comm_reducer), reading `expr` once; it must be the
+    whole body of its stage, the running maximum is its hidden output `<stage>.argmax0`, and on CUDA it runs
+    one thread per output point (no cross-thread tuple reduction)."""
+    return _arg("argmax", expr, axis, one_pass)
 
 
-def argmin(expr: ExprLike, axis: Var | Sequence[Var] | None = None) -> TupleReduce:
-    """The index of the first minimum of `expr` over `axis` (ties: the smallest index, as numpy.argmin), int64."""
-    return arg_reduce("argmin", _check_axes, _REDUCE_DOM.__getitem__, expr, axis)
+def argmin(expr: ExprLike, axis: Var | Sequence[Var] | None = None, one_pass: bool = False) -> Expr:
+    """The index of the first minimum of `expr` over `axis` (ties: the smallest index, as numpy.argmin), int64;
+    see te.argmax."""
+    return _arg("argmin", expr, axis, one_pass)
+
+
+def _arg(kind: str, expr: ExprLike, axis: Any, one_pass: bool) -> Expr:
+    if not isinstance(one_pass, bool):
+        raise ArgumentTypeError(f"te.{kind}: one_pass must be True or False, got {one_pass!r}")
+    if one_pass:
+        return arg_reduce(kind, _check_axes, _REDUCE_DOM.__getitem__, expr, axis)
+    axes = _check_axes(kind, axis)
+    if isinstance(expr, Tensor):
+        raise ArgumentTypeError(f"te.{kind}: got the tensor {expr.name!r}; reduce an element such as {expr.name}[i, k]")
+    value = nodes.as_expr(expr)
+    fresh = {k: reduce_axis(_REDUCE_DOM[k], name=k.name) for k in axes}  # the extreme's own axes
+    best = _reduce("max" if kind == "argmax" else "min", substitute(value, fresh), tuple(fresh.values()))
+    big = nodes.const(int(np.iinfo(INDEX).max), INDEX)
+    return _reduce("min", where(value.eq(best), flat_index(axes, _REDUCE_DOM.__getitem__), big), axes)
 
 
 # ----------------------------------------------------------------------------- elementwise math

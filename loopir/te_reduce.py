@@ -256,6 +256,17 @@ def _arg_identity(greater: bool) -> Callable[[str, str], tuple[Const, Const]]:
     return identity
 
 
+def flat_index(axes: Sequence[Var], dom_of: Callable[[Var], tuple[Expr, Expr]]) -> Expr:
+    """The row-major position of the reduce axes' point in their box (numpy's flat index)."""
+    index: Expr | None = None
+    for k in axes:
+        lo, hi = dom_of(k)
+        pos = k if isinstance(lo, Const) and lo.value == 0 else k - lo
+        index = pos if index is None else index * (hi - lo) + pos
+    assert index is not None
+    return index
+
+
 def arg_reduce(kind: str, check_axes: Callable[[str, Any], tuple[Var, ...]],
                dom_of: Callable[[Var], tuple[Expr, Expr]], expr: Any, axis: Any) -> TupleReduce:
     """te.argmax / te.argmin: component 1 (the index) of a (value, index) reducer; the index of a reduction
@@ -263,16 +274,11 @@ def arg_reduce(kind: str, check_axes: Callable[[str, Any], tuple[Var, ...]],
     axes = check_axes(kind, axis)
     red = CommReducer(_argcombine(kind == "argmax"), _arg_identity(kind == "argmax"), kind, check_axes)
     red.exact = True
-    index = None
-    for k in axes:
-        lo, hi = dom_of(k)
-        pos = k if isinstance(lo, Const) and lo.value == 0 else k - lo
-        index = pos if index is None else index * (hi - lo) + pos
+    index = flat_index(axes, dom_of)
     value = _operand(kind, expr)
     parts = red((value, index), axis=axes)
     return parts[1]
 
 
-__all__ = ["CommReducer", "ReduceCall", "TupleReduce", "arg_reduce", "builtin_identity", "is_group", "lower_stage",
-           "store_order",
-           "tuple_reduce"]
+__all__ = ["CommReducer", "ReduceCall", "TupleReduce", "arg_reduce", "builtin_identity", "flat_index", "is_group",
+           "lower_stage", "store_order", "tuple_reduce"]

@@ -50,11 +50,11 @@ def _ties(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return _rng(seed).integers(-2, 3, shape).astype(np.float32)
 
 
-def _argmax_stage(m, n, kind="argmax"):
+def _argmax_stage(m, n, kind="argmax", one_pass=False):
     x = te.placeholder((m, n), name="x")
     k = te.reduce_axis(n, name="k")
     fn = te.argmax if kind == "argmax" else te.argmin
-    am = te.compute((m,), lambda i: fn(x[i, k], axis=k), name="am")
+    am = te.compute((m,), lambda i: fn(x[i, k], axis=k, one_pass=one_pass), name="am")
     return x, am
 
 
@@ -77,44 +77,76 @@ def _interp_cuda(s, *arrays):
 def test_argmax_printed_nest_and_cpu_numerics_with_ties(kind):
     m, n = 9, 13
     x, am = _argmax_stage(m, n, kind)
+    ext = "max" if kind == "argmax" else "min"
     text = str(lower(am))
+    # two plain reductions: the extreme (lifted into am.max0), then the first index reaching it
+    assert f"am.{ext}0[i] = {ext}(am.{ext}0[i], x[i, k])  # am.{ext}0" in text
+    assert f"am[i] = min(am[i], where(x[i, k] == am.{ext}0[i], k, 9223372036854775807))  # am" in text
+    x1, am1 = _argmax_stage(m, n, kind, one_pass=True)
+    text = str(lower(am1)) + "\n"
+    # one (value, index) tuple reduction: the index update reads the old value, so it is stored first
     assert f"am.{kind}0: float32[9]  # temporary" in text
     assert "am[i] = 9223372036854775807  # am_init" in text
-    assert "k < am[i], k, am[i])  # am" in text
+    assert "k < am[i], k, am[i])  # am\n" in text
+    assert text.index("# am\n") < text.index(f"# am.{kind}0\n")
     for seed in range(3):
         X = _ties((m, n), seed)
-        out = np.full((m,), -7, np.int64)
-        _run_cpu(Schedule(am), [x, am], X, out)
         want = X.argmax(1) if kind == "argmax" else X.argmin(1)
-        np.testing.assert_array_equal(out, want)
+        for xx, a in ((x, am), (x1, am1)):
+            out = np.full((m,), -7, np.int64)
+            _run_cpu(Schedule(a), [xx, a], X, out)
+            np.testing.assert_array_equal(out, want)
 
 
-def test_argmax_over_two_axes_is_numpys_flat_index():
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_argmax_over_two_axes_is_numpys_flat_index(one_pass):
     m, a, b = 5, 4, 6
     x = te.placeholder((m, a, b), name="x")
     k1, k2 = te.reduce_axis(a, name="k1"), te.reduce_axis(b, name="k2")
-    am = te.compute((m,), lambda i: te.argmax(x[i, k1, k2], axis=[k1, k2]), name="am")
+    am = te.compute((m,), lambda i: te.argmax(x[i, k1, k2], axis=[k1, k2], one_pass=one_pass), name="am")
     X = _ties((m, a, b), 4)
     out = np.full((m,), -7, np.int64)
     _run_cpu(Schedule(am), [x, am], X, out)
     np.testing.assert_array_equal(out, X.reshape(m, -1).argmax(1))
 
 
-def test_argmax_reordered_reduce_axes_keeps_first_index():
-    # the (value, index) combine is lexicographic, so reassociating it keeps numpy's tie rule
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_argmax_reordered_reduce_axes_keeps_first_index(one_pass):
+    # both forms reassociate exactly: min / max, and the lexicographic (value, index) combine of the tuple form
     m, a, b = 5, 4, 6
     x = te.placeholder((m, a, b), name="x")
     k1, k2 = te.reduce_axis(a, name="k1"), te.reduce_axis(b, name="k2")
-    am = te.compute((m,), lambda i: te.argmax(x[i, k1, k2], axis=[k1, k2]), name="am")
+    am = te.compute((m,), lambda i: te.argmax(x[i, k1, k2], axis=[k1, k2], one_pass=one_pass), name="am")
     s = Schedule(am)
     _, l1, l2 = s.loops(am)
     s.reorder(l2, l1)
     assert "for k2 in range(0, 6):\n            for k1 in range(0, 4):" in str(s)
-    assert "reassociated" not in s.explain()  # argmax is exact: no floating-point note
+    assert "reassociated" not in s.explain()  # exact: no floating-point note
     X = _ties((m, a, b), 5)
     out = np.full((m,), -7, np.int64)
     _run_cpu(s, [x, am], X, out)
     np.testing.assert_array_equal(out, X.reshape(m, -1).argmax(1))
+
+
+@pytest.mark.parametrize("m, n", [(5, 7), (3, 1000)])
+def test_argmax_over_a_row_bound_across_threads_cuda(m, n):
+    # both reductions of the default form run across the threads of a block (bind_reduction)
+    x, am = _argmax_stage(m, n)
+    s = Schedule(am)
+    i, k = s.loops(te.lifted(am)[0])
+    s.bind(i, "blockIdx.x")
+    s.bind_reduction(k, threads=64)
+    i2, k2 = s.loops(am)
+    s.bind(i2, "blockIdx.x")
+    s.bind_reduction(k2, threads=64)
+    assert "for kt2 in range(0, 64):  # threadIdx.x" in str(s)
+    mod = build(s, [x, am], target="cuda")
+    assert mod.cubin[:4] == b"\x7fELF" and "loopir_block_allreduce(" in mod.source
+    for schedule in (s, auto_schedule([am], "cuda")):
+        X = _ties((m, n), m + n)
+        out = np.full((m,), -7, np.int64)
+        _interp_cuda(schedule, X, out)
+        np.testing.assert_array_equal(out, X.argmax(1))
 
 
 def test_argmax_read_by_a_later_stage_on_both_targets():
@@ -138,16 +170,30 @@ def test_argmax_refusals():
     x = te.placeholder((4, 5), name="x")
     k = te.reduce_axis(5, name="k")
     with pytest.raises(ArgumentError, match="whole body of its stage"):
-        te.compute((4,), lambda i: te.argmax(x[i, k], axis=k) + 1, name="bad")
+        te.compute((4,), lambda i: te.argmax(x[i, k], axis=k, one_pass=True) + 1, name="bad")
     with pytest.raises(ArgumentTypeError, match="reduction axis"):
         te.argmax(x[0, 0])
     with pytest.raises(ArgumentTypeError, match="tensor"):
         te.compute((4,), lambda i: te.argmax(x, axis=k), name="bad2")
+    with pytest.raises(ArgumentTypeError, match="one_pass must be True or False"):
+        te.argmax(x[0, k], axis=k, one_pass=1)
 
 
-def test_bind_reduction_of_argmax_is_refused_clearly():
+def test_argmax_inside_an_expression():
+    # the default form is plain reductions: it may sit anywhere in a body
+    m, n = 6, 9
+    x = te.placeholder((m, n), name="x")
+    k = te.reduce_axis(n, name="k")
+    y = te.compute((m,), lambda i: te.cast("float32", te.argmin(x[i, k], axis=k)) * 2.0 + 1.0, name="y")
+    X = _ties((m, n), 3)
+    out = np.full((m,), np.nan, np.float32)
+    _run_cpu(Schedule(y), [x, y], X, out)
+    np.testing.assert_allclose(out, X.argmin(1) * 2.0 + 1.0)
+
+
+def test_bind_reduction_of_a_tuple_reduction_is_refused_clearly():
     m, n = 4, 64
-    x, am = _argmax_stage(m, n)
+    x, am = _argmax_stage(m, n, one_pass=True)
     s = Schedule(am)
     i, k = s.loops(am)
     s.bind(i, "blockIdx.x")
@@ -425,13 +471,14 @@ def test_a_recurrence_stays_refused_with_a_skew_hint():
 @pytest.mark.gpu
 def test_gpu_argmax_layer_norm_and_product():
     m, n = 37, 300
-    x, am = _argmax_stage(m, n)
-    mod = build([am], [x, am], target="cuda")
-    for seed in range(2):
-        X = _ties((m, n), 20 + seed)
-        out = np.full((m,), -7, np.int64)
-        mod(X, out)
-        np.testing.assert_array_equal(out, X.argmax(1))
+    for one_pass in (False, True):
+        x, am = _argmax_stage(m, n, one_pass=one_pass)
+        mod = build([am], [x, am], target="cuda")
+        for seed in range(2):
+            X = _ties((m, n), 20 + seed)
+            out = np.full((m,), -7, np.int64)
+            mod(X, out)
+            np.testing.assert_array_equal(out, X.argmax(1))
     x2, s1, s2, y = _layer_norm(m, n)
     mod = build([y], [x2, y], target="cuda")
     for seed in range(2):
