@@ -494,3 +494,23 @@ def test_gpu_argmax_layer_norm_and_product():
     mod(X, out)
     want = X64.max(1) + np.log(np.exp(X64 - X64.max(1, keepdims=True)).sum(1))
     np.testing.assert_allclose(out, want, rtol=1e-5)
+
+
+def test_symbolic_sizes_multi_output_and_tuple_reducer_specialize_at_call_time():
+    # call-time specialization rebuilds the te graph with the sizes (loopir.subst): one op per multi-output stage
+    n_, m_ = te.var("n"), te.var("m")
+    x = te.placeholder((m_, n_), name="x")
+    k, k2 = te.reduce_axis(n_, name="k"), te.reduce_axis(n_, name="k2")
+    s1, s2 = te.compute((m_,), lambda i: (te.sum(x[i, k], axis=k), te.sum(x[i, k] * x[i, k], axis=k)), name="st")
+    am = te.compute((m_,), lambda i: te.argmax(x[i, k2], axis=k2, one_pass=True), name="am")
+    mod = build([s1, s2, am], [x, s1, s2, am], target="cpu")
+    for m, n in ((5, 9), (3, 20)):
+        X = _ties((m, n), m * n)
+        o1, o2 = np.full((m,), np.nan, np.float32), np.full((m,), np.nan, np.float32)
+        oi = np.full((m,), -7, np.int64)
+        mod(X, o1, o2, oi)
+        np.testing.assert_allclose(o1, X.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(o2, (X.astype(np.float64) ** 2).sum(1), rtol=1e-5)
+        np.testing.assert_array_equal(oi, X.argmax(1))
+    fixed = build([s1, s2, am], [x, s1, s2, am], target="cuda", sizes={"m": 5, "n": 9})
+    assert fixed.cubin[:4] == b"\x7fELF"
