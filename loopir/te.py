@@ -14,6 +14,12 @@ operand): one that is not the whole body is lifted into a stage of its own, name
 enclosing stage (`y.sum0`, `y.max1`) and a function of only the enclosing axes its operand uses
 (`loopir.te_lift`); `te.lifted(y)` returns those stages.
 
+Reducers beyond sum / max / min: `te.argmax` / `te.argmin` (the first index of the extreme, as numpy),
+`te.comm_reducer(combine, identity, name=)` (TVM's user-defined commutative reducer, also over tuples of
+values such as (value, index) pairs); a lambda returning a tuple makes a multi-output stage
+(`s1, s2 = te.compute((m,), lambda i: (te.sum(x[i, k], axis=k), te.sum(x[i, k] * x[i, k], axis=k)))`:
+one nest, one output tensor per element, `st.0` / `st.1` unless named). See `loopir.te_reduce`.
+
 dtypes: float16, bfloat16, float32, float64, int32, int64, bool (bfloat16 data on the host:
 uint16 arrays of bits, `loopir.dtypes.to_bfloat16` / `from_bfloat16`; halves compute in float32).
 Promotion (see `loopir.dtypes`): two typed operands combine as `numpy.promote_types`;

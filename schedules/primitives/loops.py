@@ -264,9 +264,13 @@ def _perfect_band(program: Program, loops: tuple[Var, ...], what: str) -> tuple[
 def reorder(program: Program, *loops: Var) -> Program:
     """Put `loops` in the given order (outermost first) in the slots they occupy now.
 
-    Precondition: the loops lie on one nest. Statements beside them (e.g. a reduction's init
-    between the spatial loops and the reduction loop) are first distributed into their own
-    copy of the loops above them (fresh loop names like `j2`). Rectangular loops swap headers
+    Precondition: the loops lie on one nest, and the new order keeps every dependence — except
+    those of an associative and commutative reduction's update on itself (sum, max, min, product,
+    a te.comm_reducer: its reduce axes may be reordered, split and tiled among themselves, see
+    loopir.reassoc; a float sum is then added in another order, which `explain()` notes).
+    Statements beside them (e.g. a reduction's init between the spatial loops and the reduction
+    loop) are first distributed into their own copy of the loops above them (fresh loop names
+    like `j2`). Rectangular loops swap headers
     and the guards move innermost. When a bound depends on another reordered loop (triangular,
     skewed, tiled after skew), the new bounds are the exact projections of the iteration
     domain onto the new order, computed with isl::
@@ -359,7 +363,8 @@ def _reorder_exact(program: Program, fors: list[For], guards: list[Expr], body: 
 def tile(program: Program, i: Var, j: Var, ti: int, tj: int) -> tuple[Program, tuple[Var, Var, Var, Var]]:
     """Tile loops i (outer) and j (inner) by ti x tj: split both, then order (i_o, j_o, i_i, j_i).
 
-    Precondition: i encloses j with nothing but guards (and loops) between; ti, tj >= 1::
+    Precondition: i encloses j with nothing but guards (and loops) between; ti, tj >= 1; the tiled order
+    keeps every dependence but a reassociable reduction's own (as reorder)::
 
         for i in range(0, n):            for i_o ...: for j_o ...:
             for j in range(0, m):   ->       for i_i in range(0, ti): for j_i in range(0, tj):
