@@ -375,6 +375,29 @@ def test_reorder_and_tile_of_two_reduce_axes_accepted_with_numerics():
         s.parallel(l1o)
 
 
+def _reassociated_cuda_schedule(m, a, b):
+    x, s_ = _sum2(m, a, b)
+    s = Schedule(s_)
+    i, l1, l2 = s.loops(s_)
+    s.reorder(l2, l1)
+    s.tile(l2, l1, 4, 3)
+    io, ii = s.split(i, 32)
+    s.bind(io, "blockIdx.x")
+    s.bind(ii, "threadIdx.x")
+    return x, s_, s
+
+
+def test_reassociated_reduction_on_cuda_builds_and_runs_in_adversarial_interpreter():
+    m, a, b = 40, 10, 12
+    x, s_, s = _reassociated_cuda_schedule(m, a, b)
+    assert "note: reorder(k2, k1) reassociated the float sum s" in s.explain()
+    assert build(s, [x, s_], target="cuda").cubin[:4] == b"\x7fELF"
+    X = _rng(15).standard_normal((m, a, b)).astype(np.float32)
+    out = np.full((m,), np.nan, np.float32)
+    _interp_cuda(s, X, out)
+    np.testing.assert_allclose(out, X.astype(np.float64).sum((1, 2)), rtol=1e-5, atol=1e-5)
+
+
 def test_reassociated_reduction_stays_ordered_with_its_init_and_readers():
     # the init and the reader of the sum keep their place: moving updates before the init is still refused
     m, a, b = 4, 3, 5
@@ -486,6 +509,13 @@ def test_gpu_argmax_layer_norm_and_product():
         out = np.full((m, n), np.nan, np.float32)
         mod(X, out)
         np.testing.assert_allclose(out, _ln_ref(X), rtol=1e-4, atol=1e-4)
+    x4, s4, sched = _reassociated_cuda_schedule(m, 10, 12)
+    mod = build(sched, [x4, s4], target="cuda")
+    for seed in range(2):
+        X = _rng(50 + seed).standard_normal((m, 10, 12)).astype(np.float32)
+        out = np.full((m,), np.nan, np.float32)
+        mod(X, out)
+        np.testing.assert_allclose(out, X.astype(np.float64).sum((1, 2)), rtol=1e-5, atol=1e-5)
     x3, mx, sm, y3 = _logsumexp_pair(m, n)
     mod = build([y3], [x3, y3], target="cuda")
     X = (3 * _rng(40).standard_normal((m, n))).astype(np.float32)
