@@ -288,7 +288,10 @@ def compute(shape: SizeLike | Sequence[SizeLike], fcompute: Callable[..., ExprLi
     """A stage: `out[i, j, ...] = fcompute(i, j, ...)` over `shape`.
 
     The loop variables are named after the lambda's parameters. A reduction (`te.sum/max/min`)
-    that is not the whole body becomes a stage of its own (`te.lifted`)."""
+    that is not the whole body becomes a stage of its own (`te.lifted`). A lambda returning a tuple
+    makes a multi-output stage and `compute` returns a tuple of tensors (`<name>.0`, `<name>.1`, ...): all
+    te.sum/max/min over the same reduce axes, all the components of one te.comm_reducer call (TVM's tuple
+    form), or all plain expressions — one nest computes them (see loopir.te_reduce)."""
     name = _default_name("compute") if name is None else _check_name(name, "tensor")
     shp = _shape(shape, f"compute {name!r}")
     names = _lambda_arity(fcompute, len(shp), name)
