@@ -32,6 +32,7 @@ from . import nodes
 from .names import sanitize
 from .nodes import Buffer, Const, Expr, For, Program, Stmt, Store, Var
 from .te import ComputeOp, PlaceholderOp, Reduce, Tensor, identity
+from .te_reduce import TupleReduce, is_group, lower_stage
 from .te_scan import Recurrence, definition_stores, statement_names
 from .visit import free_vars, seq, walk
 
@@ -62,7 +63,11 @@ def _topo(roots: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
         if isinstance(t.op, ComputeOp):
             for u in t.op.inputs:
                 visit(u)
-            order.append(t)
+            # a multi-output stage is one nest: all its outputs come together, the first one lowers it
+            for o in t.op.outputs or (t,):
+                if state.get(id(o)) != 2:
+                    order.append(o)
+                    state[id(o)] = 2
         else:
             placeholders.append(t)
         state[id(t)] = 2
@@ -83,7 +88,8 @@ def _check_names(tensors: list[Tensor]) -> None:
             )
     stmt_names = {t.name for t in tensors}
     for t in tensors:
-        if isinstance(t.op, ComputeOp) and isinstance(t.op.body, Reduce) and f"{t.name}_init" in stmt_names:
+        red = isinstance(t.op, ComputeOp) and isinstance(_body(t), (Reduce, TupleReduce))
+        if red and f"{t.name}_init" in stmt_names:
             raise ArgumentError(
                 f"lower: the init statement of reduction {t.name!r} would be named {t.name + '_init'!r}, "
                 "which is the name of another tensor"
@@ -128,7 +134,13 @@ def _loop_vars(op: ComputeOp) -> tuple[Var, ...]:
     return op.axis + op.reduce_axis
 
 
-def _stage(t: Tensor) -> Stmt:
+def _body(t: Tensor) -> Expr:
+    """The body of tensor `t` (its own output's, in a multi-output stage)."""
+    assert isinstance(t.op, ComputeOp)
+    return t.op.bodies[t.value_index]
+
+
+def _stage(t: Tensor) -> Stmt | None:
     op = t.op
     assert isinstance(op, ComputeOp)
     axis = op.axis
@@ -137,7 +149,13 @@ def _stage(t: Tensor) -> Stmt:
     body = op.body
     if isinstance(body, Recurrence):
         return _recurrence(t, body)
-    if isinstance(body, Reduce):
+    if is_group(op.bodies):
+        if t.value_index != 0:
+            return None  # lowered with output 0
+        outs = op.outputs or (t,)
+        nest = lower_stage([o.name for o in outs], [o.buffer for o in outs], op.bodies, axis, op.reduce_axis,
+                           op.reduce_dom)
+    elif isinstance(body, Reduce):
         init = Store(f"{t.name}_init", buf, idx, identity(body.op, body.dtype), axis, axis)
         iters = axis + op.reduce_axis
         value = nodes.binary(_COMBINE[body.op], buf[idx], body.body)
@@ -195,7 +213,7 @@ def lower(
     temps = [t for t in stages if id(t) not in arg_ids]
     _check_names(arg_list + [t for t in stages + placeholders if id(t) not in arg_ids])
 
-    body = seq(*(_stage(t) for t in stages))
+    body = seq(*(n for n in map(_stage, stages) if n is not None))
     prog_args = tuple(t.buffer for t in arg_list)
     prog_temps = tuple(t.buffer for t in temps)
     params = _params(prog_args, prog_temps, stages)
@@ -227,7 +245,9 @@ def _params(args: tuple[Buffer, ...], temps: tuple[Buffer, ...], stages: list[Te
         for lo, hi in op.reduce_dom:
             add(lo)
             add(hi)
-        add(op.body.body if isinstance(op.body, Reduce) else op.body)
+        b = _body(t)
+        for e in b.operands if isinstance(b, TupleReduce) else (b.body,) if isinstance(b, Reduce) else (b,):
+            add(e)
     return tuple(found)
 
 

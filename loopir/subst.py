@@ -25,6 +25,7 @@ import dataclasses
 
 from .nodes import Allocate, Buffer, Const, Expr, Load, Program, Store, Var
 from .te import ComputeOp, PlaceholderOp, Reduce, Tensor
+from .te_reduce import ReduceCall, TupleReduce, tuple_reduce
 from .visit import Transformer, free_vars
 
 __all__ = ["substitute_sizes", "substitute_program_sizes", "stages_of"]
@@ -71,6 +72,17 @@ class _Subst(Transformer):
         body = self.visit(r.body)
         return r if body is r.body else Reduce(r.op, body, r.axis, r.dtype)
 
+    def visit_TupleReduce(self, r: TupleReduce) -> Expr:
+        # the components of one reducer call share one new call (its combine reads the operands' tensors too)
+        assert r.call is not None
+        calls = self.__dict__.setdefault("calls", {})
+        call = calls.get(id(r.call))
+        if call is None:
+            c = r.call
+            call = calls[id(r.call)] = ReduceCall(c.reducer, c.accs, tuple(self.visit(e) for e in c.combined),
+                                                  c.identity, c.order)
+        return tuple_reduce(call, tuple(self.visit(o) for o in r.operands), r.axis, r.index)
+
 
 def _checked(sizes: Mapping[Var, Expr | int]) -> dict[Var, Expr]:
     """`sizes` as {Var: Expr}; ArgumentTypeError for a key that is not a Var or a value that is neither
@@ -102,6 +114,8 @@ def substitute_sizes(outputs: Sequence[Tensor], sizes: Mapping[Var, Expr | int])
     by_buf: dict[int, Tensor] = {}
     tr = _Subst(sub, by_buf)
     for t in stages_of(outputs):
+        if t in out:
+            continue  # an output of a multi-output stage made with its first one
         shape = tuple(tr.visit(d) for d in t.shape)
         op = t.op
         if isinstance(op, PlaceholderOp):
@@ -111,6 +125,16 @@ def substitute_sizes(outputs: Sequence[Tensor], sizes: Mapping[Var, Expr | int])
             new_op = ComputeOp(op.name, op.axis, tr.visit(op.body), op.reduce_axis,
                                tuple((tr.visit(lo), tr.visit(hi)) for lo, hi in op.reduce_dom),
                                tuple(out[i] for i in op.inputs))
+            if op.outputs:  # a multi-output stage (te_reduce): one new op, every output rebuilt on it
+                new_op.bodies = tuple(tr.visit(b) for b in op.bodies)
+                new_op.body = new_op.bodies[0]
+                for o in op.outputs:
+                    n = Tensor(o.name, shape, o.dtype, new_op)
+                    n.value_index = o.value_index
+                    out[o] = n
+                    by_buf[id(o.buffer)] = n
+                new_op.outputs = tuple(out[o] for o in op.outputs)
+                continue
         new = Tensor(t.name, shape, t.dtype, new_op)
         out[t] = new
         by_buf[id(t.buffer)] = new

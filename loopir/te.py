@@ -18,6 +18,12 @@ Recurrences: `te.scan` (TVM's: a recurrence along the first axis, init rows then
 and `te.update` (Halide's update definitions over a domain of their own, scatters included) make stages that
 later stages read like any other (`loopir.te_scan`).
 
+Reducers beyond sum / max / min: `te.argmax` / `te.argmin` (the first index of the extreme, as numpy),
+`te.comm_reducer(combine, identity, name=)` (TVM's user-defined commutative reducer, also over tuples of
+values such as (value, index) pairs); a lambda returning a tuple makes a multi-output stage
+(`s1, s2 = te.compute((m,), lambda i: (te.sum(x[i, k], axis=k), te.sum(x[i, k] * x[i, k], axis=k)))`:
+one nest, one output tensor per element, `st.0` / `st.1` unless named). See `loopir.te_reduce`.
+
 dtypes: float16, bfloat16, float32, float64, int8, uint8, int16, uint16, int32, int64, bool (small integers wrap
 per operation as numpy's do; `saturate_cast` clamps; bfloat16 data on the host:
 uint16 arrays of bits, `loopir.dtypes.to_bfloat16` / `from_bfloat16`; halves compute in float32).
@@ -51,8 +57,9 @@ from . import nodes
 from .dtypes import DTYPES, INDEX, INT_RANGE, check_dtype, is_float, is_int
 from .nodes import Buffer, Const, Expr, ExprLike, Load, Node, Var
 from . import te_scan
-from .te_lift import Reduce, lift
-from .visit import walk
+from .te_lift import Reduce, has_reduce, lift
+from .te_reduce import CommReducer, TupleReduce, arg_reduce, builtin_identity, flat_index, tuple_reduce
+from .visit import substitute, walk
 
 float16, float32, float64, int32, int64, bool_ = "float16", "float32", "float64", "int32", "int64", "bool"
 bfloat16 = "bfloat16"
@@ -111,6 +118,10 @@ class ComputeOp:
         self.reduce_dom = reduce_dom
         self.inputs = inputs
         self.lifted = lifted
+        # a multi-output stage (a tuple of reductions, a user reducer over several values): one body per
+        # output, `outputs[j]` the tensor of `bodies[j]` (`Tensor.value_index` is j); `body` is bodies[0]
+        self.bodies: tuple[Expr, ...] = (body,)
+        self.outputs: tuple[Tensor, ...] = ()
 
     def __repr__(self) -> str:
         return f"ComputeOp({self.name!r}, axis={[a.name for a in self.axis]})"
@@ -121,13 +132,14 @@ class Tensor:
 
     `t[i, j]` is a `nodes.Load` of `t.buffer`, the buffer the tensor lowers to."""
 
-    __slots__ = ("__weakref__", "buffer", "dtype", "name", "op", "shape")
+    __slots__ = ("__weakref__", "buffer", "dtype", "name", "op", "shape", "value_index")
 
     def __init__(self, name: str, shape: tuple[Expr, ...], dtype: str, op: PlaceholderOp | ComputeOp) -> None:
         self.name = name
         self.shape = shape
         self.dtype = dtype
         self.op = op
+        self.value_index = 0  # which output of a multi-output stage (te_reduce)
         self.buffer = Buffer(name, shape, dtype)
         _TENSOR_OF[id(self.buffer)] = self
         for frame in _BUILDING:  # a stage made inside another stage's lambda lives until that stage holds it
@@ -304,7 +316,10 @@ def compute(shape: SizeLike | Sequence[SizeLike], fcompute: Callable[..., ExprLi
     """A stage: `out[i, j, ...] = fcompute(i, j, ...)` over `shape`.
 
     The loop variables are named after the lambda's parameters. A reduction (`te.sum/max/min`)
-    that is not the whole body becomes a stage of its own (`te.lifted`)."""
+    that is not the whole body becomes a stage of its own (`te.lifted`). A lambda returning a tuple
+    makes a multi-output stage and `compute` returns a tuple of tensors (`<name>.0`, `<name>.1`, ...): all
+    te.sum/max/min over the same reduce axes, all the components of one te.comm_reducer call (TVM's tuple
+    form), or all plain expressions — one nest computes them (see loopir.te_reduce)."""
     name = _default_name("compute") if name is None else _check_name(name, "tensor")
     shp = _shape(shape, f"compute {name!r}")
     names = _lambda_arity(fcompute, len(shp), name)
@@ -320,18 +335,123 @@ def compute(shape: SizeLike | Sequence[SizeLike], fcompute: Callable[..., ExprLi
         assert popped is frame, "te.compute frames closed out of order"
 
 
-def _compute(name: str, shp: tuple[Expr, ...], axis: tuple[Var, ...], fcompute: Callable[..., ExprLike]) -> Tensor:
+def _compute(name: str, shp: tuple[Expr, ...], axis: tuple[Var, ...], fcompute: Callable[..., ExprLike]) -> Any:
     result = fcompute(*axis)
+    if isinstance(result, (tuple, list)) or isinstance(result, TupleReduce):
+        return _compute_multi(name, shp, axis, result)
     if isinstance(result, Tensor):
         raise ArgumentTypeError(f"compute {name!r}: the lambda returned the tensor {result.name!r}; index it")
     try:
         body = nodes.as_expr(result)
     except TypeError as e:
         raise ArgumentTypeError(f"compute {name!r}: the lambda must return an expression, got {result!r}") from e
+    if any(isinstance(n, TupleReduce) for n in walk(body)):
+        raise ArgumentError(f"compute {name!r}: a user reduction (argmax, argmin, comm_reducer) must be the whole "
+                            "body of its stage; compute it in a stage of its own and read that")
     _check_scoped(name, axis, body)
     body, lifted_stages = lift(name, shp, axis, body, _REDUCE_DOM.__getitem__, _make_lifted)
     red_axes = body.axis if isinstance(body, Reduce) else ()
     return _stage(name, shp, axis, body, red_axes, tuple(_REDUCE_DOM[k] for k in red_axes), lifted_stages)
+
+
+def _compute_multi(name: str, shp: tuple[Expr, ...], axis: tuple[Var, ...], result: Any) -> Any:
+    """A stage with several outputs (te_reduce): the lambda returned a tuple — of plain expressions, of
+    te.sum / max / min over the same reduce axes, or of the components of one user reducer — or one
+    component of a user reducer (whose other components become hidden outputs `<name>.<reducer><j>`)."""
+    single = isinstance(result, TupleReduce)
+    elems = [result] if single else list(result)
+    if not elems:
+        raise ArgumentError(f"compute {name!r}: the lambda returned an empty tuple")
+    bodies: list[Expr] = []
+    for j, r in enumerate(elems):
+        if isinstance(r, Tensor):
+            raise ArgumentTypeError(f"compute {name!r}: element {j} of the result is the tensor {r.name!r}; index it")
+        try:
+            bodies.append(nodes.as_expr(r))
+        except TypeError as e:
+            raise ArgumentTypeError(f"compute {name!r}: element {j} of the result is not an expression: {r!r}") from e
+    kinds = {type(b) if isinstance(b, (Reduce, TupleReduce)) else Expr for b in bodies}
+    if len(kinds) > 1:
+        raise ArgumentError(f"compute {name!r}: the elements of the result mix reductions of different kinds and "
+                            "plain expressions; a multi-output stage is all te.sum/max/min over the same axes, all "
+                            "the components of one reducer, or all plain expressions")
+    first = bodies[0]
+    names: list[str] = []
+    out_bodies: list[Expr] = list(bodies)
+    visible = list(range(len(bodies)))
+    if isinstance(first, TupleReduce):
+        call = first.call
+        if any(b.call is not call for b in bodies):  # type: ignore[attr-defined]
+            raise ArgumentError(f"compute {name!r}: the result holds components of two different reductions; one "
+                                "stage computes one reducer call")
+        n = len(call.accs)
+        idxs = [b.index for b in bodies]  # type: ignore[attr-defined]
+        if len(set(idxs)) != len(idxs):
+            raise ArgumentError(f"compute {name!r}: a component of reducer {call.reducer.name!r} is returned twice")
+        out_bodies = list(bodies) + [tuple_reduce(call, first.operands, first.axis, j)
+                                     for j in range(n) if j not in idxs]
+        # the stage's outputs in component order; the user sees those returned, in the order returned
+        out_bodies.sort(key=lambda b: b.index)  # type: ignore[attr-defined]
+        visible = [idxs.index(j) if j in idxs else -1 for j in range(n)]
+        red_axes = first.axis
+        for b in bodies:
+            for op in b.operands:  # type: ignore[attr-defined]
+                _check_scoped(name, axis + red_axes, op)
+        for k in red_axes:
+            _check_scoped_dom(name, axis, k)
+    elif isinstance(first, Reduce):
+        red_axes = first.axis
+        for b in bodies:
+            assert isinstance(b, Reduce)
+            if len(b.axis) != len(red_axes) or any(a is not c for a, c in zip(b.axis, red_axes)):
+                raise ArgumentError(f"compute {name!r}: the reductions of a multi-output stage run over the same "
+                                    f"reduce axes, in one order ({', '.join(k.name for k in red_axes)} here)")
+            if has_reduce(b.body):
+                raise ArgumentError(f"compute {name!r}: a reduction inside a reduction of a multi-output stage; "
+                                    "compute the inner one in a stage of its own first")
+            _check_scoped(name, axis, b)
+    else:
+        red_axes = ()
+        for b in bodies:
+            if has_reduce(b) or any(isinstance(x, TupleReduce) for x in walk(b)):
+                raise ArgumentError(f"compute {name!r}: a reduction inside an element of a multi-output result; "
+                                    "compute it in a stage of its own, or return reductions only")
+            _check_scoped(name, axis, b)
+    if isinstance(first, TupleReduce):
+        red = first.call.reducer.name
+        names = [f"{name}.{red}{j}" if visible[j] < 0 else name if single else f"{name}.{visible[j]}"
+                 for j in range(len(out_bodies))]
+    else:
+        names = [name] if len(bodies) == 1 else [f"{name}.{j}" for j in range(len(bodies))]
+    dom = tuple(_REDUCE_DOM[k] for k in red_axes)
+    seen: dict[int, Tensor] = {}
+    for b in out_bodies:
+        for t in _inputs(name, b):
+            seen.setdefault(id(t), t)
+    for k in red_axes:
+        _REDUCE_OWNER[k] = name
+    op = ComputeOp(name, axis, out_bodies[0], red_axes, dom, tuple(seen.values()))
+    op.bodies = tuple(out_bodies)
+    outs = []
+    for j, (n, b) in enumerate(zip(names, out_bodies)):
+        t = Tensor(n, shp, b.dtype, op)
+        t.value_index = j
+        outs.append(t)
+    op.outputs = tuple(outs)
+    if single:
+        return outs[next(j for j in range(len(outs)) if visible[j] == 0)]
+    if isinstance(first, TupleReduce):
+        return tuple(outs[visible.index(k)] for k in range(len(bodies)))
+    return tuple(outs)
+
+
+def _check_scoped_dom(stage: str, axis: tuple[Var, ...], k: Var) -> None:
+    owner = _owned_elsewhere(stage, k)
+    if owner is not None:
+        raise ArgumentError(f"compute {stage!r}: reduce axis {k.name!r} belongs to the reduction of stage {owner!r}; "
+                            "create a new te.reduce_axis for each reduction")
+    for bound in _REDUCE_DOM[k]:
+        _check_free(stage, bound, set(axis), f"the bounds of reduce axis {k.name!r}")
 
 
 def _stage(name: str, shp: tuple[Expr, ...], axis: tuple[Var, ...], body: Expr, red_axes: tuple[Var, ...],
@@ -467,6 +587,19 @@ def update(tensor: Tensor, over: Any, fupdate: Callable[..., Any], name: str | N
 
 
 def _reduce(op: str, expr: ExprLike, axis: Any) -> Reduce:
+    axes = _check_axes(op, axis)
+    if isinstance(expr, Tensor):
+        raise ArgumentTypeError(f"te.{op}: got the tensor {expr.name!r}; reduce an element such as {expr.name}[i, k]")
+    body = nodes.as_expr(expr)
+    if body.dtype == "bool":
+        raise ArgumentTypeError(f"te.{op} of a condition; cast it first: te.cast('int32', cond)")
+    if isinstance(body, TupleReduce) or any(isinstance(n, TupleReduce) for n in walk(body)):
+        raise ArgumentError(f"te.{op}: a user reduction (argmax, argmin, comm_reducer) inside its operand; compute "
+                            "it in a stage of its own first")
+    return Reduce(op, body, axes, body.dtype)  # one inside `body` is lifted into its own stage (te_lift)
+
+
+def _check_axes(op: str, axis: Any) -> tuple[Var, ...]:
     if axis is None:
         raise ArgumentTypeError(f"te.{op} needs its reduction axis: te.{op}(expr, axis=k) with k = te.reduce_axis(...)")
     axes = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
@@ -484,12 +617,7 @@ def _reduce(op: str, expr: ExprLike, axis: Any) -> Reduce:
     for a, b in itertools.combinations(axes, 2):
         if a is b:
             raise ArgumentError(f"te.{op}: reduce axis {a.name!r} is listed twice")
-    if isinstance(expr, Tensor):
-        raise ArgumentTypeError(f"te.{op}: got the tensor {expr.name!r}; reduce an element such as {expr.name}[i, k]")
-    body = nodes.as_expr(expr)
-    if body.dtype == "bool":
-        raise ArgumentTypeError(f"te.{op} of a condition; cast it first: te.cast('int32', cond)")
-    return Reduce(op, body, axes, body.dtype)  # one inside `body` is lifted into its own stage (te_lift)
+    return axes
 
 
 def sum(expr: ExprLike, axis: Var | Sequence[Var] | None = None) -> Reduce:
@@ -509,14 +637,58 @@ def min(expr: ExprLike, axis: Var | Sequence[Var] | None = None) -> Reduce:
 
 def identity(op: str, dtype: str) -> Const:
     """The identity element of a reduction in `dtype`."""
-    if op == "sum":
-        return nodes.const(0, dtype)
-    if is_float(dtype):
-        return nodes.const(float("-inf") if op == "max" else float("inf"), dtype)
-    if is_int(dtype):
-        info = np.iinfo(dtype)
-        return nodes.const(int(info.min) if op == "max" else int(info.max), dtype)
-    raise ArgumentTypeError(f"no identity of {op} in dtype {dtype}")
+    return builtin_identity(op, dtype)
+
+
+def comm_reducer(combine: Callable[..., Any], identity: Any, name: str = "reduce",
+                 commutative: bool = True) -> CommReducer:
+    """A user-defined commutative, associative reducer (TVM's `te.comm_reducer`).
+
+    `combine(lhs, rhs)` gives the combined value (over a tuple of values: takes two tuples, returns one);
+    `identity` is its neutral element: a number, a te.const, or a function of the dtype(s) giving it (one
+    per component). Apply it like te.sum: `prod(x[i, k], axis=k)`; a tuple reducer `r((v, k), axis=k)` returns
+    one reduction per component, which a stage returns as a tuple (each becomes an output tensor).
+
+    The checker may reassociate its updates (reorder / split / tile of its reduce axes): declare only a
+    combine that is commutative and associative (floating-point rounding aside). `commutative=False` (a
+    loopir extension) declares an ordered fold (Horner's rule, a running recurrence): its reduce loops then
+    keep their order, and a step that would change it is refused with a witness."""
+    _check_name(name, "reducer")
+    return CommReducer(combine, identity, name, _check_axes, commutative)
+
+
+def argmax(expr: ExprLike, axis: Var | Sequence[Var] | None = None, one_pass: bool = False) -> Expr:
+    """The index of the first maximum of `expr` over `axis` (ties: the smallest index, as numpy.argmax), int64.
+    Over several axes, the row-major position in their box (numpy's flat index). NaNs are not numpy's.
+
+    Default: two reductions, `min over k of (k where expr == max(expr) else BIG)`, the max lifted into a stage
+    of its own (`<stage>.max0`, see te.lifted): plain reductions, so they reassociate, vectorize, run across
+    the threads of a block on CUDA (bind_reduction, the row strategies) and may sit anywhere in a body.
+    `one_pass=True`: one (value, index) tuple reduction (te.comm_reducer), reading `expr` once; it must be the
+    whole body of its stage, the running maximum is its hidden output `<stage>.argmax0`, and on CUDA it runs
+    one thread per output point (no cross-thread tuple reduction)."""
+    return _arg("argmax", expr, axis, one_pass)
+
+
+def argmin(expr: ExprLike, axis: Var | Sequence[Var] | None = None, one_pass: bool = False) -> Expr:
+    """The index of the first minimum of `expr` over `axis` (ties: the smallest index, as numpy.argmin), int64;
+    see te.argmax."""
+    return _arg("argmin", expr, axis, one_pass)
+
+
+def _arg(kind: str, expr: ExprLike, axis: Any, one_pass: bool) -> Expr:
+    if not isinstance(one_pass, bool):
+        raise ArgumentTypeError(f"te.{kind}: one_pass must be True or False, got {one_pass!r}")
+    if one_pass:
+        return arg_reduce(kind, _check_axes, _REDUCE_DOM.__getitem__, expr, axis)
+    axes = _check_axes(kind, axis)
+    if isinstance(expr, Tensor):
+        raise ArgumentTypeError(f"te.{kind}: got the tensor {expr.name!r}; reduce an element such as {expr.name}[i, k]")
+    value = nodes.as_expr(expr)
+    fresh = {k: reduce_axis(_REDUCE_DOM[k], name=k.name) for k in axes}  # the extreme's own axes
+    best = _reduce("max" if kind == "argmax" else "min", substitute(value, fresh), tuple(fresh.values()))
+    big = nodes.const(int(np.iinfo(INDEX).max), INDEX)
+    return _reduce("min", where(value.eq(best), flat_index(axes, _REDUCE_DOM.__getitem__), big), axes)
 
 
 _FRONT = te_scan.Front(Tensor, ComputeOp, lambda x: isinstance(x, Tensor), _check_name, _default_name,
@@ -625,12 +797,17 @@ def const(value: float | bool, dtype: str | None = None) -> Const:
 
 __all__ = [
     "DTYPES",
+    "CommReducer",
     "ComputeOp",
     "PlaceholderOp",
     "Reduce",
     "Tensor",
+    "TupleReduce",
     "abs",
+    "argmax",
+    "argmin",
     "bool_",
+    "comm_reducer",
     "cast",
     "saturate_cast",
     "saturating_cast",

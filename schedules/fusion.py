@@ -40,7 +40,7 @@ from typing import Any
 from loopir.dtypes import np_dtype
 from loopir.errors import ArgumentError, ArgumentTypeError, ResourceLimitError
 from loopir.nodes import Expr, Load, Var
-from loopir.te import ComputeOp, Reduce, Tensor, tensor_of
+from loopir.te import ComputeOp, Reduce, Tensor, TupleReduce, tensor_of
 from loopir.visit import substitute, walk
 
 from . import cost as C
@@ -712,6 +712,8 @@ class _Planner:
             return "gemm"
         if self.target == "cpu":
             return "cpu"
+        if any(isinstance(t.op.body, TupleReduce) for t in g.stages):
+            return "thread"  # a user / tuple reducer (argmax): a thread per output, no cross-thread tuple reduction
         flat = all(len(t.shape) == g.depth and not isinstance(t.op.body, Reduce) for t in g.stages)
         if flat:
             return "flat"

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from loopir import deps_shortcuts, poly
+from loopir import deps_shortcuts, poly, reassoc
 from loopir.bounds import BoundsError, check_bounds
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
 from loopir.lower import lower
@@ -118,6 +118,8 @@ class Schedule:
         # every step since the dependences were computed was checked: the current program is then a legal
         # schedule of the analysed one (checks may derive dependences from them: deps_shortcuts.derived_dependences)
         self._checked = True
+        # notes of steps that reassociated a reduction (loopir.reassoc: a float sum's rounding changes)
+        self._reassociated: dict[frozenset[str], str] = {}
 
     # ------------------------------------------------------------------ state
 
@@ -161,7 +163,7 @@ class Schedule:
                 out.append(f"loop {f.var.name} is vectorize but {why}, so the CPU target does not vectorize it "
                            f"(LLVM only warns on stderr; reorder that loop outside {f.var.name}, or vectorize an "
                            "inner loop)")
-        return out
+        return out + list(self._reassociated.values())
 
     def explain(self) -> str:
         """The steps applied and the notes on the current schedule."""
@@ -365,6 +367,8 @@ class Schedule:
                     raise RuntimeError(f"internal error in primitive {spec.name!r}: {bad}")
             if spec.check == "order":
                 w = poly.find_violation(self.deps, new)
+                if w is not None and reassoc.find_violation_reassociated(self.deps, new) is None:
+                    w = self._reassociate(spec, new, args)  # legal up to reassociating reductions (loopir.reassoc)
             else:
                 loop = next((a for a in args if isinstance(a, Var)), None)
                 if loop is None:
@@ -388,6 +392,18 @@ class Schedule:
             except Exception:  # noqa: BLE001 - advice is optional; the error it decorates must still be raised
                 hint = None
         raise ScheduleError.from_witness(spec.name, w, old, marks, hint, what)
+
+    def _reassociate(self, spec: PrimitiveSpec, new: Program, args: tuple[Any, ...]) -> None:
+        # the new program breaks the order of some reductions' updates: derived dependences (which assume every
+        # original dependence kept) no longer apply, and a float reduction's rounding changes (explain() says so)
+        self._checked = False
+        # from now on the checks of parallel / vectorized / bound loops need every pair of updates of one element
+        self._deps = reassoc.closed(self.deps)
+        what = f"{spec.name}({', '.join(_arg_str(a) for a in args)})"
+        for g in reassoc.reassociated_groups(self.deps, new):
+            note = reassoc.float_note(self._original, g, what)
+            if note is not None:
+                self._reassociated.setdefault(g, note)
 
     def _check_kinds(self, spec: PrimitiveSpec, new: Program, args: tuple[Any, ...], result: Any) -> None:
         # legal iff (the order check above and) no parallel / vectorized / bound loop of the new program

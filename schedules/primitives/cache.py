@@ -56,6 +56,7 @@ from loopir.nodes import (
     binary,
     const,
 )
+from loopir.te import TupleReduce, tensor_of
 from loopir.visit import Transformer, seq, statements, substitute, walk
 
 from . import CheckContext, find_loop, fresh_name, primitive, replace_loop, subst_loops
@@ -89,6 +90,13 @@ def _reductions_over(program: Program, loop: Var) -> list[Store]:
     if not stores:
         raise ArgumentError(f"bind_reduction: loop {loop.name!r} contains no statement")
     for st in stores:
+        t = tensor_of(st.buffer)
+        if reduction_parts(st) is None and t is not None and isinstance(t.op.body, TupleReduce):
+            raise ArgumentError(
+                f"bind_reduction: statement {st.name!r} inside loop {loop.name!r} is one component of the tuple "
+                f"reduction {t.op.name!r} ({t.op.body.op}); no cross-thread tuple reduction is generated — run it "
+                "one thread per output (bind its spatial loops), or for argmax / argmin use the default form "
+                "(te.argmax without one_pass: two plain reductions that bind_reduction takes)")
         if reduction_parts(st) is None:
             raise ArgumentError(
                 f"bind_reduction: statement {st.name!r} inside loop {loop.name!r} is not a reduction "

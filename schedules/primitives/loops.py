@@ -13,7 +13,7 @@ from typing import Any
 
 import islpy as isl
 
-from loopir import poly
+from loopir import poly, reassoc
 from loopir.affine import linear_form, simplify
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
 from loopir.isl_conv import pw_bound
@@ -73,6 +73,9 @@ def _outer_first(program: Program, vs: list[Var]) -> list[Var]:
 
 def skew_hint(ctx: CheckContext, w: poly.Witness) -> str | None:
     """'skew j by i first' when the witness distance is (+, -) on two of the loops involved."""
+    acc = reassoc.refusal_hint(ctx.deps, w)
+    if acc is not None:  # an ordered accumulation: no skew makes its interchange legal
+        return acc
     vs = _outer_first(ctx.old, [a for a in ctx.args if isinstance(a, Var)])
     dist = _distance(ctx, w, vs)
     for a, b in itertools.combinations(vs, 2):
@@ -98,7 +101,8 @@ def order_hint(ctx: CheckContext, w: poly.Witness) -> str | None:
         try:
             candidate = reorder(ctx.old, *perm)
             # the nest as it stands is legal (a checked schedule only ever holds legal nests): no need to ask isl
-            if candidate == ctx.old or poly.find_violation(ctx.deps, candidate) is None:
+            if (candidate == ctx.old or poly.find_violation(ctx.deps, candidate) is None
+                    or reassoc.find_violation_reassociated(ctx.deps, candidate) is None):
                 legal.append("(" + ", ".join(v.name for v in perm) + ")")
         except ValueError:
             continue
@@ -388,9 +392,13 @@ def _perfect_band(program: Program, loops: tuple[Var, ...], what: str) -> tuple[
 def reorder(program: Program, *loops: Var) -> Program:
     """Put `loops` in the given order (outermost first) in the slots they occupy now.
 
-    Precondition: the loops lie on one nest. Statements beside them (e.g. a reduction's init
-    between the spatial loops and the reduction loop) are first distributed into their own
-    copy of the loops above them (fresh loop names like `j2`). Rectangular loops swap headers
+    Precondition: the loops lie on one nest, and the new order keeps every dependence — except
+    those of an associative and commutative reduction's update on itself (sum, max, min, product,
+    a te.comm_reducer: its reduce axes may be reordered, split and tiled among themselves, see
+    loopir.reassoc; a float sum is then added in another order, which `explain()` notes).
+    Statements beside them (e.g. a reduction's init between the spatial loops and the reduction
+    loop) are first distributed into their own copy of the loops above them (fresh loop names
+    like `j2`). Rectangular loops swap headers
     and the guards move innermost. When a bound depends on another reordered loop (triangular,
     skewed, tiled after skew), the new bounds are the exact projections of the iteration
     domain onto the new order, computed with isl::
@@ -483,7 +491,8 @@ def _reorder_exact(program: Program, fors: list[For], guards: list[Expr], body: 
 def tile(program: Program, i: Var, j: Var, ti: int, tj: int) -> tuple[Program, tuple[Var, Var, Var, Var]]:
     """Tile loops i (outer) and j (inner) by ti x tj: split both, then order (i_o, j_o, i_i, j_i).
 
-    Precondition: i encloses j with nothing but guards (and loops) between; ti, tj >= 1::
+    Precondition: i encloses j with nothing but guards (and loops) between; ti, tj >= 1; the tiled order
+    keeps every dependence but a reassociable reduction's own (as reorder)::
 
         for i in range(0, n):            for i_o ...: for j_o ...:
             for j in range(0, m):   ->       for i_i in range(0, ti): for j_i in range(0, tj):
