@@ -357,6 +357,12 @@ class Schedule:
         w: poly.Witness | None
         if callable(spec.check):
             w = spec.check(ctx)
+            # a custom check whose witness is a plain order violation (split's, for a guarded split) may be legal
+            # up to reassociating reductions, like the "order" check below
+            order_like = getattr(spec.check, "order_like", None)
+            if w is not None and order_like is not None and order_like(ctx) and \
+                    reassoc.find_violation_reassociated(self.deps, new) is None:
+                w = self._reassociate(spec, new, args)
         elif spec.check is None:
             w = None
         else:

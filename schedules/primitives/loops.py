@@ -135,6 +135,9 @@ def _check_split(ctx: CheckContext) -> poly.Witness | None:
 
 
 _check_split.checks_bounds = True  # type: ignore[attr-defined]  # a guarded split adds no access; round_up proves its own
+# a guarded split's witness is a plain order violation: legal up to reassociating reductions is legal (schedule.py)
+_check_split.order_like = lambda ctx: (  # type: ignore[attr-defined]
+    tails.check_tail(ctx.kwargs.get("tail", "guard")) == "guard" and not _symbolic_split(ctx))
 
 
 def _symbolic_split(ctx: CheckContext) -> bool:
