@@ -40,6 +40,7 @@ from .cuda.build import build_cuda
 from .cuda.nvrtc import normalize_arch
 from .cuda.runtime import default_arch
 from .llvm import generate, size_vars
+from .llvm.math import load_library
 from .llvm.runtime import CpuKernel
 from .module import CpuModule, Module
 from .passes import Assume, lower
@@ -49,7 +50,7 @@ from .specialize import Key, Specializer, size_vars_of, substitution
 TARGETS = ("cpu", "cuda")
 _cache: dict[tuple, Any] = {}
 _cache_lock = threading.Lock()
-_CPU_OPTS = ("threads", "cache")
+_CPU_OPTS = ("threads", "cache", "extern_libs")
 MAX_NATIVE_ARGS = 1024  # ctypes' limit on the parameters of one foreign function
 UNROLL_LIMIT = 4096  # iterations of one unrolled loop; beyond it, the build takes seconds to minutes
 
@@ -194,7 +195,9 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", size
     ValueError) with a witness; an access isl cannot bound (non-affine index) is guarded at run
     time and `mod.notes` says so. A te stage in `args` that the schedule inlined (never written)
     is refused (see the module doc). A loop unrolled over more than UNROLL_LIMIT iterations is
-    refused. Options: cpu `threads` (a positive int); cuda `arch`, `options` (a tuple of str); both `cache`
+    refused. Options: cpu `threads` (a positive int), `extern_libs` (shared libraries of te.call_extern's C
+    symbols); cuda `arch`, `options` (a tuple of str), `extern_source` (CUDA C defining te.call_extern's
+    `__device__` functions); both `cache`
     (False: no build cache, no disk cache of binaries; codegen/build_cache.py).
 
     Sizes: `sizes={n: 4096}` (size Vars or their names) pins sizes before scheduling (te tensors only).
@@ -398,6 +401,13 @@ def _check_opts(target: str, opts: dict[str, Any]) -> None:
         for o in opts:
             if o not in _CPU_OPTS:
                 raise ArgumentTypeError(f"build: unknown option {o!r} for target 'cpu' (known: {', '.join(_CPU_OPTS)})")
+        libs = opts.get("extern_libs")
+        if libs is not None:  # shared libraries of external functions (loopir.te_extern), loaded before the JIT
+            if isinstance(libs, str) or not isinstance(libs, (tuple, list)) or \
+                    not all(isinstance(x, str) for x in libs):
+                raise ArgumentTypeError(f"build: extern_libs must be a tuple of library paths, got {libs!r}")
+            for lib in libs:
+                load_library(lib)
         th = opts.get("threads")
         if th is not None and (isinstance(th, bool) or not isinstance(th, (int, np.integer)) or th < 1):
             raise ArgumentError(f"build: threads must be a positive integer (or None for all CPUs), got {th!r}")
@@ -406,6 +416,9 @@ def _check_opts(target: str, opts: dict[str, Any]) -> None:
         return
     if opts.get("arch") is not None:
         normalize_arch(opts["arch"])  # a bad arch is named before any lowering work
+    src = opts.get("extern_source")
+    if src is not None and not isinstance(src, str):
+        raise ArgumentTypeError(f"build: extern_source must be CUDA C text (a str), got {type(src).__name__}")
     o = opts.get("options")
     if o is not None:
         if isinstance(o, (str, bytes)) or not all(isinstance(x, str) for x in o):

@@ -18,6 +18,7 @@ import numpy as np
 from .errors import ArgumentError, ArgumentTypeError
 from .dtypes import is_float, is_int, round_bfloat16, to_bfloat16
 from .names import fresh, sanitize
+from .te_extern import interp_function
 from .nodes import (
     Allocate,
     Barrier,
@@ -29,6 +30,7 @@ from .nodes import (
     Compare,
     Const,
     Expr,
+    ExternCall,
     For,
     If,
     Load,
@@ -45,7 +47,9 @@ from .nodes import (
 _PY_KEYWORDS = frozenset(keyword.kwlist)
 _BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-_NP_FN = {"exp", "log", "sqrt", "sin", "cos", "tanh"}
+_NP_FN = {"exp", "log", "sqrt", "sin", "cos", "tanh", "floor", "ceil"}
+_NP_FN2 = {"pow": "power", "fmod": "fmod"}
+_NP_FAST = {"fast_exp": "exp", "fast_log": "log", "fast_sin": "sin", "fast_cos": "cos", "round": "rint"}
 
 
 def _fill_value(dtype: str) -> Any:
@@ -170,7 +174,20 @@ class _Compiler:
         raise ArgumentTypeError(f"the interpreter cannot evaluate {type(e).__name__} {e!r}")
 
     def call(self, e: Call) -> str:
+        if isinstance(e, ExternCall):  # a registered Python implementation (loopir.te_extern)
+            f = interp_function(e.fn)
+            if f is None:
+                raise ArgumentError(f"the interpreter cannot call the external function {e.fn!r}: register it "
+                                    "with te.register_intrinsic(..., interp=<a Python function>)")
+            name = self.fresh(f"ext_{e.fn}")
+            self.ns[name] = f
+            args = ", ".join(self.expr(a) for a in e.args)
+            return f"{self.dtype_fn(e.dtype)}({name}({args}))"
         x = self.expr(e.args[0])
+        if e.fn in _NP_FN2:  # pow, fmod: numpy's, in the (promoted) dtype of both operands
+            return f"_np.{_NP_FN2[e.fn]}({x}, {self.expr(e.args[1])})"
+        if e.fn in _NP_FAST:  # the fast variants are the accurate function here
+            return f"_np.{_NP_FAST[e.fn]}({x})"
         if e.fn == "abs":
             return f"abs({x})"
         one = self.const(1.0, e.dtype)

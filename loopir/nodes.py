@@ -40,7 +40,9 @@ Scalar = Union[int, float, bool]
 
 BINARY_OPS = ("add", "sub", "mul", "div", "floordiv", "mod", "max", "min")
 UNARY_OPS = ("neg",)
-CALL_FNS = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "abs")
+CALL_FNS = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "abs",
+            "pow", "fmod", "floor", "ceil", "round", "fast_exp", "fast_log", "fast_sin", "fast_cos")
+CALL_ARITY = {"pow": 2, "fmod": 2}  # every other math function takes one argument
 COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
 LOGICAL_OPS = ("and", "or", "not")
 # "host": a serial loop of kernel launches (GPU), made by the lowering pass codegen.passes.kernels from a
@@ -210,6 +212,14 @@ class Call(Expr):
     fn: str
     args: tuple[Expr, ...]
     dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExternCall(Call):
+    """A call of a function outside loopir (`loopir.te_extern`): `fn` its name, `decl` its declaration (how each
+    target calls it). A Call to every walk, printer and checker: pure, it reads and writes no buffer."""
+
+    decl: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -589,7 +599,14 @@ def call(fn: str, *args: ExprLike) -> Expr:
     """A math function of the language; integers are computed in float64 (as numpy)."""
     if fn not in CALL_FNS:
         raise ArgumentError(f"unknown math function {fn!r}; known: {', '.join(CALL_FNS)}")
-    xs = [as_expr(a) for a in args]
+    arity = CALL_ARITY.get(fn, 1)
+    if len(args) != arity:
+        raise ArgumentError(f"math function {fn!r} takes {arity} argument(s), got {len(args)}")
+    if arity == 2:  # pow, fmod: the two operands promote as a binary operator's do
+        a, b = _coerce(args[0], args[1])
+        xs = [cast(promote(a.dtype, b.dtype), a), cast(promote(a.dtype, b.dtype), b)]
+    else:
+        xs = [as_expr(a) for a in args]
     dtype = xs[0].dtype
     if fn == "abs":
         if dtype == "bool":

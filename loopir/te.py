@@ -45,6 +45,7 @@ from .errors import ArgumentError, ArgumentTypeError
 from . import nodes
 from .dtypes import DTYPES, INDEX, check_dtype, is_float, is_int
 from .nodes import Buffer, Const, Expr, ExprLike, Load, Node, Var
+from .te_extern import call_extern, register_intrinsic
 from .te_lift import Reduce, lift
 from .visit import walk
 
@@ -472,14 +473,16 @@ def identity(op: str, dtype: str) -> Const:
 # ----------------------------------------------------------------------------- elementwise math
 
 
-def _math(fn: str) -> Callable[[ExprLike], Expr]:
-    def f(x: ExprLike) -> Expr:
-        if isinstance(x, Tensor):
-            raise ArgumentTypeError(f"te.{fn}: got the tensor {x.name!r}; apply it to an element such as {x.name}[i]")
-        return nodes.call(fn, x)
+def _math(fn: str, doc: str = "") -> Callable[..., Expr]:
+    def f(*xs: ExprLike) -> Expr:
+        for x in xs:
+            if isinstance(x, Tensor):
+                raise ArgumentTypeError(
+                    f"te.{fn}: got the tensor {x.name!r}; apply it to an element such as {x.name}[i]")
+        return nodes.call(fn, *xs)
 
     f.__name__ = fn
-    f.__doc__ = f"Elementwise {fn}; integers are computed in float64."
+    f.__doc__ = doc or f"Elementwise {fn}; integers are computed in float64."
     return f
 
 
@@ -493,6 +496,20 @@ tanh = _math("tanh")
 sigmoid = _math("sigmoid")
 erf = _math("erf")
 abs = _math("abs")
+pow = _math("pow", "pow(x, y): x to the power y (numpy.power of floats; integers are computed in float64).")
+fmod = _math("fmod", "fmod(x, y): C's fmod, the remainder with the sign of x (numpy.fmod; `%` is Python's).")
+floor = _math("floor", "Elementwise floor, a float (numpy.floor); integers are computed in float64.")
+ceil = _math("ceil", "Elementwise ceil, a float (numpy.ceil); integers are computed in float64.")
+round = _math("round", "Round to the nearest integer, halves to even (numpy.round / rint), a float.")
+# fast variants: CUDA's intrinsics (__expf, __logf, __sinf, __cosf) for float32 and halves (computed in float);
+# float64 and the CPU and the interpreter compute the accurate function (no faster variant there is sound)
+fast_exp = _math("fast_exp", "exp through CUDA's __expf (max ulp error 2 + floor(|1.173 x|)); accurate elsewhere.")
+fast_log = _math("fast_log", "log through CUDA's __logf (abs error 2^-21.41 on [0.5, 2], else 3 ulp); "
+                 "accurate elsewhere.")
+fast_sin = _math("fast_sin", "sin through CUDA's __sinf (abs error 2^-21.41 on [-pi, pi], larger outside); "
+                 "accurate elsewhere.")
+fast_cos = _math("fast_cos", "cos through CUDA's __cosf (abs error 2^-21.19 on [-pi, pi], larger outside); "
+                 "accurate elsewhere.")
 
 
 def maximum(a: ExprLike, b: ExprLike) -> Expr:
@@ -528,12 +545,20 @@ __all__ = [
     "Tensor",
     "abs",
     "bool_",
+    "call_extern",
     "cast",
+    "ceil",
     "compute",
     "const",
     "cos",
     "erf",
     "exp",
+    "fast_cos",
+    "fast_exp",
+    "fast_log",
+    "fast_sin",
+    "floor",
+    "fmod",
     "bfloat16",
     "float16",
     "float32",
@@ -548,6 +573,9 @@ __all__ = [
     "min",
     "minimum",
     "placeholder",
+    "pow",
+    "register_intrinsic",
+    "round",
     "reduce_axis",
     "rsqrt",
     "sigmoid",

@@ -6,10 +6,11 @@ program); the driver is touched only at the first call, which loads the module.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from loopir.errors import ArgumentTypeError
-from loopir.nodes import Kernel, Program
+from loopir.nodes import ExternCall, Kernel, Program
 from loopir.visit import walk
 
 from .kernel import generate_cuda
@@ -17,14 +18,15 @@ from .runtime import CudaModule, default_arch
 from .nvrtc import compile_cubin, normalize_arch
 from ..passes import lower
 
-_OPTS = ("arch", "options", "cache")
+_OPTS = ("arch", "options", "cache", "extern_source")
 
 
 def build_cuda(program: Program, arch: str | int | None = None, **opts: Any) -> CudaModule:
     """Compile `program` for the GPU.
 
     arch: "sm_90" etc. (default: the device's own when a GPU is present, else sm_90);
-    options: extra NVRTC options (tuple of str); cache: False to bypass the disk cache."""
+    options: extra NVRTC options (tuple of str); cache: False to bypass the disk cache; extern_source: CUDA C
+    defining the `__device__` functions that te.call_extern names (put before the kernels)."""
     for o in opts:
         if o not in _OPTS:
             raise ArgumentTypeError(f"build: unknown option {o!r} for target 'cuda' (known: {', '.join(_OPTS)})")
@@ -35,6 +37,11 @@ def build_cuda(program: Program, arch: str | int | None = None, **opts: Any) -> 
     if not any(isinstance(n, Kernel) for n in walk(program.body)):
         program = lower(program, "cuda")  # called directly, not through build: lower it here
     gen = generate_cuda(program)
+    # external functions (loopir.te_extern): the registrations' CUDA sources and the build's, once each, first
+    defs = [n.decl.cuda_source for n in walk(program.body) if isinstance(n, ExternCall) and n.decl.cuda_source]
+    defs += [opts["extern_source"]] if opts.get("extern_source") else []
+    if defs:
+        gen = dataclasses.replace(gen, source="\n".join(dict.fromkeys(defs)) + "\n" + gen.source)
     cubin = compile_cubin(gen.source, arch, options, name=f"{program.name}.cu", use_cache=opts.get("cache", True))
     return CudaModule(gen, cubin, arch, options)
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from loopir.nodes import Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Logical, Select, Unary, Var
+from loopir.nodes import (Binary, Buffer, Call, Cast, Compare, Const, Expr, ExternCall, Load, Logical, Select, Unary,
+                          Var)
 
+from .math import extern_decl
 from .queries import _loads
 from .types import FLT, INTS, ITEMSIZE, STORE_T, VALUE_T, CodegenError, const_text
 
@@ -275,8 +277,24 @@ class _ExprEmitter:
 
     def call(self, e: Call) -> str:
         dt = e.dtype
+        if isinstance(e, ExternCall):  # loopir.te_extern: a C symbol resolved by the JIT
+            args = ", ".join(f"{VALUE_T[a.dtype]} {self.expr(a)}" for a in e.args)
+            callee, text = extern_decl(e.decl, tuple(a.dtype for a in e.args))
+            self.m.declare(callee, text)
+            return self.op(f"call {VALUE_T[dt]} @{callee}({args})")
         x = self.expr(e.args[0])
         t = VALUE_T[dt]
+        sfx = "f64" if t == "double" else "f32"
+        if e.fn == "fmod":  # frem is C's fmod (the sign of x), as numpy.fmod
+            return self.op(f"frem {t} {x}, {self.expr(e.args[1])}")
+        if e.fn in ("pow", "floor", "ceil", "round"):  # LLVM's intrinsics; rint rounds halves to even
+            intr = f"llvm.{'rint' if e.fn == 'round' else e.fn}.{sfx}"
+            n = len(e.args)
+            self.m.declare(intr, f"declare {t} @{intr}({', '.join([t] * n)})")
+            ys = ", ".join(f"{t} {self.expr(a)}" for a in e.args)
+            return self.op(f"call {t} @{intr}({ys})")
+        if e.fn.startswith("fast_"):  # no faster variant is sound on the CPU: the accurate libm function
+            return self.libm(e.fn[5:], dt, x)
         if e.fn == "abs":
             if dt in FLT:
                 intr = f"llvm.fabs.{'f64' if t == 'double' else 'f32'}"
@@ -287,7 +305,6 @@ class _ExprEmitter:
             intr = f"llvm.abs.{t}"
             self.m.declare(intr, f"declare {t} @{intr}({t}, i1)")
             return self.op(f"call {t} @{intr}({t} {x}, i1 false)")
-        sfx = "f64" if t == "double" else "f32"
         if e.fn in ("sqrt", "rsqrt"):
             self.m.declare(f"llvm.sqrt.{sfx}", f"declare {t} @llvm.sqrt.{sfx}({t})")
             s = self.op(f"call {t} @llvm.sqrt.{sfx}({t} {x})")
