@@ -318,7 +318,8 @@ class Store(Stmt):
 
 @dataclass(frozen=True, slots=True)
 class For(Stmt):
-    """for var in range(lo, hi): body. `thread` names the GPU axis when kind == "thread"."""
+    """for var in range(lo, hi): body. `thread` names the GPU axis when kind == "thread". `pragmas`: the
+    renderers' hints for this loop, (name, value) pairs set by the primitive `pragma` (an unroll count)."""
 
     var: Var
     lo: Expr
@@ -326,6 +327,7 @@ class For(Stmt):
     body: Stmt
     kind: str = "serial"
     thread: str | None = None
+    pragmas: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

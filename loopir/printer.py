@@ -234,9 +234,10 @@ def _loop_head(f: For) -> tuple[str, str]:
     rng = f"{expr_str(f.lo)}, {expr_str(f.hi)}"
     if f.kind == "thread":
         return f"for {_nm(f.var)} in range({rng}):", f"# {f.thread}"
+    hints = "  ".join(f"# pragma {k} {v}" for k, v in f.pragmas)
     if f.kind == "serial":
-        return f"for {_nm(f.var)} in range({rng}):", ""
-    return f"for {_nm(f.var)} in {f.kind}({rng}):", ""
+        return f"for {_nm(f.var)} in range({rng}):", hints
+    return f"for {_nm(f.var)} in {f.kind}({rng}):", hints
 
 
 def _binding(s: Store) -> str:

@@ -339,6 +339,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             return None
         if f.kind in ("unroll", "vectorize"):
             self.line("#pragma unroll")
+        elif dict(f.pragmas).get("unroll"):  # the primitive `pragma`: an unroll count (1: keep it rolled)
+            self.line(f"#pragma unroll {dict(f.pragmas)['unroll']}")
         self.line(f"for ({self.ix} {v} = {self.expr(f.lo)}; {v} < {self.expr(f.hi)}; ++{v}) {{")
         self.block(f.body, last)
         self.line("}")

@@ -199,6 +199,10 @@ class _FnEmitter(_ExprEmitter):
             return ['!"llvm.loop.vectorize.enable", i1 true', f'!"llvm.loop.vectorize.width", i32 {width}']
         if f.kind == "unroll":
             return ['!"llvm.loop.unroll.full"'] if _const_extent(f) is not None else ['!"llvm.loop.unroll.enable"']
+        count = dict(f.pragmas).get("unroll")  # the primitive `pragma`: an unroll count (1: keep it rolled)
+        if count:
+            return ['!"llvm.loop.mustprogress"',
+                    '!"llvm.loop.unroll.disable"' if count == 1 else f'!"llvm.loop.unroll.count", i32 {count}']
         return ['!"llvm.loop.mustprogress"']  # serial, and "host" (a GPU loop of launches): a plain loop here
 
     def loop(self, f: For, lo_hi: tuple[str, str] | None = None) -> None:
