@@ -27,11 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, ResourceLimitError
+from loopir.errors import ArgumentError, ArgumentTypeError, CudaCodegenError, NotFoundError, ResourceLimitError
 from loopir.nodes import Allocate, Buffer, Const, For, Node, Program, Var
 from loopir.subst import stages_of, substitute_program_sizes, substitute_sizes
 from loopir.te import ComputeOp, tensor_of
+from loopir.te_extern import extern_buffers, stage_call
 from loopir.visit import buffers_of, deep_recursion, free_vars, walk, walk_stmts
+from schedules import Schedule
 from schedules.auto import auto_schedule
 
 from . import build_cache
@@ -275,6 +277,8 @@ def _tensors(obj: Any) -> list[Any] | None:
 
 
 def _schedule(outs: list[Any], target: str, sizes: dict[Var, int] | None = None) -> Program:
+    if any(stage_call(getattr(t.op, "body", None)) is not None for t in stages_of(outs)):
+        return Schedule(outs).program  # a te.extern stage is opaque to auto_schedule: the graph runs as lowered
     return auto_schedule(outs, target=target, sizes=sizes).program
 
 
@@ -372,6 +376,10 @@ def _compile(program: Program, target: str, opts: dict[str, Any], dump: Any = Fa
              assume: Assume | None = None) -> Module:
     """Lower and compile a scheduled program (arguments in call order) for `target`."""
     check_unroll(program)
+    ext = extern_buffers(program.body) if target == "cuda" else {}
+    if ext:
+        raise CudaCodegenError(f"the te.extern stage {next(iter(ext.values()))!r} cannot run on target 'cuda' yet "
+                               "(te.extern stages run on the CPU and in the interpreter)")
     notes: list[str] = []
     pre: list[Any] = []
 

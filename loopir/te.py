@@ -45,7 +45,7 @@ from .errors import ArgumentError, ArgumentTypeError
 from . import nodes
 from .dtypes import DTYPES, INDEX, check_dtype, is_float, is_int
 from .nodes import Buffer, Const, Expr, ExprLike, Load, Node, Var
-from .te_extern import call_extern, register_intrinsic
+from .te_extern import EXTERN_DTYPES, ExternStage, call_extern, register_intrinsic, set_stage_interp, stage_args
 from .te_lift import Reduce, lift
 from .visit import walk
 
@@ -512,6 +512,49 @@ fast_cos = _math("fast_cos", "cos through CUDA's __cosf (abs error 2^-21.19 on [
                  "accurate elsewhere.")
 
 
+def extern(shape: SizeLike | Sequence[SizeLike], inputs: Sequence[Tensor], fcompute: Callable[..., Any],
+           name: str | None = None, dtype: str = "float32", cpu_library: str = "",
+           interp: Callable[..., Any] | None = None) -> Tensor:
+    """A stage computed by one call of an external function (TVM's te.extern); see `loopir.te_extern`.
+
+        C = te.extern((n, m), [A, B], lambda ins, outs: te.call_extern("void", "my_gemm", ins[0], ins[1],
+                      outs[0], n, m, k), name="C", interp=lambda a, b, c, n, m, k: np.matmul(a, b, out=c))
+
+    The function gets a pointer per tensor and an int64 per size, in the call's order, and must write the
+    whole output (CPU: `void my_gemm(const float*, const float*, float*, int64_t, int64_t, int64_t)`).
+    The checker treats the stage as reading every element of `inputs` and writing every element of the
+    output; the stage is opaque to scheduling. CPU and the interpreter (`interp=`) only for now."""
+    name = _default_name("extern") if name is None else _check_name(name, "tensor")
+    dt = check_dtype(dtype, f"dtype of extern stage {name!r}")
+    if dt not in EXTERN_DTYPES:
+        raise ArgumentTypeError(f"te.extern {name!r}: dtype {dt}; an extern stage writes {', '.join(EXTERN_DTYPES)}")
+    shp = _shape(shape, f"extern stage {name!r}")
+    if not shp:
+        raise ArgumentError(f"te.extern {name!r}: give the output at least one dimension (shape (1,) for a scalar)")
+    ins = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    for k, t in enumerate(ins):
+        if not isinstance(t, Tensor):
+            raise ArgumentTypeError(f"te.extern {name!r}: input {k} must be a tensor, got {type(t).__name__} {t!r}")
+    if not callable(fcompute):
+        raise ArgumentTypeError(f"te.extern {name!r}: fcompute must be a function (ins, outs) -> te.call_extern(...)")
+    out = Tensor(name, shp, dt, PlaceholderOp(name))  # made first: fcompute names it; its op is set below
+    out_axes = tuple(Var(f"o{d}", INDEX) for d in range(len(shp)))
+    in_axes = [tuple(Var(f"{t.name}_{d}", INDEX) for d in range(t.ndim)) for t in ins]
+    call = fcompute(list(ins), [out])
+    args = stage_args(call, out, ins, out_axes, in_axes)
+    for v in out_axes:
+        _AXIS_OWNER[v] = name
+    red = tuple(v for ax in in_axes for v in ax)
+    dom = tuple((Const(0, INDEX), e) for t in ins for e in t.shape)
+    for v, d in zip(red, dom):
+        _REDUCE_DOM[v] = d
+        _REDUCE_OWNER[v] = name
+    model = nodes.ExternCall(call.func, args, dt, ExternStage(call.func, cpu_library))
+    set_stage_interp(call.func, interp)
+    out.op = ComputeOp(name, out_axes, Reduce("sum", model, red, dt), red, dom, tuple(ins))
+    return out
+
+
 def maximum(a: ExprLike, b: ExprLike) -> Expr:
     """Elementwise maximum of two expressions."""
     return nodes.binary("max", a, b)
@@ -553,6 +596,7 @@ __all__ = [
     "cos",
     "erf",
     "exp",
+    "extern",
     "fast_cos",
     "fast_exp",
     "fast_log",

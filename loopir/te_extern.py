@@ -22,6 +22,18 @@ Argument and return dtypes: float32, float64, int32, int64 (C's float, double, i
 and conditions with `te.cast` first. Python numbers are converted to the declared argument dtype (undeclared:
 int64 / float32, as `te.const`).
 
+**Whole stages** (`te.extern(shape, inputs, fcompute, name=, dtype=, interp=)`, TVM's te.extern): a stage
+computed by one call of an external function, `fcompute(ins, outs)` returning `te.call_extern("void", func,
+*args)` with tensors (passed as pointers to their first element, row-major) and integer sizes (int64). The
+stage lowers to a *model* nest the checker reads: `out[o] = 0` over the output box, then
+`out[o] += func(ins[0][a], ..., out[o], ...)` over the output box times every input's box — it must-writes
+the whole output and reads every element of every input, so stages before and after it schedule soundly.
+The nest is opaque: a schedule step that names its loops, its output or its inputs is refused
+(`refuse_extern_args`), `build` of tensors schedules a graph with an extern stage by hand (serial; no
+auto_schedule), and the renderer replaces the nest by the one call (`extern_nest`). CPU: a C function
+`void func(...)` resolved as a call_extern's symbol; interpreter: `interp=` (numpy arrays, the output
+written in place, ints); CUDA: not supported yet (refused at build with `CudaCodegenError`).
+
 **Purity.** The dependence checker sees loads and stores only: an external function is assumed *pure* — its
 result depends on its arguments alone, it reads and writes no memory of the program, and calling it more often
 (`compute_at` recomputes), less often, or in another order changes nothing. A function with side effects is
@@ -36,9 +48,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .dtypes import check_dtype, weak_scalar_dtype
-from .errors import ArgumentError, ArgumentTypeError
-from .nodes import CALL_FNS, Expr, ExprLike, ExternCall, as_expr, const
+from .dtypes import check_dtype, is_int, weak_scalar_dtype
+from .errors import ArgumentError, ArgumentTypeError, CodegenError
+from .nodes import CALL_FNS, Binary, Buffer, Expr, ExprLike, ExternCall, For, Load, Node, Stmt, Store, Var, as_expr, \
+    const
+from .visit import walk
 
 EXTERN_DTYPES = ("float32", "float64", "int32", "int64")
 
@@ -169,6 +183,8 @@ def call_extern(dtype: str, name: str, *args: ExprLike) -> Expr:
     A registered name is checked against its declaration: the return dtype, the number of arguments and
     each argument's dtype (Python numbers take the declared dtype)."""
     name = _ident(name, "the name of an external function")
+    if dtype == "void":  # a whole stage's call: only te.extern's fcompute returns it
+        return StageCall(name, tuple(args))  # type: ignore[return-value]
     if name in CALL_FNS:
         raise ArgumentError(f"call_extern: {name!r} is te's own math function; call te.{name}(...)")
     dt = _extern_dtype(dtype, f"the return dtype of call_extern {name!r}")
@@ -203,5 +219,131 @@ def call_extern(dtype: str, name: str, *args: ExprLike) -> Expr:
     return ExternCall(name, tuple(xs), dt, decl)
 
 
-__all__ = ["EXTERN_DTYPES", "Extern", "Intrinsic", "call_extern", "interp_function", "register_intrinsic",
-           "registered"]
+# ----------------------------------------------------------------------------- whole stages (te.extern)
+
+
+@dataclass(frozen=True, slots=True)
+class ExternStage:
+    """The function of a te.extern stage, the `decl` of its model statement's call: the C symbol `func`
+    (called once for the whole stage), the shared library to load for it (or "")."""
+
+    func: str
+    cpu_library: str = ""
+
+
+@dataclass(frozen=True)
+class StageCall:
+    """What te.extern's fcompute returns (`te.call_extern("void", func, *args)`): not an expression."""
+
+    func: str
+    args: tuple[Any, ...]
+
+
+_STAGE_INTERP: dict[str, Callable[..., Any]] = {}
+
+
+def set_stage_interp(func: str, fn: Callable[..., Any] | None) -> None:
+    if fn is not None:
+        if not callable(fn):
+            raise ArgumentTypeError(f"te.extern: interp= of {func!r} must be callable, got {fn!r}")
+        _STAGE_INTERP[func] = fn
+
+
+def stage_interp_function(func: str) -> Callable[..., Any] | None:
+    """The interpreter's implementation of the extern stage function `func` (None: none given)."""
+    return _STAGE_INTERP.get(func)
+
+
+def stage_call(body: Any) -> ExternCall | None:
+    """The call of a te.extern stage when `body` (a Store's value, or a te Reduce's body) is one."""
+    for n in walk(body) if isinstance(body, Node) else ():
+        if isinstance(n, ExternCall) and isinstance(n.decl, ExternStage):
+            return n
+    return None
+
+
+def extern_nest(f: Stmt) -> tuple[Store, ExternCall] | None:
+    """(the update statement, its call) when `f` is a te.extern stage's model nest, else None. A nest that a
+    schedule step changed (it cannot be, see refuse_extern_args; a program built by hand might) is refused."""
+    if not isinstance(f, For):
+        return None
+    stores = [n for n in walk(f) if isinstance(n, Store)]
+    hit = [(st, c) for st in stores if (c := stage_call(st.value)) is not None]
+    if not hit:
+        return None
+    st, call = hit[0]
+    loops = [n for n in walk(f) if isinstance(n, For)]
+    intact = (len(hit) == 1 and len(stores) == 2 and all(lp.kind == "serial" for lp in loops)
+              and len(loops) == len(st.iters) and all(c is it for c, it in zip(st.coords, st.iters))
+              and isinstance(st.value, Binary) and st.value.b is call)
+    if not intact:
+        raise CodegenError(f"the te.extern stage {st.name!r} (function {call.decl.func!r}) was transformed by a "
+                           "schedule step; an extern stage is opaque: it runs as one call, as lowered")
+    return st, call
+
+
+def extern_buffers(program_body: Stmt) -> dict[str, str]:
+    """{buffer name: extern stage} of every buffer a te.extern stage writes or reads in `program_body`."""
+    out: dict[str, str] = {}
+    for n in walk(program_body):
+        if isinstance(n, Store) and stage_call(n.value) is not None:
+            out[n.buffer.name] = n.name
+            for a in stage_call(n.value).args:  # type: ignore[union-attr]
+                if isinstance(a, Load):
+                    out.setdefault(a.buffer.name, n.name)
+    return out
+
+
+def refuse_extern_args(primitive: str, program_body: Stmt, loops: list[Var], others: list[Any]) -> None:
+    """Refuse a schedule step on a te.extern stage: a loop of (or around) its nest, or its output or an
+    input named as a stage (compute_at, compute_inline, cache_read...): the stage runs as one opaque call."""
+    bufs = extern_buffers(program_body)
+    if not bufs:
+        return
+    for f in (n for n in walk(program_body) if isinstance(n, For)):
+        if f.var in loops and any(isinstance(s, Store) and stage_call(s.value) is not None for s in walk(f)):
+            st = next(s for s in walk(f) if isinstance(s, Store) and stage_call(s.value) is not None)
+            raise ArgumentError(f"{primitive}: loop {f.var.name!r} belongs to the te.extern stage {st.name!r}, which "
+                                "is opaque to scheduling (it runs as one call of its function)")
+    for o in others:
+        name = o if isinstance(o, str) else getattr(getattr(o, "buffer", o), "name", None)
+        if isinstance(o, Buffer):
+            name = o.name
+        if isinstance(name, str) and name in bufs:
+            raise ArgumentError(f"{primitive}: {name!r} is written or read by the te.extern stage {bufs[name]!r}, "
+                                "which is opaque to scheduling: its inputs and output stay whole buffers")
+
+
+def stage_args(call: StageCall, out: Any, inputs: list[Any], out_axes: tuple[Var, ...],
+               in_axes: list[tuple[Var, ...]]) -> tuple[Expr, ...]:
+    """The model call's arguments of a te.extern stage: a load per tensor (out[o], ins[k][a_k]), int64 sizes."""
+    if not isinstance(call, StageCall):
+        raise ArgumentTypeError(f"te.extern {out.name!r}: fcompute must return te.call_extern('void', func, *args), "
+                                f"got {type(call).__name__} {call!r}")
+    xs: list[Expr] = []
+    seen_out = False
+    for k, a in enumerate(call.args):
+        if a is out:
+            xs.append(Load(out.buffer, out_axes))
+            seen_out = True
+        elif any(a is t for t in inputs):
+            t = next(j for j, u in enumerate(inputs) if a is u)
+            xs.append(Load(a.buffer, in_axes[t]))
+        elif hasattr(a, "op") and hasattr(a, "buffer"):
+            raise ArgumentError(f"te.extern {out.name!r}: argument {k} is the tensor {a.name!r}, which is not among "
+                                "the inputs; list every tensor the function reads in inputs")
+        else:
+            x = as_expr(a.item() if hasattr(a, "item") else a)  # type: ignore[arg-type]
+            if isinstance(x, Expr) and not is_int(x.dtype):
+                raise ArgumentTypeError(f"te.extern {out.name!r}: argument {k} ({x}) is {x.dtype}; the function "
+                                        "takes tensors and integer sizes")
+            xs.append(x)
+    if not seen_out:
+        raise ArgumentError(f"te.extern {out.name!r}: the call of {call.func!r} does not pass the output "
+                            "(outs[0]): the function must write it")
+    return tuple(xs)
+
+
+__all__ = ["EXTERN_DTYPES", "Extern", "ExternStage", "Intrinsic", "StageCall", "call_extern", "extern_buffers",
+           "extern_nest", "interp_function", "refuse_extern_args", "register_intrinsic", "registered",
+           "set_stage_interp", "stage_args", "stage_call", "stage_interp_function"]

@@ -38,6 +38,7 @@ from loopir import deps_shortcuts, poly
 from loopir.bounds import BoundsError, check_bounds
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
 from loopir.lower import lower
+from loopir.te_extern import refuse_extern_args
 from loopir.nodes import Buffer, Const, For, Program, Seq, Store, Var
 from loopir.visit import deep_recursion, statements, walk_stmts
 
@@ -295,6 +296,9 @@ class Schedule:
         rargs = tuple(self._resolve(_plain_int(a, name), name) for a in args)
         rkw = {k: self._resolve(_plain_int(v, name), name) for k, v in kwargs.items()}
         _check_loop_args(spec, rargs, rkw, self)
+        given = (*rargs, *rkw.values())  # a te.extern stage is opaque: no step names its loops or buffers
+        refuse_extern_args(name, self._program.body, [a for a in given if isinstance(a, Var)],
+                           [a for a in given if not isinstance(a, Var)])
         json_args = [self._to_json(a) for a in rargs]
         json_kw = {k: self._to_json(v) for k, v in rkw.items()}
         old = self._program

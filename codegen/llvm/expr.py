@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from loopir.nodes import (Binary, Buffer, Call, Cast, Compare, Const, Expr, ExternCall, Load, Logical, Select, Unary,
                           Var)
 
-from .math import extern_decl
+from .math import extern_decl, extern_stage_decl
 from .queries import _loads
 from .types import FLT, INTS, ITEMSIZE, STORE_T, VALUE_T, CodegenError, const_text
 
@@ -315,6 +315,13 @@ class _ExprEmitter:
             d = self.op(f"fadd {t} {ex}, 1.0")
             return self.op(f"fdiv {t} 1.0, {d}")
         return self.libm(e.fn, dt, x)
+
+    def extern_stage(self, call: ExternCall) -> None:
+        """The one call of a te.extern stage's function: a pointer per tensor (its load's buffer), i64 sizes."""
+        args = [f"ptr {self.bufs[a.buffer]}" if isinstance(a, Load) else f"i64 {self.index(a)}" for a in call.args]
+        callee, text = extern_stage_decl(call.decl, tuple(a.split()[0] for a in args))
+        self.m.declare(callee, text)
+        self.emit(f"call void @{callee}({', '.join(args)})")
 
     def libm(self, fn: str, dtype: str, x: str) -> str:
         callee, attr = self.m.math_call(fn, dtype)

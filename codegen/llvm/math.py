@@ -14,11 +14,11 @@ import ctypes.util
 from functools import cache
 
 from loopir.errors import CodegenError
-from loopir.te_extern import Extern
+from loopir.te_extern import Extern, ExternStage
 from loopir.target import host_features, vector_bits
 
-__all__ = ["EXTERN_LIB_MARK", "extern_decl", "host_features", "libm_name", "libmvec", "load_extern_libraries",
-           "load_library", "vector_bits", "vector_variants"]
+__all__ = ["EXTERN_LIB_MARK", "extern_decl", "extern_stage_decl", "host_features", "libm_name", "libmvec",
+           "load_extern_libraries", "load_library", "vector_bits", "vector_variants"]
 
 EXTERN_LIB_MARK = "; loopir extern library: "
 _LLTYPE = {"float32": "float", "float64": "double", "int32": "i32", "int64": "i64"}
@@ -86,23 +86,34 @@ def load_extern_libraries(source: str) -> None:
             load_library(line[len(EXTERN_LIB_MARK):])
 
 
+def _resolve(what: str, sym: str, library: str) -> str:
+    """The library mark for `sym` (its library loaded) once the symbol is checked to resolve in the process."""
+    import llvmlite.binding as llvm
+
+    if library:
+        load_library(library)
+    if not llvm.address_of_symbol(sym):
+        lib = f" nor in {library!r}" if library else ""
+        raise CodegenError(f"{what}: the C symbol {sym!r} is not found in this process{lib}; name its shared "
+                           "library (te.register_intrinsic(..., cpu_library=...), te.extern(..., cpu_library=...) "
+                           "or build(..., extern_libs=(...,)))")
+    return f"{EXTERN_LIB_MARK}{library}\n" if library else ""
+
+
+def extern_stage_decl(decl: ExternStage, arg_types: tuple[str, ...]) -> tuple[str, str]:
+    """(callee, module text) for the one call of a te.extern stage's C function `void func(ptr..., i64...)`."""
+    mark = _resolve(f"the te.extern function {decl.func!r}", decl.func, decl.cpu_library)
+    return decl.func, f"{mark}declare void @{decl.func}({', '.join(arg_types)})"
+
+
 def extern_decl(decl: Extern, arg_dtypes: tuple[str, ...]) -> tuple[str, str]:
     """(callee, module text) for calling the external function `decl` with arguments of `arg_dtypes` on the
     CPU: its symbol declared (its library loaded, the symbol checked to resolve) or defined by its LLVM IR."""
-    import llvmlite.binding as llvm
-
     if decl.cpu is None:
         raise CodegenError(f"the external function {decl.name!r} has no CPU lowering: register it with "
                            "te.register_intrinsic(..., cpu=<a C symbol>)")
     sym = decl.cpu
     if decl.cpu_ir:
         return sym, decl.cpu_ir
-    if decl.cpu_library:
-        load_library(decl.cpu_library)
-    if not llvm.address_of_symbol(sym):
-        lib = f" nor in {decl.cpu_library!r}" if decl.cpu_library else ""
-        raise CodegenError(f"the external function {decl.name!r}: the C symbol {sym!r} is not found in this "
-                           f"process{lib}; name its shared library (te.register_intrinsic(..., cpu_library=...) "
-                           "or build(..., extern_libs=(...,)))")
-    mark = f"{EXTERN_LIB_MARK}{decl.cpu_library}\n" if decl.cpu_library else ""
+    mark = _resolve(f"the external function {decl.name!r}", sym, decl.cpu_library)
     return sym, f"{mark}declare {_LLTYPE[decl.dtype]} @{sym}({', '.join(_LLTYPE[a] for a in arg_dtypes)})"
