@@ -239,6 +239,15 @@ class StageCall:
     args: tuple[Any, ...]
 
 
+def _not_an_expression(self: StageCall, *_: Any) -> Any:
+    raise ArgumentTypeError(f"te.call_extern('void', {self.func!r}, ...) is a whole stage's call, not an "
+                            "expression: return it from te.extern's fcompute; a value needs a return dtype")
+
+
+for _op in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "floordiv", "rfloordiv", "mod",
+            "rmod", "pow", "rpow", "neg", "lt", "le", "gt", "ge"):
+    setattr(StageCall, f"__{_op}__", _not_an_expression)
+
 _STAGE_INTERP: dict[str, Callable[..., Any]] = {}
 
 

@@ -16,6 +16,7 @@ from codegen.cuda.nvrtc import NvrtcError
 from loopir import interp, te
 from loopir.errors import ArgumentError, ArgumentTypeError, CodegenError, CudaCodegenError
 from loopir.lower import lower
+from loopir.nodes import Program
 from loopir.te_extern import Intrinsic
 from schedules import Schedule, auto_schedule
 from tests.witness_check import verify_witness
@@ -306,3 +307,135 @@ def test_pragma_refusals_are_typed():
     s.parallel(i)
     with pytest.raises(ArgumentError, match="loop 'i' is parallel"):
         s.pragma(i, "unroll", 2)
+
+
+# ----------------------------------------------------------------------------- te.extern (a whole stage)
+
+MM_C = """#include <stdint.h>
+void loopir_t_mm(const float* a, const float* b, float* c, int64_t n, int64_t m, int64_t k) {
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < m; j++) {
+      float s = 0.0f;
+      for (int64_t p = 0; p < k; p++) s += a[i * k + p] * b[p * m + j];
+      c[i * m + j] = s;
+    }
+}
+"""
+
+
+def _mm_interp(a: np.ndarray, b: np.ndarray, c: np.ndarray, n: int, m: int, k: int) -> None:
+    np.matmul(a, b, out=c)
+
+
+def _gemm_chain(lib: str = "") -> tuple[te.Tensor, ...]:
+    """A2 = 2 A (a te stage) -> C = A2 @ B (extern) -> D = C + 1 (a te stage); n symbolic."""
+    n = te.var("n")
+    m, k = 6, 5
+    A = te.placeholder((n, k), "float32", name="A")
+    B = te.placeholder((k, m), "float32", name="B")
+    A2 = te.compute((n, k), lambda i, j: A[i, j] * 2, name="A2")
+    C = te.extern((n, m), [A2, B], lambda ins, outs: te.call_extern("void", "loopir_t_mm", ins[0], ins[1], outs[0],
+                                                                    n, m, k),
+                  name="C", cpu_library=lib, interp=_mm_interp)
+    D = te.compute((n, m), lambda i, j: C[i, j] + 1, name="D")
+    return A, B, A2, C, D
+
+
+def _mm_lib(tmp_path) -> str:  # noqa: ANN001
+    c = tmp_path / "mm.c"
+    c.write_text(MM_C)
+    so = tmp_path / "libloopir_t_mm.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(so), str(c)], check=True)
+    return str(so)
+
+
+def _gemm_want(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (2 * a.astype(np.float64)) @ b + 1
+
+
+def test_extern_stage_printed_model_and_interpreter():
+    A, B, A2, C, D = _gemm_chain()
+    text = str(lower([D]))
+    assert "C[o0, o1] = 0.0  # C_init" in text
+    assert "C[o0, o1] = C[o0, o1] + loopir_t_mm(A2[A2_0, A2_1], B[B_0, B_1], C[o0, o1], n, 6, 5)  # C" in text
+    rng = np.random.default_rng(20)
+    a, b = rng.standard_normal((7, 5)).astype(np.float32), rng.standard_normal((5, 6)).astype(np.float32)
+    out = np.full((7, 6), np.nan, np.float32)
+    interp.run(lower([D]), a, b, out)
+    np.testing.assert_allclose(out, _gemm_want(a, b), rtol=1e-5, atol=1e-5)
+    with pytest.raises(CudaCodegenError, match="te.extern stage 'C' cannot run on target 'cuda'"):
+        build(D, [A, B, D], target="cuda")
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to make a shared library")
+def test_extern_stage_cpu_hand_and_default_schedules(tmp_path):
+    A, B, A2, C, D = _gemm_chain(_mm_lib(tmp_path))
+    s = Schedule(D)
+    i, j = s.loops(D)
+    s.parallel(i)  # the stages around the extern stage schedule as usual
+    i2, j2 = s.loops(A2)
+    s.parallel(i2).vectorize(j2)
+    rng = np.random.default_rng(21)
+    for rows in (7, 33):
+        a, b = rng.standard_normal((rows, 5)).astype(np.float32), rng.standard_normal((5, 6)).astype(np.float32)
+        for mod in (build(s, [A, B, D], target="cpu"), build(D, [A, B, D], target="cpu")):
+            out = np.full((rows, 6), np.nan, np.float32)
+            mod(a, b, out)
+            np.testing.assert_allclose(out, _gemm_want(a, b), rtol=1e-5, atol=1e-5)
+    src = build(s, [A, B, D], target="cpu").source
+    assert re.search(r"call void @loopir_t_mm\(ptr %\w+, ptr %\w+, ptr %\w+, i64 %\w+, i64 6, i64 5\)", src)
+    assert src.count("call void @loopir_t_mm(") == 1  # one call for the whole stage, no loop around it
+
+
+def test_extern_stage_is_opaque_and_the_checker_sees_its_accesses():
+    A, B, A2, C, D = _gemm_chain()
+    s = Schedule(D)
+    o0, o1, k0 = s.loops(C)[:3]
+    for step, args in (("parallel", (o0,)), ("split", (o1, 2)), ("reorder", (o1, o0)), ("unroll", (k0,)),
+                       ("pragma", (k0, "unroll", 2)), ("compute_inline", (A2,)),
+                       ("compute_at", (C, s.loops(D)[0])), ("compute_at", (A2, o0))):
+        with pytest.raises(ArgumentError, match="te.extern stage 'C'.*opaque"):
+            s.apply(step, *args)
+    # fusing A2's rows with D's rows would run D[i] before the extern stage wrote C (it reads all of A2):
+    # refused by the dependences, with a witness through the model statement
+    before = s.program
+    la, lb = s.loops(A2)[0], s.loops(D)[0]
+    from schedules import ScheduleError
+    from schedules.primitives import REGISTRY
+
+    with pytest.raises(ScheduleError) as info:
+        s.fuse(la, lb)
+    assert s.program is before
+    out = REGISTRY["fuse"].fn(before, la.var, lb.var)
+    verify_witness(s.original, out if isinstance(out, Program) else out[0], info.value)
+
+
+def test_bad_extern_stages_are_typed():
+    n = te.var("n")
+    A = te.placeholder((n,), "float32", name="A")
+    Z = te.placeholder((n,), "float32", name="Z")
+    ok = (lambda ins, outs: te.call_extern("void", "f", ins[0], outs[0], n))  # noqa: E731
+    with pytest.raises(ArgumentTypeError, match="fcompute must return te.call_extern"):
+        te.extern((n,), [A], lambda ins, outs: ins[0][0] + 1, name="E1")
+    with pytest.raises(ArgumentError, match="does not pass the output"):
+        te.extern((n,), [A], lambda ins, outs: te.call_extern("void", "f", ins[0], n), name="E2")
+    with pytest.raises(ArgumentError, match="the tensor 'Z', which is not among the inputs"):
+        te.extern((n,), [A], lambda ins, outs: te.call_extern("void", "f", ins[0], Z, outs[0]), name="E3")
+    with pytest.raises(ArgumentTypeError, match="argument 2 .* is float"):
+        te.extern((n,), [A], lambda ins, outs: te.call_extern("void", "f", ins[0], outs[0], 0.5), name="E4")
+    with pytest.raises(ArgumentTypeError, match="input 0 must be a tensor"):
+        te.extern((n,), [3], ok, name="E5")
+    with pytest.raises(ArgumentTypeError, match="dtype float16"):
+        te.extern((n,), [A], ok, name="E6", dtype="float16")
+    with pytest.raises(ArgumentError, match="at least one dimension"):
+        te.extern((), [A], ok, name="E7")
+    with pytest.raises(ArgumentTypeError, match="interp= of 'f' must be callable"):
+        te.extern((n,), [A], ok, name="E8", interp="numpy")
+    with pytest.raises(ArgumentTypeError):  # a whole stage's call is not an expression
+        te.compute((n,), lambda i: te.call_extern("void", "f", A[i]) + 1, name="E9")
+    E = te.extern((n,), [A], lambda ins, outs: te.call_extern("void", "loopir_t_nothing", ins[0], outs[0], n),
+                  name="E10")
+    with pytest.raises(CodegenError, match="'loopir_t_nothing' is not found"):
+        build(Schedule(E), [A, E], target="cpu", cache=False)
+    with pytest.raises(ArgumentError, match="interpreter cannot run the te.extern function 'loopir_t_nothing'"):
+        interp.run(lower([E]), np.ones(3, np.float32), np.full(3, np.nan, np.float32))
