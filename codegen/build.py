@@ -31,7 +31,7 @@ from loopir.errors import ArgumentError, ArgumentTypeError, CudaCodegenError, No
 from loopir.nodes import Allocate, Buffer, Const, For, Node, Program, Var
 from loopir.subst import stages_of, substitute_program_sizes, substitute_sizes
 from loopir.te import ComputeOp, tensor_of
-from loopir.te_extern import extern_buffers, stage_call
+from loopir.te_extern import stage_call
 from loopir.visit import buffers_of, deep_recursion, free_vars, walk, walk_stmts
 from schedules import Schedule
 from schedules.auto import auto_schedule
@@ -277,7 +277,12 @@ def _tensors(obj: Any) -> list[Any] | None:
 
 
 def _schedule(outs: list[Any], target: str, sizes: dict[Var, int] | None = None) -> Program:
-    if any(stage_call(getattr(t.op, "body", None)) is not None for t in stages_of(outs)):
+    ext = [t.name for t in stages_of(outs) if stage_call(getattr(t.op, "body", None)) is not None]
+    if ext and target == "cuda":
+        raise CudaCodegenError(f"build: the graph has the te.extern stage {ext[0]!r}, which auto_schedule does not "
+                               "schedule; on target 'cuda' schedule the other stages by hand (Schedule(outputs), "
+                               "bind their loops) and build that Schedule")
+    if ext:
         return Schedule(outs).program  # a te.extern stage is opaque to auto_schedule: the graph runs as lowered
     return auto_schedule(outs, target=target, sizes=sizes).program
 
@@ -376,10 +381,6 @@ def _compile(program: Program, target: str, opts: dict[str, Any], dump: Any = Fa
              assume: Assume | None = None) -> Module:
     """Lower and compile a scheduled program (arguments in call order) for `target`."""
     check_unroll(program)
-    ext = extern_buffers(program.body) if target == "cuda" else {}
-    if ext:
-        raise CudaCodegenError(f"the te.extern stage {next(iter(ext.values()))!r} cannot run on target 'cuda' yet "
-                               "(te.extern stages run on the CPU and in the interpreter)")
     notes: list[str] = []
     pre: list[Any] = []
 

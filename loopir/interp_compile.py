@@ -293,7 +293,7 @@ class _Compiler:
         else:
             raise ArgumentTypeError(f"the interpreter cannot execute {type(s).__name__} {s!r}")
 
-    def extern_stage(self, s: For, depth: int) -> None:
+    def extern_stage(self, s: For, depth: int, trace: bool = True) -> None:
         """A te.extern stage: one call of its `interp=` function on whole arrays (the output written in place);
         traced, its model nest's instances are recorded (the statements the checker reasons about)."""
         _, call = extern_nest(s)  # type: ignore[misc]
@@ -301,7 +301,7 @@ class _Compiler:
         if f is None:
             raise ArgumentError(f"the interpreter cannot run the te.extern function {call.decl.func!r}: give "
                                 "te.extern(..., interp=<a Python function of the arrays>)")
-        if self.traced:
+        if self.traced and trace:
             self.trace_only = True
             self.stmt(s, depth)  # the nest as plain loops, recording its instances only
             self.trace_only = False

@@ -514,16 +514,18 @@ fast_cos = _math("fast_cos", "cos through CUDA's __cosf (abs error 2^-21.19 on [
 
 def extern(shape: SizeLike | Sequence[SizeLike], inputs: Sequence[Tensor], fcompute: Callable[..., Any],
            name: str | None = None, dtype: str = "float32", cpu_library: str = "",
-           interp: Callable[..., Any] | None = None) -> Tensor:
+           interp: Callable[..., Any] | None = None, cuda_source: str = "",
+           cuda_launch: tuple[int, int] = (1, 1)) -> Tensor:
     """A stage computed by one call of an external function (TVM's te.extern); see `loopir.te_extern`.
 
         C = te.extern((n, m), [A, B], lambda ins, outs: te.call_extern("void", "my_gemm", ins[0], ins[1],
                       outs[0], n, m, k), name="C", interp=lambda a, b, c, n, m, k: np.matmul(a, b, out=c))
 
     The function gets a pointer per tensor and an int64 per size, in the call's order, and must write the
-    whole output (CPU: `void my_gemm(const float*, const float*, float*, int64_t, int64_t, int64_t)`).
+    whole output (CPU: `void my_gemm(const float*, const float*, float*, int64_t, int64_t, int64_t)`; CUDA:
+    `__device__` in `cuda_source`, called by every thread of a launch of `cuda_launch=(blocks, threads)`).
     The checker treats the stage as reading every element of `inputs` and writing every element of the
-    output; the stage is opaque to scheduling. CPU and the interpreter (`interp=`) only for now."""
+    output; the stage is opaque to scheduling."""
     name = _default_name("extern") if name is None else _check_name(name, "tensor")
     dt = check_dtype(dtype, f"dtype of extern stage {name!r}")
     if dt not in EXTERN_DTYPES:
@@ -535,6 +537,13 @@ def extern(shape: SizeLike | Sequence[SizeLike], inputs: Sequence[Tensor], fcomp
     for k, t in enumerate(ins):
         if not isinstance(t, Tensor):
             raise ArgumentTypeError(f"te.extern {name!r}: input {k} must be a tensor, got {type(t).__name__} {t!r}")
+    if not isinstance(cuda_source, str) or not isinstance(cpu_library, str):
+        raise ArgumentTypeError(f"te.extern {name!r}: cuda_source and cpu_library must be str")
+    if (not isinstance(cuda_launch, tuple) or len(cuda_launch) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in cuda_launch)
+            or cuda_launch[1] > 1024):
+        raise ArgumentError(f"te.extern {name!r}: cuda_launch must be (blocks, threads), positive ints with at most "
+                            f"1024 threads, got {cuda_launch!r}")
     if not callable(fcompute):
         raise ArgumentTypeError(f"te.extern {name!r}: fcompute must be a function (ins, outs) -> te.call_extern(...)")
     out = Tensor(name, shp, dt, PlaceholderOp(name))  # made first: fcompute names it; its op is set below
@@ -549,7 +558,7 @@ def extern(shape: SizeLike | Sequence[SizeLike], inputs: Sequence[Tensor], fcomp
     for v, d in zip(red, dom):
         _REDUCE_DOM[v] = d
         _REDUCE_OWNER[v] = name
-    model = nodes.ExternCall(call.func, args, dt, ExternStage(call.func, cpu_library))
+    model = nodes.ExternCall(call.func, args, dt, ExternStage(call.func, cpu_library, cuda_source, cuda_launch))
     set_stage_interp(call.func, interp)
     out.op = ComputeOp(name, out_axes, Reduce("sum", model, red, dt), red, dom, tuple(ins))
     return out

@@ -32,7 +32,10 @@ The nest is opaque: a schedule step that names its loops, its output or its inpu
 (`refuse_extern_args`), `build` of tensors schedules a graph with an extern stage by hand (serial; no
 auto_schedule), and the renderer replaces the nest by the one call (`extern_nest`). CPU: a C function
 `void func(...)` resolved as a call_extern's symbol; interpreter: `interp=` (numpy arrays, the output
-written in place, ints); CUDA: not supported yet (refused at build with `CudaCodegenError`).
+written in place, ints); CUDA: `__device__ void func(...)` defined by `cuda_source=`, the body of a launch of
+its own, `cuda_launch=(blocks, threads)` (default one thread): every thread of it calls the function, which
+sees blockIdx / threadIdx as a kernel does and must write the whole output, race-free, across the launch
+(inputs come as `const T*`). The adversarial GPU interpreter runs the stage through `interp=` (whole arrays).
 
 **Purity.** The dependence checker sees loads and stores only: an external function is assumed *pure* — its
 result depends on its arguments alone, it reads and writes no memory of the program, and calling it more often
@@ -225,10 +228,13 @@ def call_extern(dtype: str, name: str, *args: ExprLike) -> Expr:
 @dataclass(frozen=True, slots=True)
 class ExternStage:
     """The function of a te.extern stage, the `decl` of its model statement's call: the C symbol `func`
-    (called once for the whole stage), the shared library to load for it (or "")."""
+    (called once for the whole stage), the shared library to load for it (or ""); on CUDA the source that
+    defines `__device__ void func(...)` and the launch (blocks, threads) whose every thread calls it."""
 
     func: str
     cpu_library: str = ""
+    cuda_source: str = ""
+    cuda_launch: tuple[int, int] = (1, 1)
 
 
 @dataclass(frozen=True)

@@ -327,7 +327,19 @@ def _mm_interp(a: np.ndarray, b: np.ndarray, c: np.ndarray, n: int, m: int, k: i
     np.matmul(a, b, out=c)
 
 
-def _gemm_chain(lib: str = "") -> tuple[te.Tensor, ...]:
+MM_CUDA = """__device__ void loopir_t_mm(const float* a, const float* b, float* c, long long n, long long m,
+                            long long k) {
+  for (long long e = blockIdx.x * blockDim.x + threadIdx.x; e < n * m; e += gridDim.x * blockDim.x) {
+    long long i = e / m, j = e % m;
+    float s = 0.0f;
+    for (long long p = 0; p < k; p++) s += a[i * k + p] * b[p * m + j];
+    c[e] = s;
+  }
+}
+"""
+
+
+def _gemm_chain(lib: str = "", cuda: str = "") -> tuple[te.Tensor, ...]:
     """A2 = 2 A (a te stage) -> C = A2 @ B (extern) -> D = C + 1 (a te stage); n symbolic."""
     n = te.var("n")
     m, k = 6, 5
@@ -336,7 +348,7 @@ def _gemm_chain(lib: str = "") -> tuple[te.Tensor, ...]:
     A2 = te.compute((n, k), lambda i, j: A[i, j] * 2, name="A2")
     C = te.extern((n, m), [A2, B], lambda ins, outs: te.call_extern("void", "loopir_t_mm", ins[0], ins[1], outs[0],
                                                                     n, m, k),
-                  name="C", cpu_library=lib, interp=_mm_interp)
+                  name="C", cpu_library=lib, interp=_mm_interp, cuda_source=cuda, cuda_launch=(2, 64))
     D = te.compute((n, m), lambda i, j: C[i, j] + 1, name="D")
     return A, B, A2, C, D
 
@@ -363,8 +375,13 @@ def test_extern_stage_printed_model_and_interpreter():
     out = np.full((7, 6), np.nan, np.float32)
     interp.run(lower([D]), a, b, out)
     np.testing.assert_allclose(out, _gemm_want(a, b), rtol=1e-5, atol=1e-5)
-    with pytest.raises(CudaCodegenError, match="te.extern stage 'C' cannot run on target 'cuda'"):
+    with pytest.raises(CudaCodegenError, match="te.extern stage 'C', which auto_schedule does not schedule"):
         build(D, [A, B, D], target="cuda")
+    s = Schedule(D)  # by hand: the stages around the extern stage bound, its own launch as asked
+    s.bind(s.loops(D)[0], "blockIdx.x").bind(s.loops(D)[1], "threadIdx.x")
+    s.bind(s.loops(A2)[0], "blockIdx.x").bind(s.loops(A2)[1], "threadIdx.x")
+    with pytest.raises(CudaCodegenError, match="'loopir_t_mm' has no CUDA source"):
+        build(s, [A, B, D], target="cuda", cache=False)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to make a shared library")
@@ -385,6 +402,39 @@ def test_extern_stage_cpu_hand_and_default_schedules(tmp_path):
     src = build(s, [A, B, D], target="cpu").source
     assert re.search(r"call void @loopir_t_mm\(ptr %\w+, ptr %\w+, ptr %\w+, i64 %\w+, i64 6, i64 5\)", src)
     assert src.count("call void @loopir_t_mm(") == 1  # one call for the whole stage, no loop around it
+
+
+def _cuda_gemm_schedule() -> tuple[Schedule, tuple[te.Tensor, ...]]:
+    A, B, A2, C, D = _gemm_chain(cuda=MM_CUDA)
+    s = Schedule(D)
+    s.bind(s.loops(D)[0], "blockIdx.x").bind(s.loops(D)[1], "threadIdx.x")
+    s.bind(s.loops(A2)[0], "blockIdx.x").bind(s.loops(A2)[1], "threadIdx.x")
+    return s, (A, B, D)
+
+
+def test_extern_stage_cuda_source_and_adversarial_interpreter():
+    s, args = _cuda_gemm_schedule()
+    src = build(s, list(args), target="cuda").source  # NVRTC compiles the __device__ function with the kernels
+    assert src.count("__device__ void loopir_t_mm(") == 1
+    assert re.search(r"// statements: C_init, C; grid \(2, 1, 1\), block \(64, 1, 1\)\n"
+                     r"  loopir_t_mm\(A2, B, C, \(long long\)\(n\), \(long long\)\(6LL\), \(long long\)\(5LL\)\);", src)
+    rng = np.random.default_rng(22)
+    a, b = rng.standard_normal((9, 5)).astype(np.float32), rng.standard_normal((5, 6)).astype(np.float32)
+    out = np.full((9, 6), np.nan, np.float32)
+    interp.run(s.program, a, b, out, gpu_order="reversed")
+    np.testing.assert_allclose(out, _gemm_want(a, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_extern_stage_cuda_numerics():
+    s, args = _cuda_gemm_schedule()
+    mod = build(s, list(args), target="cuda")
+    rng = np.random.default_rng(23)
+    for rows in (9, 300):
+        a, b = rng.standard_normal((rows, 5)).astype(np.float32), rng.standard_normal((5, 6)).astype(np.float32)
+        out = np.full((rows, 6), np.nan, np.float32)
+        mod(a, b, out)
+        np.testing.assert_allclose(out, _gemm_want(a, b), rtol=1e-5, atol=1e-5)
 
 
 def test_extern_stage_is_opaque_and_the_checker_sees_its_accesses():
@@ -429,6 +479,9 @@ def test_bad_extern_stages_are_typed():
         te.extern((n,), [A], ok, name="E6", dtype="float16")
     with pytest.raises(ArgumentError, match="at least one dimension"):
         te.extern((), [A], ok, name="E7")
+    for bad in ((0, 32), (1, 2048), (1,), 4, (1.0, 32)):
+        with pytest.raises(ArgumentError, match="cuda_launch must be"):
+            te.extern((n,), [A], ok, name="E11", cuda_launch=bad)
     with pytest.raises(ArgumentTypeError, match="interp= of 'f' must be callable"):
         te.extern((n,), [A], ok, name="E8", interp="numpy")
     with pytest.raises(ArgumentTypeError):  # a whole stage's call is not an expression

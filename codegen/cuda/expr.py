@@ -177,6 +177,14 @@ class _ExprEmitter:
               "tanh": "tanh", "erf": "erf", "floor": "floor", "ceil": "ceil", "round": "rint"}[e.fn]
         return f"{fn}f({x})" if single else f"{fn}({x})"
 
+    def extern_stage(self, call: N.ExternCall) -> None:
+        """The call of a te.extern stage's `__device__` function by this thread: buffers, then 64-bit sizes."""
+        if not call.decl.cuda_source:
+            raise CudaCodegenError(f"the te.extern function {call.decl.func!r} has no CUDA source: give "
+                                   "te.extern(..., cuda_source='__device__ void ...')")
+        args = [self.buf(a.buffer) if isinstance(a, N.Load) else f"(long long)({self.expr(a)})" for a in call.args]
+        self.line(f"{call.decl.func}({', '.join(args)});")
+
     def sincos(self, value: N.Expr) -> None:
         """sin(a) and cos(a) of the same argument: one sincosf call shares the range reduction."""
         calls = {}

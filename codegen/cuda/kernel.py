@@ -39,6 +39,7 @@ from loopir import nodes as N
 from loopir.affine import eval_index
 from loopir.printer import expr_str
 from loopir.gpu import reduction_parts
+from loopir.te_extern import extern_nest
 from loopir.visit import free_vars, loops_of, stmt_names, walk
 
 from .expr import (  # noqa: F401  (re-exported: tests and callers import them from codegen.cuda)
@@ -320,6 +321,9 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
 
     def loop(self, f: N.For, last: bool) -> None:
         v = self.var(f.var)
+        ext = extern_nest(f)
+        if ext is not None:  # a te.extern stage: its model nest is one call of its __device__ function
+            return self.extern_stage(ext[1])
         if f.kind == "thread":
             if f.var in self.kern.reductions:
                 return self.reduction_loop(f, last)
