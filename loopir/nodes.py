@@ -3,6 +3,7 @@
     Expr  ::= Const(value, dtype) | Var(name) | Load(buffer, indices)
             | Binary(op, a, b) | Unary(op, a) | Call(fn, args) | Compare(op, a, b)
             | Logical(op, a, b) | Select(cond, a, b) | Cast(dtype, a)
+            | ExternCall(fn, args, dtype, decl)     (a Call of an external function, loopir.te_extern)
     Stmt  ::= Store(name, buffer, indices, value, iters, coords)
             | For(var, lo, hi, body, kind, thread) | Seq(body) | If(cond, then, orelse)
             | Allocate(buffer, body) | Barrier()

@@ -24,6 +24,11 @@ Math functions of integers are computed in float64. Index arithmetic (loop and s
 no tensor element) next to a float value is weak like a Python int: `x[i] / n` with a float32
 `x` is float32, as TVM and numpy with Python ints give.
 
+Math functions: exp, log, sqrt, rsqrt, sin, cos, tanh, sigmoid, erf, abs, pow (power), fmod, floor, ceil,
+round (halves to even) and the fast variants fast_exp / fast_log / fast_sin / fast_cos (CUDA's intrinsics on
+float and halves; the accurate function elsewhere). Escape hatches (`loopir.te_extern`): `call_extern`,
+`register_intrinsic`, `extern` (a whole stage computed by an external function).
+
 Mistakes are refused when they are made, naming the thing: wrong index counts, a lambda
 whose arity differs from the shape, unknown dtypes, float indices, a reduce axis used
 outside its reduction, a reduction over a loop variable, a reduction without an axis, and
@@ -497,6 +502,7 @@ sigmoid = _math("sigmoid")
 erf = _math("erf")
 abs = _math("abs")
 pow = _math("pow", "pow(x, y): x to the power y (numpy.power of floats; integers are computed in float64).")
+power = pow  # TVM's te.power
 fmod = _math("fmod", "fmod(x, y): C's fmod, the remainder with the sign of x (numpy.fmod; `%` is Python's).")
 floor = _math("floor", "Elementwise floor, a float (numpy.floor); integers are computed in float64.")
 ceil = _math("ceil", "Elementwise ceil, a float (numpy.ceil); integers are computed in float64.")
@@ -627,6 +633,7 @@ __all__ = [
     "minimum",
     "placeholder",
     "pow",
+    "power",
     "register_intrinsic",
     "round",
     "reduce_axis",

@@ -134,6 +134,7 @@ def test_dtypes_follow_numpy():
     assert te.floor(k[0]).dtype == "float64"  # integers compute in float64
     assert te.fmod(k[0], k[1]).dtype == "float64"
     assert te.round(x[0]).dtype == "float16"
+    assert te.power(x[0], 2.0) == te.pow(x[0], 2.0)  # TVM's name
 
 
 def test_bad_inputs_are_typed():
