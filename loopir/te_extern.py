@@ -208,10 +208,12 @@ def call_extern(dtype: str, name: str, *args: ExprLike) -> Expr:
             what = f"the tensor {a.name!r}; index it first" if hasattr(a, "op") else f"{type(a).__name__} {a!r}"
             raise ArgumentTypeError(f"call_extern: argument {k} of {name!r} is {what}")
         want = decl.arg_dtypes[k] if decl.arg_dtypes is not None else None
+        if not isinstance(a, Expr) and hasattr(a, "item"):
+            a = a.item()  # a numpy scalar counts as the Python number
         if isinstance(a, Expr):
             x = a
         elif want is not None:
-            x = const(a.item() if hasattr(a, "item") else a, weak_scalar_dtype(a, want))
+            x = const(a, weak_scalar_dtype(a, want))
         else:
             x = as_expr(a)
         if want is not None and x.dtype != want:

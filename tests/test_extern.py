@@ -492,3 +492,14 @@ def test_bad_extern_stages_are_typed():
         build(Schedule(E), [A, E], target="cpu", cache=False)
     with pytest.raises(ArgumentError, match="interpreter cannot run the te.extern function 'loopir_t_nothing'"):
         interp.run(lower([E]), np.ones(3, np.float32), np.full(3, np.nan, np.float32))
+
+
+def test_one_symbol_has_one_signature_and_numpy_scalars_count_as_numbers():
+    f = _axpb()
+    x = te.placeholder((N,), "float32", name="x")
+    assert f(x[0], np.float32(1.5)).args[1] == te.const(1.5, "float32")
+    d = te.placeholder((N,), "float64", name="d")
+    y = te.compute((N,), lambda i: te.call_extern("float32", "cbrtf", x[i])
+                   + te.cast("float32", te.call_extern("float64", "cbrtf", d[i])), name="y")
+    with pytest.raises(CodegenError, match="'cbrtf' is called with two signatures"):
+        build(y, [x, d, y], target="cpu", cache=False)

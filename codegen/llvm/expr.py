@@ -281,6 +281,11 @@ class _ExprEmitter:
             args = ", ".join(f"{VALUE_T[a.dtype]} {self.expr(a)}" for a in e.args)
             callee, text = extern_decl(e.decl, tuple(a.dtype for a in e.args))
             self.m.declare(callee, text)
+            old, new = _signature(self.m.decls[callee]), _signature(text)
+            if old is not None and new is not None and old != new:  # one C symbol, one signature in a module
+                raise CodegenError(f"the external function {e.fn!r} is called with two signatures in one program "
+                                   f"(argument dtypes {', '.join(a.dtype for a in e.args)} and another); register it "
+                                   "with te.register_intrinsic to fix one")
             return self.op(f"call {VALUE_T[dt]} @{callee}({args})")
         x = self.expr(e.args[0])
         t = VALUE_T[dt]
@@ -374,3 +379,12 @@ class _ExprEmitter:
         else:
             self.env[v] = saved
 
+
+
+def _signature(decl: str) -> str | None:
+    """`declare T @f(A, B)` of a declaration's text (comment lines and attributes left out); None for a
+    definition (LLVM's parser checks a call against it)."""
+    line = decl.strip().splitlines()[-1]
+    if not line.startswith("declare"):
+        return None
+    return line[:line.index(")") + 1]
