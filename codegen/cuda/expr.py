@@ -157,7 +157,7 @@ class _ExprEmitter:
     def call(self, e: N.Call) -> str:
         args = [self.expr(a) for a in e.args]
         if isinstance(e, N.ExternCall):  # loopir.te_extern: defined in the registration's / build's source
-            if e.decl.cuda is None:
+            if getattr(e.decl, "cuda", None) is None:  # (a te.extern stage's call outside its nest has none)
                 raise CudaCodegenError(f"the external function {e.fn!r} has no CUDA lowering: register it with "
                                        "te.register_intrinsic(..., cuda=<a CUDA function>)")
             return f"(({_CTYPE[e.dtype]}){e.decl.cuda}({', '.join(args)}))"

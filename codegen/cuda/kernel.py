@@ -321,9 +321,9 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
 
     def loop(self, f: N.For, last: bool) -> None:
         v = self.var(f.var)
-        ext = extern_nest(f)
-        if ext is not None:  # a te.extern stage: its model nest is one call of its __device__ function
-            return self.extern_stage(ext[1])
+        stage = extern_nest(f)
+        if stage is not None:  # a te.extern stage: its model nest is one call of its __device__ function
+            return self.extern_stage(stage[1])
         if f.kind == "thread":
             if f.var in self.kern.reductions:
                 return self.reduction_loop(f, last)

@@ -208,9 +208,9 @@ class _FnEmitter(_ExprEmitter):
 
     def loop(self, f: For, lo_hi: tuple[str, str] | None = None) -> None:
         self.memo = {}
-        ext = extern_nest(f)
-        if ext is not None:  # a te.extern stage: its model nest runs as one call of its function
-            return self.extern_stage(ext[1])
+        stage = extern_nest(f)
+        if stage is not None:  # a te.extern stage: its model nest runs as one call of its function
+            return self.extern_stage(stage[1])
         ext = _const_extent(f)
         if f.kind == "unroll" and ext is not None and ext <= UNROLL_EMIT_LIMIT and lo_hi is None:
             saved = self.env.get(f.var)

@@ -109,8 +109,9 @@ def extern_stage_decl(decl: ExternStage, arg_types: tuple[str, ...]) -> tuple[st
 def extern_decl(decl: Extern, arg_dtypes: tuple[str, ...]) -> tuple[str, str]:
     """(callee, module text) for calling the external function `decl` with arguments of `arg_dtypes` on the
     CPU: its symbol declared (its library loaded, the symbol checked to resolve) or defined by its LLVM IR."""
-    if decl.cpu is None:
-        raise CodegenError(f"the external function {decl.name!r} has no CPU lowering: register it with "
+    if getattr(decl, "cpu", None) is None:  # (a te.extern stage's call outside its nest has none)
+        raise CodegenError(f"the external function {getattr(decl, 'name', None) or decl.func!r} has no CPU "
+                           "lowering: register it with "
                            "te.register_intrinsic(..., cpu=<a C symbol>)")
     sym = decl.cpu
     if decl.cpu_ir:
