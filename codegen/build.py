@@ -27,21 +27,24 @@ from typing import Any
 
 import numpy as np
 
-from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, ResourceLimitError
+from loopir.errors import ArgumentError, ArgumentTypeError, CudaCodegenError, NotFoundError, ResourceLimitError
 from loopir.nodes import Allocate, Buffer, Const, For, Node, Program, Var
 from loopir.subst import stages_of, substitute_program_sizes, substitute_sizes
 from loopir.lower import passed_sizes, size_arguments
 from loopir.te import ComputeOp, scalar_tensor, tensor_of
+from loopir.te_extern import stage_call
 from loopir.visit import buffers_of, deep_recursion, free_vars, walk, walk_stmts
+from schedules import Schedule
 from schedules.auto import auto_schedule
 
 from . import build_cache
 from .build_cache import BuildKey
-from .cuda.build import CUDA_OPTS, build_cuda, cuda_module
-from .cuda.kernel import CudaSource, generate_cuda
+from .cuda.build import CUDA_OPTS, build_cuda, cuda_module, cuda_source
+from .cuda.kernel import CudaSource
 from .cuda.nvrtc import normalize_arch, prefetch_cubin
 from .cuda.runtime import default_arch
 from .llvm import generate, size_vars
+from .llvm.math import load_library
 from .llvm.runtime import CpuKernel
 from .module import CpuModule, Module
 from .passes import Assume, lower
@@ -51,7 +54,7 @@ from .specialize import Key, Specializer, size_vars_of, substitution
 TARGETS = ("cpu", "cuda")
 _cache: dict[tuple, Any] = {}
 _cache_lock = threading.Lock()
-_CPU_OPTS = ("threads", "cache")
+_CPU_OPTS = ("threads", "cache", "extern_libs")
 MAX_NATIVE_ARGS = 1024  # ctypes' limit on the parameters of one foreign function
 UNROLL_LIMIT = 4096  # iterations of one unrolled loop; beyond it, the build takes seconds to minutes
 
@@ -196,7 +199,9 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", size
     ValueError) with a witness; an access isl cannot bound (non-affine index) is guarded at run
     time and `mod.notes` says so. A te stage in `args` that the schedule inlined (never written)
     is refused (see the module doc). A loop unrolled over more than UNROLL_LIMIT iterations is
-    refused. Options: cpu `threads` (a positive int); cuda `arch`, `options` (a tuple of str); both `cache`
+    refused. Options: cpu `threads` (a positive int), `extern_libs` (shared libraries of te.call_extern's C
+    symbols); cuda `arch`, `options` (a tuple of str), `extern_source` (CUDA C defining te.call_extern's
+    `__device__` functions); both `cache`
     (False: no build cache, no disk cache of binaries; codegen/build_cache.py).
 
     Sizes: `sizes={n: 4096}` (size Vars or their names) pins sizes before scheduling (te tensors only).
@@ -307,6 +312,13 @@ def _tensors(obj: Any) -> list[Any] | None:
 
 
 def _schedule(outs: list[Any], target: str, sizes: dict[Var, int] | None = None) -> Program:
+    ext = [t.name for t in stages_of(outs) if stage_call(getattr(t.op, "body", None)) is not None]
+    if ext and target == "cuda":
+        raise CudaCodegenError(f"build: the graph has the te.extern stage {ext[0]!r}, which auto_schedule does not "
+                               "schedule; on target 'cuda' schedule the other stages by hand (Schedule(outputs), "
+                               "bind their loops) and build that Schedule")
+    if ext:
+        return Schedule(outs).program  # a te.extern stage is opaque to auto_schedule: the graph runs as lowered
     return auto_schedule(outs, target=target, sizes=sizes).program
 
 
@@ -333,7 +345,7 @@ def _speculate(outs: list[Any], args: Sequence[Any] | None, opts: dict[str, Any]
             return None
         check_unroll(fast)
         low, notes, pre = _lower(fast, "cuda")
-        gen = generate_cuda(low)
+        gen = cuda_source(low, opts.get("extern_source"))
         prefetch_cubin(gen.source, _arch(opts), _options(opts), name=f"{low.name}.cu")
         return _Speculation(key, fast, gen, notes, pre)
     except Exception:  # noqa: BLE001 - a speculation only; the checked build that follows reports every error
@@ -497,6 +509,13 @@ def _check_opts(target: str, opts: dict[str, Any]) -> None:
         for o in opts:
             if o not in _CPU_OPTS:
                 raise ArgumentTypeError(f"build: unknown option {o!r} for target 'cpu' (known: {', '.join(_CPU_OPTS)})")
+        libs = opts.get("extern_libs")
+        if libs is not None:  # shared libraries of external functions (loopir.te_extern), loaded before the JIT
+            if isinstance(libs, str) or not isinstance(libs, (tuple, list)) or \
+                    not all(isinstance(x, str) for x in libs):
+                raise ArgumentTypeError(f"build: extern_libs must be a tuple of library paths, got {libs!r}")
+            for lib in libs:
+                load_library(lib)
         th = opts.get("threads")
         if th is not None and (isinstance(th, bool) or not isinstance(th, (int, np.integer)) or th < 1):
             raise ArgumentError(f"build: threads must be a positive integer (or None for all CPUs), got {th!r}")
@@ -508,6 +527,9 @@ def _check_opts(target: str, opts: dict[str, Any]) -> None:
             raise ArgumentTypeError(f"build: unknown option {o!r} for target 'cuda' (known: {', '.join(CUDA_OPTS)})")
     if opts.get("arch") is not None:
         normalize_arch(opts["arch"])  # a bad arch is named before any lowering work
+    src = opts.get("extern_source")
+    if src is not None and not isinstance(src, str):
+        raise ArgumentTypeError(f"build: extern_source must be CUDA C text (a str), got {type(src).__name__}")
     o = opts.get("options")
     if o is not None:
         if isinstance(o, (str, bytes)) or not all(isinstance(x, str) for x in o):

@@ -18,6 +18,7 @@ import numpy as np
 from .errors import ArgumentError, ArgumentTypeError
 from .dtypes import is_float, is_int, is_small_int, round_bfloat16, to_bfloat16
 from .names import fresh, sanitize
+from .te_extern import extern_nest, interp_function, stage_interp_function
 from .nodes import (
     Allocate,
     Barrier,
@@ -29,6 +30,7 @@ from .nodes import (
     Compare,
     Const,
     Expr,
+    ExternCall,
     For,
     If,
     Load,
@@ -45,7 +47,9 @@ from .nodes import (
 _PY_KEYWORDS = frozenset(keyword.kwlist)
 _BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-_NP_FN = {"exp", "log", "sqrt", "sin", "cos", "tanh"}
+_NP_FN = {"exp", "log", "sqrt", "sin", "cos", "tanh", "floor", "ceil"}
+_NP_FN2 = {"pow": "power", "fmod": "fmod"}
+_NP_FAST = {"fast_exp": "exp", "fast_log": "log", "fast_sin": "sin", "fast_cos": "cos", "round": "rint"}
 
 
 def _fill_value(dtype: str) -> Any:
@@ -91,6 +95,7 @@ class _Compiler:
         self.sizes: dict[Var, str] = {}  # free variables, bound from the sizes at the start
         self.consts: dict[tuple[Any, str], str] = {}
         self.tmp = 0
+        self.trace_only = False  # a te.extern stage's model nest, traced: record instances, store nothing
 
     # ---------------------------------------------------------------- names
 
@@ -170,7 +175,20 @@ class _Compiler:
         raise ArgumentTypeError(f"the interpreter cannot evaluate {type(e).__name__} {e!r}")
 
     def call(self, e: Call) -> str:
+        if isinstance(e, ExternCall):  # a registered Python implementation (loopir.te_extern)
+            f = interp_function(e.fn)
+            if f is None:
+                raise ArgumentError(f"the interpreter cannot call the external function {e.fn!r}: register it "
+                                    "with te.register_intrinsic(..., interp=<a Python function>)")
+            name = self.fresh(f"ext_{e.fn}")
+            self.ns[name] = f
+            args = ", ".join(self.expr(a) for a in e.args)
+            return f"{self.dtype_fn(e.dtype)}({name}({args}))"
         x = self.expr(e.args[0])
+        if e.fn in _NP_FN2:  # pow, fmod: numpy's, in the (promoted) dtype of both operands
+            return f"_np.{_NP_FN2[e.fn]}({x}, {self.expr(e.args[1])})"
+        if e.fn in _NP_FAST:  # the fast variants are the accurate function here
+            return f"_np.{_NP_FAST[e.fn]}({x})"
         if e.fn == "abs":
             return f"abs({x})"
         one = self.const(1.0, e.dtype)
@@ -242,6 +260,8 @@ class _Compiler:
         if isinstance(s, Seq):
             for c in s.body:
                 self.stmt(c, depth)
+        elif isinstance(s, For) and not self.trace_only and extern_nest(s) is not None:
+            self.extern_stage(s, depth)
         elif isinstance(s, For):
             lo, hi = self.expr(s.lo), self.expr(s.hi)
             if s.var in self.vars:
@@ -274,6 +294,23 @@ class _Compiler:
             self.store(s, depth)
         else:
             raise ArgumentTypeError(f"the interpreter cannot execute {type(s).__name__} {s!r}")
+
+    def extern_stage(self, s: For, depth: int, trace: bool = True) -> None:
+        """A te.extern stage: one call of its `interp=` function on whole arrays (the output written in place);
+        traced, its model nest's instances are recorded (the statements the checker reasons about)."""
+        _, call = extern_nest(s)  # type: ignore[misc]
+        f = stage_interp_function(call.decl.func)
+        if f is None:
+            raise ArgumentError(f"the interpreter cannot run the te.extern function {call.decl.func!r}: give "
+                                "te.extern(..., interp=<a Python function of the arrays>)")
+        if self.traced and trace:
+            self.trace_only = True
+            self.stmt(s, depth)  # the nest as plain loops, recording its instances only
+            self.trace_only = False
+        name = self.fresh(f"ext_{call.decl.func}")
+        self.ns[name] = f
+        args = [self.buffer(a.buffer)[0] if isinstance(a, Load) else self.expr(a) for a in call.args]
+        self.emit(depth, f"{name}({', '.join(args)})")
 
     def bind_iters(self, s: Store, depth: int) -> tuple[dict[Var, str | None], list[str]]:
         """Emit `iters[k] = coords[k]` for a statement instance: (the names they shadowed, to restore with
@@ -308,6 +345,9 @@ class _Compiler:
         if self.traced:
             vals = ", ".join(f"int({b})" for b in bound)
             self.emit(depth, f"_trace.append(({s.name!r}, ({vals}{',' if len(bound) == 1 else ''})))")
+        if self.trace_only:
+            self.unbind_iters(saved)
+            return
         self.emit(depth, f"_val = {self.expr(s.value)}")
         if s.buffer.dtype == "bfloat16":
             self.emit(depth, "_val = _f2bf(_val)")

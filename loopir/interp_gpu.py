@@ -70,6 +70,7 @@ from .affine import polynomial
 from .gpu import REDUCE_OPS, is_reduction_loop, reduction_parts, reduction_stores, upper_extent
 from .dtypes import HALVES, is_float
 from .interp_compile import _Compiler, _ident
+from .te_extern import extern_nest
 from .nodes import (
     GPU_AXES,
     Allocate,
@@ -187,7 +188,7 @@ class _KernelCompiler(_Compiler):
         if self.plan is not None:
             return self._analyse_planned(self.plan)
         loops = loops_of(self.nest)
-        if loops and not any(f.kind == "thread" for f in loops):
+        if loops and not any(f.kind == "thread" for f in loops) and extern_nest(self.nest) is None:
             names = ", ".join(self.k.stmts)
             raise GpuMappingError(
                 f"loop {loops[0].var.name!r} (statements {names}) is not bound to a GPU axis; on target 'cuda' every "
@@ -462,6 +463,8 @@ class _KernelCompiler(_Compiler):
     # ---------------------------------------------------------------- loops
 
     def loop(self, f: For, depth: int, last: bool) -> None:
+        if extern_nest(f) is not None:  # a te.extern stage: its interp= function on whole arrays, per thread
+            return self.extern_stage(f, depth, trace=False)
         if f.var in self.vars:
             raise ArgumentError(f"loop variable {f.var.name!r} is bound by two nested loops")
         if f.kind == "thread":

@@ -3,6 +3,7 @@
     Expr  ::= Const(value, dtype) | Var(name) | Load(buffer, indices)
             | Binary(op, a, b) | Unary(op, a) | Call(fn, args) | Compare(op, a, b)
             | Logical(op, a, b) | Select(cond, a, b) | Cast(dtype, a)
+            | ExternCall(fn, args, dtype, decl)     (a Call of an external function, loopir.te_extern)
     Stmt  ::= Store(name, buffer, indices, value, iters, coords)
             | For(var, lo, hi, body, kind, thread) | Seq(body) | If(cond, then, orelse)
             | Allocate(buffer, body) | Barrier()
@@ -41,7 +42,9 @@ Scalar = Union[int, float, bool]
 
 BINARY_OPS = ("add", "sub", "mul", "div", "floordiv", "mod", "max", "min")
 UNARY_OPS = ("neg",)
-CALL_FNS = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "abs")
+CALL_FNS = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "abs",
+            "pow", "fmod", "floor", "ceil", "round", "fast_exp", "fast_log", "fast_sin", "fast_cos")
+CALL_ARITY = {"pow": 2, "fmod": 2}  # every other math function takes one argument
 COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
 LOGICAL_OPS = ("and", "or", "not")
 # "host": a serial loop of kernel launches (GPU), made by the lowering pass codegen.passes.kernels from a
@@ -214,6 +217,14 @@ class Call(Expr):
 
 
 @dataclass(frozen=True, slots=True)
+class ExternCall(Call):
+    """A call of a function outside loopir (`loopir.te_extern`): `fn` its name, `decl` its declaration (how each
+    target calls it). A Call to every walk, printer and checker: pure, it reads and writes no buffer."""
+
+    decl: Any
+
+
+@dataclass(frozen=True, slots=True)
 class Compare(Expr):
     op: str
     a: Expr
@@ -309,7 +320,8 @@ class Store(Stmt):
 
 @dataclass(frozen=True, slots=True)
 class For(Stmt):
-    """for var in range(lo, hi): body. `thread` names the GPU axis when kind == "thread"."""
+    """for var in range(lo, hi): body. `thread` names the GPU axis when kind == "thread". `pragmas`: the
+    renderers' hints for this loop, (name, value) pairs set by the primitive `pragma` (an unroll count)."""
 
     var: Var
     lo: Expr
@@ -317,6 +329,7 @@ class For(Stmt):
     body: Stmt
     kind: str = "serial"
     thread: str | None = None
+    pragmas: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -600,7 +613,14 @@ def call(fn: str, *args: ExprLike) -> Expr:
     """A math function of the language; integers are computed in float64 (as numpy)."""
     if fn not in CALL_FNS:
         raise ArgumentError(f"unknown math function {fn!r}; known: {', '.join(CALL_FNS)}")
-    xs = [as_expr(a) for a in args]
+    arity = CALL_ARITY.get(fn, 1)
+    if len(args) != arity:
+        raise ArgumentError(f"math function {fn!r} takes {arity} argument(s), got {len(args)}")
+    if arity == 2:  # pow, fmod: the two operands promote as a binary operator's do
+        a, b = _coerce(args[0], args[1])
+        xs = [cast(promote(a.dtype, b.dtype), a), cast(promote(a.dtype, b.dtype), b)]
+    else:
+        xs = [as_expr(a) for a in args]
     dtype = xs[0].dtype
     if fn == "abs":
         if dtype == "bool":

@@ -235,10 +235,13 @@ def _loop_head(f: For) -> tuple[str, str]:
     rng = f"{expr_str(f.lo)}, {expr_str(f.hi)}"
     if f.kind == "thread":
         return f"for {_nm(f.var)} in range({rng}):", f"# {f.thread}"
+    hints = "  ".join(f"# pragma {k} {v}" for k, v in f.pragmas)
     if f.kind == "serial":
-        return f"for {_nm(f.var)} in range({rng}):", ""
+        return f"for {_nm(f.var)} in range({rng}):", hints
     scalar = cpu_vector_fallback(f)
-    return f"for {_nm(f.var)} in {f.kind}({rng}):", f"# not vectorized on the CPU: {scalar}" if scalar else ""
+    notes = [hints] if hints else []
+    notes += [f"# not vectorized on the CPU: {scalar}"] if scalar else []
+    return f"for {_nm(f.var)} in {f.kind}({rng}):", "  ".join(notes)
 
 
 def _binding(s: Store) -> str:

@@ -35,6 +35,11 @@ Math functions of integers are computed in float64. Index arithmetic (loop and s
 no tensor element) next to a float value is weak like a Python int: `x[i] / n` with a float32
 `x` is float32, as TVM and numpy with Python ints give.
 
+Math functions: exp, log, sqrt, rsqrt, sin, cos, tanh, sigmoid, erf, abs, pow (power), fmod, floor, ceil,
+round (halves to even) and the fast variants fast_exp / fast_log / fast_sin / fast_cos (CUDA's intrinsics on
+float and halves; the accurate function elsewhere). Escape hatches (`loopir.te_extern`): `call_extern`,
+`register_intrinsic`, `extern` (a whole stage computed by an external function).
+
 Mistakes are refused when they are made, naming the thing: wrong index counts, a lambda
 whose arity differs from the shape, unknown dtypes, float indices, a reduce axis used
 outside its reduction, a reduction over a loop variable, a reduction without an axis, and
@@ -57,6 +62,7 @@ from . import nodes
 from .dtypes import DTYPES, INDEX, INT_RANGE, check_dtype, is_float, is_int
 from .nodes import Buffer, Const, Expr, ExprLike, Load, Node, Var
 from . import te_scan
+from .te_extern import EXTERN_DTYPES, ExternStage, call_extern, register_intrinsic, set_stage_interp, stage_args
 from .te_lift import Reduce, has_reduce, lift
 from .te_reduce import CommReducer, TupleReduce, arg_reduce, builtin_identity, flat_index, tuple_reduce
 from .visit import substitute, walk
@@ -698,14 +704,16 @@ _FRONT = te_scan.Front(Tensor, ComputeOp, lambda x: isinstance(x, Tensor), _chec
 # ----------------------------------------------------------------------------- elementwise math
 
 
-def _math(fn: str) -> Callable[[ExprLike], Expr]:
-    def f(x: ExprLike) -> Expr:
-        if isinstance(x, Tensor):
-            raise ArgumentTypeError(f"te.{fn}: got the tensor {x.name!r}; apply it to an element such as {x.name}[i]")
-        return nodes.call(fn, x)
+def _math(fn: str, doc: str = "") -> Callable[..., Expr]:
+    def f(*xs: ExprLike) -> Expr:
+        for x in xs:
+            if isinstance(x, Tensor):
+                raise ArgumentTypeError(
+                    f"te.{fn}: got the tensor {x.name!r}; apply it to an element such as {x.name}[i]")
+        return nodes.call(fn, *xs)
 
     f.__name__ = fn
-    f.__doc__ = f"Elementwise {fn}; integers are computed in float64."
+    f.__doc__ = doc or f"Elementwise {fn}; integers are computed in float64."
     return f
 
 
@@ -719,6 +727,73 @@ tanh = _math("tanh")
 sigmoid = _math("sigmoid")
 erf = _math("erf")
 abs = _math("abs")
+pow = _math("pow", "pow(x, y): x to the power y (numpy.power of floats; integers are computed in float64).")
+power = pow  # TVM's te.power
+fmod = _math("fmod", "fmod(x, y): C's fmod, the remainder with the sign of x (numpy.fmod; `%` is Python's).")
+floor = _math("floor", "Elementwise floor, a float (numpy.floor); integers are computed in float64.")
+ceil = _math("ceil", "Elementwise ceil, a float (numpy.ceil); integers are computed in float64.")
+round = _math("round", "Round to the nearest integer, halves to even (numpy.round / rint), a float.")
+# fast variants: CUDA's intrinsics (__expf, __logf, __sinf, __cosf) for float32 and halves (computed in float);
+# float64 and the CPU and the interpreter compute the accurate function (no faster variant there is sound)
+fast_exp = _math("fast_exp", "exp through CUDA's __expf (max ulp error 2 + floor(|1.173 x|)); accurate elsewhere.")
+fast_log = _math("fast_log", "log through CUDA's __logf (abs error 2^-21.41 on [0.5, 2], else 3 ulp); "
+                 "accurate elsewhere.")
+fast_sin = _math("fast_sin", "sin through CUDA's __sinf (abs error 2^-21.41 on [-pi, pi], larger outside); "
+                 "accurate elsewhere.")
+fast_cos = _math("fast_cos", "cos through CUDA's __cosf (abs error 2^-21.19 on [-pi, pi], larger outside); "
+                 "accurate elsewhere.")
+
+
+def extern(shape: SizeLike | Sequence[SizeLike], inputs: Sequence[Tensor], fcompute: Callable[..., Any],
+           name: str | None = None, dtype: str = "float32", cpu_library: str = "",
+           interp: Callable[..., Any] | None = None, cuda_source: str = "",
+           cuda_launch: tuple[int, int] = (1, 1)) -> Tensor:
+    """A stage computed by one call of an external function (TVM's te.extern); see `loopir.te_extern`.
+
+        C = te.extern((n, m), [A, B], lambda ins, outs: te.call_extern("void", "my_gemm", ins[0], ins[1],
+                      outs[0], n, m, k), name="C", interp=lambda a, b, c, n, m, k: np.matmul(a, b, out=c))
+
+    The function gets a pointer per tensor and an int64 per size, in the call's order, and must write the
+    whole output (CPU: `void my_gemm(const float*, const float*, float*, int64_t, int64_t, int64_t)`; CUDA:
+    `__device__` in `cuda_source`, called by every thread of a launch of `cuda_launch=(blocks, threads)`).
+    The checker treats the stage as reading every element of `inputs` and writing every element of the
+    output; the stage is opaque to scheduling."""
+    name = _default_name("extern") if name is None else _check_name(name, "tensor")
+    dt = check_dtype(dtype, f"dtype of extern stage {name!r}")
+    if dt not in EXTERN_DTYPES:
+        raise ArgumentTypeError(f"te.extern {name!r}: dtype {dt}; an extern stage writes {', '.join(EXTERN_DTYPES)}")
+    shp = _shape(shape, f"extern stage {name!r}")
+    if not shp:
+        raise ArgumentError(f"te.extern {name!r}: give the output at least one dimension (shape (1,) for a scalar)")
+    ins = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    for k, t in enumerate(ins):
+        if not isinstance(t, Tensor):
+            raise ArgumentTypeError(f"te.extern {name!r}: input {k} must be a tensor, got {type(t).__name__} {t!r}")
+    if not isinstance(cuda_source, str) or not isinstance(cpu_library, str):
+        raise ArgumentTypeError(f"te.extern {name!r}: cuda_source and cpu_library must be str")
+    if (not isinstance(cuda_launch, tuple) or len(cuda_launch) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in cuda_launch)
+            or cuda_launch[1] > 1024):
+        raise ArgumentError(f"te.extern {name!r}: cuda_launch must be (blocks, threads), positive ints with at most "
+                            f"1024 threads, got {cuda_launch!r}")
+    if not callable(fcompute):
+        raise ArgumentTypeError(f"te.extern {name!r}: fcompute must be a function (ins, outs) -> te.call_extern(...)")
+    out = Tensor(name, shp, dt, PlaceholderOp(name))  # made first: fcompute names it; its op is set below
+    out_axes = tuple(Var(f"o{d}", INDEX) for d in range(len(shp)))
+    in_axes = [tuple(Var(f"{t.name}_{d}", INDEX) for d in range(t.ndim)) for t in ins]
+    call = fcompute(list(ins), [out])
+    args = stage_args(call, out, ins, out_axes, in_axes)
+    for v in out_axes:
+        _AXIS_OWNER[v] = name
+    red = tuple(v for ax in in_axes for v in ax)
+    dom = tuple((Const(0, INDEX), e) for t in ins for e in t.shape)
+    for v, d in zip(red, dom):
+        _REDUCE_DOM[v] = d
+        _REDUCE_OWNER[v] = name
+    model = nodes.ExternCall(call.func, args, dt, ExternStage(call.func, cpu_library, cuda_source, cuda_launch))
+    set_stage_interp(call.func, interp)
+    out.op = ComputeOp(name, out_axes, Reduce("sum", model, red, dt), red, dom, tuple(ins))
+    return out
 
 
 def maximum(a: ExprLike, b: ExprLike) -> Expr:
@@ -807,8 +882,10 @@ __all__ = [
     "argmax",
     "argmin",
     "bool_",
+    "call_extern",
     "comm_reducer",
     "cast",
+    "ceil",
     "saturate_cast",
     "saturating_cast",
     "scalar_tensor",
@@ -817,6 +894,13 @@ __all__ = [
     "cos",
     "erf",
     "exp",
+    "extern",
+    "fast_cos",
+    "fast_exp",
+    "fast_log",
+    "fast_sin",
+    "floor",
+    "fmod",
     "bfloat16",
     "float16",
     "float32",
@@ -833,6 +917,10 @@ __all__ = [
     "min",
     "minimum",
     "placeholder",
+    "pow",
+    "power",
+    "register_intrinsic",
+    "round",
     "reduce_axis",
     "rsqrt",
     "scan",

@@ -38,6 +38,7 @@ from loopir import deps_shortcuts, poly, reassoc
 from loopir.bounds import BoundsError, check_bounds
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
 from loopir.lower import lower
+from loopir.te_extern import refuse_extern_args
 from loopir.nodes import Buffer, Const, For, Program, Seq, Store, Var
 from loopir.target import cpu_vector_fallback
 from loopir.visit import deep_recursion, statements, walk_stmts
@@ -272,6 +273,7 @@ class Schedule:
         def fuse(self, loop_a: LoopHandle, loop_b: LoopHandle, shift: int = 0) -> LoopHandle: ...
         def online_softmax(self, max_buffer: str) -> Schedule: ...
         def parallel(self, loop: LoopHandle) -> Schedule: ...
+        def pragma(self, loop: LoopHandle, name: str, value: int | None = None) -> Schedule: ...
         def reorder(self, *loops: LoopHandle) -> Schedule: ...
         def sink_guard(self, loop: LoopHandle) -> Schedule: ...
         def skew(self, outer: LoopHandle, inner: LoopHandle, factor: int = 1) -> LoopHandle: ...
@@ -313,6 +315,9 @@ class Schedule:
         rargs = tuple(self._resolve(_plain_int(a, name), name) for a in args)
         rkw = {k: self._resolve(_plain_int(v, name), name) for k, v in kwargs.items()}
         _check_loop_args(spec, rargs, rkw, self)
+        given = (*rargs, *rkw.values())  # a te.extern stage is opaque: no step names its loops or buffers
+        refuse_extern_args(name, self._program.body, [a for a in given if isinstance(a, Var)],
+                           [a for a in given if not isinstance(a, Var)])
         json_args = [self._to_json(a) for a in rargs]
         json_kw = {k: self._to_json(v) for k, v in rkw.items()}
         old = self._program

@@ -76,7 +76,7 @@ def test_speculation_errors_are_left_to_the_checked_build(monkeypatch):
         raise RuntimeError("speculation failed")
 
     outs, args = _gemm(16, 16, 16)
-    monkeypatch.setattr(B, "generate_cuda", boom)  # only the speculation renders through this name
+    monkeypatch.setattr(B, "cuda_source", boom)  # only the speculation renders through this name
     mod = build(outs, args, target="cuda", cache=False)
     assert "__global__" in mod.source
 

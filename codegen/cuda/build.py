@@ -6,10 +6,11 @@ program); the driver is touched only at the first call, which loads the module.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from loopir.errors import ArgumentTypeError
-from loopir.nodes import Kernel, Program
+from loopir.nodes import ExternCall, Kernel, Program
 from loopir.visit import walk
 
 from .kernel import CudaSource, generate_cuda
@@ -17,14 +18,15 @@ from .runtime import CudaModule, default_arch
 from .nvrtc import compile_cubin, normalize_arch
 from ..passes import lower
 
-CUDA_OPTS = ("arch", "options", "cache")
+CUDA_OPTS = ("arch", "options", "cache", "extern_source")
 
 
 def build_cuda(program: Program, arch: str | int | None = None, **opts: Any) -> CudaModule:
     """Compile `program` for the GPU.
 
     arch: "sm_90" etc. (default: the device's own when a GPU is present, else sm_90);
-    options: extra NVRTC options (tuple of str); cache: False to bypass the disk cache."""
+    options: extra NVRTC options (tuple of str); cache: False to bypass the disk cache; extern_source: CUDA C
+    defining the `__device__` functions that te.call_extern names (put before the kernels)."""
     for o in opts:
         if o not in CUDA_OPTS:
             raise ArgumentTypeError(f"build: unknown option {o!r} for target 'cuda' (known: {', '.join(CUDA_OPTS)})")
@@ -34,7 +36,18 @@ def build_cuda(program: Program, arch: str | int | None = None, **opts: Any) -> 
     arch = normalize_arch(arch)
     if not any(isinstance(n, Kernel) for n in walk(program.body)):
         program = lower(program, "cuda")  # called directly, not through build: lower it here
-    return cuda_module(generate_cuda(program), arch, options, opts.get("cache", True))
+    return cuda_module(cuda_source(program, opts.get("extern_source")), arch, options, opts.get("cache", True))
+
+
+def cuda_source(program: Program, extern_source: str | None = None) -> CudaSource:
+    """The CUDA C of a lowered program: the kernels, after the definitions of the external functions it calls."""
+    gen = generate_cuda(program)
+    # external functions (loopir.te_extern): the registrations' CUDA sources and the build's, once each, first
+    defs = [n.decl.cuda_source for n in walk(program.body) if isinstance(n, ExternCall) and n.decl.cuda_source]
+    defs += [extern_source] if extern_source else []
+    if defs:
+        gen = dataclasses.replace(gen, source="\n".join(dict.fromkeys(defs)) + "\n" + gen.source)
+    return gen
 
 
 def cuda_module(gen: CudaSource, arch: str, options: tuple[str, ...], use_cache: bool = True) -> CudaModule:
@@ -43,4 +56,4 @@ def cuda_module(gen: CudaSource, arch: str, options: tuple[str, ...], use_cache:
     return CudaModule(gen, cubin, arch, options)
 
 
-__all__ = ["CUDA_OPTS", "build_cuda", "cuda_module"]
+__all__ = ["CUDA_OPTS", "build_cuda", "cuda_module", "cuda_source"]

@@ -35,6 +35,8 @@ _TO_FLOAT = {"float16": "loopir_h2f", "bfloat16": "loopir_bf2f"}
 _FROM_FLOAT = {"float16": "loopir_f2h", "bfloat16": "loopir_f2bf"}
 _ROUND = {"float16": "loopir_round_half", "bfloat16": "loopir_round_bf16"}
 _AXES = ("x", "y", "z")
+_CUDA_MATH2 = {"pow": "pow", "fmod": "fmod"}
+_CUDA_FAST = {"fast_exp": "__expf", "fast_log": "__logf", "fast_sin": "__sinf", "fast_cos": "__cosf"}
 _C_KEYWORDS = C_RESERVED  # words a C name must not be (codegen.names)
 
 
@@ -170,8 +172,17 @@ class _ExprEmitter:
 
     def call(self, e: N.Call) -> str:
         args = [self.expr(a) for a in e.args]
+        if isinstance(e, N.ExternCall):  # loopir.te_extern: defined in the registration's / build's source
+            if getattr(e.decl, "cuda", None) is None:  # (a te.extern stage's call outside its nest has none)
+                raise CudaCodegenError(f"the external function {e.fn!r} has no CUDA lowering: register it with "
+                                       "te.register_intrinsic(..., cuda=<a CUDA function>)")
+            return f"(({_CTYPE[e.dtype]}){e.decl.cuda}({', '.join(args)}))"
         single = _CTYPE[e.dtype] == "float"
         x = args[0]
+        if e.fn in _CUDA_MATH2:
+            return f"{_CUDA_MATH2[e.fn]}{'f' if single else ''}({x}, {args[1]})"
+        if e.fn in _CUDA_FAST:  # CUDA's fast intrinsics exist for float only: double stays accurate
+            return f"{_CUDA_FAST[e.fn]}({x})" if single else f"{e.fn[5:]}({x})"
         if e.fn == "abs":
             if is_int(e.dtype):
                 return f"llabs({x})" if e.dtype == "int64" else _wrap(e.dtype, f"abs({x})")
@@ -179,8 +190,16 @@ class _ExprEmitter:
         if e.fn == "sigmoid":
             return f"(1.0f / (1.0f + expf(-({x}))))" if single else f"(1.0 / (1.0 + exp(-({x}))))"
         fn = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin", "cos": "cos",
-              "tanh": "tanh", "erf": "erf"}[e.fn]
+              "tanh": "tanh", "erf": "erf", "floor": "floor", "ceil": "ceil", "round": "rint"}[e.fn]
         return f"{fn}f({x})" if single else f"{fn}({x})"
+
+    def extern_stage(self, call: N.ExternCall) -> None:
+        """The call of a te.extern stage's `__device__` function by this thread: buffers, then 64-bit sizes."""
+        if not call.decl.cuda_source:
+            raise CudaCodegenError(f"the te.extern function {call.decl.func!r} has no CUDA source: give "
+                                   "te.extern(..., cuda_source='__device__ void ...')")
+        args = [self.buf(a.buffer) if isinstance(a, N.Load) else f"(long long)({self.expr(a)})" for a in call.args]
+        self.line(f"{call.decl.func}({', '.join(args)});")
 
     def sincos(self, value: N.Expr) -> None:
         """sin(a) and cos(a) of the same argument: one sincosf call shares the range reduction."""

@@ -39,6 +39,7 @@ from loopir import nodes as N
 from loopir.affine import eval_index
 from loopir.printer import expr_str
 from loopir.gpu import reduction_parts
+from loopir.te_extern import extern_nest
 from loopir.visit import free_vars, loops_of, stmt_names, walk
 
 from .expr import (  # noqa: F401  (re-exported: tests and callers import them from codegen.cuda)
@@ -321,6 +322,9 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
 
     def loop(self, f: N.For, last: bool) -> None:
         v = self.var(f.var)
+        stage = extern_nest(f)
+        if stage is not None:  # a te.extern stage: its model nest is one call of its __device__ function
+            return self.extern_stage(stage[1])
         if f.kind == "thread":
             if f.var in self.kern.reductions:
                 return self.reduction_loop(f, last)
@@ -340,6 +344,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             return None
         if f.kind in ("unroll", "vectorize"):
             self.line("#pragma unroll")
+        elif dict(f.pragmas).get("unroll"):  # the primitive `pragma`: an unroll count (1: keep it rolled)
+            self.line(f"#pragma unroll {dict(f.pragmas)['unroll']}")
         elif f.var in self.kern.rolled:
             self.line("#pragma unroll 1")
         self.line(f"for ({self.ix} {v} = {self.expr(f.lo)}; {v} < {self.expr(f.hi)}; ++{v}) {{")

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from loopir.nodes import Allocate, Barrier, Binary, Buffer, Const, For, If, Kernel, Program, Seq, Stmt, Store, Var
 from loopir.target import UNROLL_EMIT_LIMIT  # one limit: the schedule notes read it too
+from loopir.te_extern import extern_nest
 from loopir.visit import walk
 
 from ..names import mangle
@@ -199,10 +200,17 @@ class _FnEmitter(_ExprEmitter):
             return ['!"llvm.loop.vectorize.enable", i1 true', f'!"llvm.loop.vectorize.width", i32 {width}']
         if f.kind == "unroll":
             return ['!"llvm.loop.unroll.full"'] if _const_extent(f) is not None else ['!"llvm.loop.unroll.enable"']
+        count = dict(f.pragmas).get("unroll")  # the primitive `pragma`: an unroll count (1: keep it rolled)
+        if count:
+            return ['!"llvm.loop.mustprogress"',
+                    '!"llvm.loop.unroll.disable"' if count == 1 else f'!"llvm.loop.unroll.count", i32 {count}']
         return ['!"llvm.loop.mustprogress"']  # serial, and "host" (a GPU loop of launches): a plain loop here
 
     def loop(self, f: For, lo_hi: tuple[str, str] | None = None) -> None:
         self.memo = {}
+        stage = extern_nest(f)
+        if stage is not None:  # a te.extern stage: its model nest runs as one call of its function
+            return self.extern_stage(stage[1])
         ext = _const_extent(f)
         if f.kind == "unroll" and ext is not None and ext <= UNROLL_EMIT_LIMIT and lo_hi is None:
             saved = self.env.get(f.var)

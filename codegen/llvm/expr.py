@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from loopir.nodes import Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Logical, Select, Unary, Var
+from loopir.nodes import (Binary, Buffer, Call, Cast, Compare, Const, Expr, ExternCall, Load, Logical, Select, Unary,
+                          Var)
 
+from .math import extern_decl, extern_stage_decl
 from .queries import _loads
 from .types import FLT, INTS, ITEMSIZE, STORE_T, UNSIGNED, VALUE_T, CodegenError, const_text
 
@@ -289,8 +291,29 @@ class _ExprEmitter:
 
     def call(self, e: Call) -> str:
         dt = e.dtype
+        if isinstance(e, ExternCall):  # loopir.te_extern: a C symbol resolved by the JIT
+            args = ", ".join(f"{VALUE_T[a.dtype]} {self.expr(a)}" for a in e.args)
+            callee, text = extern_decl(e.decl, tuple(a.dtype for a in e.args))
+            self.m.declare(callee, text)
+            old, new = _signature(self.m.decls[callee]), _signature(text)
+            if old is not None and new is not None and old != new:  # one C symbol, one signature in a module
+                raise CodegenError(f"the external function {e.fn!r} is called with two signatures in one program "
+                                   f"(argument dtypes {', '.join(a.dtype for a in e.args)} and another); register it "
+                                   "with te.register_intrinsic to fix one")
+            return self.op(f"call {VALUE_T[dt]} @{callee}({args})")
         x = self.expr(e.args[0])
         t = VALUE_T[dt]
+        sfx = "f64" if t == "double" else "f32"
+        if e.fn == "fmod":  # frem is C's fmod (the sign of x), as numpy.fmod
+            return self.op(f"frem {t} {x}, {self.expr(e.args[1])}")
+        if e.fn in ("pow", "floor", "ceil", "round"):  # LLVM's intrinsics; rint rounds halves to even
+            intr = f"llvm.{'rint' if e.fn == 'round' else e.fn}.{sfx}"
+            n = len(e.args)
+            self.m.declare(intr, f"declare {t} @{intr}({', '.join([t] * n)})")
+            ys = ", ".join(f"{t} {self.expr(a)}" for a in e.args)
+            return self.op(f"call {t} @{intr}({ys})")
+        if e.fn.startswith("fast_"):  # no faster variant is sound on the CPU: the accurate libm function
+            return self.libm(e.fn[5:], dt, x)
         if e.fn == "abs":
             if dt in FLT:
                 intr = f"llvm.fabs.{'f64' if t == 'double' else 'f32'}"
@@ -301,7 +324,6 @@ class _ExprEmitter:
             intr = f"llvm.abs.{t}"
             self.m.declare(intr, f"declare {t} @{intr}({t}, i1)")
             return self.op(f"call {t} @{intr}({t} {x}, i1 false)")
-        sfx = "f64" if t == "double" else "f32"
         if e.fn in ("sqrt", "rsqrt"):
             self.m.declare(f"llvm.sqrt.{sfx}", f"declare {t} @llvm.sqrt.{sfx}({t})")
             s = self.op(f"call {t} @llvm.sqrt.{sfx}({t} {x})")
@@ -312,6 +334,13 @@ class _ExprEmitter:
             d = self.op(f"fadd {t} {ex}, 1.0")
             return self.op(f"fdiv {t} 1.0, {d}")
         return self.libm(e.fn, dt, x)
+
+    def extern_stage(self, call: ExternCall) -> None:
+        """The one call of a te.extern stage's function: a pointer per tensor (its load's buffer), i64 sizes."""
+        args = [f"ptr {self.bufs[a.buffer]}" if isinstance(a, Load) else f"i64 {self.index(a)}" for a in call.args]
+        callee, text = extern_stage_decl(call.decl, tuple(a.split()[0] for a in args))
+        self.m.declare(callee, text)
+        self.emit(f"call void @{callee}({', '.join(args)})")
 
     def libm(self, fn: str, dtype: str, x: str) -> str:
         callee, attr = self.m.math_call(fn, dtype)
@@ -364,3 +393,12 @@ class _ExprEmitter:
         else:
             self.env[v] = saved
 
+
+
+def _signature(decl: str) -> str | None:
+    """`declare T @f(A, B)` of a declaration's text (comment lines and attributes left out); None for a
+    definition (LLVM's parser checks a call against it)."""
+    line = decl.strip().splitlines()[-1]
+    if not line.startswith("declare"):
+        return None
+    return line[:line.index(")") + 1]

@@ -35,6 +35,7 @@ from typing import Any
 
 from .. import diskcache as disk
 from .emit import Generated, host_features, libmvec
+from .math import load_extern_libraries
 
 OBJ_MAGIC = b"LOOPIRLLOBJ1"
 
@@ -187,6 +188,7 @@ def jit(source: str, obj: bytes | None = None, use_cache: bool = True) -> tuple[
     """(engine, optimised module or None, object code) for LLVM IR text: from the object code `obj` when
     given, else from the disk object cache, else parsed, optimised at O3 and compiled (and cached)."""
     llvm = _llvm()
+    load_extern_libraries(source)  # the libraries of external functions (loopir.te_extern), before linking
     tm = target_machine()
     entry = object_key(source) + ".llo" if use_cache else None
     if obj is None and entry is not None:

@@ -78,7 +78,7 @@ def tighten(s: Stmt) -> Stmt:
         for c in keep[1:]:
             cond = Logical("and", cond, c)
         inner = If(cond, body)
-    out: Stmt = For(s.var, s.lo, hi, inner, s.kind, s.thread)
+    out: Stmt = For(s.var, s.lo, hi, inner, s.kind, s.thread, s.pragmas)
     if hoist:
         cond = hoist[0]
         for c in hoist[1:]:

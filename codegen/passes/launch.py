@@ -33,6 +33,7 @@ from loopir.errors import CudaCodegenError, UnboundLoopError
 from loopir.isl_conv import NonAffine, aff, aff_to_expr, cond, pw_to_expr
 from loopir.isl_conv import _Names as _IslNames
 from loopir.gpu import is_reduction_loop, is_thread_loop, upper_extent
+from loopir.te_extern import extern_nest
 from loopir.visit import free_vars, loops_of, path_to, subst_coords, substitute, walk
 
 from .gpu_model import by_thread_depth
@@ -58,6 +59,11 @@ def _plan(program: N.Program, nest: N.Stmt, host_vars: frozenset[N.Var], int32_s
     if isinstance(nest, N.Kernel):
         return nest
     loops = loops_of(nest)
+    ext = extern_nest(nest)
+    if ext is not None:  # a te.extern stage: its __device__ function is the body of the launch it asks for
+        blocks, threads = ext[1].decl.cuda_launch
+        one = N.const(1)
+        return N.Kernel("", nest, (N.const(blocks), one, one), (N.const(threads), one, one), "int64")
     if loops and not any(f.kind == "thread" for f in loops):
         outer = loops[0]
         stmts = ", ".join(dict.fromkeys(n.name for n in walk(nest) if isinstance(n, N.Store)))

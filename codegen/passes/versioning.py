@@ -67,7 +67,7 @@ def _with_const_bounds(s: Stmt, loops: dict[int, int]) -> Stmt:
         return Allocate(s.buffer, _with_const_bounds(s.body, loops))
     if isinstance(s, For):
         hi = Const(loops[id(s)], "int64") if id(s) in loops else s.hi
-        return For(s.var, s.lo, hi, _with_const_bounds(s.body, loops), s.kind, s.thread)
+        return For(s.var, s.lo, hi, _with_const_bounds(s.body, loops), s.kind, s.thread, s.pragmas)
     return s
 
 
@@ -83,7 +83,7 @@ def version_loops(s: Stmt, budget: int = 8) -> Stmt:
         return s
     found = _versionable(s.body) if budget > 1 else []
     if not found:
-        return For(s.var, s.lo, s.hi, version_loops(s.body, budget), s.kind, s.thread)
+        return For(s.var, s.lo, s.hi, version_loops(s.body, budget), s.kind, s.thread, s.pragmas)
     checks: list[Expr] = []
     for _, c, lims in found:
         for lim in lims:
@@ -96,4 +96,4 @@ def version_loops(s: Stmt, budget: int = 8) -> Stmt:
     full = _with_const_bounds(s.body, {id(f): c for f, c, _ in found})
     assert cond is not None
     body = If(cond, version_loops(full, budget // 2), s.body)
-    return For(s.var, s.lo, s.hi, body, s.kind, s.thread)
+    return For(s.var, s.lo, s.hi, body, s.kind, s.thread, s.pragmas)

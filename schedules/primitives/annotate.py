@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from loopir import poly
-from loopir.errors import ArgumentError
+from loopir.errors import ArgumentError, ArgumentTypeError
 from loopir.affine import simplify
 from loopir.nodes import GPU_AXES, Binary, Const, For, Load, Program, Var, binary
 from loopir.visit import free_vars, substitute, walk
@@ -15,7 +15,14 @@ from loopir.visit import free_vars, substitute, walk
 from . import CheckContext, find_loop, loop_path, primitive, replace_loop
 from .loops import _is_copy_loop, reorder
 
-__all__ = ["unroll", "vectorize", "parallel", "bind", "vthread", "reduction_loop_info", "ReductionInfo", "VTHREAD"]
+__all__ = ["unroll", "vectorize", "parallel", "bind", "vthread", "pragma", "PRAGMAS", "reduction_loop_info",
+           "ReductionInfo", "VTHREAD"]
+
+# the pragmas `pragma` knows: name -> what its value is
+PRAGMAS = {
+    "unroll": "an unroll count n >= 1 (1: keep the loop rolled)",
+    "unroll_explicit": "none: the loop is unrolled in the generated code, as s.unroll",
+}
 
 
 @dataclass(frozen=True)
@@ -287,3 +294,35 @@ def _bind_copy_loop(program: Program, f: For, axis: str) -> Program:
         raise ArgumentError(f"bind: no loop around the copy of loop {name!r} is bound to {axis}; bind a copy loop to "
                             "an axis the block's threads use")
     return replace_loop(program, f.var, dataclasses.replace(f, thread=axis))
+
+
+@primitive("pragma", check=None)
+def pragma(program: Program, loop: Var, name: str, value: int | None = None) -> Program:
+    """A hint for the code generators on `loop` (TVM's `s[op].pragma(axis, name, value)`). Precondition: none
+    (the loop runs in the same order; it changes only how the code is written). Known pragmas:
+
+    * "unroll", n: unroll by n — `#pragma unroll n` (CUDA), `llvm.loop.unroll.count` n (CPU); n == 1 keeps
+      the loop rolled (`#pragma unroll 1`, `llvm.loop.unroll.disable`). The loop must be serial.
+    * "unroll_explicit": unroll it fully in the generated code, as `s.unroll(loop)` (a constant extent).
+
+    A loop that a later primitive replaces (split, fuse...) drops its pragmas: give them last::
+
+        for k in range(0, n):   ->   for k in range(0, n):  # pragma unroll 4
+    """
+    if not isinstance(name, str) or name not in PRAGMAS:
+        known = "; ".join(f"{k!r} ({v})" for k, v in PRAGMAS.items())
+        raise ArgumentError(f"pragma: unknown pragma {name!r}; known: {known}")
+    f = find_loop(program, loop)
+    if name == "unroll_explicit":
+        if value is not None and value is not True:
+            raise ArgumentError(f"pragma 'unroll_explicit' takes no value, got {value!r}")
+        return _annotate(program, loop, "unroll", None, "pragma unroll_explicit")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"pragma 'unroll' on loop {loop.name!r} needs an integer count, got {value!r}")
+    if value < 1:
+        raise ArgumentError(f"pragma 'unroll' on loop {loop.name!r}: the count must be >= 1, got {value}")
+    if f.kind != "serial":
+        how = f.thread if f.kind == "thread" else f.kind
+        raise ArgumentError(f"pragma 'unroll': loop {loop.name!r} is {how}; an unroll count applies to a serial loop")
+    rest = tuple(p for p in f.pragmas if p[0] != name)
+    return replace_loop(program, loop, dataclasses.replace(f, pragmas=(*rest, (name, value))))
