@@ -25,7 +25,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
-EXAMPLES = ["sincos", "gelu", "horizontal", "softmax", "layernorm", "quickstart", "matmul_bias_relu"]
+EXAMPLES = ["sincos", "gelu", "horizontal", "softmax", "layernorm", "quickstart", "matmul_bias_relu", "opt_conv_cuda",
+            "blur_store_at"]
 
 
 def small_suite() -> int:
@@ -102,7 +103,8 @@ def main() -> None:
             rc, out, dt = _run([san, "--tool", "memcheck", "--error-exitcode", "99", *t], 150)
             summary = _last_line(out, "ERROR SUMMARY") or "no summary"
             # evidence that the target really ran its kernels on the GPU (not the CPU fallback)
-            keys = ("on cuda", "target: cuda", "small ", "fused ", "cuda: relative error", "runs on the GPU (CUDA)")
+            keys = ("on cuda", "target: cuda", "small ", "fused ", "cuda: relative error", "runs on the GPU (CUDA)",
+                    "cuda: Convolution", "check cuda (device): ok")
             ran = [ln for ln in out.splitlines() if any(k in ln for k in keys)]
             if not ran or "on cpu" in out or "target: cpu" in out:
                 rc = rc or 98

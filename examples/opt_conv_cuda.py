@@ -185,6 +185,38 @@ def run(small: bool, cpu_only: bool) -> None:
             line += ("; TVM's tutorial: " + (f"{TVM_PUBLISHED_MS} ms" if TVM_PUBLISHED_MS is not None
                                               else "no published figure found (run TVM's tutorial on this GPU)"))
         print(line)
+        if target == "cuda":
+            peer = torch_conv_ms(a, w, want)
+            if peer is not None:
+                print(f"cuda: PyTorch conv2d (cuDNN, float32, TF32 off, NCHW): {peer:.3f} ms "
+                      f"({1e3 * gflop / peer:.1f} GFLOP/s); ours / cuDNN = {ms / peer:.2f}x")
+
+
+def torch_conv_ms(a: np.ndarray, w: np.ndarray, want: np.ndarray, reps: int = 20) -> float | None:
+    """The same convolution in PyTorch (cuDNN) on this GPU, median of `reps` CUDA-event timings; None without
+    torch. The peer measured in the same run, since TVM's tutorial publishes no figure for a named GPU."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.backends.cudnn.allow_tf32 = False  # float32 arithmetic, as ours
+    torch.backends.cudnn.benchmark = True
+    x = torch.from_numpy(np.ascontiguousarray(a.transpose(3, 2, 0, 1))).cuda()  # HWCN -> NCHW
+    k = torch.from_numpy(np.ascontiguousarray(w.transpose(3, 2, 0, 1))).cuda()  # (ky, kx, ci, co) -> (co, ci, ky, kx)
+    y = torch.nn.functional.conv2d(x, k, padding=1)
+    got = y.permute(2, 3, 1, 0).cpu().numpy()  # NCHW -> HWCN
+    if not float(np.abs(got - want).max() / np.abs(want).max()) < 1e-4:
+        print("cuda: PyTorch conv2d does not match the reference; not timed")
+        return None
+    times = []
+    for _ in range(reps + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.nn.functional.conv2d(x, k, padding=1)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(np.median(times[3:]))
 
 
 if __name__ == "__main__":
