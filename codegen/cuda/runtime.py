@@ -577,14 +577,7 @@ class CudaModule(Module):
         if any(a.host is not None for a in p.args):
             check(cu.cuStreamSynchronize(p.stream), "cuStreamSynchronize")
 
-    def __call__(self, *args: Any) -> None:
-        if self.size_args or self._scalars:
-            arrays, known = self.split_call(args)
-        else:
-            arrays, known = args, None
-        self._call(arrays, known)
-
-    def _call(self, arrays: tuple[Any, ...], known: dict[Var, int] | None) -> None:
+    def _call(self, arrays: tuple[Any, ...], known: dict[Var, int] | None) -> None:  # Module.__call__ calls it
         q = _signature(arrays) if self.fast_path else None
         if q is not None and known:
             q = ((*q[0], tuple(known.items())), q[1], q[2])

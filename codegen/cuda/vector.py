@@ -154,22 +154,33 @@ class _VectorEmitter:
             self.line(f"LOOPIR_ST4({ptr}, {out});" if st.buffer.scope == "global" else f"*{ptr} = {out};")
             self._invalidate(st.buffer)
 
-    def _vector_emit_half(self, v: N.Var, outs: list, vec_loads: list, dt: str) -> None:
-        """8 lanes of float16 / bfloat16 per 128-bit access: a `uint4` of 4 words, each word two lanes."""
-        self.uses_half = True
+    def _uint4_loads(self, vec_loads: list) -> dict:
+        """One 128-bit load (a `uint4`) per vector load; the lanes' names by load."""
         lane_names = {}
         for ld, lbase in vec_loads:
             nm = self.names.fresh(f"{ld.buffer.name}_v")
             lane_names[ld] = nm
             ptr = f"reinterpret_cast<const uint4*>(&{self.buf(ld.buffer)}[{self.expr(lbase)}])"
             self.line(f"const uint4 {nm} = {f'LOOPIR_LD4({ptr})' if ld.buffer.scope == 'global' else '*' + ptr};")
+        return lane_names
+
+    def _uint4_copy(self, st: N.Store, ptr: str, value: N.Expr, lane_names: dict) -> bool:
+        """Store a loaded `uint4` as it is when `value` is one of the loads (a copy); False otherwise."""
+        if not (isinstance(value, N.Load) and value in lane_names):
+            return False
+        self.line(f"{'LOOPIR_ST4(' + ptr + ', ' if st.buffer.scope == 'global' else '*' + ptr + ' = '}"
+                  f"{lane_names[value]}{')' if st.buffer.scope == 'global' else ''};  // {st.name}: a copy")
+        self._invalidate(st.buffer)
+        return True
+
+    def _vector_emit_half(self, v: N.Var, outs: list, vec_loads: list, dt: str) -> None:
+        """8 lanes of float16 / bfloat16 per 128-bit access: a `uint4` of 4 words, each word two lanes."""
+        self.uses_half = True
+        lane_names = self._uint4_loads(vec_loads)
         for st, base, value in outs:
             out = self.names.fresh(f"{st.name}_v")
             ptr = f"reinterpret_cast<uint4*>(&{self.buf(st.buffer)}[{self.expr(base)}])"
-            if isinstance(value, N.Load) and value in lane_names:  # a copy (a cache_read row): the bits as they are
-                self.line(f"{'LOOPIR_ST4(' + ptr + ', ' if st.buffer.scope == 'global' else '*' + ptr + ' = '}"
-                          f"{lane_names[value]}{')' if st.buffer.scope == 'global' else ''};  // {st.name}: a copy")
-                self._invalidate(st.buffer)
+            if self._uint4_copy(st, ptr, value, lane_names):  # a copy (a cache_read row): the bits as they are
                 continue
             vals = [self.names.fresh(f"{st.name}_{lane}") for lane in range(8)]
             for lane in range(8):
@@ -195,19 +206,11 @@ class _VectorEmitter:
         per, bits = 4 // size, 8 * size
         mask = "0xFFu" if size == 1 else "0xFFFFu"
         lanes = per * 4
-        lane_names = {}
-        for ld, lbase in vec_loads:
-            nm = self.names.fresh(f"{ld.buffer.name}_v")
-            lane_names[ld] = nm
-            ptr = f"reinterpret_cast<const uint4*>(&{self.buf(ld.buffer)}[{self.expr(lbase)}])"
-            self.line(f"const uint4 {nm} = {f'LOOPIR_LD4({ptr})' if ld.buffer.scope == 'global' else '*' + ptr};")
+        lane_names = self._uint4_loads(vec_loads)
         for st, base, value in outs:
             out = self.names.fresh(f"{st.name}_v")
             ptr = f"reinterpret_cast<uint4*>(&{self.buf(st.buffer)}[{self.expr(base)}])"
-            if isinstance(value, N.Load) and value in lane_names:  # a copy: the bits as they are
-                self.line(f"{'LOOPIR_ST4(' + ptr + ', ' if st.buffer.scope == 'global' else '*' + ptr + ' = '}"
-                          f"{lane_names[value]}{')' if st.buffer.scope == 'global' else ''};  // {st.name}: a copy")
-                self._invalidate(st.buffer)
+            if self._uint4_copy(st, ptr, value, lane_names):  # a copy: the bits as they are
                 continue
             vals = [self.names.fresh(f"{st.name}_{lane}") for lane in range(lanes)]
             for lane in range(lanes):
