@@ -22,7 +22,7 @@ from codegen import build  # noqa: E402
 from loopir import te  # noqa: E402
 
 
-def _median_ms(fn: Any, reps: int, warmup: int = 3) -> float:
+def median_ms(fn: Any, reps: int, warmup: int = 3) -> float:
     for _ in range(warmup):
         fn()
     ts = []
@@ -58,10 +58,10 @@ def run(n: int, threads: int, reps: int) -> list[tuple[str, float]]:
         err = float(np.abs(out - ref).max())
         assert err <= tol, f"{label}: max |err| {err} > {tol}"
         time.sleep(0.3)
-        t = _median_ms(lambda mod=mod, out=out: mod(A, B, out), reps)
+        t = median_ms(lambda mod=mod, out=out: mod(A, B, out), reps)
         rows.append((f"loopir build() {label} (build {build_s:.1f} s)", t))
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    rows.append(("numpy (BLAS)", _median_ms(lambda: A @ B, reps)))
+    rows.append(("numpy (BLAS)", median_ms(lambda: A @ B, reps)))
     try:
         import torch
     except ImportError:
@@ -69,7 +69,7 @@ def run(n: int, threads: int, reps: int) -> list[tuple[str, float]]:
     else:
         torch.set_num_threads(threads)
         ta, tb = torch.from_numpy(A), torch.from_numpy(B)
-        rows.append((f"torch {torch.__version__} matmul", _median_ms(lambda: torch.matmul(ta, tb), reps)))
+        rows.append((f"torch {torch.__version__} matmul", median_ms(lambda: torch.matmul(ta, tb), reps)))
     return rows
 
 

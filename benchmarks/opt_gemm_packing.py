@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -28,18 +27,10 @@ from codegen import build  # noqa: E402
 from loopir import te  # noqa: E402
 from schedules import Schedule  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cpu_gemm import median_ms  # noqa: E402  (the benchmarks' one timing loop)
+
 BN, KFACTOR = 32, 4  # TVM's opt_gemm values
-
-
-def _median_ms(fn: Any, reps: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(ts))
 
 
 def schedule(n: int, packed: bool) -> tuple[Schedule, list[Any]]:
@@ -91,7 +82,7 @@ def run(n: int, threads: int, reps: int) -> list[tuple[str, float, str]]:
             mod(a, b, out)
             err = float(np.abs(out - ref).max())
             assert err <= tol, f"packed={packed}: max |err| {err} > {tol}"
-            ms = _median_ms(lambda mod=mod, out=out: mod(a, b, out), reps)
+            ms = median_ms(lambda mod=mod, out=out: mod(a, b, out), reps, warmup=2)
             rows.append(("packed" if packed else "unpacked", ms, "simplify_indices" if simplify else "without it"))
     return rows
 

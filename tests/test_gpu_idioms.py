@@ -20,9 +20,8 @@ from loopir import interp, ir, te
 from loopir.errors import ArgumentError, ArgumentTypeError
 from loopir.nodes import For, Program
 from loopir.visit import walk
-from schedules import InexactCheckError, LoopHandle, Schedule, ScheduleError
-from schedules.primitives import REGISTRY
-from tests.witness_check import verify_witness
+from schedules import InexactCheckError, Schedule
+from tests.witness_check import refused_step as _refused
 
 import schedules.primitives.cache  # noqa: F401  (registers s.cache_read)
 import schedules.primitives.cache_write  # noqa: F401  (registers s.cache_write)
@@ -42,18 +41,6 @@ def _x(shape: tuple[int, ...], seed: int) -> np.ndarray:
 
 def _nan(shape: tuple[int, ...]) -> np.ndarray:
     return np.full(shape, np.nan, np.float32)
-
-
-def _refused(s: Schedule, name: str, *args) -> ScheduleError:  # noqa: ANN002
-    """The step is refused with a witness that names a real dependence the step breaks; the schedule unchanged."""
-    before = s.program
-    with pytest.raises(ScheduleError) as info:
-        s.apply(name, *args)
-    assert s.program is before
-    raw = [a.var if isinstance(a, LoopHandle) else a for a in args]
-    out = REGISTRY[name].fn(before, *raw)
-    verify_witness(s.original, out if isinstance(out, Program) else out[0], info.value)
-    return info.value
 
 
 def _cuda_adversarial(s: Schedule, tensors: list, inputs: list[np.ndarray], want: np.ndarray,

@@ -15,8 +15,7 @@ from loopir import interp, ir, te
 from loopir.nodes import For, Program
 from loopir.visit import walk
 from schedules import Schedule, ScheduleError
-from schedules.primitives import REGISTRY
-from witness_check import verify_witness
+from witness_check import refused_step as _refused
 
 RNG = np.random.default_rng(17)
 
@@ -27,21 +26,6 @@ def _rand(*shape: int) -> np.ndarray:
 
 def _nan(*shape: int) -> np.ndarray:
     return np.full(shape, np.nan, np.float32)
-
-
-def _refused(s: Schedule, name: str, *args: object) -> ScheduleError:
-    """Apply a step that must be refused; return the error after verifying its witness."""
-    before, original = s.program, s.original
-    with pytest.raises(ScheduleError) as ei:
-        s.apply(name, *args)
-    err = ei.value
-    assert s.program is before, f"a refused {name} changed the schedule"
-    if err.analysed is not None and err.analysed is not original:
-        verify_witness(err.analysed, err.analysed, err)  # found in the program the step rebuilt
-    else:
-        out = REGISTRY[name].fn(before, *(s._resolve(a, name) for a in args))
-        verify_witness(original, out if isinstance(out, Program) else out[0], err)
-    return err
 
 
 def _kinds(p: Program) -> dict[str, str]:

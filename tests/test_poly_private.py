@@ -15,7 +15,7 @@ from loopir import workloads as w
 from loopir.lower import lower
 from loopir.nodes import Allocate, Buffer, For, Program, Seq, Var
 from schedules import Schedule
-from tests.test_prim_loops import refused
+from tests.witness_check import refused_step as refused
 
 import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache_write)
 

@@ -7,7 +7,8 @@ import pytest
 from loopir import ir, te, workloads
 from schedules import Schedule, ScheduleError
 from schedules.primitives.annotate import reduction_loop_info
-from tests.test_prim_loops import add2d, matmul, refused, same_numerics, stencil
+from tests.test_prim_loops import add2d, matmul, same_numerics, stencil
+from tests.witness_check import refused_step as refused
 
 SZ = {"n": 7, "m": 9, "k": 5}
 

@@ -9,9 +9,8 @@ import pytest
 
 from loopir import interp, ir, te
 from loopir.nodes import Program
-from schedules import LoopHandle, Schedule, ScheduleError
-from schedules.primitives import REGISTRY
-from tests.witness_check import verify_witness
+from schedules import Schedule
+from tests.witness_check import refused_step as refused
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -38,20 +37,6 @@ def same_numerics(a: Program, b: Program, sizes: dict[str, int]) -> None:
     for x, y in zip(run(a, sizes), run(b, sizes)):
         assert not np.isnan(y).any()
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
-
-
-def refused(s: Schedule, name: str, *args) -> ScheduleError:  # noqa: ANN002
-    """Assert the step is refused, the schedule unchanged, and the witness real."""
-    before = s.program
-    with pytest.raises(ScheduleError) as info:
-        s.apply(name, *args)
-    assert s.program is before
-    raw = [a.var if isinstance(a, LoopHandle) else a for a in args]
-    out = REGISTRY[name].fn(before, *raw)
-    new = out if isinstance(out, Program) else out[0]
-    verify_witness(s.original, new, info.value)
-    assert info.value.primitive == name
-    return info.value
 
 
 def stencil() -> Program:

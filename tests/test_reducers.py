@@ -22,23 +22,7 @@ from schedules.errors import ScheduleError
 
 from loopir import ir
 from loopir.affine import eval_index
-from loopir.nodes import Program
-from schedules import LoopHandle
-from schedules.primitives import REGISTRY
-from witness_check import verify_witness
-
-
-def _refused(s: Schedule, name: str, *args) -> ScheduleError:  # noqa: ANN002
-    """The step is refused, the schedule unchanged, and the witness real (checked against the access functions
-    and by running both programs: tests/witness_check.py)."""
-    before = s.program
-    with pytest.raises(ScheduleError) as info:
-        s.apply(name, *args)
-    assert s.program is before
-    raw = [x.var if isinstance(x, LoopHandle) else x for x in args]
-    out = REGISTRY[name].fn(before, *raw)
-    verify_witness(s.original, out if isinstance(out, Program) else out[0], info.value)
-    return info.value
+from witness_check import refused_step as _refused
 
 
 def _rng(seed: int) -> np.random.Generator:

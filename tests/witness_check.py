@@ -161,3 +161,26 @@ def verify_witness(original: Program, new: Program, err: Any) -> None:
     raise AssertionError(f"the new program still runs {key_src} before {key_snk} at {params} in every order "
                          f"its concurrent loops allow ({len(orders)} tried): the witness does not show a "
                          "broken dependence")
+
+
+def refused_step(s: Any, name: str, *args: Any) -> Any:
+    """Apply step `name` to Schedule `s`, which must refuse it (a ScheduleError naming `name`) and stay unchanged;
+    check the witness against the program the step would have made (or, where the error says the conflict was
+    found in a program the step rebuilt, against that one). Returns the error."""
+    import pytest
+
+    from schedules import ScheduleError
+    from schedules.primitives import REGISTRY
+
+    before, original = s.program, s.original
+    with pytest.raises(ScheduleError) as info:
+        s.apply(name, *args)
+    err = info.value
+    assert s.program is before, f"a refused {name} changed the schedule"
+    assert err.primitive == name
+    if err.analysed is not None and err.analysed is not original:
+        verify_witness(err.analysed, err.analysed, err)  # found in the program the step rebuilt
+    else:
+        out = REGISTRY[name].fn(before, *(s._resolve(a, name) for a in args))
+        verify_witness(original, out if isinstance(out, Program) else out[0], err)
+    return err
