@@ -150,8 +150,8 @@ def prefetch_cubin(source: str, arch: str | None = None, options: tuple[str, ...
     arch = normalize_arch(arch)
     opts = DEFAULT_OPTIONS + tuple(options)
     key = cache_key(source, arch, opts)
-    if disk.read(key + ".cubin", MAGIC) is not None:
-        return
+    if disk.enabled() and os.path.exists(disk.path_of(key + ".cubin")):
+        return  # compile_cubin will read (and check) it; a corrupt entry is then compiled there
     with _LOCK:
         if key in _INFLIGHT:
             return

@@ -44,7 +44,7 @@ from typing import Any
 
 from loopir import nodes as N
 from loopir.affine import linear_form, linear_in, simplify_affine
-from loopir.visit import subst_coords, subst_loops, substitute, walk
+from loopir.visit import Transformer, free_vars, subst_coords, subst_loops, substitute, walk
 
 __all__ = ["version_full_tiles"]
 
@@ -183,37 +183,22 @@ def _rolled(nest: N.For, rolled: set[N.Var]) -> N.Stmt:
     otherwise unroll a short constant loop on its own."""
     keep: set[N.Var] = set()
     for st in walk(nest):
-        if not isinstance(st, N.Store):
-            continue
-        at = dict(zip(st.iters, st.coords))  # indices use the statement's iterators: map them to the loops
-        for n in (st, *walk(st.value)):
-            if isinstance(n, (N.Load, N.Store)) and n.buffer.scope == "local":
-                for ix in n.indices:
-                    for x in walk(ix):
-                        if isinstance(x, N.Var):
-                            keep.update(y for y in walk(at.get(x, x)) if isinstance(y, N.Var))
+        if isinstance(st, N.Store):
+            at = subst_coords(st)  # indices use the statement's iterators: map them to the loops
+            for n in (st, *walk(st.value)):
+                if isinstance(n, (N.Load, N.Store)) and n.buffer.scope == "local":
+                    keep |= {v for ix in n.indices for v in free_vars(substitute(ix, at))}
 
-    def go(s: N.Stmt) -> N.Stmt:
-        if isinstance(s, N.For):
-            if s.kind in ("unroll", "vectorize") and s.var not in keep:
-                v = N.Var(s.var.name, s.var.dtype)
-                rolled.add(v)
-                kind = "serial" if s.kind == "unroll" else s.kind
-                return dataclasses.replace(s, var=v, kind=kind, body=go(subst_loops(s.body, {s.var: v})))
-            b = go(s.body)
-            return s if b is s.body else dataclasses.replace(s, body=b)
-        if isinstance(s, N.Seq):
-            kids = tuple(go(c) for c in s.body)
-            return s if all(a is b for a, b in zip(kids, s.body)) else N.Seq(kids)
-        if isinstance(s, N.If):
-            t, e = go(s.then), None if s.orelse is None else go(s.orelse)
-            return s if t is s.then and e is s.orelse else N.If(s.cond, t, e)
-        if isinstance(s, N.Allocate):
-            b = go(s.body)
-            return s if b is s.body else N.Allocate(s.buffer, b)
-        return s
+    class _Roll(Transformer):
+        def visit_For(self, f: N.For) -> N.For:
+            if f.kind not in ("unroll", "vectorize") or f.var in keep:
+                return self.generic(f)
+            v = N.Var(f.var.name, f.var.dtype)
+            rolled.add(v)
+            return dataclasses.replace(f, var=v, kind="serial" if f.kind == "unroll" else f.kind,
+                                       body=self.visit(subst_loops(f.body, {f.var: v})))
 
-    return go(nest)
+    return _Roll().visit(nest)
 
 
 def _conjuncts(e: N.Expr) -> list[N.Expr]:
