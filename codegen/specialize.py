@@ -131,8 +131,9 @@ class Specializer:
     schedule, which is not rescheduled)."""
 
     def __init__(self, generic: Any, vars: Sequence[Var], rows: Sequence[Var], buffers: Sequence[Buffer],
-                 make: Make, int32: bool, divisibility: bool = True) -> None:
+                 make: Make, int32: bool, divisibility: bool = True, generic_int32: bool = False) -> None:
         self.generic = generic
+        self.generic_int32 = generic_int32  # the generic module assumes 32-bit indices (codegen.build)
         self.vars = tuple(vars)
         self.rows = tuple(v for v in rows if v in self.vars) if divisibility else ()
         self.buffers = tuple(buffers)
@@ -156,7 +157,7 @@ class Specializer:
     def select(self, sizes: dict[Var, int]) -> tuple[Any, Key]:
         """The module for a call with these sizes (built on first use) and its key."""
         key = self.key(sizes)
-        if key.generic:
+        if self.runs_generic(key):
             return self.generic, key
         mod = self.variants.get(key)
         if mod is not None:
@@ -169,6 +170,8 @@ class Specializer:
                 try:
                     mod = self.make(key)
                 except (LoopirError, ValueError, TypeError) as e:  # the generic module is right for every key
+                    if self.generic_int32 and not key.int32:  # but a 32-bit one not for these sizes
+                        raise
                     self.failed[key] = f"{type(e).__name__}: {e}"
                     return self.generic, key
                 self.variants[key] = mod
@@ -190,9 +193,14 @@ class Specializer:
                          f"  {name}={sizes.get(v)}: row length > {ROW_CLASSES[-1]} -> planned for any length")
         if key in self.failed:
             lines.append(f"  variant could not be built ({self.failed[key]}); ran the generic module")
-        elif key.generic:
+        elif self.runs_generic(key):
             lines.append("  nothing to specialize: ran the generic module")
         return lines
+
+    def runs_generic(self, key: Key) -> bool:
+        """The generic module is the variant of `key` (one assuming 32-bit indices: of the keys with int32)."""
+        return (all(d == "*" for d in key.div) and key.int32 == self.generic_int32
+                and not any(b for _, b in key.rows))
 
     @property
     def specializations(self) -> list[str]:

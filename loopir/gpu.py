@@ -11,10 +11,10 @@ Pure functions of the IR, here so that `codegen.passes` (gpu_model, launch), the
 
 from __future__ import annotations
 
-from .nodes import Binary, Expr, For, Load, Store, Var
+from .nodes import Binary, Const, Expr, For, Load, Stmt, Store, Var
 from .visit import free_vars, loops_of, subst_coords, substitute, walk
 
-__all__ = ["REDUCE_OPS", "is_block_loop", "is_reduction_loop", "is_thread_loop", "reduction_parts",
+__all__ = ["REDUCE_OPS", "is_fill", "is_block_loop", "is_reduction_loop", "is_thread_loop", "reduction_parts",
            "reduction_stores", "upper_extent"]
 
 REDUCE_OPS = ("add", "mul", "max", "min")
@@ -22,6 +22,14 @@ REDUCE_OPS = ("add", "mul", "max", "min")
 
 def is_thread_loop(f: For) -> bool:
     return f.kind == "thread" and (f.thread or "").startswith("threadIdx")
+
+
+def is_fill(copy: Stmt, other: Stmt) -> bool:
+    """`other` is the zero fill codegen.passes.pad gives a clipped copy `copy` (`if clip: copy else other`):
+    0 into the same element of the same shared tile."""
+    return (isinstance(copy, Store) and isinstance(other, Store) and other.buffer is copy.buffer
+            and other.indices == copy.indices and other.iters == copy.iters and other.coords == copy.coords
+            and isinstance(other.value, Const) and other.value.value == 0)
 
 
 def is_block_loop(f: For) -> bool:

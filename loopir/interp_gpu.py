@@ -67,7 +67,7 @@ import numpy as np
 
 from .errors import ArgumentError, ArgumentTypeError
 from .affine import polynomial
-from .gpu import REDUCE_OPS, is_reduction_loop, reduction_parts, reduction_stores, upper_extent
+from .gpu import REDUCE_OPS, is_fill, is_reduction_loop, reduction_parts, reduction_stores, upper_extent
 from .dtypes import HALVES, is_float
 from .interp_compile import _Compiler, _ident
 from .te_extern import extern_nest
@@ -590,9 +590,9 @@ class _KernelCompiler(_Compiler):
                 return False
             loops.append(inner)
             inner = inner.body
-        guard = None
-        if isinstance(inner, If) and inner.orelse is None:
-            guard, inner = inner.cond, inner.then
+        guard, fill = None, None
+        if isinstance(inner, If) and (inner.orelse is None or is_fill(inner.then, inner.orelse)):
+            guard, fill, inner = inner.cond, inner.orelse, inner.then  # fill: the zero of codegen.passes.pad
         if not isinstance(inner, Store) or inner.buffer.scope != "shared":
             return False
         sub = subst_coords(inner)
@@ -608,7 +608,7 @@ class _KernelCompiler(_Compiler):
         total = math.prod(dims)
         self.k.cooperative.append(inner.name)
         if any(x.thread for x in loops):  # copy loops bound to thread axes: the renderer's `_coop_bound`
-            self._coop_bound(loops, dims, inner if guard is None else If(guard, inner), depth)
+            self._coop_bound(loops, dims, inner if guard is None else If(guard, inner, fill), depth)
             self.invalidate(inner.buffer)
             return True
         vec = None
@@ -631,7 +631,7 @@ class _KernelCompiler(_Compiler):
                 self.emit(d, f"{nm} = {q} % {dim}")
                 stride *= dim
 
-        body: Stmt = inner if guard is None else If(guard, inner)
+        body: Stmt = inner if guard is None else If(guard, inner, fill)
 
         def scalar(d: int) -> None:  # thread t takes flat iterations t, t + T, ...
             self.emit(d, f"for _e in range(_t, {total}, _T):")

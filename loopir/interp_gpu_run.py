@@ -293,7 +293,7 @@ def plan(program: Program, sizes: Mapping[Var | str, int]) -> list[dict[str, Any
     for k in compiled(program).kernels:
         grid, block = launch_dims(k, env)
         out.append({"name": k.name, "statements": k.stmts, "grid": grid, "block": block,
-                    "collectives": tuple(k.collectives), "cooperative": tuple(k.cooperative),
+                    "collectives": tuple(k.collectives), "cooperative": tuple(dict.fromkeys(k.cooperative)),
                     "thread0": tuple(k.thread0), "from_init": tuple(k.from_init)})
     return out
 

@@ -154,14 +154,18 @@ class Deps:
 
 # ----------------------------------------------------------------------------- dependences
 
-_DEP_CACHE: OrderedDict[int, tuple[Program, Deps]] = OrderedDict()
+_DEP_CACHE: OrderedDict[tuple[int, frozenset[int] | None], tuple[Program, Deps]] = OrderedDict()
 
 
-def dependences(program: Program) -> Deps:
-    """Flow, anti and output dependences of `program` (cached per program object)."""
-    hit = _DEP_CACHE.get(id(program))
+def dependences(program: Program, only: frozenset[Buffer] | None = None) -> Deps:
+    """Flow, anti and output dependences of `program` (cached per program object); `only`: those through the
+    given buffers alone, exactly as in the whole analysis (a buffer's dependences are a function of its own
+    accesses and the schedule), for a check that only needs them (a step that moves the statements touching
+    them, and only those)."""
+    ckey = (id(program), None if only is None else frozenset(id(b) for b in only))
+    hit = _DEP_CACHE.get(ckey)
     if hit is not None and hit[0] is program:
-        _DEP_CACHE.move_to_end(id(program))
+        _DEP_CACHE.move_to_end(ckey)
         return hit[1]
     notes: list[str] = []
     b = _Builder(program, notes)
@@ -174,7 +178,7 @@ def dependences(program: Program) -> Deps:
         dtext, stext = b.domain_text(), b.schedule_text()
         dom = isl.UnionSet(b.prefix() + dtext)
         sched = _parse_union_map(b, stext).intersect_domain(dom)
-    rt, wt, mt = b.access_texts()
+    rt, wt, mt = b.access_texts(only)
     reads = _parse_union_map(b, rt).intersect_domain(dom)
     must = _parse_union_map(b, wt).intersect_domain(dom)
     may = _parse_union_map(b, mt).intersect_domain(dom)
@@ -201,8 +205,9 @@ def dependences(program: Program) -> Deps:
     anti = flow(writes, None, reads, must).get_may_dependence()
     deps = Deps(fl, anti, out, notes, dom, program,
                 stmts={i.store.name: i.store for i in b.infos}, params=dict(b.params),
-                private={buf: r.intersect_domain(dom).intersect_range(dom) for buf, r in _same_alloc(b)[0].items()})
-    _DEP_CACHE[id(program)] = (program, deps)
+                private={buf: r.intersect_domain(dom).intersect_range(dom) for buf, r in _same_alloc(b)[0].items()
+                         if only is None or buf in only})
+    _DEP_CACHE[ckey] = (program, deps)
     while len(_DEP_CACHE) > 64:
         _DEP_CACHE.popitem(last=False)
     return deps

@@ -199,8 +199,9 @@ class _Builder:
             parts.append((info, f"{inst} -> [{', '.join(ts)}] : {self._exists(info, names, cons + tcons)}"))
         return parts
 
-    def access_texts(self) -> tuple[str, str, str]:
-        """(reads, exact writes, inexact writes) as isl text (each intersected with the domain later)."""
+    def access_texts(self, only: frozenset[Buffer] | None = None) -> tuple[str, str, str]:
+        """(reads, exact writes, inexact writes) as isl text (each intersected with the domain later); `only`: the
+        accesses of those buffers alone."""
         reads, must, may = [], [], []
         bufnames: dict[Buffer, str] = {}
         used: set[str] = set()
@@ -223,6 +224,8 @@ class _Builder:
                 names.env[v] = n
                 names.taken.add(n)
             for buf, idx, what in _accessed(st):
+                if only is not None and buf not in only:
+                    continue
                 try:
                     text, ok = self._access(info, inst, bname(buf), buf, [aff(i, names) for i in idx], lnames,
                                             lcons), True

@@ -358,7 +358,8 @@ class Schedule:
 
     def _check(self, spec: PrimitiveSpec, old: Program, new: Program, args: tuple[Any, ...],
                kwargs: dict[str, Any], result: Any) -> None:
-        ctx = CheckContext(lambda: self.deps, old, new, args, kwargs, result, spec.name, {"checked": self._checked})
+        ctx = CheckContext(lambda: self.deps, old, new, args, kwargs, result, spec.name,
+                           {"checked": self._checked, "deps_ready": self._deps is not None})
         w: poly.Witness | None
         if callable(spec.check):
             w = spec.check(ctx)

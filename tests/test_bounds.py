@@ -217,7 +217,8 @@ def test_indirect_cuda_source_has_the_guard():
 # ----------------------------------------------------------------------------- initialised reads
 
 
-def test_temporary_never_written_is_refused():
+def never_written():
+    """y[i] = T[i] + x[i] with the temporary T written nowhere."""
     n = te.var("n")
     x = ir.buffer((n,), name="x")
     y = ir.buffer((n,), name="y")
@@ -225,7 +226,11 @@ def test_temporary_never_written_is_refused():
     t = b.temp((n,), name="T")
     with b.loop("i", 0, n) as i:
         b.store(y, (i,), t[i] + x[i], name="S")
-    prog = b.finish([x, y])
+    return b.finish([x, y])
+
+
+def test_temporary_never_written_is_refused():
+    prog = never_written()
     w = check_initialized(prog)
     assert w is not None and w.kind == "uninitialized" and (w.statement, w.buffer) == ("S", "T")
     with pytest.raises(BoundsError, match="reads temporary 'T' before anything writes it"):

@@ -243,7 +243,7 @@ def test_scan_cuda_source_has_no_time_loop_and_compiles():
     mod = build(s, list(bufs), target="cuda")
     assert mod.kernels == ["scan_S0", "scan_St"]
     body = _kernel_text(mod.source, "scan_St")
-    assert "const long long t)" in body  # the step is a parameter
+    assert "const int t)" in body  # the step is a parameter (32-bit: the generic module of a specializing build)
     assert "for (" not in body  # no loop at all inside the step kernel: the time loop is on the host
     assert "launched once per iteration of the host loop(s) t" in body
     assert mod.cubin[:4] == b"\x7fELF"
@@ -262,9 +262,9 @@ def test_lstm_cuda_source_compiles_with_two_kernels_per_step():
     assert mod.kernels == ["lstm_H0", "lstm_G_init", "lstm_Cs"]
     for k in mod.kernels[1:]:
         body = _kernel_text(mod.source, k)
-        assert "const long long t)" in body and "for (long long t" not in body
+        assert "const int t)" in body and "for (int t" not in body
     g = _kernel_text(mod.source, "lstm_G_init")
-    assert "for (long long k = 0LL; k < n; ++k)" in g  # the reduction stays a loop of its thread
+    assert "for (int k = 0; k < n; ++k)" in g  # the reduction stays a loop of its thread
     loop = mod.gen.launches[1]
     assert isinstance(loop, HostLoop) and loop.body == (Launch(1), Launch(2))
 

@@ -6,7 +6,8 @@ import islpy as isl
 import pytest
 
 from loopir import ir, poly, te, workloads
-from loopir.nodes import For, Program, Seq, binary, const
+from loopir.nodes import For, Load, Program, Seq, binary, const
+from loopir.visit import walk
 from tests.test_prim_loops import matmul, stencil
 
 
@@ -175,3 +176,39 @@ def test_split_modules_keep_poly_names():
     assert poly.stmt_infos is poly_model.stmt_infos and poly._sanitize is isl_conv._sanitize
     for name in ("_Names", "_exists", "_witness", "NonAffine", "cond", "pw_to_expr", "time_of", "isl"):
         assert hasattr(poly, name), name
+
+
+def _buffers(p: Program) -> list:
+    from loopir.visit import statements
+
+    out: dict[int, object] = {}
+    for c in statements(p):
+        for b in (c.store.buffer, *(n.buffer for n in walk(c.store.value) if isinstance(n, Load))):
+            out.setdefault(id(b), b)
+    return list(out.values())
+
+
+@pytest.mark.parametrize("make", ["stencil", "two_stage", "softmax", "attention", "in_place"])
+def test_dependences_through_some_buffers_are_those_of_the_whole_analysis(make):
+    # a buffer's dependences depend on its own accesses and the schedule alone: the analysis restricted to each
+    # buffer in turn gives, together, exactly the whole analysis (flow with its kills, anti, output)
+    from schedules import auto_schedule
+
+    if make == "stencil":
+        p = stencil()
+    elif make == "in_place":
+        p = _interchanged_stencil()
+    elif make == "two_stage":
+        p = two_stage(1)
+    else:
+        w = workloads.SEEDS[make]()
+        p = auto_schedule(list(w.outputs), target="cuda").program
+    full = poly.dependences(p)
+    parts = [poly.dependences(p, frozenset({b})) for b in _buffers(p)]
+    for kind in ("flow", "anti", "output"):
+        union = getattr(parts[0], kind)
+        for d in parts[1:]:
+            union = union.union(getattr(d, kind))
+        assert union.is_equal(getattr(full, kind)), kind
+    assert any(not getattr(d, k).is_empty() for d in parts for k in ("flow", "anti"))  # not vacuous
+    assert poly.dependences(p, frozenset(_buffers(p)[:1])) is poly.dependences(p, frozenset(_buffers(p)[:1]))

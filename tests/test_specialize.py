@@ -163,7 +163,39 @@ def test_cuda_dispatch_sequence_interp(name):
         assert seen[n] is var  # the same key, the same variant
     assert seen[32] is not seen[7] and seen[1] is not seen[32]
     assert _index_dtypes(seen[32]) == {"int32"}
-    assert _index_dtypes(mod) == {"int64"}  # the generic kernel keeps 64-bit indices
+    # the generic kernel assumes 32-bit indices: it is the variant of sizes of no divisibility (gelu's n = 7; a
+    # softmax row of 7 is a row class of its own)
+    assert _index_dtypes(mod) == {"int32"} and (seen[7] is mod) == (name == "gelu")
+
+
+@pytest.mark.parametrize("how", ["te", "schedule"])
+def test_sizes_past_32_bits_get_a_64_bit_variant_never_the_generic(how):
+    w = workloads.gelu()
+    outs = list(w.outputs)
+    mod = build(outs if how == "te" else auto_schedule(outs, target="cuda"), list(w.args), target="cuda")
+    spec = mod.specializer
+    (n,) = spec.vars
+    assert spec.generic_int32 and spec.runs_generic(spec.key({n: 7}))
+    huge = spec.key({n: 2**31 + 3})
+    assert not huge.int32 and not spec.runs_generic(huge)
+    var, key = spec.select({n: 2**31 + 3})  # compiled here (nothing runs): 64-bit indices
+    assert key == huge and var is not mod and _index_dtypes(var) == {"int64"}
+    assert "64-bit" in "\n".join(spec.explain(huge, {n: 2**31 + 3}))
+
+    def boom(key):
+        raise ArgumentError("cannot build this variant")
+
+    spec.make = boom
+    spec.variants.clear()
+    with pytest.raises(ArgumentError, match="cannot build this variant"):  # the 32-bit generic is no fallback
+        spec.select({n: 2**31 + 5})
+    assert spec.select({n: 9})[0] is mod  # sizes that fit still run the generic module
+
+
+def test_without_specialization_the_generic_kernel_keeps_64_bit_indices():
+    w = workloads.gelu()
+    mod = build(list(w.outputs), list(w.args), target="cuda", specialize=False)
+    assert mod.specializer is None and _index_dtypes(mod) == {"int64"}
 
 
 def test_cuda_layernorm_variant_interp():
@@ -193,7 +225,7 @@ def test_hand_schedule_specializes_without_rescheduling():
     assert not spec.key({n: 2**31}).int32
     for size in (36, 7, 1, 36):
         _call_cuda_interp(mod, w, {"n": size})
-    assert sorted(mod.specializations) == ["n%4 int32", "n* int32", "n=1 int32"]
+    assert sorted(mod.specializations) == ["n%4 int32", "n=1 int32"]  # n = 7: the (32-bit) generic module
     var, _ = spec.select({n: 36})
     assert "n4" in var.source and _index_dtypes(var) == {"int32"}
     cpu = build(auto_schedule(list(w.outputs), target="cpu"), list(w.args), target="cpu")

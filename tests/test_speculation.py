@@ -14,6 +14,8 @@ from loopir import te
 from loopir import workloads as W
 from schedules import auto_schedule
 
+from tests.test_bounds import never_written
+
 B = importlib.import_module("codegen.build")  # the module (codegen.build the name is the function)
 
 
@@ -104,3 +106,37 @@ def test_unclaimed_speculations_are_bounded_and_forgotten_after_fork():
     assert len(nvrtc._INFLIGHT) <= 8
     nvrtc._forget_after_fork()
     assert not nvrtc._INFLIGHT
+
+
+def test_the_deferred_initialisation_check_runs_on_a_confirmed_speculation(monkeypatch):
+    # the speculation lowers without the initialisation check (it only refuses); the build runs it on the checked
+    # program before returning the speculated module, and its refusal is the build's
+    from loopir.bounds import BoundsError, check_initialized
+
+    outs, args = _gemm(70, 50, 37)
+    seen = []
+    real = B.refuse_uninitialized
+    monkeypatch.setattr(B, "refuse_uninitialized", lambda p: seen.append(p) or real(p))
+    used = []
+    real_module = B._module
+    monkeypatch.setattr(B, "_module", lambda spec, opts: used.append(spec) or real_module(spec, opts))
+    build(outs, args, target="cuda", cache=False)
+    assert used and len(seen) == 1 and check_initialized(seen[0]) is None
+
+    def refuse(p):
+        w = check_initialized(never_written())
+        raise BoundsError(w)
+
+    monkeypatch.setattr(B, "refuse_uninitialized", refuse)
+    with pytest.raises(BoundsError, match="reads temporary 'T' before anything writes it"):
+        build(outs, args, target="cuda", cache=False)
+
+
+def test_refuse_uninitialized_names_the_read_with_its_witness():
+    from codegen.passes.bounds import refuse_uninitialized
+    from loopir.bounds import BoundsError
+
+    with pytest.raises(BoundsError) as ei:
+        refuse_uninitialized(never_written())
+    w = ei.value.witness
+    assert (w.statement, w.buffer, w.kind) == ("S", "T", "uninitialized") and 0 <= w.index[0] < w.params["n"]

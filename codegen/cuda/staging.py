@@ -32,6 +32,8 @@ class _StagingEmitter:
     """Uses `_KernelGen`'s state (nest, names, launch, extent, forward, thread_depth, ix, pipeline_copies) and
     its emission helpers; `_coop_vector` uses `_aligned_base` of `codegen.cuda.vector`."""
 
+    roll_copies = False  # the copies being emitted are a pipeline's prologue: their loops stay rolled
+
     def cooperative(self, f: N.For, async_: bool = False) -> bool:
         """A "parallel" nest the pass marked cooperative (its one statement fills a shared buffer with values
         free of the thread, and every thread reaches it): the block's threads share the iterations (thread t:
@@ -42,15 +44,15 @@ class _StagingEmitter:
         while isinstance(inner, N.For) and inner.kind == "parallel":
             loops.append(inner)
             inner = inner.body
-        guard = None
-        if isinstance(inner, N.If) and inner.orelse is None:
-            guard, inner = inner.cond, inner.then
+        guard, fill = None, None
+        if isinstance(inner, N.If):  # a clip, perhaps with the zero fill of codegen.passes.pad
+            guard, fill, inner = inner.cond, inner.orelse, inner.then
         assert isinstance(inner, N.Store), "codegen.passes.launch marks only copy nests cooperative"
         sub = subst_coords(inner)
         dims = [int(x.hi.value) for x in loops]  # type: ignore[attr-defined]
         total = math.prod(dims)
         if any(x.thread for x in loops):  # copy loops the schedule bound to thread axes (s.bind on a copy loop)
-            self._coop_bound(loops, dims, guard, inner, async_)
+            self._coop_bound(loops, dims, guard, inner, async_, fill)
             return True
         ext = [self.launch.get(f"threadIdx.{a}", N.const(1)) for a in _AXES]
         nt = math.prod(int(e.value) for e in ext) if all(_is_const(e) for e in ext) else None  # type: ignore[attr-defined]
@@ -72,7 +74,7 @@ class _StagingEmitter:
                 self.ind += 1
             if guard is not None:
                 self._coop_loop(loops, dims, total // w, nt, t, e, w,
-                                lambda: self._clipped_chunk(inner, guard, loops[-1].var, w, src, dst))
+                                lambda: self._clipped_chunk(inner, guard, loops[-1].var, w, src, dst, fill))
             else:
                 self._coop_loop(loops, dims, total // w, nt, t, e, w, lambda: self.line(
                     f"loopir_cp_async16(&{self.buf(inner.buffer)}[{self.expr(dst)}], "
@@ -84,12 +86,12 @@ class _StagingEmitter:
                 self.line("} else {")
                 self.ind += 1
         if vec is None or vec[0]:
-            body = inner if guard is None else N.If(guard, inner)
+            body = inner if guard is None else N.If(guard, inner, fill)
             # a 2-byte element has no cp.async: copied synchronously, which the pipeline's argument also covers
             # (the stage it writes was last read before the previous iteration's closing barrier)
             # the element-wise fallback of a 16-byte path (misaligned pointer or size) stays a rolled loop: unrolled
             # it keeps dozens of loads in flight, and the registers they take spill a tensor-core kernel's accumulators
-            self._coop_loop(loops, dims, total, nt, t, e, 1, lambda: self._async_scalar(inner, guard)
+            self._coop_loop(loops, dims, total, nt, t, e, 1, lambda: self._async_scalar(inner, guard, fill)
                             if async_ and inner.buffer.dtype not in _HALF else self.stmt(body, False),
                             unroll=vec is None or inner.buffer.dtype not in _HALF)
         if vec is not None and vec[0]:
@@ -101,7 +103,7 @@ class _StagingEmitter:
         return True
 
     def _coop_bound(self, loops: list[N.For], dims: list[int], guard: N.Expr | None, st: N.Store,
-                    async_: bool) -> None:
+                    async_: bool, fill: N.Stmt | None = None) -> None:
         """A cooperative copy whose loops the schedule bound to thread axes: loop c bound to threadIdx.a runs
         c = threadIdx.a, threadIdx.a + blockDim.a, ... below its extent, the others run whole in every thread, so
         each element is copied by one thread (no two loops of one copy share an axis: schedules' bind). An
@@ -126,7 +128,7 @@ class _StagingEmitter:
                         self.line(f"for ({ix} {v} = ({ix})threadIdx.{a}; {v} < {d}; {v} += ({ix})blockDim.{a}) {{")
                 else:
                     inc = f"{v} += {step}" if k == len(loops) - 1 and step != 1 else f"++{v}"
-                    self.line("#pragma unroll")
+                    self.line("#pragma unroll 1" if self.roll_copies else "#pragma unroll")
                     self.line(f"for ({ix} {v} = 0; {v} < {d}; {inc}) {{")
                 self.ind += 1
             body()
@@ -136,9 +138,9 @@ class _StagingEmitter:
 
         def scalar() -> None:
             if async_ and st.buffer.dtype not in _HALF:
-                self._async_scalar(st, guard)
+                self._async_scalar(st, guard, fill)
             else:
-                self.stmt(st if guard is None else N.If(guard, st), False)
+                self.stmt(st if guard is None else N.If(guard, st, fill), False)
 
         if vec is None:
             nest(1, scalar)
@@ -165,7 +167,8 @@ class _StagingEmitter:
         self.ind -= 1
         self.line("}")
 
-    def _clipped_chunk(self, st: N.Store, guard: N.Expr, v: N.Var, w: int, src: N.Expr, dst: N.Expr) -> None:
+    def _clipped_chunk(self, st: N.Store, guard: N.Expr, v: N.Var, w: int, src: N.Expr, dst: N.Expr,
+                       fill: N.Stmt | None = None) -> None:
         """One 16-byte chunk (elements v .. v + w - 1) of a clipped pipelined copy: cp.async when the clip holds at
         both ends, else the elements that pass it one by one (synchronously; a rolled loop, few registers)."""
         ends = f"({self.expr(guard)}) && ({self.expr(substitute(guard, {v: N.binary('add', v, N.const(w - 1))}))})"
@@ -180,20 +183,22 @@ class _StagingEmitter:
         self.line("#pragma unroll 1")
         self.line(f"for (int {self.var(q)} = 0; {self.var(q)} < {w}; ++{self.var(q)}) {{")
         self.ind += 1
-        self.stmt(substitute(N.If(guard, st), {v: N.binary("add", v, q)}), False)
+        self.stmt(substitute(N.If(guard, st, fill), {v: N.binary("add", v, q)}), False)
         self.ind -= 1
         self.line("}")
         self.ind -= 1
         self.line("}")
 
-    def _async_scalar(self, st: N.Store, guard: N.Expr | None) -> None:
-        """One element of a pipelined cooperative copy: a 4-byte cp.async (skipped where the copy's clip fails)."""
+    def _async_scalar(self, st: N.Store, guard: N.Expr | None, fill: N.Stmt | None = None) -> None:
+        """One element of a pipelined cooperative copy: a 4-byte cp.async (where the copy's clip fails: skipped, or
+        the zero `fill` stored, which the barrier after the copies publishes as it does the cp.async)."""
         self.open_store(st)
         ld = st.value
         assert isinstance(ld, N.Load)
-        call = (f"loopir_cp_async4(&{self.buf(st.buffer)}[{self.expr(self.flat(st.buffer, st.indices))}], "
-                f"&{self.buf(ld.buffer)}[{self.expr(self.flat(ld.buffer, ld.indices))}]);")
-        self.line(call if guard is None else f"if ({self.expr(guard)}) {call}")
+        to = f"{self.buf(st.buffer)}[{self.expr(self.flat(st.buffer, st.indices))}]"
+        call = f"loopir_cp_async4(&{to}, &{self.buf(ld.buffer)}[{self.expr(self.flat(ld.buffer, ld.indices))}]);"
+        zero = f" else {to} = {self.expr(fill.value)};" if isinstance(fill, N.Store) else ""
+        self.line(call if guard is None else f"if ({self.expr(guard)}) {call}{zero}")
         self.cur_sub = {}
         self.ind -= 1
         self.line("}")
@@ -265,7 +270,11 @@ class _StagingEmitter:
             self.names.of.clear()
             self.names.of.update(saved)
 
-        # the first ns - 1 tiles, one commit group each (empty groups past the end keep the count uniform)
+        # the first ns - 1 tiles, one commit group each (empty groups past the end keep the count uniform); their
+        # copy loops stay rolled: they run once per block, and unrolled they were a fifth of NVRTC's time on a GEMM
+        # with edge tiles (folding them into the loop as extra iterations instead cost the loop up to 5% on an H200;
+        # rolling the edge-tile copies of the loop cost a one-wave GEMM 70%: its edge blocks set its time)
+        self.roll_copies = True
         for j in range(ns - 1):
             at = lo if j == 0 else f"{lo} + {j}"
             self.line(f"if ({at} < {hi}) {{  // tile {j} of the prologue")
@@ -274,6 +283,7 @@ class _StagingEmitter:
             self.ind -= 1
             self.line("}")
             self.line('asm volatile("cp.async.commit_group;" ::: "memory");')
+        self.roll_copies = False
         self.line(f"for ({ix} {v} = {lo}; {v} < {hi}; ++{v}) {{")
         self.ind += 1
         self.forward.append({})
@@ -341,7 +351,7 @@ class _StagingEmitter:
                    body, unroll: bool = True) -> None:
         if nt is not None:
             reps = -(-n // nt)
-            self.line("#pragma unroll" if unroll else "#pragma unroll 1")
+            self.line("#pragma unroll" if unroll and not self.roll_copies else "#pragma unroll 1")
             r = self.names.fresh("coop_r")
             self.line(f"for (int {r} = 0; {r} < {reps}; ++{r}) {{")
             self.ind += 1

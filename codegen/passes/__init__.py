@@ -27,6 +27,7 @@ from .kernels import split_kernels
 from .launch import plan_kernels
 from .mma import plan_mma
 from .packing import pack_panels
+from .pad import pad_reductions
 from .private import refuse_split_private
 from .shared import plan_dynamic_shared
 from .simplify_indices import simplify_indices
@@ -72,7 +73,8 @@ def _pipelines(assume: Assume | None = None) -> dict[str, tuple[Pass, ...]]:
     plan = _with_args(plan_kernels, int32_sizes=True) if assume is not None and assume.index_int32 else plan_kernels
     cuda = (Pass("prove_bounds", prove_bounds), Pass("refuse_split_private", refuse_split_private),
             Pass("widen_accumulators", widen_accumulators),
-            Pass("simplify_indices", simplify_indices), Pass("split_kernels", split_kernels),
+            Pass("simplify_indices", simplify_indices), Pass("pad_reductions", pad_reductions),
+            Pass("split_kernels", split_kernels),
             Pass("plan_kernels", plan), Pass("place_barriers", place_barriers), Pass("plan_mma", plan_mma),
             Pass("plan_staging", plan_staging), Pass("version_full_tiles", version_full_tiles),
             Pass("plan_dynamic_shared", plan_dynamic_shared))

@@ -13,15 +13,21 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import OrderedDict
+from contextvars import ContextVar
 
 import islpy as isl
 
-from loopir.bounds import Access, BoundsError, SizePrecondition, analyse
+from loopir.bounds import Access, BoundsError, SizePrecondition, analyse, check_initialized
 from loopir.nodes import Expr, If, Load, Logical, Program, Select, Stmt, Store, const
 from loopir.printer import expr_str
 from loopir.visit import Transformer, map_stmts, substitute
 
-__all__ = ["prove_bounds", "notes_for", "preconditions_for"]
+__all__ = ["prove_bounds", "notes_for", "preconditions_for", "DEFER_INIT_CHECK", "refuse_uninitialized"]
+
+# True while a build speculates (codegen.build._speculate): the initialisation check, which only refuses and never
+# changes the program, is left out of the lowering that NVRTC waits for; the build runs it (`refuse_uninitialized`)
+# on the confirmed program while NVRTC works, before it returns the module
+DEFER_INIT_CHECK: ContextVar[bool] = ContextVar("DEFER_INIT_CHECK", default=False)
 
 _NOTES: OrderedDict[int, tuple[Program, tuple[str, ...], tuple[SizePrecondition, ...]]] = OrderedDict()
 _lock = threading.Lock()
@@ -79,7 +85,7 @@ def prove_bounds(program: Program) -> Program:
     # of a temporary has an earlier write of its element (no-source set of the flow analysis empty); an access
     # that leaves its buffer only when some size is below loopir.bounds.LARGE becomes a per-call precondition
     try:
-        report = analyse(program)
+        report = analyse(program, initialized=not DEFER_INIT_CHECK.get())
     except isl.Error as e:  # isl gave up (a model beyond it): say so rather than fail the build obscurely
         note = f"the bounds proof could not run (isl: {e}); no access of this program is proven in bounds"
         _remember(program, [note])
@@ -119,3 +125,16 @@ def prove_bounds(program: Program) -> Program:
     if notes or report.precondition is not None:
         _remember(new, notes, () if report.precondition is None else (report.precondition,))
     return new
+
+
+def refuse_uninitialized(program: Program) -> list[str]:
+    """`prove_bounds`'s initialisation check alone (a program lowered under DEFER_INIT_CHECK): BoundsError with
+    the witness, else the notes it leaves."""
+    notes: list[str] = []
+    try:
+        witness = check_initialized(program, notes)
+    except isl.Error as e:  # as prove_bounds says it
+        return [f"the initialisation check could not run (isl: {e}); reads of temporaries are not proven initialised"]
+    if witness is not None:
+        raise BoundsError(witness)
+    return notes

@@ -23,7 +23,12 @@ column < m; not k < p, which protects live elements from stale products) is drop
 statement reading the scratch reads an element only under a guard that implies it for that element.
 The edge tiles then run the same FMA nest as whole ones (with per-element guards an edge block ran
 ~8x slower, and at 1000^3, one wave of blocks, the whole kernel waited for it: 1.0 ms vs 0.16 ms at
-1024^3), keeping only the k test per k step.
+1024^3), keeping only the k test per k step (and not that where `codegen.passes.pad` zero-filled the tiles).
+
+A register tile's epilogue that runs once per thread, outside every loop of the kernel, and whose loops all
+index the register tile (so a remainder copy could not be rolled) keeps its guards and gets no full-tile
+copy: a compare per element, once, costs less than NVRTC compiling the unrolled nest twice (a fifth of a
+symbolic GEMM's compile time).
 
 A nest whose guards use no variable of the nest (the epilogue's `if tile row < n: for q0, q1: ...` shape)
 gets the hoisted test without the else branch. Other nests that hold a barrier, a shared allocation or a
@@ -44,7 +49,9 @@ from typing import Any
 
 from loopir import nodes as N
 from loopir.affine import linear_form, linear_in, simplify_affine
+from loopir.gpu import is_fill
 from loopir.visit import Transformer, free_vars, subst_coords, subst_loops, substitute, walk
+
 
 __all__ = ["version_full_tiles"]
 
@@ -109,7 +116,8 @@ def _version_copy(nest: N.For, threads: frozenset[N.Var]) -> N.Stmt | None:
             return None
         ranges[inner.var] = (int(inner.lo.value), int(inner.hi.value) - 1)
         inner = inner.body
-    if not (isinstance(inner, N.If) and inner.orelse is None and isinstance(inner.then, N.Store)):
+    if not (isinstance(inner, N.If) and isinstance(inner.then, N.Store)
+            and (inner.orelse is None or is_fill(inner.then, inner.orelse))):
         return None
     checks: list[N.Expr] = []
     for term in _conjuncts(inner.cond):
@@ -169,7 +177,30 @@ def _version(nest: N.For, rolled: set[N.Var], serial: frozenset[N.Var] = frozens
     edge = not any(isinstance(x, N.Var) and x in serial for c in checks for x in walk(c))
     # a tensorized nest is rendered from the kernel's mma plan, which names its loops: left as it is
     edge = edge and not any(isinstance(f, N.For) and f.kind.startswith("mma.") for f in walk(nest))
+    if edge and not serial and _register_bound(nest):
+        # once per thread, outside every loop of the kernel (a register tile's epilogue): its guards cost a compare
+        # per element, once; a full-tile copy would double the nest NVRTC compiles, unrolled (a remainder copy
+        # cannot be rolled: every loop indexes the register tile)
+        return nest
     return N.If(_and(checks), fast, _rolled(nest, rolled) if edge else nest)
+
+
+def _register_vars(nest: N.For) -> set[N.Var]:
+    """The loop variables that index a local buffer (a register tile) somewhere in `nest`."""
+    keep: set[N.Var] = set()
+    for st in walk(nest):
+        if isinstance(st, N.Store):
+            at = subst_coords(st)  # indices use the statement's iterators: map them to the loops
+            for n in (st, *walk(st.value)):
+                if isinstance(n, (N.Load, N.Store)) and n.buffer.scope == "local":
+                    keep |= {v for ix in n.indices for v in free_vars(substitute(ix, at))}
+    return keep
+
+
+def _register_bound(nest: N.For) -> bool:
+    """Every loop of `nest` is an unrolled one that indexes a register tile (nothing to roll or vectorize)."""
+    keep = _register_vars(nest)
+    return all(f.kind == "unroll" and f.var in keep for f in walk(nest) if isinstance(f, N.For))
 
 
 def _rolled(nest: N.For, rolled: set[N.Var]) -> N.Stmt:
@@ -181,13 +212,7 @@ def _rolled(nest: N.For, rolled: set[N.Var]) -> N.Stmt:
     access but rolls its scalar fallback. Those loops get fresh variables (the full-tile copy shares the
     originals) named in `rolled`, the kernel's `rolled`: the renderer writes `#pragma unroll 1`, since NVVM would
     otherwise unroll a short constant loop on its own."""
-    keep: set[N.Var] = set()
-    for st in walk(nest):
-        if isinstance(st, N.Store):
-            at = subst_coords(st)  # indices use the statement's iterators: map them to the loops
-            for n in (st, *walk(st.value)):
-                if isinstance(n, (N.Load, N.Store)) and n.buffer.scope == "local":
-                    keep |= {v for ix in n.indices for v in free_vars(substitute(ix, at))}
+    keep = _register_vars(nest)
 
     class _Roll(Transformer):
         def visit_For(self, f: N.For) -> N.For:
@@ -309,7 +334,9 @@ def _stores(s: N.Stmt, guards: tuple[N.Expr, ...], ranges: dict[N.Var, tuple[int
     if isinstance(s, N.Seq):
         return all(_stores(c, guards, ranges, out) for c in s.body)
     if isinstance(s, N.If):
-        return s.orelse is None and _stores(s.then, guards + tuple(_conjuncts(s.cond)), ranges, out)
+        # a copy's zero fill (codegen.passes.pad) reads nothing: only the copy itself is collected
+        return ((s.orelse is None or is_fill(s.then, s.orelse))
+                and _stores(s.then, guards + tuple(_conjuncts(s.cond)), ranges, out))
     if isinstance(s, N.Allocate):
         return _stores(s.body, guards, ranges, out)
     if isinstance(s, N.For):

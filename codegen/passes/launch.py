@@ -32,7 +32,7 @@ from loopir import nodes as N
 from loopir.errors import CudaCodegenError, UnboundLoopError
 from loopir.isl_conv import NonAffine, aff, aff_to_expr, cond, pw_to_expr
 from loopir.isl_conv import _Names as _IslNames
-from loopir.gpu import is_reduction_loop, is_thread_loop, upper_extent
+from loopir.gpu import is_fill, is_reduction_loop, is_thread_loop, upper_extent
 from loopir.te_extern import extern_nest
 from loopir.visit import free_vars, loops_of, path_to, subst_coords, substitute, walk
 
@@ -248,7 +248,7 @@ def copy_nest(f: N.For) -> tuple[list[N.For], N.Expr | None, N.Store] | None:
         loops.append(inner)
         inner = inner.body
     guard = None
-    if isinstance(inner, N.If) and inner.orelse is None:
+    if isinstance(inner, N.If) and (inner.orelse is None or is_fill(inner.then, inner.orelse)):
         guard, inner = inner.cond, inner.then
     if not loops or not isinstance(inner, N.Store) or inner.buffer.scope != "shared":
         return None

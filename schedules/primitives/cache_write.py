@@ -444,17 +444,24 @@ def _local_index(idx: tuple[Expr, ...], st: Store, loops: tuple[For, ...], guard
         return tuple(substitute(e, inv) for e in direct)
 
 
-def _check_order(before: Program, after: Program, buf: Buffer, what: str, derived: poly.Deps | None = None) -> None:
+def _check_order(before: Program, after: Program, buf: Buffer, what: str, derived: poly.Deps | None,
+                 moved: list[Store]) -> None:
     """Legal iff no dependence of `before` runs backwards in `after` (poly.find_violation is None).
 
-    `derived`: the dependences of `before` derived without an analysis (deps_shortcuts.derived_dependences); equal to
-    a fresh analysis's as relations, so they decide acceptance; a refusal (and its witness, which depends on
-    the relations' representation) is decided again on a fresh analysis, as without them."""
-    deps = derived or poly.dependences(before)
+    Only the `moved` statements change their place (the others keep their relative order), so only the
+    dependences through the buffers they access can run backwards: without `derived`, those alone are analysed
+    (exactly, as in the whole analysis). `derived`: the dependences of `before` derived without an analysis
+    (deps_shortcuts.derived_dependences); equal to a fresh analysis's as relations, so they decide acceptance;
+    a refusal (and its witness, which depends on the relations' representation) is decided again on a fresh
+    analysis, as without them."""
+    # legal iff no dependence (s -> t) through a buffer a moved statement accesses has after(t) <= after(s)
+    only = frozenset({buf, *(st.buffer for st in moved),
+                      *(n.buffer for st in moved for n in walk(st.value) if isinstance(n, Load))})
+    deps = derived or poly.dependences(before, only)
     bad = poly.instance_mismatch(deps, after)
     w = poly.find_violation(deps, after) if bad is None else None
     if derived is not None and (bad is not None or w is not None):
-        deps = poly.dependences(before)
+        deps = poly.dependences(before, only)
         bad = poly.instance_mismatch(deps, after)
         w = poly.find_violation(deps, after) if bad is None else None
     if bad is not None:
@@ -635,7 +642,7 @@ def cache_write(
         t2 = replace(new_target, body=body)
         p2 = replace(p1, body=_replace_for(p1.body, new_target, t2))
         if check:
-            _check_order(p1, p2, buf, "hoisting the initialisation of", d1)
+            _check_order(p1, p2, buf, "hoisting the initialisation of", d1, [st])
             # p2 runs p1's instances, checked to keep every dependence of d1: the same dependences
             d1 = deps_shortcuts.derived_dependences(d1, p2, p2) if d1 is not None else None
         new_target, p1 = t2, p2
@@ -686,7 +693,7 @@ def cache_write(
     if check and eps:  # the epilogue keeps its own iters here, so the instance check is exact
         t_chk = with_region([m for m in region_stmts if m.name != copy])
         _check_order(p1, replace(p1, body=_replace_for(p_rest_body, new_target, t_chk)), buf, "moving the epilogue of",
-                     d1)
+                     d1, moved)
     t3 = with_region([m if m.name == copy else _rebase_vars(m, region_vars) for m in region_stmts])
     p3 = replace(p1, body=_replace_for(p_rest_body, new_target, t3))
 
@@ -725,7 +732,10 @@ def cache_write(
 def _check_registered(ctx: Any) -> None:
     # the checks need the intermediate programs: rerun the primitive with its checks on
     # ctx.deps describe ctx.old exactly when every step since they were computed was checked
-    cache_write(ctx.old, *ctx.args, **ctx.kwargs, check=True, deps=ctx.deps if ctx.extra.get("checked") else None)
+    # (only when the Schedule has them already: otherwise each check analyses the few buffers it needs, rather
+    # than a whole program that the next cache_write replaces at once)
+    ready = ctx.extra.get("checked") and ctx.extra.get("deps_ready")
+    cache_write(ctx.old, *ctx.args, **ctx.kwargs, check=True, deps=ctx.deps if ready else None)
     return None
 
 

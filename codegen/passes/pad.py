@@ -1,0 +1,213 @@
+"""Zero-padded reductions (CUDA pipeline): a sum of products over shared tiles runs its last tile unguarded.
+
+A tiled GEMM whose k tile does not divide K guards its update with the k bound; full-tile versioning then
+emits the unrolled k_tile x 8 x 8 update twice (guarded and not), which doubles NVRTC's work on the
+kernel's largest nest. Triton and CUTLASS instead load the tile's out-of-range elements as zeros and run
+the update unguarded. This pass does the same, where it is exact:
+
+    for ko:                                              for ko:
+      A_sh[c] = A[..] if clip_A(c)                         A_sh[c] = A[..] if clip_A(c) else 0
+      B_sh[c] = B[..] if clip_B(c)             ==>         B_sh[c] = B[..] if clip_B(c) else 0
+      barrier                                              barrier
+      for ki: if k(ko, ki) < K: acc += A_sh * B_sh         for ki: acc += A_sh * B_sh
+      barrier                                              barrier
+
+The update must be `acc = acc + f1 * f2 * ...` into a local (per-thread) buffer, every factor a load (or a
+cast of one) of a tile copied in the same iteration; a guard conjunct c is dropped when, for every factor,
+a conjunct of its copy's clip at the element read implies c (so where c fails the copy stores 0 there) and
+the element lies in the tile. Where c fails the update then adds 0 * 0 = 0: the same value (a -0.0
+accumulator would become +0.0, equal in value). The added stores write tile elements no valid instance
+reads, in the copy's own instances, before the barrier that already orders the copy and its readers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from loopir import nodes as N
+from loopir.visit import subst_coords, substitute, walk
+
+from .full_tiles import _and, _conjuncts, _ge0, _implies, _in_box
+from .launch import copy_nest
+from .staging import staged_shape
+
+
+def pad_reductions(program: N.Program) -> N.Program:
+    """Zero-fill the shared tiles a guarded sum of products reads, and drop the guard those zeros make moot.
+
+    identity on the values stored iff at every instance a dropped guard removed, each factor of the update
+    reads a tile element its copy filled with 0 (a clip conjunct there implies the guard), so acc += 0."""
+    body = _go(program.body, {})
+    return program if body is program.body else dataclasses.replace(program, body=body)
+
+
+Ranges = dict[N.Var, tuple[int, int]]
+
+
+def _go(s: N.Stmt, ranges: Ranges) -> N.Stmt:
+    if isinstance(s, N.Seq):
+        kids = tuple(_go(c, ranges) for c in s.body)
+        return s if all(a is b for a, b in zip(kids, s.body)) else N.Seq(kids)
+    if isinstance(s, N.If):
+        t = _go(s.then, ranges)
+        e = None if s.orelse is None else _go(s.orelse, ranges)
+        return s if t is s.then and e is s.orelse else N.If(s.cond, t, e)
+    if isinstance(s, (N.Allocate, N.Kernel)):
+        b = _go(s.body, ranges)
+        return s if b is s.body else dataclasses.replace(s, body=b)
+    if not isinstance(s, N.For):
+        return s
+    inner = _ranged(s, ranges)
+    padded = _pad_loop(s, inner) if s.kind == "serial" else None
+    if padded is not None:
+        return padded
+    b = _go(s.body, inner)
+    return s if b is s.body else dataclasses.replace(s, body=b)
+
+
+def _ranged(f: N.For, ranges: Ranges) -> Ranges:
+    if isinstance(f.lo, N.Const) and isinstance(f.hi, N.Const) and f.hi.value > f.lo.value:
+        return {**ranges, f.var: (int(f.lo.value), int(f.hi.value) - 1)}
+    return ranges
+
+
+# a copy of the loop body: {tile buffer: (the copy's clip conjuncts, {tile dimension: the copy loop over it})}
+_Copies = dict[N.Buffer, tuple[list[N.Expr], list[N.Var]]]
+
+
+def _pad_loop(f: N.For, ranges: Ranges) -> N.Stmt | None:
+    """`f` with its guarded sums of products unguarded and their tiles zero-filled, or None."""
+    shape = staged_shape(f)
+    if shape is None:
+        return None
+    chain, items, first = shape
+    copies: _Copies = {}
+    for c in items[:first]:
+        parts = copy_nest(c) if isinstance(c, N.For) else None
+        if parts is None or parts[1] is None:
+            continue
+        loops, guard, st = parts
+        order = _copy_dims(loops, st)
+        if order is not None and st.buffer in chain:
+            copies[st.buffer] = (_conjuncts(guard), order)  # type: ignore[arg-type]
+    if not copies or any(isinstance(n, N.Store) and n.buffer in chain for r in items[first:] for n in walk(r)):
+        return None
+    filled: set[N.Buffer] = set()
+    rest = [_unguard(r, ranges, copies, filled) for r in items[first:]]
+    if not filled:
+        return None
+    head = [_with_fill(c, filled) for c in items[:first]]
+    body: N.Stmt = N.Seq((*head, *rest))
+    for buf in reversed(chain):
+        body = N.Allocate(buf, body)
+    return dataclasses.replace(f, body=body)
+
+
+def _copy_dims(loops: list[N.For], st: N.Store) -> list[N.Var] | None:
+    """The copy loop over each dimension of its tile, when the copy stores element (v0, v1, ..) at the
+    iteration (v0, v1, ..) and its loops span the tile's shape (every element is some iteration's)."""
+    sub = subst_coords(st)
+    idx = [substitute(i, sub) for i in st.indices]
+    by_var = {x.var: x for x in loops}
+    if len(idx) != len(loops) or any(not isinstance(i, N.Var) or i not in by_var for i in idx):
+        return None
+    if len({id(i) for i in idx}) != len(idx):
+        return None
+    for i, dim in zip(idx, st.buffer.shape):
+        lp = by_var[i]  # type: ignore[index]
+        if not (isinstance(dim, N.Const) and isinstance(lp.hi, N.Const) and lp.hi.value == dim.value):
+            return None
+    return idx  # type: ignore[return-value]
+
+
+def _unguard(s: N.Stmt, ranges: Ranges, copies: _Copies, filled: set[N.Buffer]) -> N.Stmt:
+    if isinstance(s, N.Seq):
+        kids = tuple(_unguard(c, ranges, copies, filled) for c in s.body)
+        return s if all(a is b for a, b in zip(kids, s.body)) else N.Seq(kids)
+    if isinstance(s, N.For):
+        b = _unguard(s.body, _ranged(s, ranges), copies, filled)
+        return s if b is s.body else dataclasses.replace(s, body=b)
+    if isinstance(s, N.Allocate):
+        b = _unguard(s.body, ranges, copies, filled)
+        return s if b is s.body else N.Allocate(s.buffer, b)
+    if not isinstance(s, N.If):
+        return s
+    conds: list[N.Expr] = []
+    inner: N.Stmt = s
+    while isinstance(inner, N.If) and inner.orelse is None:
+        conds += _conjuncts(inner.cond)
+        inner = inner.then
+    factors = _factors(inner, copies) if isinstance(inner, N.Store) else None
+    if factors is None:
+        t = _unguard(s.then, ranges, copies, filled)
+        e = None if s.orelse is None else _unguard(s.orelse, ranges, copies, filled)
+        return s if t is s.then and e is s.orelse else N.If(s.cond, t, e)
+    acc = N.Load(inner.buffer, tuple(substitute(i, subst_coords(inner)) for i in inner.indices))  # type: ignore[union-attr]
+    if not all(_in_box(ld, ranges) for ld in [*factors, acc]):
+        return s
+    keep = [c for c in conds if not all(_fills(ld, c, copies[ld.buffer], ranges) for ld in factors)]
+    if len(keep) == len(conds):
+        return s
+    filled.update(ld.buffer for ld in factors)
+    return inner if not keep else N.If(_and(keep), inner)
+
+
+def _factors(st: N.Store, copies: _Copies) -> list[N.Load] | None:
+    """The tile loads (indices in loop variables) of an update `acc = acc + f1 * f2 * ..` into a local buffer
+    whose every factor is a load of a copied tile or a cast of one; None for any other statement."""
+    v = st.value
+    if st.buffer.scope != "local" or not (isinstance(v, N.Binary) and v.op == "add"):
+        return None
+    acc, prod = (v.a, v.b) if _same_access(v.a, st) else (v.b, v.a) if _same_access(v.b, st) else (None, None)
+    if acc is None:
+        return None
+    out: list[N.Load] = []
+
+    def collect(e: N.Expr) -> bool:
+        if isinstance(e, N.Binary) and e.op == "mul":
+            return collect(e.a) and collect(e.b)
+        if isinstance(e, N.Cast):
+            return collect(e.a)
+        if isinstance(e, N.Load) and e.buffer in copies:
+            out.append(e)
+            return True
+        return False
+
+    if not collect(prod):  # type: ignore[arg-type]
+        return None
+    sub = subst_coords(st)
+    return [N.Load(ld.buffer, tuple(substitute(i, sub) for i in ld.indices)) for ld in out]
+
+
+def _same_access(e: N.Expr, st: N.Store) -> bool:
+    return isinstance(e, N.Load) and e.buffer is st.buffer and e.indices == st.indices
+
+
+def _fills(ld: N.Load, c: N.Expr, copy: tuple[list[N.Expr], list[N.Var]], ranges: Ranges) -> bool:
+    """Where `c` fails, the copy of `ld`'s tile stores 0 at the element `ld` reads: some conjunct of the copy's
+    clip, at that element, implies `c` (so it fails with c)."""
+    t = _ge0(c)
+    if t is None:
+        return False
+    clip, dims = copy
+    at = dict(zip(dims, ld.indices))
+    for g in clip:
+        r = _ge0(substitute(g, at))
+        if r is not None and _implies(r, t, ranges):
+            return True
+    return False
+
+
+def _with_fill(c: N.Stmt, filled: set[N.Buffer]) -> N.Stmt:
+    """The copy nest `c` with `else tile[element] = 0` on its clip, when its tile is one of `filled`."""
+    if not isinstance(c, N.For) or c.kind != "parallel":
+        if isinstance(c, N.If) and c.orelse is None and isinstance(c.then, N.Store) and c.then.buffer in filled:
+            st = c.then
+            fill = dataclasses.replace(st, name=f"{st.name}_fill", value=N.const(0, st.buffer.dtype))
+            return N.If(c.cond, st, fill)
+        return c
+    b = _with_fill(c.body, filled)
+    return c if b is c.body else dataclasses.replace(c, body=b)
+
+
+__all__ = ["pad_reductions"]
