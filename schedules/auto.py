@@ -163,9 +163,9 @@ def _map_gemm(s: Schedule, g: FusionGroup, target: str) -> None:
     if target == "cuda" and _tensor_cores(s, g, prm):
         g.gemm_plan = schedule_gemm_mma(s, mm, epilogue=eps, **MMA_TILES)
         g.log.append(Decision("note", (mm,), None, "tensor cores: float16/bfloat16 inputs, the reduction a known "
-                              "multiple of 32, rows and columns symbolic or at least one block tile -> mma.sync "
-                              "m16n8k16 recipe (schedules/recipes/gemm_mma.py; edge tiles guarded), "
-                              f"tiles {MMA_TILES}"))
+                              "multiple of 8 and at least 32 long (a last k tile past K zero-padded), rows and "
+                              "columns symbolic or at least one block tile -> mma.sync m16n8k16 recipe "
+                              f"(schedules/recipes/gemm_mma.py; edge tiles guarded), tiles {MMA_TILES}"))
     elif target == "cuda":
         g.gemm_plan = schedule_gemm_cuda(s, mm, epilogue=eps, **prm)
     else:
@@ -180,8 +180,9 @@ MMA_TILES = {"block": (128, 128), "warp": (64, 64), "k_tile": 32}
 def _tensor_cores(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> bool:
     """The tensor-core recipe applies: half inputs (mma_applicable), the planner's default tiles (the caller
     chose none), rows and columns at least one block tile where known (skinny shapes
-    keep the SIMT skinny tiles; symbolic ones are taken: edge tiles are guarded) and the reduction a known
-    multiple of the k tile (the recipe has no k remainder)."""
+    keep the SIMT skinny tiles; symbolic ones are taken: edge tiles are guarded) and the reduction at least one k
+    tile long and a known multiple of 8 (`16*p16` after call-time specialization; a last k tile past K is
+    zero-padded by the CUDA pipeline, codegen.passes.pad)."""
     mm = g.stages[0]
     if prm != gemm_params("cuda") or mma_applicable(s.program, mm.name) is not None:
         return False
@@ -189,7 +190,12 @@ def _tensor_cores(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> bool:
     if len(mm.shape) != 2 or len(loops) != 3:
         return False
     dims = [simplify(f.hi - f.lo) for f in (_find(s, h.var) for h in loops)]
-    if not isinstance(dims[2], Const) or int(dims[2].value) % MMA_TILES["k_tile"]:
+    if isinstance(dims[2], Const) and int(dims[2].value) < MMA_TILES["k_tile"]:
+        return False
+    # a K the k tile does not divide has its last tile zero-padded on CUDA (codegen.passes.pad); a K that is not a
+    # known multiple of 8 leaves A's rows off 16-byte boundaries, and its element-wise copies made the tensor-core
+    # kernel slower than the SIMT one (H200, float16 1001 x 1003 x 999 at symbolic sizes: 0.71 ms vs 0.48 ms)
+    if not _multiple_of(dims[2], 8):
         return False
     return all(not isinstance(d, Const) or int(d.value) >= t for d, t in zip(dims, MMA_TILES["block"]))
 

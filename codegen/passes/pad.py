@@ -23,6 +23,7 @@ reads, in the copy's own instances, before the barrier that already orders the c
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from loopir import nodes as N
 from loopir.visit import subst_coords, substitute, walk
@@ -143,13 +144,80 @@ def _unguard(s: N.Stmt, ranges: Ranges, copies: _Copies, filled: set[N.Buffer]) 
         e = None if s.orelse is None else _unguard(s.orelse, ranges, copies, filled)
         return s if t is s.then and e is s.orelse else N.If(s.cond, t, e)
     acc = N.Load(inner.buffer, tuple(substitute(i, subst_coords(inner)) for i in inner.indices))  # type: ignore[union-attr]
-    if not all(_in_box(ld, ranges) for ld in [*factors, acc]):
+    if not all(_in_tile(ld, ranges) for ld in [*factors, acc]):
         return s
     keep = [c for c in conds if not all(_fills(ld, c, copies[ld.buffer], ranges) for ld in factors)]
     if len(keep) == len(conds):
         return s
     filled.update(ld.buffer for ld in factors)
     return inner if not keep else N.If(_and(keep), inner)
+
+
+def _in_tile(ld: N.Load, ranges: Ranges) -> bool:
+    """Every index of `ld` lies in its buffer's constant shape for all values of the loops (affine indices, or the
+    lane arithmetic of a tensorized nest: `lane // 4`, `lane % 4`)."""
+    if _in_box(ld, ranges):
+        return True
+    for ix, dim in zip(ld.indices, ld.buffer.shape):
+        b = _interval(ix, ranges)
+        if b is None or not isinstance(dim, N.Const) or b[0] < 0 or b[1] >= int(dim.value):
+            return False
+    return True
+
+
+def _interval(e: N.Expr, ranges: Ranges) -> tuple[int, int] | None:
+    """[lo, hi] of an integer index over the loops' ranges: a sum of constant multiples of loop variables and of
+    floor quotients / remainders by positive constants (terms that cancel, such as a tile origin added and taken
+    away again, cancel first); None for anything else."""
+    terms = _terms(e)
+    if terms is None:
+        return None
+    lo = hi = terms.pop(1, 0)
+    for atom, c in terms.items():
+        if not c:
+            continue
+        if isinstance(atom, N.Var):
+            b = ranges.get(atom)
+        else:  # floordiv / mod by a positive constant
+            n = _interval(atom.a, ranges)
+            d = int(atom.b.value)
+            b = None if n is None else (n[0] // d, n[1] // d) if atom.op == "floordiv" else \
+                (n[0] % d, n[1] % d) if n[0] // d == n[1] // d else (0, d - 1)
+        if b is None:
+            return None
+        lo, hi = lo + min(c * b[0], c * b[1]), hi + max(c * b[0], c * b[1])
+    return lo, hi
+
+
+def _terms(e: N.Expr) -> dict[Any, int] | None:
+    """`e` as {atom: coefficient, 1: constant}: atoms are variables and floor quotients / remainders by positive
+    constants; None for anything else."""
+    if isinstance(e, N.Const) and isinstance(e.value, int) and not isinstance(e.value, bool):
+        return {1: e.value}
+    if isinstance(e, N.Var):
+        return {e: 1}
+    if isinstance(e, N.Cast):
+        return _terms(e.a)
+    if not isinstance(e, N.Binary):
+        return None
+    if e.op in ("floordiv", "mod"):
+        ok = isinstance(e.b, N.Const) and isinstance(e.b.value, int) and e.b.value > 0
+        return {e: 1} if ok else None
+    a, b = _terms(e.a), _terms(e.b)
+    if a is None or b is None:
+        return None
+    if e.op in ("add", "sub"):
+        sign = 1 if e.op == "add" else -1
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = out.get(k, 0) + sign * v
+        return out
+    if e.op == "mul":
+        if set(a) == {1}:
+            a, b = b, a
+        if set(b) == {1}:
+            return {k: v * b[1] for k, v in a.items()}
+    return None
 
 
 def _factors(st: N.Store, copies: _Copies) -> list[N.Load] | None:

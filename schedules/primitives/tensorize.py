@@ -25,7 +25,7 @@ import random
 
 from loopir.affine import eval_index
 from loopir.errors import ArgumentError
-from loopir.nodes import Binary, Expr, For, If, Load, Program, Seq, Store, Var
+from loopir.nodes import Binary, Expr, For, If, Load, Logical, Program, Seq, Store, Var
 from loopir.visit import free_vars
 
 from . import find_loop_path, primitive, replace_loop
@@ -66,18 +66,41 @@ def _only(s: object) -> object:
     return s
 
 
-def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize") -> MmaOperands:
+def _conjuncts(c: Expr) -> list[Expr]:
+    if isinstance(c, Logical) and c.op == "and" and c.b is not None:
+        return _conjuncts(c.a) + _conjuncts(c.b)
+    return [c]
+
+
+def _and(cs: list[Expr]) -> Expr | None:
+    out = cs[0] if cs else None
+    for c in cs[1:]:
+        out = Logical("and", out, c)  # type: ignore[arg-type]
+    return out
+
+
+def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard: bool = False) -> MmaOperands:
     """Check that `f` heads the nest one lane computes for m16n8k16 (see the module docstring) and return its parts.
-    `lanes`: the loops bound to threadIdx.x around it. TensorizeError naming the first mismatch otherwise."""
+    `lanes`: the loops bound to threadIdx.x around it. TensorizeError naming the first mismatch otherwise.
+    `k_guard`: a guard on k (the last k tile of a K that 32 does not divide) is accepted, for the CUDA pipeline to
+    remove (codegen.passes.pad zero-fills the operand tiles); the lowered nest must have none."""
     el_f = _only(f.body)
     k_f = _only(el_f.body) if isinstance(el_f, For) else None
     st = _only(k_f.body) if isinstance(k_f, For) else None
-    guard = None
-    if isinstance(st, If) and st.orelse is None and isinstance(k_f, For) and k_f.var not in free_vars(st.cond):
-        # an edge tile's guard on the output element (row < n and column < m), not on k: the instruction computes
-        # the element anyway into an accumulator whose C element lies outside the matrix, and the epilogue's
-        # store is guarded by the same condition, so that value is never observed
-        guard, st = st.cond, _only(st.then)
+    conds: list[Expr] = []
+    while isinstance(st, If) and st.orelse is None and isinstance(k_f, For):
+        conds += _conjuncts(st.cond)
+        st = _only(st.then)
+    # an edge tile's guard on the output element (row < n and column < m), not on k: the instruction computes
+    # the element anyway into an accumulator whose C element lies outside the matrix, and the epilogue's
+    # store is guarded by the same condition, so that value is never observed
+    on_k = [c for c in conds if isinstance(k_f, For) and k_f.var in free_vars(c)]
+    guard = _and([c for c in conds if c not in on_k])
+    if on_k and not k_guard:
+        raise TensorizeError(f"{what}: the update is guarded on k ({' and '.join(map(str, on_k))}); the instruction "
+                             "adds all 16 terms of a fragment, so the terms past K must be zeros in the shared tiles "
+                             "(codegen.passes.pad, which applies to acc += A_tile * B_tile with A and B staged in the "
+                             "k loop)")
     if not (isinstance(el_f, For) and isinstance(k_f, For) and isinstance(st, Store)):
         raise TensorizeError(f"{what}: loop {f.var.name!r} must head a perfect nest of three loops (eh, el, k) "
                              "around one update statement")
@@ -161,7 +184,8 @@ def tensorize(program: Program, loop: Var, intrinsic: str = "mma.m16n8k16") -> P
     """Run the nest headed by `loop` as one warp-wide tensor-core instruction `intrinsic` ("mma.m16n8k16").
 
     Precondition (refused with TensorizeError naming the part that does not match): `loop` heads a perfect
-    nest (eh: 2, el: 2, k: 16) around one update (optionally under an edge guard that does not involve k)
+    nest (eh: 2, el: 2, k: 16) around one update (optionally under an edge guard, and a guard on k that the CUDA
+    pipeline removes by zero-filling the operand tiles: codegen.passes.pad)
     `acc[..] = acc[..] + A[..] * B[..]` with acc a local float32
     (or the half type, widened by the CUDA passes) accumulator, A and B float16 (or both bfloat16) shared
     2-d tiles, inside one threadIdx.x loop of 32 lanes, and the indices are the m16n8k16 fragment layout::
@@ -182,5 +206,5 @@ def tensorize(program: Program, loop: Var, intrinsic: str = "mma.m16n8k16") -> P
     if f.kind != "serial":
         raise TensorizeError(f"tensorize: loop {loop.name!r} is already {f.thread or f.kind}")
     lanes = {p.var: p for p, _ in path if isinstance(p, For) and p.kind == "thread" and p.thread == "threadIdx.x"}
-    mma_operands(f, lanes)
+    mma_operands(f, lanes, k_guard=True)
     return replace_loop(program, loop, dataclasses.replace(f, kind=intrinsic))

@@ -63,7 +63,7 @@ def _check(block: tuple[int, int], warp: tuple[int, int], k_tile: int) -> None:
 
 def mma_applicable(program: Any, stage: str | None = None) -> str | None:
     """None when the matmul-shaped reduction of `program` can run on tensor cores; else the reason why not
-    (inputs not float16/bfloat16, or a reduction length that is not a known multiple of 32)."""
+    (inputs not float16/bfloat16)."""
     upd, _ = resolve_stage(program, stage, [], "schedule_gemm_mma")
     ops = [x for x in (upd.value.b.a, upd.value.b.b)]  # type: ignore[attr-defined]
     dts = {getattr(getattr(x, "buffer", None), "dtype", None) for x in ops}
