@@ -16,8 +16,9 @@ from codegen.cuda.nvrtc import NvrtcError
 from loopir import interp, te
 from loopir.errors import ArgumentError, ArgumentTypeError, CodegenError, CudaCodegenError
 from loopir.lower import lower
-from loopir.nodes import Program
+from loopir.nodes import For, Program
 from loopir.te_extern import Intrinsic
+from loopir.visit import walk
 from schedules import Schedule, auto_schedule
 from tests.witness_check import verify_witness
 
@@ -279,6 +280,38 @@ def test_pragma_unroll_cuda_numerics():
     out = _nan(9)
     build(g, [x, y], target="cuda")(xa, out)
     np.testing.assert_allclose(out, xa.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("step", ["reorder", "tile", "split", "split j", "collapse", "compute_at", "trace replay"])
+def test_a_pragma_stays_on_its_loop_through_later_steps(step):
+    # reorder and tile rebuild the nest: the pragma goes with its loop, not silently away
+    n = 64
+    a = te.placeholder((n, n), name="A")
+    b = te.compute((n, n), lambda i, j: a[i, j] * 2.0, name="B")
+    c = te.compute((n, n), lambda i, j: b[i, j] + 1.0, name="C")
+    s = Schedule([c])
+    i, j = s.loops(c)
+    s.pragma(j, "unroll", 4)
+    if step == "reorder":
+        s.reorder(j, i)
+    elif step == "tile":
+        s.tile(i, j, 8, 16)
+    elif step == "split":
+        s.split(i, 8)
+    elif step == "split j":
+        s.split(j, 8)
+    elif step == "collapse":
+        s.collapse(i, j)
+    elif step == "compute_at":
+        s.compute_at(b, i)
+    elif step == "trace replay":
+        s.reorder(j, i)
+        s = Schedule.replay(s.trace, [c])
+    pragmas = {f.var.name: f.pragmas for f in walk(s.program.body) if isinstance(f, For) and f.pragmas}
+    # split (also in tile) gives the pragma to the inner loop; collapse to the merged loop
+    want = {"tile": "j_i", "split j": "j_i", "collapse": "i_j_f"}.get(step, "j")
+    assert pragmas == {want: (("unroll", 4),)}, (step, pragmas)
+    assert "# pragma unroll 4" in str(s)
 
 
 def test_pragma_unroll_explicit_is_unroll():

@@ -305,7 +305,8 @@ def pragma(program: Program, loop: Var, name: str, value: int | None = None) -> 
       the loop rolled (`#pragma unroll 1`, `llvm.loop.unroll.disable`). The loop must be serial.
     * "unroll_explicit": unroll it fully in the generated code, as `s.unroll(loop)` (a constant extent).
 
-    A loop that a later primitive replaces (split, fuse...) drops its pragmas: give them last::
+    Later steps keep them: reorder and tile move a loop with its pragmas, split gives them to the inner loop,
+    collapse and skew to the loop they make, fuse (of two sibling loops) keeps the first loop's::
 
         for k in range(0, n):   ->   for k in range(0, n):  # pragma unroll 4
     """

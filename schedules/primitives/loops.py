@@ -261,7 +261,7 @@ def _finish_split(program: Program, f: For, vo: Var, vi: Var, olo: Expr, ohi: Ex
             body = _guard_innermost(body, guard)
         else:
             body = If(guard, body)
-    new = For(vo, olo, ohi, For(vi, const(0), fc, body, kind), kind)
+    new = For(vo, olo, ohi, For(vi, const(0), fc, body, kind, pragmas=f.pragmas), kind)  # pragmas: to the inner loop
     return replace_loop(program, f.var, new), (vo, vi)
 
 
@@ -367,7 +367,8 @@ def _distribute(program: Program, top: Stmt, target: Seq, keep: Stmt) -> Program
         inner = subst_loops(child, mapping)
         for w, nv in reversed(fresh):
             if isinstance(w, For):
-                inner = For(nv, substitute(w.lo, mapping), substitute(w.hi, mapping), inner, w.kind, w.thread)  # type: ignore[arg-type]
+                inner = For(nv, substitute(w.lo, mapping), substitute(w.hi, mapping), inner, w.kind, w.thread,  # type: ignore[arg-type]
+                            w.pragmas)  # type: ignore[union-attr]
             else:
                 inner = If(substitute(w.cond, mapping), inner)  # type: ignore[union-attr]
         parts.append(inner)
@@ -428,7 +429,7 @@ def reorder(program: Program, *loops: Var) -> Program:
             inner = If(g, body)
         for v in reversed(order):
             f = by_var[id(v)]
-            inner = For(f.var, f.lo, f.hi, inner, f.kind, f.thread)
+            inner = For(f.var, f.lo, f.hi, inner, f.kind, f.thread, f.pragmas)  # a loop keeps its pragmas
         return replace_loop(program, fors[0].var, inner)
     new = _reorder_exact(program, fors, guards, body, order)
     return replace_loop(program, fors[0].var, new)
@@ -483,7 +484,7 @@ def _reorder_exact(program: Program, fors: list[For], guards: list[Expr], body: 
     by_var = {id(f.var): f for f in fors}
     for v, (lo, hi) in reversed(list(zip(order, bounds))):
         f = by_var[id(v)]
-        inner = For(f.var, lo, hi, inner, f.kind, f.thread)
+        inner = For(f.var, lo, hi, inner, f.kind, f.thread, f.pragmas)
     return inner
 
 
@@ -579,7 +580,8 @@ def collapse(program: Program, outer: Var, inner: Var) -> tuple[Program, Var]:
     v = Var(fresh_name(program, f"{outer.name}_{inner.name}_f"))
     body = subst_loops(fi.body, {outer: binary("add", fo.lo, binary("floordiv", v, ei)),
                                  inner: binary("add", fi.lo, binary("mod", v, ei))})
-    return replace_loop(program, outer, For(v, const(0), binary("mul", eo, ei), body)), v
+    return replace_loop(program, outer, For(v, const(0), binary("mul", eo, ei), body,
+                                            pragmas=fi.pragmas or fo.pragmas)), v
 
 
 # ----------------------------------------------------------------------------- skew
@@ -609,5 +611,5 @@ def skew(program: Program, outer: Var, inner: Var, factor: int = 1) -> tuple[Pro
     v = Var(fresh_name(program, f"{inner.name}_s"))
     shift = binary("mul", const(factor), outer)
     body = subst_loops(fi.body, {inner: binary("sub", v, shift)})
-    new = For(v, binary("add", fi.lo, shift), binary("add", fi.hi, shift), body)
+    new = For(v, binary("add", fi.lo, shift), binary("add", fi.hi, shift), body, pragmas=fi.pragmas)
     return replace_loop(program, inner, new), v

@@ -330,7 +330,7 @@ def _nest(loops: tuple[For, ...], body: Stmt, mapping: dict[Var, Expr]) -> Stmt:
     for f in reversed(loops):
         if f.var in mapping:
             continue
-        body = For(f.var, f.lo, f.hi, body)
+        body = For(f.var, f.lo, f.hi, body, pragmas=f.pragmas)
     return body
 
 

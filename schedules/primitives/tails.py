@@ -90,7 +90,7 @@ def split_tail(program: Program, loop: Var, factor: int, tail: str) -> tuple[Pro
             base = binary("mul", vo, fc)  # no partial chunk: nothing to shift
     value = binary("add", f.lo, binary("add", base, vi))
     body = subst_loops(f.body, {loop: value})
-    new = For(vo, const(0), ohi, For(vi, const(0), ihi, body))
+    new = For(vo, const(0), ohi, For(vi, const(0), ihi, body, pragmas=f.pragmas))  # pragmas: to the inner loop
     return replace_loop(program, loop, new), (vo, vi)
 
 
