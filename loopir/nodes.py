@@ -593,6 +593,21 @@ def logical(op: str, a: ExprLike, b: ExprLike) -> Expr:
     return Logical(op, a, b)
 
 
+def conjuncts(c: Expr) -> list[Expr]:
+    """The terms of a conjunction `a and b and ...`, left to right (`[c]` for anything else)."""
+    if isinstance(c, Logical) and c.op == "and" and c.b is not None:
+        return conjuncts(c.a) + conjuncts(c.b)
+    return [c]
+
+
+def conjunction(terms: list[Expr]) -> Expr:
+    """`t0 and t1 and ...` of a non-empty list of conditions, grouped from the left."""
+    out = terms[0]
+    for t in terms[1:]:
+        out = Logical("and", out, t)
+    return out
+
+
 def cast(dtype: str, a: ExprLike) -> Expr:
     dtype = check_dtype(dtype)
     a = as_expr(a)

@@ -120,20 +120,13 @@ def _version_copy(nest: N.For, threads: frozenset[N.Var]) -> N.Stmt | None:
             and (inner.orelse is None or is_fill(inner.then, inner.orelse))):
         return None
     checks: list[N.Expr] = []
-    for term in _conjuncts(inner.cond):
+    for term in N.conjuncts(inner.cond):
         w = _worst(term, ranges)
         if w is None or any(isinstance(x, N.Var) and (x in threads or x in ranges) for x in walk(w)):
             return None
         if w not in checks:
             checks.append(w)
-    return N.If(_and(checks), _drop_guards(nest, {id(inner)}), nest)
-
-
-def _and(checks: list[N.Expr]) -> N.Expr:
-    cond = checks[0]
-    for c in checks[1:]:
-        cond = N.Logical("and", cond, c)
-    return cond
+    return N.If(N.conjunction(checks), _drop_guards(nest, {id(inner)}), nest)
 
 
 def _version(nest: N.For, rolled: set[N.Var], serial: frozenset[N.Var] = frozenset()) -> N.Stmt | None:
@@ -164,7 +157,7 @@ def _version(nest: N.For, rolled: set[N.Var], serial: frozenset[N.Var] = frozens
     checks: list[N.Expr] = []
     inner = False
     for g in guards:
-        for term in _conjuncts(g.cond):
+        for term in N.conjuncts(g.cond):
             w = _worst(term, ranges)
             if w is None:
                 return None
@@ -173,7 +166,7 @@ def _version(nest: N.For, rolled: set[N.Var], serial: frozenset[N.Var] = frozens
                 checks.append(w)
     fast = _drop_guards(nest, {id(g) for g in guards})
     if not inner:
-        return N.If(_and(checks), fast, None)
+        return N.If(N.conjunction(checks), fast, None)
     edge = not any(isinstance(x, N.Var) and x in serial for c in checks for x in walk(c))
     # a tensorized nest is rendered from the kernel's mma plan, which names its loops: left as it is
     edge = edge and not any(isinstance(f, N.For) and f.kind.startswith("mma.") for f in walk(nest))
@@ -182,7 +175,7 @@ def _version(nest: N.For, rolled: set[N.Var], serial: frozenset[N.Var] = frozens
         # per element, once; a full-tile copy would double the nest NVRTC compiles, unrolled (a remainder copy
         # cannot be rolled: every loop indexes the register tile)
         return nest
-    return N.If(_and(checks), fast, _rolled(nest, rolled) if edge else nest)
+    return N.If(N.conjunction(checks), fast, _rolled(nest, rolled) if edge else nest)
 
 
 def _register_vars(nest: N.For) -> set[N.Var]:
@@ -224,12 +217,6 @@ def _rolled(nest: N.For, rolled: set[N.Var]) -> N.Stmt:
                                        body=self.visit(subst_loops(f.body, {f.var: v})))
 
     return _Roll().visit(nest)
-
-
-def _conjuncts(e: N.Expr) -> list[N.Expr]:
-    if isinstance(e, N.Logical) and e.op == "and" and e.b is not None:
-        return _conjuncts(e.a) + _conjuncts(e.b)
-    return [e]
 
 
 def _worst(term: N.Expr, ranges: dict[N.Var, tuple[int, int]]) -> N.Expr | None:
@@ -336,7 +323,7 @@ def _stores(s: N.Stmt, guards: tuple[N.Expr, ...], ranges: dict[N.Var, tuple[int
     if isinstance(s, N.If):
         # a copy's zero fill (codegen.passes.pad) reads nothing: only the copy itself is collected
         return ((s.orelse is None or is_fill(s.then, s.orelse))
-                and _stores(s.then, guards + tuple(_conjuncts(s.cond)), ranges, out))
+                and _stores(s.then, guards + tuple(N.conjuncts(s.cond)), ranges, out))
     if isinstance(s, N.Allocate):
         return _stores(s.body, guards, ranges, out)
     if isinstance(s, N.For):
@@ -403,11 +390,11 @@ def _without(s: N.Stmt, buf: N.Buffer, drop: set[tuple[int, N.Expr]]) -> N.Stmt:
     if isinstance(s, N.If) and s.orelse is None:
         then = _without(s.then, buf, drop)
         below = [x for x in walk(s.then) if isinstance(x, N.Store)]
-        keep = [t for t in _conjuncts(s.cond)
+        keep = [t for t in N.conjuncts(s.cond)
                 if not (below and all(x.buffer is buf and (id(x), t) in drop for x in below))]
         if not keep:
             return then
-        return N.If(_and(keep), then)
+        return N.If(N.conjunction(keep), then)
     if isinstance(s, N.Seq):
         return N.Seq(tuple(_without(c, buf, drop) for c in s.body))
     if isinstance(s, (N.For, N.Allocate)):

@@ -14,7 +14,8 @@ import dataclasses
 
 from loopir.affine import linear_in
 from loopir.dtypes import is_int
-from loopir.nodes import Allocate, Binary, Cast, Compare, Expr, For, If, Load, Logical, Program, Seq, Stmt
+from loopir.nodes import (Allocate, Binary, Cast, Compare, Expr, For, If, Load, Program, Seq, Stmt, conjunction,
+                          conjuncts)
 from loopir.visit import walk
 
 
@@ -28,12 +29,6 @@ def tighten_guards(program: Program) -> Program:
 
 def _loads(e: Expr) -> list[Load]:
     return [n for n in walk(e) if isinstance(n, Load)]
-
-
-def _conjuncts(c: Expr) -> list[Expr]:
-    if isinstance(c, Logical) and c.op == "and":
-        return _conjuncts(c.a) + _conjuncts(c.b)  # type: ignore[arg-type]
-    return [c]
 
 
 def tighten(s: Stmt) -> Stmt:
@@ -51,7 +46,7 @@ def tighten(s: Stmt) -> Stmt:
     body = tighten(s.body)
     conds: list[Expr] = []
     while isinstance(body, If) and body.orelse is None:
-        conds += _conjuncts(body.cond)
+        conds += conjuncts(body.cond)
         body = body.then
     hi, keep, hoist = s.hi, [], []
     for c in conds:
@@ -74,14 +69,8 @@ def tighten(s: Stmt) -> Stmt:
         keep.append(c)
     inner = body
     if keep:
-        cond = keep[0]
-        for c in keep[1:]:
-            cond = Logical("and", cond, c)
-        inner = If(cond, body)
+        inner = If(conjunction(keep), body)
     out: Stmt = For(s.var, s.lo, hi, inner, s.kind, s.thread, s.pragmas)
     if hoist:
-        cond = hoist[0]
-        for c in hoist[1:]:
-            cond = Logical("and", cond, c)
-        out = If(cond, out)
+        out = If(conjunction(hoist), out)
     return out

@@ -28,7 +28,7 @@ from typing import Any
 from loopir import nodes as N
 from loopir.visit import subst_coords, substitute, walk
 
-from .full_tiles import _and, _conjuncts, _ge0, _implies, _in_box
+from .full_tiles import _ge0, _implies, _in_box
 from .launch import copy_nest
 from .staging import staged_shape
 
@@ -90,7 +90,7 @@ def _pad_loop(f: N.For, ranges: Ranges) -> N.Stmt | None:
         loops, guard, st = parts
         order = _copy_dims(loops, st)
         if order is not None and st.buffer in chain:
-            copies[st.buffer] = (_conjuncts(guard), order)  # type: ignore[arg-type]
+            copies[st.buffer] = (N.conjuncts(guard), order)  # type: ignore[arg-type]
     if not copies or any(isinstance(n, N.Store) and n.buffer in chain for r in items[first:] for n in walk(r)):
         return None
     filled: set[N.Buffer] = set()
@@ -136,7 +136,7 @@ def _unguard(s: N.Stmt, ranges: Ranges, copies: _Copies, filled: set[N.Buffer]) 
     conds: list[N.Expr] = []
     inner: N.Stmt = s
     while isinstance(inner, N.If) and inner.orelse is None:
-        conds += _conjuncts(inner.cond)
+        conds += N.conjuncts(inner.cond)
         inner = inner.then
     factors = _factors(inner, copies) if isinstance(inner, N.Store) else None
     if factors is None:
@@ -150,7 +150,7 @@ def _unguard(s: N.Stmt, ranges: Ranges, copies: _Copies, filled: set[N.Buffer]) 
     if len(keep) == len(conds):
         return s
     filled.update(ld.buffer for ld in factors)
-    return inner if not keep else N.If(_and(keep), inner)
+    return inner if not keep else N.If(N.conjunction(keep), inner)
 
 
 def _in_tile(ld: N.Load, ranges: Ranges) -> bool:

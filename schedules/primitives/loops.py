@@ -17,7 +17,8 @@ from loopir import poly, reassoc
 from loopir.affine import linear_form, simplify
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
 from loopir.isl_conv import pw_bound
-from loopir.nodes import Allocate, Const, Expr, For, If, Program, Seq, Stmt, Store, Var, binary, const, logical
+from loopir.nodes import (Allocate, Const, Expr, For, If, Program, Seq, Stmt, Store, Var, binary, conjunction, const,
+                          logical)
 from loopir.visit import free_vars, substitute
 
 from . import CheckContext, find_loop, fresh_name, loop_path, primitive, replace_loop, subst_loops, tails
@@ -423,10 +424,7 @@ def reorder(program: Program, *loops: Var) -> Program:
     if not dependent:
         inner: Stmt = body
         if guards:
-            g = guards[0]
-            for x in guards[1:]:
-                g = logical("and", g, x)
-            inner = If(g, body)
+            inner = If(conjunction(guards), body)
         for v in reversed(order):
             f = by_var[id(v)]
             inner = For(f.var, f.lo, f.hi, inner, f.kind, f.thread, f.pragmas)  # a loop keeps its pragmas
@@ -477,10 +475,7 @@ def _reorder_exact(program: Program, fors: list[For], guards: list[Expr], body: 
         kept = guards + [logical("and", f.lo <= f.var, f.var < f.hi) for f in fors]
     inner: Stmt = body
     if kept:
-        g = kept[0]
-        for x in kept[1:]:
-            g = logical("and", g, x)
-        inner = If(g, body)
+        inner = If(conjunction(kept), body)
     by_var = {id(f.var): f for f in fors}
     for v, (lo, hi) in reversed(list(zip(order, bounds))):
         f = by_var[id(v)]

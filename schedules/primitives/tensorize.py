@@ -25,7 +25,7 @@ import random
 
 from loopir.affine import eval_index
 from loopir.errors import ArgumentError
-from loopir.nodes import Binary, Expr, For, If, Load, Logical, Program, Seq, Store, Var
+from loopir.nodes import Binary, Expr, For, If, Load, Program, Seq, Store, Var, conjunction, conjuncts
 from loopir.visit import free_vars
 
 from . import find_loop_path, primitive, replace_loop
@@ -66,19 +66,6 @@ def _only(s: object) -> object:
     return s
 
 
-def _conjuncts(c: Expr) -> list[Expr]:
-    if isinstance(c, Logical) and c.op == "and" and c.b is not None:
-        return _conjuncts(c.a) + _conjuncts(c.b)
-    return [c]
-
-
-def _and(cs: list[Expr]) -> Expr | None:
-    out = cs[0] if cs else None
-    for c in cs[1:]:
-        out = Logical("and", out, c)  # type: ignore[arg-type]
-    return out
-
-
 def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard: bool = False) -> MmaOperands:
     """Check that `f` heads the nest one lane computes for m16n8k16 (see the module docstring) and return its parts.
     `lanes`: the loops bound to threadIdx.x around it. TensorizeError naming the first mismatch otherwise.
@@ -89,13 +76,14 @@ def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard
     st = _only(k_f.body) if isinstance(k_f, For) else None
     conds: list[Expr] = []
     while isinstance(st, If) and st.orelse is None and isinstance(k_f, For):
-        conds += _conjuncts(st.cond)
+        conds += conjuncts(st.cond)
         st = _only(st.then)
     # an edge tile's guard on the output element (row < n and column < m), not on k: the instruction computes
     # the element anyway into an accumulator whose C element lies outside the matrix, and the epilogue's
     # store is guarded by the same condition, so that value is never observed
     on_k = [c for c in conds if isinstance(k_f, For) and k_f.var in free_vars(c)]
-    guard = _and([c for c in conds if c not in on_k])
+    rest = [c for c in conds if c not in on_k]
+    guard = conjunction(rest) if rest else None
     if on_k and not k_guard:
         raise TensorizeError(f"{what}: the update is guarded on k ({' and '.join(map(str, on_k))}); the instruction "
                              "adds all 16 terms of a fragment, so the terms past K must be zeros in the shared tiles "
