@@ -41,12 +41,17 @@ def matmul(n: Any, m: Any, p: Any) -> tuple[list[Any], Any]:
     return [a, b, c], c
 
 
-def run(n: int, threads: int, reps: int) -> list[tuple[str, float]]:
+def inputs(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Fresh random float32 A, B (n x n), their float64 product and the error a float32 GEMM may make."""
     rng = np.random.default_rng()
-    A = rng.standard_normal((n, n)).astype(np.float32)
-    B = rng.standard_normal((n, n)).astype(np.float32)
-    ref = A.astype(np.float64) @ B.astype(np.float64)
-    tol = 1e-4 * n ** 0.5 * float(np.abs(ref).max())
+    a = rng.standard_normal((n, n)).astype(np.float32)
+    b = rng.standard_normal((n, n)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    return a, b, ref, 1e-4 * n ** 0.5 * float(np.abs(ref).max())
+
+
+def run(n: int, threads: int, reps: int) -> list[tuple[str, float]]:
+    A, B, ref, tol = inputs(n)
     rows = []
     for label, sizes in (("fixed", (n, n, n)), ("symbolic", (te.var("n"), te.var("m"), te.var("p")))):
         args, c = matmul(*sizes)

@@ -28,7 +28,7 @@ from loopir import te  # noqa: E402
 from schedules import Schedule  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cpu_gemm import median_ms  # noqa: E402  (the benchmarks' one timing loop)
+from cpu_gemm import inputs, median_ms  # noqa: E402  (the benchmarks' one timing loop and GEMM inputs)
 
 BN, KFACTOR = 32, 4  # TVM's opt_gemm values
 
@@ -66,11 +66,7 @@ _PIPELINES = passes._pipelines
 
 
 def run(n: int, threads: int, reps: int) -> list[tuple[str, float, str]]:
-    rng = np.random.default_rng()
-    a = rng.standard_normal((n, n)).astype(np.float32)
-    b = rng.standard_normal((n, n)).astype(np.float32)
-    ref = a.astype(np.float64) @ b.astype(np.float64)
-    tol = 1e-4 * n ** 0.5 * float(np.abs(ref).max())
+    a, b, ref, tol = inputs(n)
     rows = []
     for packed in (False, True):
         s, args = schedule(n, packed)

@@ -460,13 +460,9 @@ def test_non_commutative_reducer_refused_with_witness_and_hint():
 def test_a_recurrence_stays_refused_with_a_skew_hint():
     # A[i, j] = A[i-1, j+1] + A[i, j] is no reduction (it reads another element of its own output): its
     # interchange stays refused, with the skew hint that fits a recurrence
-    n, m = te.var("n"), te.var("m")
-    a = ir.buffer((n, m), name="A")
-    b = ir.Builder("stencil")
-    with b.loop("i", 1, n) as i:
-        with b.loop("j", 0, m - 1) as j:
-            b.store(a, (i, j), a[i - 1, j + 1] + a[i, j], name="S")
-    s = Schedule(b.finish([a]))
+    from tests.test_prim_loops import stencil
+
+    s = Schedule(stencil())
     li, lj = s.loops("S")
     e = _refused(s, "reorder", lj, li)
     assert "skew" in e.hint and "associative" not in e.hint

@@ -294,11 +294,16 @@ def test_compute_root_keeps_the_default_and_computes_right():
 # ----------------------------------------------------------------------------- CUDA: shared and local
 
 
-def _blur1d(scope, bind_producer):
+def _blur1d_graph():
+    """C[i] = P[i] + P[i+1] + P[i+2] with P = 2A + 1: (A, P, C)."""
     n = te.var("n")
     A = te.placeholder((n + 2,), name="A")
     P = te.compute((n + 2,), lambda i: A[i] * 2 + 1, name="P")
-    C = te.compute((n,), lambda i: P[i] + P[i + 1] + P[i + 2], name="C")
+    return A, P, te.compute((n,), lambda i: P[i] + P[i + 1] + P[i + 2], name="C")
+
+
+def _blur1d(scope, bind_producer):
+    A, P, C = _blur1d_graph()
     s = Schedule(C)
     (i,) = s.loops(C)
     io, ii = s.split(i, 64)
@@ -373,10 +378,7 @@ def _verify_pair(program, err, differing_loop):
 def test_per_thread_storage_is_local_and_shared_is_refused():
     # storage per thread (store_at the thread loop): "local" is one array per thread; "shared" would make the
     # threads of a block share one 3-element buffer that each fills with its own window: refused, with witness
-    n = te.var("n")
-    A = te.placeholder((n + 2,), name="A")
-    P = te.compute((n + 2,), lambda i: A[i] * 2 + 1, name="P")
-    C = te.compute((n,), lambda i: P[i] + P[i + 1] + P[i + 2], name="C")
+    A, P, C = _blur1d_graph()
     s = Schedule(C)
     (i,) = s.loops(C)
     io, ii = s.split(i, 64)
