@@ -95,8 +95,12 @@ def _conj(cs: list[str]) -> str:
 
 
 def prefix(params: Any, names: _Names) -> str:
-    """The parameter list `[n, m] -> ` of a formula over `params` (Vars), empty for none."""
-    return params_text([names(p) for p in params])
+    """The parameter list `[n, m] -> ` of a formula over `params` (Vars), empty for none; with the products of
+    those sizes that stand for their own parameter (`derived_size`)."""
+    ps = list(params)
+    given = {id(p) for p in ps}
+    ps += [var for var, _, fs in _DERIVED.values() if all(id(f) in given for f in fs) and id(var) not in given]
+    return params_text([names(p) for p in ps])
 
 
 def params_text(isl_names: Any) -> str:
@@ -110,6 +114,63 @@ def loop_constraints(loops: Any, guards: Any, names: _Names) -> list[str]:
     out = [f"{aff(f.lo, names)} <= {names(f.var)} < {aff(f.hi, names)}" for f in loops]
     out.extend(cond(g, names) for g in guards)
     return out
+
+
+# ----------------------------------------------------------------------------- products of sizes
+
+# (the factors' ids) -> (the derived size Var, the product of the factors): kept for the process, so a product
+# has one parameter in every formula (the factors are held, so their ids are not reused)
+_DERIVED: dict[tuple[int, ...], tuple[Var, Expr, tuple[Var, ...]]] = {}
+_PRODUCT_OF: dict[Var, Expr] = {}
+
+
+def _factors(e: Expr) -> list[Expr]:
+    if isinstance(e, Binary) and e.op == "mul":
+        return _factors(e.a) + _factors(e.b)
+    if isinstance(e, Cast) and _is_int_expr(e) and _is_int_expr(e.a):
+        return _factors(e.a)
+    return [e]
+
+
+def derived_size(e: Expr, names: _Names, register: bool = False) -> str | None:
+    """The isl parameter standing for a product of size parameters (`B * T`, as in a shape (B*T, C)), or None
+    when `e` is not one (a factor is a constant, an expression or a loop variable). The product is its own
+    parameter, unrelated to its factors (a product is not affine in them); expressions isl gives back in it are
+    written with the product again (`product_of`). A formula's parameters are listed before its constraints are
+    written, so the parameter must be among `names.params` already (`poly_model._program_params` registers every
+    product a program uses, `register=True`); otherwise None, and the product stays non-affine there."""
+    fs = _factors(e)
+    if len(fs) < 2 or not all(isinstance(f, Var) for f in fs):
+        return None
+    vs = sorted(fs, key=lambda v: (v.name, id(v)))  # type: ignore[union-attr]
+    key = tuple(id(v) for v in vs)
+    hit = _DERIVED.get(key)
+    if hit is None and not register:
+        return None  # not a product of sizes a program was analysed with (a loop variable times a size: b * T)
+    if hit is None:
+        name = "_x_".join(_sanitize(v.name) for v in vs)  # type: ignore[union-attr]
+        prod: Expr = vs[0]  # type: ignore[assignment]
+        for v in vs[1:]:
+            prod = binary("mul", prod, v)
+        hit = _DERIVED[key] = (Var(name, prod.dtype), prod, tuple(vs))  # type: ignore[arg-type]
+        _PRODUCT_OF[hit[0]] = prod
+    var = hit[0]
+    n = names.env.get(var) or next((k for k, p in names.params.items() if p is var), None)
+    if n is None and (not register or names.unique):
+        return None
+    if n is None:
+        n = fresh(_sanitize(var.name), names.taken) if var.name in names.taken else var.name
+        names.taken.add(n)
+        names.params[n] = var
+    names.env[var] = n
+    for v in vs:
+        names.name(v)  # type: ignore[arg-type]
+    return n
+
+
+def product_of(v: Var) -> Expr:
+    """The product a derived size parameter stands for (`v` itself for any other variable)."""
+    return _PRODUCT_OF.get(v, v)
 
 
 # ----------------------------------------------------------------------------- Expr -> isl text
@@ -138,6 +199,9 @@ def aff(e: Expr, names: _Names) -> str:
                 return f"{cb}*({aff(e.a, names)})"
             if ca is not None:
                 return f"{ca}*({aff(e.b, names)})"
+            derived = derived_size(e, names)
+            if derived is not None:
+                return derived
             raise NonAffine(e)
         if e.op in ("floordiv", "mod"):
             c = _const_int(e.b)
@@ -225,7 +289,7 @@ def aff_to_expr(a: isl.Aff, vars_by_name: dict[str, Var], simplify: bool = True)
                 name = a.get_dim_name(t, k)
                 if name not in vars_by_name:
                     raise IslConversionError(f"unknown variable {name!r} in {a}")
-                terms.append((vars_by_name[name], c))
+                terms.append((product_of(vars_by_name[name]), c))
     for k in range(a.dim(isl.dim_type.div)):
         c = coef(isl.dim_type.div, k)
         if c:

@@ -23,8 +23,9 @@ from typing import Any
 
 import islpy as isl
 
-from .isl_conv import NonAffine, _exists, _Names, _sanitize, aff, cond, params_text
-from .nodes import Allocate, Buffer, Expr, For, If, Load, Program, Seq, Stmt, Store, Var
+from .isl_conv import NonAffine, _exists, _Names, _sanitize, aff, cond, derived_size, params_text
+from .affine import _const_int
+from .nodes import Allocate, Binary, Buffer, Expr, For, If, Load, Program, Seq, Stmt, Store, Var
 from .visit import walk
 
 __all__ = ["StmtInfo", "stmt_infos", "isl_domain", "schedule_map", "AllocSite"]
@@ -96,8 +97,27 @@ def stmt_infos(program: Program | Stmt) -> list[StmtInfo]:
     return out
 
 
+def register_products(program: Program) -> None:
+    """Make each product of sizes that `program` uses an isl parameter of its own (see `_program_params`)."""
+    _program_params(program)
+
+
 def _program_params(program: Program) -> dict[str, Var]:
-    return {_sanitize(p.name): p for p in program.params}
+    """The isl parameters of `program`: its sizes, and a parameter for each product of sizes it uses (`B * T` in
+    a shape or a bound: `isl_conv.derived_size`), named before any formula so every formula's prefix has it."""
+    out = {_sanitize(p.name): p for p in program.params}
+    if len(program.params) < 2:
+        return out
+    sizes = set(program.params)
+    names = _Names(out)
+    exprs = [e for b in program.args + program.temps for e in b.shape]
+    exprs += [n for n in walk(program.body) if isinstance(n, Binary) and n.op == "mul"]
+    for e in exprs:
+        for n in walk(e):
+            if (isinstance(n, Binary) and n.op == "mul" and _const_int(n.a) is None and _const_int(n.b) is None
+                    and all(isinstance(v, Var) and v in sizes for v in walk(n) if isinstance(v, Var))):
+                derived_size(n, names, register=True)
+    return out
 
 
 def _accessed(st: Store) -> list[tuple[Buffer, tuple[Expr, ...], str]]:

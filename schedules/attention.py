@@ -29,7 +29,8 @@ from loopir.visit import deep_recursion, statements, walk, walk_stmts
 from .primitives.online import OnlineRewrite, find_softmax_max, online_softmax
 from .schedule import Schedule
 
-__all__ = ["AttentionPlan", "schedule_attention", "ROWS_PER_BLOCK", "KEY_TILE"]
+__all__ = ["AttentionPlan", "schedule_attention", "attention_rewrites", "apply_online", "map_online",
+           "online_stages", "ROWS_PER_BLOCK", "KEY_TILE"]
 
 ROWS_PER_BLOCK = 64  # query rows per block (one per thread)
 KEY_TILE = 32  # keys per shared-memory tile of K and V
@@ -74,23 +75,70 @@ class AttentionPlan:
 
 def schedule_attention(outputs: list[Tensor], target: str, rows: int = ROWS_PER_BLOCK, key_tile: int = KEY_TILE,
                        check: bool = True) -> Schedule | None:
-    """The online-softmax schedule of `outputs`, or None when no row maximum fits the rewrite."""
+    """The online-softmax schedule of `outputs`, or None when no row maximum fits the rewrite or when the
+    program computes more than the attention chain (`auto_schedule` then plans the other stages and maps
+    the chain with `apply_online`)."""
     with deep_recursion():
         program = lower(outputs)
-    names = find_softmax_max(program)
-    if not names:
+    found = attention_rewrites(program)
+    if not found or not _only_attention(outputs, found):
         return None
     s = Schedule(outputs, check=check)
-    rewrites = []
-    for name in names:
-        _, info = online_softmax(s.program, name)  # what the step does, for the plan
-        s.online_softmax(name)
-        rewrites.append(info)
-    notes = _map(s, target, rows)
-    if target == "cuda" and len(rewrites) == 1:
-        notes += _registers_and_tiles(s, rewrites[0], key_tile)
+    rewrites = apply_online(s, found)
+    notes = map_online(s, rewrites, target, rows, key_tile, every_nest=True)
     s.plan = AttentionPlan(tuple(rewrites), target, rows, key_tile, tuple(notes))  # type: ignore[attr-defined]
     return s
+
+
+def attention_rewrites(program: Program) -> list[OnlineRewrite]:
+    """What `online_softmax` would do for each row maximum of the unscheduled `program` that fits it."""
+    return [online_softmax(program, name)[1] for name in find_softmax_max(program)]
+
+
+def online_stages(rewrites: list[OnlineRewrite]) -> set[str]:
+    """The stages the rewrites fold into their passes (the max, the scores, the sums and what they inline)."""
+    out: set[str] = set()
+    for r in rewrites:
+        out |= {r.max_stage, *r.inlined, *r.prepared, *r.rolling, *([r.scores] if r.scores else [])}
+    return out
+
+
+def _only_attention(outputs: list[Tensor], rewrites: list[OnlineRewrite]) -> bool:
+    """Every stage is folded by a rewrite or reads only folded stages and inputs (the final division)."""
+    folded = online_stages(rewrites)
+    seen: set[int] = set()
+    stack = list(outputs)
+    while stack:
+        t = stack.pop()
+        if id(t) in seen or not t.op.inputs:
+            continue
+        seen.add(id(t))
+        if any(u.op.inputs and u.name not in folded for u in t.op.inputs):
+            return False
+        stack.extend(t.op.inputs)
+    return True
+
+
+def apply_online(s: Schedule, rewrites: list[OnlineRewrite]) -> list[OnlineRewrite]:
+    """The checked `online_softmax` step of each rewrite, applied to `s`; what each step did."""
+    out = []
+    for r in rewrites:
+        _, info = online_softmax(s.program, r.max_stage)  # what the step does, for the plan
+        s.online_softmax(r.max_stage)
+        out.append(info)
+    return out
+
+
+def map_online(s: Schedule, rewrites: list[OnlineRewrite], target: str, rows: int = ROWS_PER_BLOCK,
+               key_tile: int = KEY_TILE, every_nest: bool = False) -> list[str]:
+    """Map the nests of the online passes of `rewrites` for `target` (`every_nest`: every nest of the program,
+    the passes first, then the divisions reading them); the notes say which optional steps were refused."""
+    mine = ({st.store.buffer.name for st in statements(s.program)} if every_nest
+            else {b for r in rewrites for b in (r.max_stage, *r.rolling, *r.state)})
+    notes = _map(s, target, rows, mine)
+    if target == "cuda" and len(rewrites) == 1:
+        notes += _registers_and_tiles(s, rewrites[0], key_tile)
+    return notes
 
 
 def _top(program: Program) -> tuple[Stmt, ...]:
@@ -107,9 +155,18 @@ def _rows(s: Schedule, nest: Stmt) -> list[Any]:
     return out
 
 
-def _map(s: Schedule, target: str, rows: int) -> list[str]:
+def _nest_writes(nest: Stmt) -> set[str]:
+    return {st.store.buffer.name for st in statements(nest)}
+
+
+def _map(s: Schedule, target: str, rows: int, mine: set[str]) -> list[str]:
+    """The nests writing a buffer of `mine` (the passes, their divisions): rows on blocks and threads."""
     notes: list[str] = []
+    first = True
     for k in range(len(_top(s.program))):
+        if not _nest_writes(_top(s.program)[k]) & mine:
+            continue
+        is_pass, first = first, False
         loops = _rows(s, _top(s.program)[k])
         if not loops:
             continue
@@ -118,7 +175,7 @@ def _map(s: Schedule, target: str, rows: int) -> list[str]:
             continue
         # the first nest is the pass over the rows (batch..., query); a later one (the division) keeps its
         # innermost loop serial in the thread
-        row_loops = loops[:-1] if k > 0 and len(loops) > 1 else loops
+        row_loops = loops[:-1] if not is_pass and len(loops) > 1 else loops
         *batch, q = row_loops[-3:]
         bo, ti = s.split(q, rows)
         s.bind(bo, "blockIdx.x").bind(ti, "threadIdx.x")
@@ -144,9 +201,15 @@ def _reads(program: Program, stmt_buf: Buffer, name: str) -> bool:
                for st in statements(program) if st.store.buffer is stmt_buf for n in walk(st.store.value))
 
 
+def _pass_nest(s: Schedule, info: OnlineRewrite) -> Stmt | None:
+    return next((n for n in _top(s.program) if f"{info.max_stage}_online" in {st.store.name for st in statements(n)}),
+                None)
+
+
 def _registers_and_tiles(s: Schedule, info: OnlineRewrite, key_tile: int) -> list[str]:
     notes: list[str] = []
-    thread = next((f for f in walk_stmts(s.program) if isinstance(f, For) and f.thread == "threadIdx.x"), None)
+    nest = _pass_nest(s, info)
+    thread = nest and next((f for f in walk_stmts(nest) if isinstance(f, For) and f.thread == "threadIdx.x"), None)
     if thread is None:
         return notes
     ti = s.loop(s._ref(thread.var))
@@ -162,13 +225,15 @@ def _registers_and_tiles(s: Schedule, info: OnlineRewrite, key_tile: int) -> lis
         if _try(s, notes, f"{name} in registers", "cache_write", name, "local", ti, epilogue=epi) is not None:
             done |= set(epi)
     _try(s, notes, f"{info.max_stage} in registers", "cache_write", info.max_stage, "local", ti)
-    key = next((f for f in walk_stmts(s.program) if isinstance(f, For) and f.var.name == info.key), None)
+    nest = _pass_nest(s, info)
+    key = nest and next((f for f in walk_stmts(nest) if isinstance(f, For) and f.var.name == info.key), None)
     if key is None:
         return notes
-    # the inputs read once per row (the query row): into registers; those read per key (K, V): tiles in shared
+    # what the pass reads and another kernel (or the caller) wrote: the rows read once per row (the query row)
+    # into registers; those read per key (K, V): tiles in shared memory
     per_row, per_key = [], []
-    written = {st.store.buffer.name for st in statements(s.program)}
-    for b in s.program.args:
+    written = _nest_writes(nest)
+    for b in s.program.args + s.program.temps:
         if b.name in written:
             continue
         uses = [n for n in walk(key) if isinstance(n, Load) and n.buffer is b]
@@ -189,7 +254,7 @@ def _registers_and_tiles(s: Schedule, info: OnlineRewrite, key_tile: int) -> lis
     # the loops over the head dimension unrolled, so that the register arrays stay in registers (not the
     # loop over the keys of a tile: its body is the whole update)
     key_inner = split[1].var
-    for f in list(walk_stmts(s.program)):
+    for f in list(walk_stmts(_pass_nest(s, info) or Seq(()))):
         if (isinstance(f, For) and f.kind == "serial" and f.var is not key_inner and isinstance(f.lo, Const)
                 and isinstance(f.hi, Const) and 1 < int(f.hi.value) - int(f.lo.value) <= UNROLL_MAX):
             _try(s, notes, f"unroll {f.var.name}", "unroll", s.loop(s._ref(f.var)))

@@ -47,14 +47,18 @@ from loopir import poly
 from loopir.affine import same_value, simplify
 from loopir.dtypes import vector_lanes
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
+from loopir.lower import lower
 from loopir.nodes import Allocate, Const, Expr, For, If, Load, Seq, Store, Var
 from loopir.subst import stages_of
 from loopir.te import Tensor
 from loopir.te_scan import is_recurrence, statement_names
-from loopir.visit import substitute, walk
+from loopir.visit import deep_recursion, substitute, walk
 from loopir.affine import linear_form
 
-from .attention import schedule_attention
+from .attention import (
+    KEY_TILE, ROWS_PER_BLOCK, AttentionPlan, apply_online, attention_rewrites, map_online, online_stages,
+    schedule_attention,
+)
 from .errors import InexactCheckError, ScheduleError
 from .fusion import THREADS, Decision, FusionGroup, FusionPlan, plan_fusion
 from .rows import RowParams
@@ -107,21 +111,28 @@ def auto_schedule(
     recurrences = [t for t in stages_of(outs) if is_recurrence(t)]
     if recurrences and plan is None:
         fuse = False  # a scan / update stage is several nests: each stage its own kernel (no inlining into one)
+    rewrites = []
     if online and fuse and plan is None:  # softmax(.) V chains: the online-softmax rewrite (schedules/attention.py)
         s_online = schedule_attention(outs, target, check=check)
-        if s_online is not None:
+        if s_online is not None:  # the program is the attention chain alone
             return s_online
-    plan = plan or plan_fusion(outs, target=target, fuse=fuse, sizes=sizes, gemm=gemm, rows=rows)
+        with deep_recursion():  # a chain among other stages: its pass is one kernel of the plan
+            rewrites = attention_rewrites(lower(outs))
+    plan = plan or plan_fusion(outs, target=target, fuse=fuse, sizes=sizes, gemm=gemm, rows=rows,
+                               online=[online_stages([r]) for r in rewrites])
     s = Schedule(outs, check=check)
     s.plan = plan  # type: ignore[attr-defined]
+    done = apply_online(s, rewrites)  # first: the rewrite takes the chain's unscheduled nests
     for t in plan.inlined:
         s.compute_inline(t)
     for g in plan.groups:
         # the GEMM recipe fuses its epilogue itself (cache_write ... epilogue=); split rows stay apart (rfactor
         # moves each reduction's partials before its nest, which must not hold what they read)
-        if g.mapping not in ("gemm", "split"):
+        if g.mapping not in ("gemm", "split", "online"):
             _fuse_group(s, g)
     for g in plan.groups:
+        if g.mapping == "online":
+            continue
         if any(is_recurrence(t) for t in g.stages):
             for t in g.stages:
                 _map_recurrence(s, t, target, threads)
@@ -135,6 +146,11 @@ def auto_schedule(
             _map_cuda(s, g, threads, per_thread)
         else:
             _map_cpu(s, g)
+    if done:
+        notes = map_online(s, done, target)
+        g = next(g for g in plan.groups if g.mapping == "online")
+        g.log += [Decision("note", tuple(r.max_stage for r in done), None, line) for line in
+                  AttentionPlan(tuple(done), target, ROWS_PER_BLOCK, KEY_TILE, tuple(notes)).explain().splitlines()]
     return s
 
 

@@ -35,19 +35,21 @@ everything the kernel keeps in shared memory fits the block's budget (symbolic r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from loopir.dtypes import np_dtype
 from loopir.errors import ArgumentError, ArgumentTypeError, ResourceLimitError
-from loopir.nodes import Expr, Load, Var
+from loopir.affine import simplify
+from loopir.nodes import Const, Expr, Load, Var
 from loopir.te import ComputeOp, Reduce, Tensor, TupleReduce, tensor_of
 from loopir.visit import substitute, walk
 
 from . import cost as C
 from . import rows as R
+from .fusion_plan import THREADS, Decision, FusionGroup, FusionPlan, RowCache
 from .recipes import gemm_params, gemm_resources, is_matmul_tensor, skinny_params
 
-THREADS = 128  # threads per block of the CUDA mappings (gpu_suite.py --sweep: best or tied on the H200)
 ROW_MIN_EXTENT = 1024  # a reduction at least this long gets a block per row (else a thread per row)
 
 
@@ -167,174 +169,6 @@ def _fmt_idx(t: Tensor, idx: tuple[Expr, ...]) -> str:
 # ----------------------------------------------------------------------------- plan objects
 
 
-@dataclass
-class Decision:
-    """One line of the log: `accepted` fusions start with '+', refusals with '-', notes with '·'."""
-
-    action: str  # "inline" | "vertical" | "horizontal" | "materialize" | "cache" | "note"
-    stages: tuple[str, ...]
-    accepted: bool | None
-    reason: str
-
-    def __str__(self) -> str:
-        mark = {True: "+", False: "-", None: "·"}[self.accepted]
-        verb = {
-            True: {"inline": "inline", "vertical": "fuse", "horizontal": "fuse horizontally", "cache": "cache"},
-            False: {"inline": "do not inline", "vertical": "do not fuse", "horizontal": "do not fuse horizontally",
-                    "cache": "do not cache", "materialize": "do not inline"},
-        }
-        head = verb.get(self.accepted, {}).get(self.action, self.action) if self.accepted is not None else ""
-        names = ", ".join(self.stages)
-        return f"{mark} {head} {names}: {self.reason}".replace("  ", " ") if head else f"{mark} {names}: {self.reason}"
-
-
-@dataclass
-class RowCache:
-    """A planned copy of one input's row into fast memory at the group's row loop."""
-
-    tensor: Tensor
-    scope: str
-    nbytes: int
-
-
-@dataclass
-class FusionGroup:
-    """One kernel: the materialized stages it computes (topological order), the stages inlined
-    into them, how many outer loops they share, and the default mapping it gets."""
-
-    name: str
-    stages: list[Tensor]
-    inlined: list[Tensor] = field(default_factory=list)
-    depth: int = 0
-    mapping: str = "flat"  # cuda: "flat" | "row" | "warp" | "split" | "thread"; cpu: "cpu"
-    log: list[Decision] = field(default_factory=list)
-    caches: list[RowCache] = field(default_factory=list)
-    cost: C.KernelCost = field(default_factory=C.KernelCost)
-    gemm: dict[str, Any] | None = None  # "gemm" mapping: the recipe's tile parameters
-    gemm_plan: Any = None  # the GemmPlan auto_schedule applied (its steps are part of explain())
-    strategy: R.RowStrategy | None = None  # cuda row groups: warp or block per row (schedules.rows)
-
-    @property
-    def kind(self) -> str:
-        red = any(isinstance(t.op.body, Reduce) for t in self.stages)
-        return "reduction" if red else "elementwise"
-
-    @property
-    def stage_names(self) -> list[str]:
-        return [t.name for t in self.stages]
-
-
-@dataclass
-class FusionPlan:
-    outputs: list[Tensor]
-    target: str
-    fuse: bool
-    device: C.Device
-    sizes: dict[str, int]
-    groups: list[FusionGroup]
-    inlined: list[Tensor]
-    log: list[Decision]  # decisions not tied to one group (horizontal refusals, the summary)
-    unfused: list[C.KernelCost]  # one kernel per stage
-    stage_order: list[Tensor] = field(default_factory=list)
-    inputs: list[Tensor] = field(default_factory=list)
-
-    # ---- predictions
-    @property
-    def bytes_before(self) -> int:
-        return sum(c.bytes for c in self.unfused)
-
-    @property
-    def bytes_after(self) -> int:
-        return sum(g.cost.bytes for g in self.groups)
-
-    @property
-    def time_before(self) -> float:
-        return sum(c.time(self.device) for c in self.unfused)
-
-    @property
-    def time_after(self) -> float:
-        return sum(g.cost.time(self.device) for g in self.groups)
-
-    @property
-    def kernels(self) -> int:
-        return len(self.groups)
-
-    def group_of(self, tensor_or_name: Tensor | str) -> FusionGroup | None:
-        name = tensor_or_name if isinstance(tensor_or_name, str) else tensor_or_name.name
-        for g in self.groups:
-            if name in g.stage_names or name in [t.name for t in g.inlined]:
-                return g
-        return None
-
-    def explain(self) -> str:
-        """A readable log: each kernel, what it fused and why, what it refused and why, and the
-        predicted bytes moved before (one kernel per stage) and after."""
-        dev = self.device
-        sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items()) or "none"
-        lines = [
-            f"fusion plan for {', '.join(t.name for t in self.outputs)} on {self.target}"
-            f"{'' if self.fuse else ' (fuse=False: one kernel per stage)'}",
-            f"  device: {dev.describe()}",
-            f"  sizes: {sizes} (symbolic sizes not given are costed at {C.DEFAULT_SIZE})",
-            "  stages: " + ", ".join(
-                [f"{t.name} (input)" for t in self.inputs]
-                + [f"{t.name} ({'reduction' if isinstance(t.op.body, Reduce) else 'elementwise'})"
-                   for t in self.stage_order]
-            ),
-        ]
-        for g in self.groups:
-            shared = f"{g.depth} shared outer loop{'s' if g.depth != 1 else ''}"
-            lines.append(f"kernel {g.name}: {', '.join(g.stage_names)} — {g.kind}, {shared}, "
-                         f"mapping {_MAPPINGS[g.mapping]}")
-            if g.inlined:
-                lines.append(f"  inlined: {', '.join(t.name for t in g.inlined)}")
-            for d in g.log:
-                lines.append(f"  {d}")
-            if g.gemm_plan is not None:
-                lines.append(f"  recipe applied to {g.gemm_plan.stage} (epilogue: "
-                             f"{', '.join(g.gemm_plan.epilogue) or 'none'}):")
-                lines += [f"    {k + 1}. {st}" for k, st in enumerate(g.gemm_plan.steps)]
-                lines += [f"    skipped: {st}" for st in g.gemm_plan.skipped]
-            c = g.cost
-            reads = ", ".join(f"{k} {C.fmt_bytes(v)}" for k, v in c.reads.items()) or "nothing"
-            writes = ", ".join(f"{k} {C.fmt_bytes(v)}" for k, v in c.writes.items()) or "nothing"
-            lines.append(
-                f"  predicted: reads {reads}; writes {writes}; {C.fmt_bytes(c.bytes)} moved, {c.flops:,} flops, "
-                f"{C.fmt_time(c.time(dev))} ({c.bound(dev)}-bound)"
-            )
-        for d in self.log:
-            lines.append(f"{d}")
-        nb = len(self.unfused)
-        lines.append(
-            f"bytes moved: before {C.fmt_bytes(self.bytes_before)} ({self.bytes_before:,} B, {nb} kernel"
-            f"{'s' if nb != 1 else ''}, one per stage) -> after {C.fmt_bytes(self.bytes_after)} "
-            f"({self.bytes_after:,} B, {self.kernels} kernel{'s' if self.kernels != 1 else ''})"
-        )
-        lines.append(
-            f"predicted time: before {C.fmt_time(self.time_before)} -> after {C.fmt_time(self.time_after)}"
-            + (f" ({self.time_before / self.time_after:.2f}x)" if self.time_after > 0 else "")
-        )
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.explain()
-
-
-_MAPPINGS = {
-    "flat": f"flat grid (loops collapsed, {THREADS} threads per block, 16-byte chunks per thread)",
-    "row": "one block per row, threads across each phase's inner loop",
-    "warp": "up to 16 lanes of a warp per row, several rows per block on threadIdx.y",
-    "thread": "one thread per output point",
-    "split": "rows split over blocks: per-chunk partials (rfactor), a combine per row, flat elementwise kernels",
-    "cpu": "parallel outer loop, vectorized inner loop",
-    "gemm": "tiled GEMM (schedules.gemm: block / register tiles, epilogue on the register tile)",
-    "serial": "serial",
-}
-
-
-# ----------------------------------------------------------------------------- the planner
-
-
 def _as_list(outputs: Tensor | list[Tensor] | tuple[Tensor, ...]) -> list[Tensor]:
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     if not outs:
@@ -355,6 +189,7 @@ def plan_fusion(
     device: C.Device | None = None,
     gemm: dict[str, Any] | bool | None = None,
     rows: R.RowParams | dict | None = None,
+    online: Sequence[Collection[str]] = (),
 ) -> FusionPlan:
     """Plan the kernels computing `outputs` on `target` ("cuda" or "cpu").
 
@@ -362,7 +197,9 @@ def plan_fusion(
     `cost.DEFAULT_SIZE`); `fuse=False` plans one kernel per stage, for comparison. `gemm`: the
     tile parameters of matmul-shaped reductions' GEMM kernels (`schedules.gemm.gemm_params`: on cuda
     block, thread_tile, k_tile; on cpu cpu_tile; None or True: the defaults; False: no GEMM mapping).
-    `rows`: the row strategies' thresholds (`schedules.rows.RowParams` or a dict of its fields)."""
+    `rows`: the row strategies' thresholds (`schedules.rows.RowParams` or a dict of its fields).
+    `online`: the stage names of each online-softmax pass (`schedules.attention.online_stages`): each set is one
+    kernel of mapping "online" that nothing else joins, whose stages are neither inlined nor inlined into."""
     outs = _as_list(outputs)
     if target not in ("cuda", "cpu"):
         raise ArgumentError(f"plan_fusion: unknown target {target!r}; expected 'cuda' or 'cpu'")
@@ -385,6 +222,7 @@ def plan_fusion(
     pl.given = {v.name for v in params if v in size_map or v.name in size_map}
     pl.gemm = gparams
     pl.row_params = R.RowParams.of(rows)
+    pl.online = [set(o) for o in online]
     if fuse:
         pl.decide_inlining()
     pl.make_groups()
@@ -442,18 +280,25 @@ class _Planner:
         self.gemm: dict[str, Any] | None = None
         self.given: set[str] = set()  # the size names the plan was given values for
         self.row_params = R.RowParams()
+        self.online: list[set[str]] = []  # the stages of each online-softmax pass
+
+    def _in_pass(self, t: Tensor) -> bool:
+        return any(t.name in o for o in self.online)
 
     # ---- GEMM groups
     def _is_gemm(self, t: Tensor) -> bool:
-        return self.gemm is not None and is_matmul_tensor(t) and R.operands_split(t)
+        # batch axes (before the last two) collapse into one grid dimension: all but the first are constants
+        return (self.gemm is not None and is_matmul_tensor(t) and R.operands_split(t)
+                and all(isinstance(simplify(e), Const) for e in t.shape[1:-2]))
 
     def _gemm_chain(self, stages: list[Tensor], depth: int) -> bool:
         """A matmul first, then elementwise stages each reading only its predecessor's value at its own
         point (and the predecessor read by nothing else, not an output): the GEMM recipe's epilogue."""
-        if not stages or not self._is_gemm(stages[0]) or (len(stages) > 1 and depth != 2):
+        rank = len(stages[0].shape) if stages else 0
+        if not stages or not self._is_gemm(stages[0]) or (len(stages) > 1 and depth != rank):
             return False
         for prev, t in zip(stages, stages[1:]):
-            if isinstance(t.op.body, Reduce) or len(t.shape) != 2 or self.stages[id(prev)].is_output:
+            if isinstance(t.op.body, Reduce) or len(t.shape) != rank or self.stages[id(prev)].is_output:
                 return False
             readers = [c for c in self.order if id(c) not in self.inlined
                        and any(p is prev for p, _ in _effective_loads(c, self.inlined))]
@@ -476,7 +321,14 @@ class _Planner:
         # Consumers first: whether a stage is inlined decides what its producers are read by.
         for t in reversed(self.order):
             st = self.stages[id(t)]
-            if st.is_output:
+            if st.is_output or self._in_pass(t):
+                continue
+            passes = [c.name for c in st.consumers if self._in_pass(c)]
+            if passes:
+                for c in st.consumers:
+                    self._note(c, Decision("materialize", (t.name,), False,
+                                           f"read by {', '.join(passes)} of an online-softmax pass, which reads its "
+                                           "operands from memory (K and V tiles staged in shared memory)"))
                 continue
             if st.is_reduction:
                 for c in st.consumers:
@@ -534,10 +386,19 @@ class _Planner:
 
     # ---- groups
     def make_groups(self) -> None:
+        passes: dict[int, FusionGroup] = {}
         for t in self.order:
             if id(t) in self.inlined:
                 continue
+            k = next((k for k, o in enumerate(self.online) if t.name in o), None)
+            if k is not None and k in passes:  # one kernel per pass
+                passes[k].stages.append(t)
+                self.group_of[id(t)] = passes[k]
+                continue
             g = FusionGroup(name="", stages=[t], depth=len(t.shape))
+            if k is not None:
+                g.mapping, g.depth = "online", 0
+                passes[k] = g
             g.log.extend(self.inline_log.get(id(t), []))
             self.groups.append(g)
             self.group_of[id(t)] = g
@@ -585,18 +446,19 @@ class _Planner:
                 gc = self.group_of[id(t)]
                 for p, idxs in self._producers(t).items():
                     gp = self.group_of[id(p)]
-                    if gp is gc:
+                    if gp is gc or "online" in (gp.mapping, gc.mapping):
                         continue
                     d_edge = min(_shared_prefix(pp, cc, [idx]) for pp, cc, idx in self._edges(gp, gc))
                     depth = min(gp.depth, gc.depth, d_edge)
                     shown = ", ".join(sorted({_fmt_idx(p, i) for i in idxs}))
-                    gemm_why = self._gemm_refusal(gp, gc, depth)
+                    gemm_why = self._gemm_refusal(gp, gc, depth) or self._parallelism_refusal(gp, gc, depth)
                     if gemm_why:
                         d = Decision("vertical", (p.name, t.name), False, gemm_why)
                         if all(str(d) != str(x) for x in gc.log):
                             gc.log.append(d)
                         continue
-                    if depth >= 1 and not self._reaches(gp, gc, skip_direct=True):
+                    between = self._between(gp, gc)
+                    if depth >= 1 and not self._reaches(gp, gc, skip_direct=True) and between is None:
                         loops = ", ".join(v.name for v in t.op.axis[:depth])
                         why = (f"{t.name} reads {shown} at its own outer loop value{'s' if depth > 1 else ''} "
                                f"({loops}): the loop{'s' if depth > 1 else ''} can be shared and every "
@@ -612,6 +474,9 @@ class _Planner:
                                f"needs all of {p.name} first"
                                + (", so sharing a loop would recompute the reduction per iteration" if red else "")
                                + " — separate kernels")
+                    elif between is not None:
+                        why = (f"{' / '.join(between.stage_names)} lies between them in program order and the later "
+                               "one needs it (loop fusion would run it too late) — separate kernels")
                     else:
                         why = "another kernel lies on a path between them (fusing would form a cycle)"
                     d = Decision("vertical", (p.name, t.name), False, why)
@@ -619,6 +484,32 @@ class _Planner:
                         gc.log.append(d)
                 if changed:
                     break
+
+    def _parallelism_refusal(self, a: FusionGroup, b: FusionGroup, depth: int) -> str:
+        """Why sharing `depth` outer loops would leave the GPU idle ("" when it would not): the shared loops are
+        the grid of a row kernel, so fusing at a depth whose iterations are fewer than the SMs, when each kernel
+        alone has more, trades all but a few SMs for the bytes it saves (a batch loop shared by the stages of
+        attention: 8 blocks for 132 SMs)."""
+        if self.target != "cuda" or depth < 1:
+            return ""
+        merged = C.elements(a.stages[0].shape[:depth], self.ev)
+        alone = min(C.elements(g.stages[0].shape[:max(g.depth, 1)], self.ev) for g in (a, b))
+        work = max(C.elements(_domain(t), self.ev) for t in a.stages + b.stages)
+        # a small program is launch-bound: one kernel beats a full GPU (a wave of blocks' threads, 4 points each)
+        if merged >= self.dev.sm_count or merged >= alone or work < self.dev.sm_count * THREADS * 4:
+            return ""
+        return (f"resource (parallelism): the {depth} loop{'s' if depth > 1 else ''} they share "
+                f"({', '.join(v.name for v in a.stages[0].op.axis[:depth])}) give{'' if depth > 1 else 's'} "
+                f"{merged:,} blocks for "
+                f"{self.dev.sm_count} SMs, while each kernel alone has at least {alone:,} — separate kernels")
+
+    def _between(self, a: FusionGroup, b: FusionGroup) -> FusionGroup | None:
+        """A group whose nests lie between those of a and b and that the later of them depends on: loop fusion
+        keeps the statements between two fused nests after the fused loop, so it would run too late."""
+        i, j = sorted((self.groups.index(a), self.groups.index(b)))
+        later = self.groups[j]
+        return next((x for x in self.groups[i + 1:j] if self._edges(x, later) or self._reaches(x, later, False)),
+                    None)
 
     def _producers(self, t: Tensor) -> dict[Tensor, list[tuple[Expr, ...]]]:
         out: dict[int, tuple[Tensor, list]] = {}
@@ -659,10 +550,10 @@ class _Planner:
         self.log = list(uniq.values())
 
     def _horizontal_ok(self, a: FusionGroup, b: FusionGroup) -> tuple[bool, int, str]:
-        if self._edges(a, b) or self._edges(b, a):
+        if self._edges(a, b) or self._edges(b, a) or "online" in (a.mapping, b.mapping):
             return False, 0, ""  # dependent: vertical fusion's business
-        if self._reaches(a, b, False) or self._reaches(b, a, False):
-            return False, 0, "a third kernel lies between them (fusing would form a cycle)"
+        if self._reaches(a, b, False) or self._reaches(b, a, False) or self._between(a, b) is not None:
+            return False, 0, "a third kernel lies between them (fusing would form a cycle or run it too late)"
         if any(self._is_gemm(t) for t in a.stages + b.stages):
             return False, 0, self._gemm_refusal(a, b, 0)
         ta, tb = a.stages[0], b.stages[0]
@@ -708,6 +599,8 @@ class _Planner:
             g.cost = self._group_cost(g)
 
     def _mapping(self, g: FusionGroup) -> str:
+        if g.mapping == "online":
+            return "online"
         if self._gemm_chain(g.stages, g.depth):
             return "gemm"
         if self.target == "cpu":
@@ -745,8 +638,10 @@ class _Planner:
         a, b = (", ".join(n.buffer.name for n in walk(x) if isinstance(n, Load)) for x in (mm.op.body.body.a,
                                                                                           mm.op.body.body.b))
         k = mm.op.reduce_axis[0].name
-        i, j = (v.name for v in mm.op.axis)
-        what = f"{mm.name}[{i}, {j}] = sum over {k} of {a}[..] * {b}[..] is matmul-shaped"
+        batch = "".join(f"{v.name}, " for v in mm.op.axis[:-2])
+        i, j = (v.name for v in mm.op.axis[-2:])
+        what = (f"{mm.name}[{batch}{i}, {j}] = sum over {k} of {a}[..] * {b}[..] is matmul-shaped"
+                + (f" (batched over {batch[:-2]}: blockIdx.z on cuda)" if batch else ""))
         if self.target == "cpu":
             t0, t1 = prm["cpu_tile"]
             how = (f"tiled GEMM recipe for the CPU: {t0}x{t1} register tile (cache_write local), column panels "
@@ -754,12 +649,12 @@ class _Planner:
         else:
             itemsize = max(np_dtype(n.buffer.dtype).itemsize for n in walk(mm.op.body.body) if isinstance(n, Load))
             # the recipe's default tiles (none chosen by the caller) and few rows: the skinny tiles
-            rows = C.size_value(mm.shape[0], self.ev)
+            rows = C.size_value(mm.shape[-2], self.ev)
             sk = skinny_params(rows, itemsize, self.dev.smem_per_block) if prm == gemm_params("cuda") else None
             if sk is not None:
                 prm.update(sk[0])
                 g.log.append(Decision("note", (mm.name,), None, sk[1] + (
-                    f" (rows costed at {rows}: `sizes`)" if isinstance(mm.shape[0], Var) else "")))
+                    f" (rows costed at {rows}: `sizes`)" if isinstance(mm.shape[-2], Var) else "")))
             threads, smem, acc = gemm_resources(prm, itemsize)
             (b0, b1), (t0, t1), kt = prm["block"], prm["thread_tile"], prm["k_tile"]
             limits = [(threads, self.dev.max_threads_per_block, "threads per block"),

@@ -197,16 +197,17 @@ def reduction_scratch(stages: list[Tensor]) -> int:
 
 
 def operands_split(t: Tensor) -> bool:
-    """A matmul's operands each read at most one of its two output axes (X[i, k] * Y[k, j]); a sum of
-    products whose factors both read the whole output point (a variance, sum of (x[i, t, q] - m)^2) is a
-    row reduction, not a GEMM, and its tiles would not be what the GEMM recipe sizes."""
+    """A matmul's operands each read at most one of its two last output axes (X[.., i, k] * Y[.., k, j]; the
+    axes before them are batch axes, which both may read); a sum of products whose factors both read the
+    whole output point (a variance, sum of (x[i, t, q] - m)^2) is a row reduction, not a GEMM, and its tiles
+    would not be what the GEMM recipe sizes."""
     op = t.op
-    if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce) or len(op.axis) != 2:
+    if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce) or len(op.axis) < 2:
         return False
     body = op.body.body
     if not isinstance(body, Binary):
         return False
-    i, j = op.axis
+    i, j = op.axis[-2:]
 
     def axes(e) -> set[Var]:
         return {n for ld in walk(e) if isinstance(ld, Load) for ix in ld.indices for n in walk(ix)

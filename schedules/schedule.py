@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from loopir import deps_shortcuts, poly, reassoc
+from loopir import deps_shortcuts, poly, poly_model, reassoc
 from loopir.bounds import BoundsError, check_bounds
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
 from loopir.lower import lower
@@ -44,6 +44,8 @@ from loopir.target import cpu_vector_fallback
 from loopir.visit import deep_recursion, statements, walk_stmts
 
 from .errors import InexactCheckError, ScheduleError, nest_str
+from . import nest_scope
+from .nest_scope import NestBases, changed_nest, nest_local, nest_program
 from .primitives import REGISTRY, CheckContext, PrimitiveSpec, find_loop, loop_path, loop_vars
 
 # the primitive modules: importing one registers its primitives in REGISTRY (and so as methods of Schedule)
@@ -107,7 +109,9 @@ class Schedule:
         else:
             raise ArgumentTypeError(f"Schedule() takes a te tensor, a list of tensors or a loopir Program, "
                                     f"got {type(target).__name__}")
+        poly_model.register_products(program)  # products of sizes (B * T) are isl parameters of their own
         self._token = _Token()
+        self._nests = NestBases()  # the bases of the nests checked alone (schedules.nest_scope)
         self._original = program
         self._program = program
         self._deps: poly.Deps | None = None
@@ -328,7 +332,9 @@ class Schedule:
         new, result = (out, None) if isinstance(out, Program) else out
         if not isinstance(new, Program):
             raise ArgumentTypeError(f"primitive {name!r} returned {type(new).__name__}, not a Program")
-        if self.check:
+        rebase = bool(spec.rebase or (hasattr(spec.fn, "rebases_when") and spec.fn.rebases_when(rkw)))
+        if self.check and not self._check_nest(spec, old, new, rargs, rkw, result, rebase):
+            self._nests.clear()  # a step over several nests may change what a nest's base describes
             with _plain_errors(name, rargs):
                 self._check(spec, old, new, rargs, rkw, result)
             if bounds_checked(spec):
@@ -339,7 +345,7 @@ class Schedule:
             self._reductions.update(_reduction_loops(new, result if isinstance(result, Var) else
                                                      result[0] if isinstance(result, tuple) else rargs[0]))
         self._checked = self._checked and self.check
-        if spec.rebase or (hasattr(spec.fn, "rebases_when") and spec.fn.rebases_when(rkw)):
+        if rebase:
             self._original = new
             self._deps = None
             self._checked = True
@@ -356,16 +362,48 @@ class Schedule:
             return tuple(self._wrap_result(r) if isinstance(r, Var) else r for r in result)
         return result
 
+    def _check_nest(self, spec: PrimitiveSpec, old: Program, new: Program, args: tuple[Any, ...],
+                    kwargs: dict[str, Any], result: Any, rebase: bool) -> bool:
+        """True when the step changed one nest only and is legal on that nest alone (`schedules.nest_scope`);
+        False sends it to the whole-program check (which also gives the refusals their witnesses)."""
+        shortcut = self._checked and nest_scope.ENABLED and nest_local(spec.name, rebase)
+        run = changed_nest(old, new) if shortcut else None
+        if run is None:
+            return False
+        lo, hi_old, hi_new = run
+        old_k, new_k = nest_program(old, lo, hi_old, self._nests.uses), nest_program(new, lo, hi_new, self._nests.uses)
+        if old_k is None or new_k is None:
+            return False
+        base = self._nests.base(old_k)
+        try:
+            with _plain_errors(spec.name, args):
+                self._check(spec, old_k, new_k, args, kwargs, result, deps=lambda: NestBases.deps(base),
+                            deps_ready=base[1] is not None)
+            if bounds_checked(spec):
+                _check_bounds_step(spec.name, args, old_k, new_k)
+        except Exception:  # noqa: BLE001 - any doubt (a refusal, an analysis the nest alone cannot do) goes to
+            return False   # the whole-program check, which refuses with the full witness or accepts
+        self._nests.after(old_k, new_k, rebase)
+        return True
+
     def _check(self, spec: PrimitiveSpec, old: Program, new: Program, args: tuple[Any, ...],
-               kwargs: dict[str, Any], result: Any) -> None:
-        ctx = CheckContext(lambda: self.deps, old, new, args, kwargs, result, spec.name,
-                           {"checked": self._checked, "deps_ready": self._deps is not None})
+               kwargs: dict[str, Any], result: Any, deps: Any = None, deps_ready: bool | None = None) -> None:
+        """Legality of the step old -> new against the dependences `deps()` (default: the whole original
+        program's, and a reassociation is recorded; given: a nest's, and a reassociation is left to the
+        whole-program check)."""
+        local = deps is not None
+        get = deps if local else (lambda: self.deps)
+        ctx = CheckContext(get, old, new, args, kwargs, result, spec.name,
+                           {"checked": self._checked,
+                            "deps_ready": deps_ready if local else self._deps is not None})
         w: poly.Witness | None
         if callable(spec.check):
             w = spec.check(ctx)
             # a custom check whose witness is a plain order violation (split's, for a guarded split) may be legal
             # up to reassociating reductions, like the "order" check below
             order_like = getattr(spec.check, "order_like", None)
+            if w is not None and local:
+                raise _WholeProgram
             if w is not None and order_like is not None and order_like(ctx) and \
                     reassoc.find_violation_reassociated(self.deps, new) is None:
                 w = self._reassociate(spec, new, args)
@@ -374,21 +412,27 @@ class Schedule:
         else:
             if not spec.rebase:
                 # a primitive must run exactly the original statement instances (guards a buggy rewrite)
-                bad = poly.instance_mismatch(self.deps, new)
+                bad = poly.instance_mismatch(get(), new)
                 if bad is not None:
+                    if local:
+                        raise _WholeProgram
                     raise RuntimeError(f"internal error in primitive {spec.name!r}: {bad}")
             if spec.check == "order":
-                w = poly.find_violation(self.deps, new)
+                w = poly.find_violation(get(), new)
+                if w is not None and local:
+                    raise _WholeProgram
                 if w is not None and reassoc.find_violation_reassociated(self.deps, new) is None:
                     w = self._reassociate(spec, new, args)  # legal up to reassociating reductions (loopir.reassoc)
             else:
                 loop = next((a for a in args if isinstance(a, Var)), None)
                 if loop is None:
                     raise ArgumentTypeError(f"primitive {spec.name!r} (check='carried') takes a loop as first argument")
-                w = poly.carried_by(self.deps, new, loop)
+                w = poly.carried_by(get(), new, loop)
         if w is None:
-            self._check_kinds(spec, new, args, result)
+            self._check_kinds(spec, new, args, result, get() if local else None)
             return
+        if local:
+            raise _WholeProgram
         marks = {a: f"<-- {spec.name}" for a in _vars_in(args)}
         shown = [_arg_str(a) for a in args] + [f"{k}={_arg_str(v)}" for k, v in kwargs.items()]
         what = f"{spec.name}({', '.join(shown)})"
@@ -417,7 +461,8 @@ class Schedule:
             if note is not None:
                 self._reassociated.setdefault(g, note)
 
-    def _check_kinds(self, spec: PrimitiveSpec, new: Program, args: tuple[Any, ...], result: Any) -> None:
+    def _check_kinds(self, spec: PrimitiveSpec, new: Program, args: tuple[Any, ...], result: Any,
+                     nest_deps: poly.Deps | None = None) -> None:
         # legal iff (the order check above and) no parallel / vectorized / bound loop of the new program
         # carries a dependence: loop kinds are part of the checked state, so no order of steps slips past
         if spec.check is None:
@@ -431,8 +476,10 @@ class Schedule:
         # part: a sufficient test on its memory-based dependences (a superset) first, the exact one if it fails
         if spec.rebase and deps_shortcuts.concurrent_free(new, skip, reductions):
             return
-        deps = poly.dependences(new) if spec.rebase else self.deps
+        deps = poly.dependences(new) if spec.rebase else nest_deps or self.deps
         found = poly.concurrent_violation(deps, new, skip, reductions)
+        if found is not None and nest_deps is not None:
+            raise _WholeProgram
         if found is not None:
             loop, w = found
             f = next(n for n in _fors(new) if n.var is loop)
@@ -553,6 +600,10 @@ def _install_primitive_methods() -> None:
 
 
 _install_primitive_methods()
+
+
+class _WholeProgram(Exception):
+    """The check of a step on its nest alone did not accept it: check it on the whole program."""
 
 
 def _fors(program: Program) -> list[For]:

@@ -165,9 +165,10 @@ def _attention_ref(a: Arrays) -> Arrays:
 @functools.cache
 def attention(B: int, n: int, m: int, d: int) -> GpuCase:
     """S = sum_r Q[b,i,r] K[b,j,r]; mx = max_r2 S; P = exp(S - mx) * 0.125; sm = sum_r3 P;
-    O = sum_r4 P[b,i,r4] V[b,r4,c]; Y = O / sm — auto_schedule(target="cuda"): one kernel."""
+    O = sum_r4 P[b,i,r4] V[b,r4,c]; Y = O / sm — auto_schedule(target="cuda", gemm=False): one kernel (the
+    race-free issue's repro; by default S and O are batched GEMM kernels of their own)."""
     _, Y = _attention_te(B, n, m, d)
-    return GpuCase(f"attention_B{B}_n{n}_m{m}_d{d}", _auto([Y]),
+    return GpuCase(f"attention_B{B}_n{n}_m{m}_d{d}", _auto([Y], gemm=False),
                    _rng_inputs({"Q": (B, n, d), "K": (B, m, d), "V": (B, m, d)}), _attention_ref,
                    needs_barriers=d >= 32,
                    notes="p materialized (d >= 32): written 4 columns per thread, read by all" if d >= 32 else

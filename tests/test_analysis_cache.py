@@ -6,7 +6,8 @@ for cache_write's intermediate programs, the memory-based pre-test of concurrent
 accepts). These tests run the same schedules both ways and compare every decision, every witness and
 every resulting program: the composed fuzz sequences (tests/test_fuzz_compose.py's programs and steps,
 refusals included), the GEMM recipes and auto_schedule on the seed workloads; and they compare the
-shortcuts' relations with the fresh ones directly.
+shortcuts' relations with the fresh ones directly. The checks of a step on the nests it changes alone
+(schedules/nest_scope.py) are compared with the whole-program checks in tests/test_nest_scope.py.
 """
 
 from __future__ import annotations

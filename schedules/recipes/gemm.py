@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from loopir.errors import ArgumentError, NotFoundError, ResourceLimitError
+from loopir.errors import ArgumentError, LoopirError, NotFoundError, ResourceLimitError
 from loopir.nodes import Binary, Buffer, Load, Program, Store
 from loopir.te import ComputeOp, Reduce
 from loopir.visit import statements, walk
 
 __all__ = [
-    "GemmPlan", "check_tiles", "elementwise_consumers", "is_matmul_tensor", "matmul_operands", "matmul_stage",
-    "pos_int", "resolve_stage",
+    "GemmPlan", "check_tiles", "collapse_batch", "elementwise_consumers", "is_matmul_tensor", "matmul_operands",
+    "matmul_stage", "pos_int", "resolve_stage",
 ]
 
 
@@ -60,12 +60,14 @@ def _is_update(st: Store) -> bool:
 
 
 def matmul_stage(program: Program) -> list[str]:
-    """Names of the statements of `program` that are matmul-shaped: C[i, j] += X[.., k] * Y[k, ..]
-    (2-d accumulator, one more loop than the output rank, product of two loads)."""
+    """Names of the statements of `program` that are matmul-shaped: C[.., i, j] += X[.., k] * Y[k, ..]
+    (an accumulator of 2 or more dimensions indexed by its loops in order, the leading ones batch loops;
+    one more loop, the reduction, innermost; a product of two loads)."""
     out = []
     for c in statements(program):
         st = c.store
-        if not _is_update(st) or len(st.indices) != 2 or len(st.iters) != 3:
+        if (not _is_update(st) or len(st.indices) < 2 or len(st.iters) != len(st.indices) + 1
+                or tuple(st.indices) != tuple(st.iters[:-1])):
             continue
         rhs = st.value.b  # type: ignore[attr-defined]
         if isinstance(rhs, Binary) and rhs.op == "mul" and _loads(rhs.a) and _loads(rhs.b):
@@ -146,10 +148,28 @@ def matmul_operands(upd: Store) -> list[Buffer]:
 
 def is_matmul_tensor(t: Any) -> bool:
     """The te mirror of `matmul_stage`: t = sum over one reduce axis of (X * Y), X and Y reading tensors,
-    with a 2-d output (what lowers to a matmul-shaped update statement)."""
+    with an output of 2 or more dimensions (the leading ones batch axes; what lowers to a matmul-shaped
+    update statement)."""
     op = getattr(t, "op", None)
     if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce) or op.body.op != "sum":
         return False
     body = op.body.body
-    return (len(t.shape) == 2 and len(op.reduce_axis) == 1 and isinstance(body, Binary) and body.op == "mul"
+    return (len(t.shape) >= 2 and len(op.reduce_axis) == 1 and isinstance(body, Binary) and body.op == "mul"
             and _loads(body.a) and _loads(body.b))
+
+
+def collapse_batch(s: Any, stage: str, who: str) -> Any | None:
+    """The batch loops of a batched matmul (the loops of `stage` around its last three, i, j, k) collapsed
+    into one handle, or None when there are none. Sizes of the inner batch loops must be constants (a
+    symbolic one would make the collapsed coordinates non-affine); ArgumentError naming `who` otherwise."""
+    batch = list(s.loops(stage)[:-3])
+    if not batch:
+        return None
+    h = batch[0]
+    for nxt in batch[1:]:
+        try:
+            h = s.collapse(h, nxt)
+        except LoopirError as e:
+            raise ArgumentError(f"{who}: the batch loops of {stage!r} ({', '.join(b.var.name for b in batch)}) "
+                                f"cannot be collapsed into one grid dimension: {e}") from e
+    return h

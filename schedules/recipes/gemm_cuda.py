@@ -34,7 +34,7 @@ from loopir.visit import statements
 import schedules.primitives.cache  # noqa: F401  (registers Schedule.cache_read)
 import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache_write)
 
-from .gemm import GemmPlan, check_tiles, matmul_operands, resolve_stage
+from .gemm import GemmPlan, check_tiles, collapse_batch, matmul_operands, resolve_stage
 
 __all__ = ["SKINNY_ROWS", "gemm_resources", "schedule_gemm_cuda", "skinny_params"]
 
@@ -59,6 +59,7 @@ def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", 
     upd, eps = resolve_stage(s.program, stage, epilogue, "schedule_gemm_cuda")
     plan = GemmPlan(upd.name, list(eps), "cuda")
     name = upd.name
+    batch = collapse_batch(s, name, "schedule_gemm_cuda")
     i, j, k = s.loops(name)[-3:]
     nty, ntx = block[0] // thread_tile[0], block[1] // thread_tile[1]
     bi, ir = s.split(i, block[0])
@@ -75,6 +76,9 @@ def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", 
                       "reorder(bi, bj, ty, tx, ii, jj)")
     s.bind(bi, "blockIdx.y").bind(bj, "blockIdx.x").bind(ty, "threadIdx.y").bind(tx, "threadIdx.x")
     plan.steps.append("bind bi, bj to blockIdx.y/x and ty, tx to threadIdx.y/x")
+    if batch is not None:
+        s.bind(batch, "blockIdx.z")
+        plan.steps.append(f"bind the batch loop {batch.var.name} to blockIdx.z (batched GEMM)")
     s.cache_write(upd.buffer.name, "local", tx, epilogue=eps)
     plan.steps.append(f"cache_write({upd.buffer.name}, 'local', tx, epilogue={eps}): "
                       f"{thread_tile[0]}x{thread_tile[1]} register tile")

@@ -1,0 +1,263 @@
+"""Whole model blocks end to end (issue 19): the GPT-2, MLP and LLaMA-style blocks of `loopir.blocks`, each built
+as ONE program by `build(outputs, args)` (batch B and sequence T as te.var: the user's path; and at sizes fixed at
+build time), against the same block in PyTorch eager and `torch.compile` in the same run.
+
+Every row is checked against the float64 numpy reference (fresh model-like random data, outputs poisoned with
+NaN; float32 < 1e-4, float16/bfloat16 < 1e-2 relative to the largest output); a failing row says FAIL, a build
+that raises says ERROR with the exception, never dropped. Timing: CUDA events around back-to-back calls after
+warm-up, medians (gpu_suite.time_cuda); torch.compile's compile time is excluded (timed after the first call).
+Beside each row: the kernels of our plan with their predicted times (the plan's roofline), so the slowest kernels
+can be named.
+
+    python3 benchmarks/e2e.py [--blocks gpt2,mlp,llama] [--dtypes float32,float16,bfloat16] [--T 128,1024,4096]
+                              [--B 8] [--C 768 --H 12] [--modes sym,fixed] [--out DIR] [--target cuda|cpu]
+
+`--target cpu` (default without a GPU) runs the CPU build against numpy (and PyTorch CPU when importable) at
+small sizes (B 2, T 64, C 256 unless given). Writes e2e_<target>.md / .json / .png into --out (default
+benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from codegen import build, gpu_available  # noqa: E402
+from loopir import blocks  # noqa: E402
+from schedules import auto_schedule  # noqa: E402
+
+# ----------------------------------------------------------------------------- the blocks in PyTorch
+
+
+def torch_block(name: str, H: int) -> Any:
+    """fn(dict of tensors) -> tensor: the block as PyTorch users write it (F.layer_norm, F.scaled_dot_product
+    _attention with is_causal, tanh GELU); half-precision matmuls accumulate in float32 as cuBLAS does."""
+    import torch
+    import torch.nn.functional as F
+
+    def attn(q, k, v):  # noqa: ANN001, ANN202
+        Bn, Tn, C = q.shape
+        sh = (Bn, Tn, H, C // H)
+        q, k, v = (a.view(sh).transpose(1, 2) for a in (q, k, v))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(Bn, Tn, C)
+
+    def rot(a, cos, sin):  # noqa: ANN001, ANN202
+        Bn, Tn, C = a.shape
+        x = a.view(Bn, Tn, H, -1, 2)
+        c, s = cos[None, :, None, :], sin[None, :, None, :]
+        return torch.stack([x[..., 0] * c - x[..., 1] * s, x[..., 1] * c + x[..., 0] * s], -1).view(Bn, Tn, C)
+
+    def gpt2(d):  # noqa: ANN001, ANN202
+        C = d["x"].shape[-1]
+        h = F.layer_norm(d["x"], (C,), d["g_ln1"], d["beta_ln1"], blocks.LN_EPS)
+        lin = lambda a, n: a @ d[f"w_{n}"] + d[f"b_{n}"]  # noqa: E731
+        x1 = d["x"] + lin(attn(lin(h, "q"), lin(h, "k"), lin(h, "v")), "proj")
+        f = F.gelu(lin(F.layer_norm(x1, (C,), d["g_ln2"], d["beta_ln2"], blocks.LN_EPS), "fc"), approximate="tanh")
+        return x1 + lin(f, "fc2")
+
+    def mlp(d):  # noqa: ANN001, ANN202
+        C = d["x"].shape[-1]
+        h = F.layer_norm(d["x"], (C,), d["g_ln"], d["beta_ln"], blocks.LN_EPS)
+        return d["x"] + F.gelu(h @ d["w_fc"] + d["b_fc"], approximate="tanh") @ d["w_fc2"] + d["b_fc2"]
+
+    def llama(d):  # noqa: ANN001, ANN202
+        def rms(a, g):  # noqa: ANN001, ANN202
+            af = a.float()
+            return (af * torch.rsqrt(af.pow(2).mean(-1, keepdim=True) + blocks.RMS_EPS)).to(a.dtype) * g
+        h = rms(d["x"], d["g_rms1"])
+        q, k = (rot(h @ d[f"w_{n}"], d["cos"], d["sin"]) for n in ("q", "k"))
+        x1 = d["x"] + attn(q, k, h @ d["w_v"]) @ d["w_o"]
+        h2 = rms(x1, d["g_rms2"])
+        return x1 + (F.silu(h2 @ d["w_w1"]) * (h2 @ d["w_w3"])) @ d["w_w2"]
+
+    return {"gpt2": gpt2, "mlp": mlp, "llama": llama}[name]
+
+
+# ----------------------------------------------------------------------------- one row
+
+
+def _workload(name: str, dtype: str, C: int, H: int, fixed: dict[str, int] | None) -> Any:
+    kw: dict[str, Any] = {"C": C, "dtype": dtype} if name == "mlp" else {"C": C, "H": H, "dtype": dtype}
+    if fixed:
+        kw.update(fixed)
+    return blocks.BLOCKS[name](**kw)
+
+
+def _rel_err(got: np.ndarray, want: np.ndarray, dtype: str) -> float:
+    g, w = blocks.as_float64(got, dtype), blocks.as_float64(want, dtype)
+    if np.isnan(g).any():
+        return float("inf")
+    return float(np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-30))
+
+
+def _flops(name: str, B: int, T: int, C: int) -> float:
+    """Multiply-adds x 2 of the block's matmuls and attention (causal: half the scores)."""
+    n = B * T
+    if name == "mlp":
+        return 2.0 * n * C * 4 * C * 2
+    ff = 4 * C if name == "gpt2" else -(-(8 * C // 3) // 64) * 64
+    mats = 2.0 * n * C * C * 4 + 2.0 * n * C * ff * (2 if name == "gpt2" else 3)
+    return mats + 2.0 * B * T * T * C  # q k^T and p v, causal halves of 2 * 2 * B * T^2 * C
+
+
+def run_row(name: str, dtype: str, B: int, T: int, C: int, H: int, mode: str, target: str, torch: Any,
+            compile_torch: bool) -> dict[str, Any]:
+    row: dict[str, Any] = {"block": name, "dtype": dtype, "B": B, "T": T, "C": C, "mode": mode, "target": target}
+    sizes = {"B": B, "T": T}
+    w = _workload(name, dtype, C, H, sizes if mode == "fixed" else None)
+    ins = blocks.inputs(w, sizes, rng=0)
+    want = w.reference(*ins)[0]
+    try:
+        t0 = time.perf_counter()
+        s = auto_schedule(list(w.outputs), target, sizes=sizes)
+        row["schedule_s"] = time.perf_counter() - t0
+        mod = build(s, list(w.args), target=target)
+        row["build_s"] = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 - a row that fails to build is reported, not dropped
+        row["status"] = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        traceback.print_exc(limit=4)
+        return row
+    groups = getattr(s.plan, "groups", [])
+    row["kernels"] = [{"stages": ", ".join(g.stage_names), "mapping": g.mapping,
+                       "predicted_ms": g.cost.time(s.plan.device) * 1e3 if hasattr(g.cost, "time") else None}
+                      for g in groups]
+    got = blocks.as_dtype(np.full(want.shape, np.nan), dtype)
+    mod(*ins, got)
+    row["err"] = _rel_err(got, want, dtype)
+    row["status"] = "ok" if row["err"] < w.tolerance else f"FAIL (error {row['err']:.2e})"
+    if target == "cuda":
+        _time_cuda_row(row, name, mod, ins, want, dtype, H, torch, compile_torch)
+    else:
+        _time_cpu_row(row, mod, ins, want, dtype)
+    row["tflops"] = _flops(name, B, T, C) / (row["ms_ours"] * 1e-3) / 1e12 if row.get("ms_ours") else None
+    return row
+
+
+def _time_cpu_row(row: dict[str, Any], mod: Any, ins: list[np.ndarray], want: np.ndarray, dtype: str) -> None:
+    out = blocks.as_dtype(np.zeros(want.shape), dtype)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        mod(*ins, out)
+        times.append((time.perf_counter() - t0) * 1e3)
+    row["ms_ours"] = statistics.median(times)
+
+
+def _time_cuda_row(row: dict[str, Any], name: str, mod: Any, ins: list[np.ndarray], want: np.ndarray, dtype: str,
+                   H: int, torch: Any, compile_torch: bool) -> None:
+    from gpu_suite import time_cuda
+
+    tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+
+    def dev(a: np.ndarray) -> Any:
+        t = torch.from_numpy(blocks.as_float64(a, dtype)).to("cuda")
+        return t.to(tdt)
+
+    names = [t.name for t in mod.program.args[:len(ins)]]
+    d_ins = [dev(a) for a in ins]
+    out = torch.full(want.shape, float("nan"), dtype=tdt, device="cuda")
+    p = mod.prepare(tuple(d_ins) + (out,))
+    row["ms_ours"] = time_cuda(torch, lambda: mod.launch(p), batch=3, repeat=9)
+    d = dict(zip(names, d_ins))
+    fn = torch_block(name, H)
+    with torch.no_grad():
+        row["ms_eager"] = time_cuda(torch, lambda: fn(d), batch=3, repeat=9)
+        ref = fn(d)
+        row["torch_err"] = _rel_err(ref.float().cpu().numpy().astype(np.float64),
+                                    blocks.as_float64(want, dtype), "float64")
+        if compile_torch:
+            torch._dynamo.reset()
+            cf = torch.compile(fn, dynamic=False)
+            cf(d)
+            row["ms_compile"] = time_cuda(torch, lambda: cf(d), batch=3, repeat=9)
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| block | dtype | B×T | sizes | status | ours ms | eager ms | compile ms | ours / compile | "
+             "TFLOP/s | kernels | build s |", "|" + "---|" * 12]
+    for r in rows:
+        ratio = r["ms_ours"] / r["ms_compile"] if r.get("ms_ours") and r.get("ms_compile") else None
+        lines.append(f"| {r['block']} | {r['dtype']} | {r['B']}×{r['T']} | {r['mode']} | {r['status']} | "
+                     f"{_fmt(r.get('ms_ours'))} | {_fmt(r.get('ms_eager'))} | {_fmt(r.get('ms_compile'))} | "
+                     f"{_fmt(ratio, '.2f')} | {_fmt(r.get('tflops'), '.1f')} | {len(r.get('kernels', []))} | "
+                     f"{_fmt(r.get('build_s'), '.1f')} |")
+    return "\n".join(lines)
+
+
+def slowest_kernels(rows: list[dict[str, Any]], n: int = 3) -> str:
+    """The kernels with the largest predicted share of each row (the plan's roofline; see the note)."""
+    out = []
+    for r in rows:
+        ks = [k for k in r.get("kernels", []) if k.get("predicted_ms") is not None]
+        ks.sort(key=lambda k: -k["predicted_ms"])
+        total = sum(k["predicted_ms"] for k in ks) or 1.0
+        out.append(f"- {r['block']} {r['dtype']} {r['B']}×{r['T']} {r['mode']}: " + "; ".join(
+            f"{k['stages']} ({k['mapping']}, {k['predicted_ms']:.3f} ms predicted, "
+            f"{100 * k['predicted_ms'] / total:.0f}%)" for k in ks[:n]))
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="cuda" if gpu_available() else "cpu", choices=("cuda", "cpu"))
+    ap.add_argument("--blocks", default="gpt2,mlp,llama")
+    ap.add_argument("--dtypes", default=None)
+    ap.add_argument("--T", default=None)
+    ap.add_argument("--B", type=int, default=None)
+    ap.add_argument("--C", type=int, default=None)
+    ap.add_argument("--H", type=int, default=12)
+    ap.add_argument("--modes", default="sym,fixed")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    a = ap.parse_args(argv)
+    cuda = a.target == "cuda"
+    dtypes = (a.dtypes or ("float32,float16,bfloat16" if cuda else "float32")).split(",")
+    Ts = [int(t) for t in (a.T or ("128,1024,4096" if cuda else "64")).split(",")]
+    B = a.B or (8 if cuda else 2)
+    C = a.C or (768 if cuda else 256)
+    H = a.H if C % a.H == 0 else math.gcd(C, a.H)
+    torch = None
+    if cuda:
+        import torch
+        torch.backends.cuda.matmul.allow_tf32 = False
+    rows = []
+    for name in a.blocks.split(","):
+        for dtype in dtypes:
+            for T in Ts:
+                for mode in a.modes.split(","):
+                    r = run_row(name, dtype, B, T, C, H, mode, a.target, torch, not a.no_compile)
+                    print(json.dumps({k: v for k, v in r.items() if k != "kernels"}), flush=True)
+                    rows.append(r)
+    os.makedirs(a.out, exist_ok=True)
+    base = os.path.join(a.out, f"e2e_{a.target}")
+    with open(base + ".json", "w") as f:
+        json.dump(rows, f, indent=1)
+    text = (f"# Whole blocks, {a.target}\n\n{table(rows)}\n\n## Largest predicted kernels per row\n\n"
+            f"{slowest_kernels(rows)}\n")
+    with open(base + ".md", "w") as f:
+        f.write(text)
+    print(text)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
