@@ -12,9 +12,13 @@ can be named.
     python3 benchmarks/e2e.py [--blocks gpt2,mlp,llama] [--dtypes float32,float16,bfloat16] [--T 128,1024,4096]
                               [--B 8] [--C 768 --H 12] [--modes sym,fixed] [--out DIR] [--target cuda|cpu]
 
-`--target cpu` (default without a GPU) runs the CPU build against numpy (and PyTorch CPU when importable) at
-small sizes (B 2, T 64, C 256 unless given). Writes e2e_<target>.md / .json / .png into --out (default
-benchmarks/results/).
+Modes: `sym` and `fixed` build the block as one program; `ops` is the per-operator path (one `build` per
+operator of `blocks.OPERATORS`, the activations passed between the modules). On the GPU each kernel of the
+one-program modes is also timed alone (`CudaModule.kernel_times`), beside the plan's predicted time.
+
+`--target cpu` (default without a GPU) runs the CPU builds at small sizes (B 2, T 64, C 256 unless given); the
+CPU rows have no baseline where PyTorch is not installed. Writes e2e_<target>.md / .json / .png (our time over
+torch.compile's per row) into --out (default benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -112,13 +116,36 @@ def _flops(name: str, B: int, T: int, C: int) -> float:
     return mats + 2.0 * B * T * T * C  # q k^T and p v, causal halves of 2 * 2 * B * T^2 * C
 
 
+def _shape(t: Any, sizes: dict[str, int]) -> tuple[int, ...]:
+    return tuple(sizes[d.name] if hasattr(d, "name") else int(d.value) for d in t.shape)
+
+
+class _Operators:
+    """The per-operator path: one module per operator (`blocks.operators`), called in order with the activations
+    passed between them (the arrays of `alloc`: numpy on the CPU, torch tensors on the GPU)."""
+
+    def __init__(self, w: Any, name: str, target: str) -> None:
+        self.steps = [(build([o], [*ins, o], target=target), o, ins) for o, ins in blocks.operators(w, name)]
+
+    def run(self, vals: dict[str, Any], alloc: Any, sizes: dict[str, int]) -> Any:
+        for mod, out, ins in self.steps:
+            if out.name not in vals:
+                vals[out.name] = alloc(_shape(out, sizes))
+            mod(*(vals[t.name] for t in ins), vals[out.name])
+        return vals["y"]
+
+
 def run_row(name: str, dtype: str, B: int, T: int, C: int, H: int, mode: str, target: str, torch: Any,
             compile_torch: bool) -> dict[str, Any]:
+    """One row: mode "sym" (the block as one program, B and T symbolic), "fixed" (sizes fixed at build time) or
+    "ops" (one build per operator, symbolic sizes)."""
     row: dict[str, Any] = {"block": name, "dtype": dtype, "B": B, "T": T, "C": C, "mode": mode, "target": target}
     sizes = {"B": B, "T": T}
     w = _workload(name, dtype, C, H, sizes if mode == "fixed" else None)
     ins = blocks.inputs(w, sizes, rng=0)
     want = w.reference(*ins)[0]
+    if mode == "ops":
+        return _run_operators(row, w, name, ins, want, dtype, sizes, target, torch)
     try:
         t0 = time.perf_counter()
         s = auto_schedule(list(w.outputs), target, sizes=sizes)
@@ -142,6 +169,40 @@ def run_row(name: str, dtype: str, B: int, T: int, C: int, H: int, mode: str, ta
     else:
         _time_cpu_row(row, mod, ins, want, dtype)
     row["tflops"] = _flops(name, B, T, C) / (row["ms_ours"] * 1e-3) / 1e12 if row.get("ms_ours") else None
+    return row
+
+
+def _run_operators(row: dict[str, Any], w: Any, name: str, ins: list[np.ndarray], want: np.ndarray, dtype: str,
+                   sizes: dict[str, int], target: str, torch: Any) -> dict[str, Any]:
+    try:
+        t0 = time.perf_counter()
+        ops = _Operators(w, name, target)
+        row["build_s"] = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 - a row that fails to build is reported, not dropped
+        row["status"] = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        return row
+    row["kernels"] = [{"stages": o.name, "mapping": "operator", "predicted_ms": None} for _, o, _ in ops.steps]
+    if target == "cuda":
+        from gpu_suite import time_cuda
+        tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+        vals = {t.name: torch.from_numpy(blocks.as_float64(a, dtype)).to("cuda").to(tdt) for t, a in zip(w.inputs, ins)}
+        alloc = lambda shape: torch.full(shape, float("nan"), dtype=tdt, device="cuda")  # noqa: E731
+        got = ops.run(vals, alloc, sizes)
+        torch.cuda.synchronize()
+        row["err"] = _rel_err(got.double().cpu().numpy(), blocks.as_float64(want, dtype), "float64")
+        row["ms_ours"] = time_cuda(torch, lambda: ops.run(vals, alloc, sizes), batch=3, repeat=9)
+    else:
+        vals = {t.name: a for t, a in zip(w.inputs, ins)}
+        alloc = lambda shape: blocks.as_dtype(np.full(shape, np.nan), dtype)  # noqa: E731
+        row["err"] = _rel_err(ops.run(vals, alloc, sizes), want, dtype)
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            ops.run(vals, alloc, sizes)
+            times.append((time.perf_counter() - t0) * 1e3)
+        row["ms_ours"] = statistics.median(times)
+    row["status"] = "ok" if row["err"] < w.tolerance else f"FAIL (error {row['err']:.2e})"
+    row["tflops"] = None
     return row
 
 
@@ -170,6 +231,12 @@ def _time_cuda_row(row: dict[str, Any], name: str, mod: Any, ins: list[np.ndarra
     out = torch.full(want.shape, float("nan"), dtype=tdt, device="cuda")
     p = mod.prepare(tuple(d_ins) + (out,))
     row["ms_ours"] = time_cuda(torch, lambda: mod.launch(p), batch=3, repeat=9)
+    # measured time per kernel, beside the plan's prediction (a kernel belongs to the group whose stages it runs)
+    measured = mod.kernel_times(*d_ins, out)
+    stmts = {k.name: set(k.stmt_names) for k in mod.gen.kernels}
+    for g in row["kernels"]:
+        names = set(g["stages"].split(", "))
+        g["measured_ms"] = sum(t for k, t in measured.items() if stmts.get(k, set()) & names) or None
     d = dict(zip(names, d_ins))
     fn = torch_block(name, H)
     with torch.no_grad():
@@ -204,16 +271,38 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def slowest_kernels(rows: list[dict[str, Any]], n: int = 3) -> str:
-    """The kernels with the largest predicted share of each row (the plan's roofline; see the note)."""
+    """The kernels with the largest share of each row: measured on the GPU (CUDA events around each kernel
+    replayed alone), with the plan's roofline prediction beside it; predicted only on the CPU."""
     out = []
-    for r in rows:
-        ks = [k for k in r.get("kernels", []) if k.get("predicted_ms") is not None]
-        ks.sort(key=lambda k: -k["predicted_ms"])
-        total = sum(k["predicted_ms"] for k in ks) or 1.0
+    for r in (r for r in rows if r.get("kernels") and r["mode"] != "ops"):
+        key = "measured_ms" if any(k.get("measured_ms") for k in r.get("kernels", [])) else "predicted_ms"
+        ks = [k for k in r.get("kernels", []) if k.get(key) is not None]
+        ks.sort(key=lambda k: -k[key])
+        total = sum(k[key] for k in ks) or 1.0
         out.append(f"- {r['block']} {r['dtype']} {r['B']}×{r['T']} {r['mode']}: " + "; ".join(
-            f"{k['stages']} ({k['mapping']}, {k['predicted_ms']:.3f} ms predicted, "
-            f"{100 * k['predicted_ms'] / total:.0f}%)" for k in ks[:n]))
+            f"{k['stages']} ({k['mapping']}, {k[key]:.3f} ms {key[:-3]}"
+            + (f", {k['predicted_ms']:.3f} predicted" if key == "measured_ms" and k.get("predicted_ms") else "")
+            + f", {100 * k[key] / total:.0f}%)" for k in ks[:n]))
     return "\n".join(out)
+
+
+def ratio_png(rows: list[dict[str, Any]]) -> bytes:
+    """One bar per row: our time over torch.compile's (eager's when there is none), the axis to 3x, a mark at 1x;
+    green at or below 1.2x, amber to 1.5x, red beyond (rows in the markdown table's order)."""
+    from _shapes_report import encode_png
+
+    bar, gap, width = 14, 4, 600
+    img = np.full((max(1, len(rows)) * (bar + gap) + gap, width, 3), 255, np.uint8)
+    for i, r in enumerate(rows):
+        base = r.get("ms_compile") or r.get("ms_eager")
+        if not (r.get("ms_ours") and base):
+            continue
+        q = r["ms_ours"] / base
+        y = gap + i * (bar + gap)
+        color = (60, 170, 60) if q <= 1.2 else (230, 160, 30) if q <= 1.5 else (210, 50, 50)
+        img[y:y + bar, : int(min(q, 3.0) / 3.0 * (width - 1))] = color
+    img[:, width // 3] = (0, 0, 0)  # 1x
+    return encode_png(img)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--B", type=int, default=None)
     ap.add_argument("--C", type=int, default=None)
     ap.add_argument("--H", type=int, default=12)
-    ap.add_argument("--modes", default="sym,fixed")
+    ap.add_argument("--modes", default="sym,fixed,ops",
+                    help="sym, fixed (the block as one program) and ops (one build per operator)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = ap.parse_args(argv)
@@ -251,10 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     base = os.path.join(a.out, f"e2e_{a.target}")
     with open(base + ".json", "w") as f:
         json.dump(rows, f, indent=1)
-    text = (f"# Whole blocks, {a.target}\n\n{table(rows)}\n\n## Largest predicted kernels per row\n\n"
+    text = (f"# Whole blocks, {a.target}\n\n{table(rows)}\n\n## Largest kernels per row (measured on the GPU, "
+            "predicted on the CPU)\n\n"
             f"{slowest_kernels(rows)}\n")
     with open(base + ".md", "w") as f:
         f.write(text)
+    with open(base + ".png", "wb") as f:
+        f.write(ratio_png(rows))
     print(text)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 

@@ -27,10 +27,11 @@ import numpy as np
 from . import te
 from .dtypes import from_bfloat16, to_bfloat16
 from .errors import ArgumentError
+from .subst import cut_at, stages_of
 from .te import Tensor
 from .workloads import Array, Size, Workload, _acc, _size, _vars
 
-__all__ = ["gpt2", "mlp", "llama", "BLOCKS", "inputs", "as_dtype", "as_float64"]
+__all__ = ["gpt2", "mlp", "llama", "BLOCKS", "OPERATORS", "operators", "inputs", "as_dtype", "as_float64"]
 
 LN_EPS = 1e-5
 RMS_EPS = 1e-6
@@ -297,3 +298,19 @@ def inputs(w: Workload, sizes: dict[str, int], rng: np.random.Generator | int | 
             a = rng.standard_normal(shape)
         out.append(as_dtype(a, t.dtype))
     return out
+
+
+# the operators a user calls one at a time (PyTorch's modules): the tensor each one ends with
+OPERATORS = {
+    "gpt2": ("ln1", "q", "k", "v", "attn", "x1", "ln2", "gelu", "y"),
+    "mlp": ("ln", "gelu", "y"),
+    "llama": ("rms1", "q_rot", "k_rot", "v", "attn", "x1", "rms2", "w1", "w3", "swiglu", "y"),
+}
+
+
+def operators(w: Workload, name: str) -> list[tuple[Tensor, list[Tensor]]]:
+    """Block `w` (made by BLOCKS[name]) as its operators, each a graph of its own (`subst.cut_at`): a list of
+    (output, inputs) in order, an input being a block input or an earlier operator's output (by name)."""
+    byname = {t.name: t for t in stages_of(list(w.outputs))}
+    cuts = [byname[n] for n in OPERATORS[name]]
+    return [cut_at(c, cuts) for c in cuts]

@@ -28,7 +28,7 @@ from .te import ComputeOp, PlaceholderOp, Reduce, Tensor
 from .te_reduce import ReduceCall, TupleReduce, tuple_reduce
 from .visit import Transformer, free_vars
 
-__all__ = ["substitute_sizes", "substitute_program_sizes", "stages_of"]
+__all__ = ["cut_at", "substitute_sizes", "substitute_program_sizes", "stages_of"]
 
 
 def stages_of(outputs: Sequence[Tensor]) -> list[Tensor]:
@@ -140,6 +140,46 @@ def substitute_sizes(outputs: Sequence[Tensor], sizes: Mapping[Var, Expr | int])
         by_buf[id(t.buffer)] = new
     return out
 
+
+
+def cut_at(output: Tensor, cuts: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
+    """The stages computing `output` from the tensors `cuts` as a graph of its own: each cut tensor it reads
+    (and each input) becomes a placeholder of the same name, shape and dtype; returns (the new output, its
+    placeholders in the order first read). What a user writing one operator at a time has (one `build` per
+    operator, the activations passed between them). The sizes are the same variables."""
+    stop = {id(c) for c in cuts if c is not output}
+    order: list[Tensor] = []
+    seen: set[int] = set()
+    stack: list[tuple[Tensor, bool]] = [(output, False)]
+    while stack:
+        t, done = stack.pop()
+        if done:
+            if id(t) not in seen:
+                seen.add(id(t))
+                order.append(t)
+            continue
+        if id(t) in seen:
+            continue
+        stack.append((t, True))
+        if id(t) not in stop:
+            stack.extend((i, False) for i in reversed(t.op.inputs) if id(i) not in seen)
+    by_buf: dict[int, Tensor] = {}
+    new: dict[int, Tensor] = {}
+    tr = _Subst({}, by_buf)
+    inputs: list[Tensor] = []
+    for t in order:
+        op = t.op
+        if id(t) in stop or isinstance(op, PlaceholderOp):
+            n = Tensor(t.name, t.shape, t.dtype, PlaceholderOp(t.name))
+            inputs.append(n)
+        else:
+            if not isinstance(op, ComputeOp) or op.outputs:
+                raise ArgumentError(f"cut_at: stage {t.name!r} is not a single-output compute stage")
+            n = Tensor(t.name, t.shape, t.dtype, ComputeOp(op.name, op.axis, tr.visit(op.body), op.reduce_axis,
+                                                           op.reduce_dom, tuple(new[id(i)] for i in op.inputs)))
+        new[id(t)] = n
+        by_buf[id(t.buffer)] = n
+    return new[id(output)], inputs
 
 
 class _ProgramSubst(Transformer):

@@ -158,3 +158,35 @@ def test_fusion_never_leaves_the_gpu_with_fewer_blocks_than_sms():
                 rows *= int(d.value) if hasattr(d, "value") else int(d)
             assert rows >= plan.device.sm_count, (g.stage_names, rows)
     assert "resource (parallelism): the 1 loop they share (i) gives 8 blocks for 132 SMs" in plan.explain()
+
+
+@pytest.mark.parametrize("name", sorted(blocks.BLOCKS))
+def test_the_block_one_operator_at_a_time_matches_the_block(name):
+    # the per-operator path (benchmarks/e2e.py's baseline of ours): each operator its own graph (subst.cut_at), its
+    # own build, the activations passed between them
+    w = _block(name)
+    ins = blocks.inputs(w, SIZES, rng=8)
+    want = w.reference(*ins)[0]
+    vals = {t.name: a for t, a in zip(w.inputs, ins)}
+    ops = blocks.operators(w, name)
+    assert [o.name for o, _ in ops] == list(blocks.OPERATORS[name])
+    for out, op_ins in ops:
+        assert all(t.name in vals for t in op_ins)  # a block input or an earlier operator's output
+        shape = tuple(SIZES[d.name] if hasattr(d, "name") else int(d.value) for d in out.shape)
+        vals[out.name] = got = _poisoned(shape, "float32")
+        build([out], [*op_ins, out], target="cpu")(*(vals[t.name] for t in op_ins), got)
+    assert _err(vals["y"], want, "float32") < w.tolerance
+
+
+@pytest.mark.gpu
+def test_block_on_the_gpu_matches_float64_and_times_each_kernel():
+    w = _block("gpt2")
+    ins = blocks.inputs(w, SIZES, rng=9)
+    want = w.reference(*ins)[0]
+    mod = build(list(w.outputs), list(w.args), target="cuda")
+    got = _poisoned(want.shape, "float32")
+    mod(*ins, got)
+    assert _err(got, want, "float32") < w.tolerance
+    times = mod.kernel_times(*ins, _poisoned(want.shape, "float32"), repeat=3)
+    assert len(times) >= 8 and all(isinstance(k, str) and t > 0 for k, t in times.items())
+    assert sum(times.values()) < 10 * mod.benchmark(*ins, _poisoned(want.shape, "float32"))

@@ -676,6 +676,45 @@ class CudaModule(Module):
         self.finish(p)
         return float(statistics.median(times))
 
+    def kernel_times(self, *arrays: Any, warmup: int = 3, repeat: int = 20) -> dict[str, float]:
+        """Median milliseconds of each kernel of one call, by name, in launch order: the call's launches are
+        recorded once, then each is replayed alone between CUDA events (a kernel launched several times by a
+        host loop: the sum of its launches). Their sum is near `benchmark`'s time, without the gaps between
+        launches; a specializing module times the variant the call dispatches to."""
+        return self._kernel_times(*self.split_call(arrays), warmup, repeat)
+
+    def _kernel_times(self, arrays: tuple[Any, ...], known: dict[Var, int] | None, warmup: int,
+                      repeat: int) -> dict[str, float]:
+        bound = self._bind(arrays, None, known)
+        mod = self._select(bound[1])
+        if mod is not self:
+            return mod._kernel_times(arrays, known, warmup, repeat)  # type: ignore[attr-defined]
+        cu = _driver()
+        p = self.prepare(arrays, bound)
+        p.record = []
+        self.launch(p)
+        launches, p.record = p.record, None
+        start = check(cu.cuEventCreate(0), "cuEventCreate")
+        end = check(cu.cuEventCreate(0), "cuEventCreate")
+        runs: dict[str, list[float]] = {k.name: [] for k, *_ in launches}
+        try:
+            for r in range(warmup + repeat):
+                total = dict.fromkeys(runs, 0.0)
+                for k, fn, dims, smem, values, types in launches:
+                    check(cu.cuEventRecord(start, p.stream), "cuEventRecord")
+                    check(cu.cuLaunchKernel(fn, *dims, smem, p.stream, (values, types), 0), f"cuLaunchKernel({k.name})")
+                    check(cu.cuEventRecord(end, p.stream), "cuEventRecord")
+                    check(cu.cuEventSynchronize(end), "cuEventSynchronize")
+                    total[k.name] += check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime")
+                if r >= warmup:
+                    for name, t in total.items():
+                        runs[name].append(t)
+        finally:
+            cu.cuEventDestroy(start)
+            cu.cuEventDestroy(end)
+        self.finish(p)
+        return {name: float(statistics.median(ts)) for name, ts in runs.items()}
+
     def __del__(self) -> None:
         if not any(getattr(self, a, None) for a in ("_loaded", "_host_bufs", "_temps")):
             return  # never touched a device: don't import the driver just to free nothing (~75 ms)
