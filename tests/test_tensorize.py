@@ -277,6 +277,37 @@ def test_auto_schedule_tensor_cores_symbolic_rows_and_columns() -> None:
     assert _rel(_as64(out, "float16"), _ref(f64)) < 1e-2
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_tensor_cores_take_the_float32_accumulation_idiom(dtype: str) -> None:
+    """sum(cast(float32, A) * cast(float32, B)): the product of two halves is exact in float32, so the instruction
+    computes the same values; auto_schedule takes tensor cores for it (it took the SIMT recipe before)."""
+    from codegen import build, gpu_available
+    from loopir import te
+    from schedules import auto_schedule
+
+    n, m, p = te.var("n"), te.var("m"), 64
+    A, B = te.placeholder((n, p), dtype, name="A"), te.placeholder((p, m), dtype, name="B")
+    bias = te.placeholder((m,), dtype, name="bias")
+    k = te.reduce_axis(p, "k")
+    mm = te.compute((n, m), lambda i, j: te.sum(te.cast("float32", A[i, k]) * te.cast("float32", B[k, j]), axis=k),
+                    name="matmul")
+    C = te.compute((n, m), lambda i, j: te.cast(dtype, te.maximum(mm[i, j] + te.cast("float32", bias[j]), 0.0)),
+                   name="C")
+    s = auto_schedule([C], "cuda")
+    assert "tensor cores" in s.plan.explain()
+    assert "mma.sync.aligned.m16n8k16" in build(s, [A, B, bias, C], target="cuda").source
+    wl = w.matmul_bias_relu(p=p, dtype=dtype)  # only for _inputs' shapes
+    host, f64 = _inputs(wl, dtype, 136, 72, p, seed=21)
+    for order in ("reversed", "forward"):
+        out = _out(dtype, 136, 72)
+        interp.run(lower_passes(s.program, "cuda"), *host, out, gpu_order=order, sizes={"n": 136, "m": 72})
+        assert _rel(_as64(out, dtype), _ref(f64)) < 1e-2
+    if gpu_available():  # and the instruction itself, on the device
+        out = _out(dtype, 136, 72)
+        build(s, [A, B, bias, C], target="cuda")(*host, out)
+        assert _rel(_as64(out, dtype), _ref(f64)) < 1e-2
+
+
 def test_auto_schedule_keeps_simt_where_tensor_cores_do_not_apply() -> None:
     from schedules import auto_schedule
 

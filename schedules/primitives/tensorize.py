@@ -25,7 +25,7 @@ import random
 
 from loopir.affine import eval_index
 from loopir.errors import ArgumentError
-from loopir.nodes import Binary, Expr, For, If, Load, Program, Seq, Store, Var, conjunction, conjuncts
+from loopir.nodes import Binary, Cast, Expr, For, If, Load, Program, Seq, Store, Var, conjunction, conjuncts
 from loopir.visit import free_vars
 
 from . import find_loop_path, primitive, replace_loop
@@ -66,6 +66,15 @@ def _only(s: object) -> object:
     return s
 
 
+def half_load(e: Expr) -> Expr:
+    """The load under `cast(float32, load)` of a float16 / bfloat16 tile (the float32-accumulation idiom: the
+    product of two halves is exact in float32, so the instruction's float32 products are the same values), else
+    `e` itself."""
+    if isinstance(e, Cast) and e.dtype == "float32" and isinstance(e.a, Load) and e.a.buffer.dtype in HALF:
+        return e.a
+    return e
+
+
 def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard: bool = False) -> MmaOperands:
     """Check that `f` heads the nest one lane computes for m16n8k16 (see the module docstring) and return its parts.
     `lanes`: the loops bound to threadIdx.x around it. TensorizeError naming the first mismatch otherwise.
@@ -98,12 +107,13 @@ def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard
                              "mma.m16n8k16 needs (2, 2, 16): split the tile by 16 x 8 x 16 first")
     v = st.value
     prod = v.b if isinstance(v, Binary) and v.op == "add" else None
+    fa, fb = (half_load(prod.a), half_load(prod.b)) if isinstance(prod, Binary) else (None, None)
     if not (isinstance(v.a, Load) and v.a.buffer is st.buffer and v.a.indices == st.indices  # type: ignore[union-attr]
             and isinstance(prod, Binary) and prod.op == "mul"
-            and isinstance(prod.a, Load) and isinstance(prod.b, Load)):
+            and isinstance(fa, Load) and isinstance(fb, Load)):
         raise TensorizeError(f"{what}: statement {st.name!r} is not a matmul-shaped update "
                              "C[..] = C[..] + A[..] * B[..]")
-    a, b = prod.a, prod.b
+    a, b = fa, fb
     if st.buffer.scope != "local":
         raise TensorizeError(f"{what}: the accumulator {st.buffer.name!r} is {st.buffer.scope}; the instruction "
                              "accumulates in registers (cache_write it to 'local' first)")

@@ -46,6 +46,7 @@ from loopir.visit import statements
 import schedules.primitives.cache  # noqa: F401  (registers Schedule.cache_read)
 import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache_write)
 import schedules.primitives.tensorize  # noqa: F401  (registers Schedule.tensorize)
+from schedules.primitives.tensorize import half_load
 
 from .gemm import GemmPlan, resolve_stage
 
@@ -65,7 +66,7 @@ def mma_applicable(program: Any, stage: str | None = None) -> str | None:
     """None when the matmul-shaped reduction of `program` can run on tensor cores; else the reason why not
     (inputs not float16/bfloat16)."""
     upd, _ = resolve_stage(program, stage, [], "schedule_gemm_mma")
-    ops = [x for x in (upd.value.b.a, upd.value.b.b)]  # type: ignore[attr-defined]
+    ops = [half_load(x) for x in (upd.value.b.a, upd.value.b.b)]  # type: ignore[attr-defined]
     dts = {getattr(getattr(x, "buffer", None), "dtype", None) for x in ops}
     if len(dts) != 1 or dts.isdisjoint({"float16", "bfloat16"}):
         return f"inputs are {sorted(map(str, dts))}, not both float16 or both bfloat16"
@@ -108,7 +109,7 @@ def schedule_gemm_mma(s: Any, stage: str | Any = None, epilogue: Any = "auto", b
     ko, kr = s.split(k, k_tile)
     kk, k16 = s.split(kr, 16)
     s.reorder(ko, kk, mi, ni, eh, el, k16)
-    for ld in (upd.value.b.a, upd.value.b.b):  # type: ignore[attr-defined]
+    for ld in (half_load(upd.value.b.a), half_load(upd.value.b.b)):  # type: ignore[attr-defined]
         s.cache_read(ld.buffer.name, "shared", ko)
         plan.staged.append(ld.buffer.name)
     plan.steps.append(f"split k by {k_tile}/16; cache_read A and B 'shared' at ko "
