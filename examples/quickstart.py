@@ -18,7 +18,6 @@ import inspect
 import math
 import os
 import statistics
-import struct
 import sys
 import textwrap
 import time
@@ -30,6 +29,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a plain checkout
 
 from codegen import Module, build, gpu_available  # noqa: E402
+from codegen.cuda.cubin_info import cubin_resources  # noqa: E402
 from loopir import te  # noqa: E402
 from loopir.nodes import Var  # noqa: E402
 from loopir.te import Tensor  # noqa: E402
@@ -192,36 +192,6 @@ def timings(title: str, mod: Module, base: Callable[[np.ndarray], np.ndarray], x
     if title == "gelu":
         return ours, "PyTorch", torch_ms(lambda: torch.nn.functional.gelu(xt, approximate="tanh"))
     return ours, "PyTorch", torch_ms(lambda: torch.softmax(xt, dim=1))
-
-
-def cubin_resources(cubin: bytes) -> dict[str, tuple[int, int]]:
-    """{kernel: (registers per thread, shared bytes per block)} read from the cubin (an ELF file), so no GPU is
-    needed: the register count is the EIATTR_REGCOUNT attribute of .nv.info (what `ptxas -v` reports), the
-    shared bytes the size of the kernel's .nv.shared section: its static shared memory, with the 1 KB the
-    system reserves per block on sm_80 and later (`ptxas -v` reports 1 KB less)."""
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    size, count, names = struct.unpack_from("<HHH", cubin, 0x3A)
-    secs = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + k * size) for k in range(count)]
-
-    def name(table: int, off: int) -> str:
-        start = secs[table][4] + off
-        return cubin[start:cubin.index(b"\0", start)].decode()
-
-    by_name = {name(names, s[0]): s for s in secs}
-    symtab = by_name[".symtab"]
-    symbols = [struct.unpack_from("<I", cubin, symtab[4] + 24 * k)[0] for k in range(symtab[5] // 24)]
-    out: dict[str, tuple[int, int]] = {}
-    info = by_name[".nv.info"]
-    p, end = info[4], info[4] + info[5]
-    while p < end:
-        fmt, attr, length = cubin[p], cubin[p + 1], struct.unpack_from("<H", cubin, p + 2)[0]
-        if fmt == 4 and attr == 0x2F:  # EIFMT_SVAL, EIATTR_REGCOUNT: (symbol index, registers)
-            sym, regs = struct.unpack_from("<II", cubin, p + 4)
-            kernel = name(symtab[6], symbols[sym])  # sh_link: the string table of the symbols
-            shared = by_name.get(f".nv.shared.{kernel}")
-            out[kernel] = (regs, shared[5] if shared else 0)
-        p += 4 + (length if fmt == 4 else 0)
-    return out
 
 
 # ----------------------------------------------------------------------------- the story

@@ -7,14 +7,17 @@ program); the driver is touched only at the first call, which loads the module.
 from __future__ import annotations
 
 import dataclasses
+import math
+import struct
 from typing import Any
 
 from loopir.errors import ArgumentTypeError
-from loopir.nodes import ExternCall, Kernel, Program
+from loopir.nodes import Const, ExternCall, Kernel, Program
 from loopir.visit import walk
 
 from .kernel import CudaSource, generate_cuda
 from .runtime import CudaModule, default_arch
+from .cubin_info import check_registers, cubin_resources
 from .nvrtc import compile_cubin, normalize_arch
 from ..passes import lower
 
@@ -53,6 +56,13 @@ def cuda_source(program: Program, extern_source: str | None = None) -> CudaSourc
 def cuda_module(gen: CudaSource, arch: str, options: tuple[str, ...], use_cache: bool = True) -> CudaModule:
     """The module of rendered CUDA source `gen` (NVRTC through the disk cache, or a compilation in flight)."""
     cubin = compile_cubin(gen.source, arch, options, name=f"{gen.program.name}.cu", use_cache=use_cache)
+    threads = {k.name: math.prod(int(e.value) for e in k.launch.block) for k in gen.kernels
+               if all(isinstance(e, Const) for e in k.launch.block)}
+    try:
+        resources = cubin_resources(cubin)
+    except (struct.error, ValueError, KeyError, IndexError):  # a cubin layout we do not read: NVRTC's bound holds
+        resources = {}
+    check_registers(resources, threads)
     return CudaModule(gen, cubin, arch, options)
 
 

@@ -426,6 +426,11 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         min_blocks = self.kern.min_blocks or (LAUNCH_MIN_BLOCKS if self.uses_async else None)
         if min_blocks and all(_is_const(e) for e in nthreads):
             bounds = f"__launch_bounds__({math.prod(int(e.value) for e in nthreads)}, {min_blocks}) "  # type: ignore[attr-defined]
+        elif all(_is_const(e) for e in nthreads) and math.prod(int(e.value) for e in nthreads) > 256:  # type: ignore[attr-defined]
+            # more than 256 threads: without the bound NVRTC may give a thread more registers than a block of this
+            # size can have (65,536 per block), and the launch fails; with it, it keeps them within (spilling if
+            # it must). Up to 256 threads every register count NVRTC uses (<= 255) fits.
+            bounds = f"__launch_bounds__({math.prod(int(e.value) for e in nthreads)}) "  # type: ignore[attr-defined]
         head = [f'extern "C" __global__ void {bounds}{self.kname}(' + ", ".join(params) + ") {"]
         stmts = ", ".join(dict.fromkeys(stmt_names(self.nest)))
         launch = (f"  // statements: {stmts}; grid ({', '.join(str(e) for e in plan.grid)}), "
