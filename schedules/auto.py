@@ -453,12 +453,24 @@ def _find(s: Schedule, var: Var) -> For:
 
 
 def _phases(s: Schedule, block: Var) -> list[For]:
-    """The loops directly under the block loop (through sequences), in order."""
-    body = _find(s, block).body
-    while isinstance(body, Allocate) or (isinstance(body, If) and body.orelse is None):
-        body = body.body if isinstance(body, Allocate) else body.then  # the guard of a split row loop
-    kids = body.body if isinstance(body, Seq) else (body,)
-    return [k for k in kids if isinstance(k, For)]
+    """The loops directly under the block loop (through sequences, allocations and the guard of a split row
+    loop), in order. Allocations nest: with two rows cached, the second row's allocation holds every phase after
+    the first row's copy (missing them left a layer norm's sums on one thread: 1.8 ms for 0.02 predicted)."""
+    out: list[For] = []
+
+    def go(body: Any) -> None:
+        if isinstance(body, Allocate):
+            go(body.body)
+        elif isinstance(body, If) and body.orelse is None:
+            go(body.then)
+        elif isinstance(body, Seq):
+            for k in body.body:
+                go(k) if isinstance(k, (Allocate, Seq)) else out.append(k) if isinstance(k, For) else None
+        elif isinstance(body, For):
+            out.append(body)
+
+    go(_find(s, block).body)
+    return out
 
 
 def _is_reduction_loop(f: For) -> bool:

@@ -190,3 +190,56 @@ def test_block_on_the_gpu_matches_float64_and_times_each_kernel():
     times = mod.kernel_times(*ins, _poisoned(want.shape, "float32"), repeat=3)
     assert len(times) >= 8 and all(isinstance(k, str) and t > 0 for k, t in times.items())
     assert sum(times.values()) < 10 * mod.benchmark(*ins, _poisoned(want.shape, "float32"))
+
+
+def test_thread_zero_alone_initialises_what_thread_zero_alone_updates():
+    # a row kernel whose sum stays on one thread (not bound to the block's threads) while the elementwise phase
+    # uses them: the initialisation must be thread 0's too (every thread storing it let NVCC forward its own
+    # store of 0 past the barrier: a GPT-2 block's layer norm read var = 0 on an H200)
+    from schedules import Schedule
+
+    x = te.placeholder((64, 96), name="x")
+    k = te.reduce_axis(96, "k")
+    s_ = te.compute((64,), lambda i: te.sum(x[i, k] * x[i, k], axis=k), name="s")
+    y = te.compute((64, 96), lambda i, j: x[i, j] / s_[i], name="y")
+    s = Schedule([y])
+    s.fuse(s.loops("s")[0], s.loops("y")[0])
+    s.bind(s.loops("s")[0], "blockIdx.x")
+    jo, ji = s.split(s.loops("y")[1], 32)
+    s.bind(ji, "threadIdx.x")
+    mod = build(s, [x, y], target="cuda")
+    lines = mod.source.splitlines()
+    guard = "if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {"
+    for stmt in ("s_init", "s"):
+        at = next(n for n, ln in enumerate(lines) if ln.strip() == f"{{  // {stmt}")
+        assert any(lines[n].strip() == guard for n in range(at - 2, at)), stmt
+    xa = np.random.default_rng(10).standard_normal((64, 96)).astype(np.float32)
+    want = xa / (xa.astype(np.float64) ** 2).sum(1, keepdims=True)
+    for order in ("reversed", "forward"):
+        got = np.full((64, 96), np.nan, np.float32)
+        interp.run(lower_passes(s.program, "cuda"), xa, got, gpu_order=order)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_row_kernel_with_two_cached_rows_binds_every_phase():
+    # the second layer norm of a block reads x + proj: two rows cached in shared memory, the second allocation
+    # nested in the first; every phase under them gets the block's threads (its sums were left on one thread)
+    n = te.var("n")
+    x, p = te.placeholder((n, 256), name="x"), te.placeholder((n, 256), name="p")
+    h = te.compute((n, 256), lambda i, j: x[i, j] + p[i, j], name="h")
+    k, k2 = te.reduce_axis(256, "k"), te.reduce_axis(256, "k2")
+    mu = te.compute((n,), lambda i: te.sum(h[i, k] / 256.0, axis=k), name="mu")
+    var = te.compute((n,), lambda i: te.sum((h[i, k2] - mu[i]) * (h[i, k2] - mu[i]) / 256.0, axis=k2), name="var")
+    y = te.compute((n, 256), lambda i, j: (h[i, j] - mu[i]) * te.rsqrt(var[i] + 1e-5), name="y")
+    s = auto_schedule([y], "cuda", sizes={"n": 4096})
+    assert [g.mapping for g in s.plan.groups] == ["row"] and len(s.plan.groups[0].caches) == 2
+    src = build(s, [x, p, y], target="cuda").source
+    assert "threadIdx.x == 0 && threadIdx.y == 0" not in src and "mu_total" in src and "var_total" in src
+    rng = np.random.default_rng(11)
+    xa, pa = (rng.standard_normal((5, 256)).astype(np.float32) for _ in range(2))
+    h64 = xa.astype(np.float64) + pa
+    want = (h64 - h64.mean(1, keepdims=True)) / np.sqrt(h64.var(1, keepdims=True) + 1e-5)
+    for order in ("reversed", "forward", 2):
+        got = np.full((5, 256), np.nan, np.float32)
+        interp.run(lower_passes(s.program, "cuda"), xa, pa, got, gpu_order=order, sizes={"n": 5})
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -219,18 +219,27 @@ def _check_reductions(nest: N.Stmt, reductions: frozenset[N.Var]) -> None:
 
 
 def _single_thread(nest: N.Stmt) -> frozenset[str]:
-    """Stores outside every threadIdx loop that read their own buffer: all threads would apply the update."""
+    """Stores outside every threadIdx loop that read their own buffer (all threads would apply the update), and
+    the other stores outside every threadIdx loop into those buffers (their initialisation): thread 0 alone
+    writes an element that thread 0 alone updates. Were the initialisation left to every thread, each would
+    have stored the element itself, and NVCC may forward that store to the thread's own later load of the
+    element across the barrier (the pointer is __restrict__): the threads other than 0 would read the initial
+    value instead of thread 0's total (a GPT-2 block's layer norm read var = 0 so, on an H200)."""
     if not any(is_thread_loop(f) for f in loops_of(nest)):
         return frozenset()
     out: set[str] = set()
+    outside: list[N.Store] = []
 
     def visit(s: N.Stmt, depth: int) -> bool:
-        if isinstance(s, N.Store) and depth == 0 and any(
-                isinstance(n, N.Load) and n.buffer is s.buffer for n in walk(s.value)):
-            out.add(s.name)
+        if isinstance(s, N.Store) and depth == 0:
+            outside.append(s)
+            if any(isinstance(n, N.Load) and n.buffer is s.buffer for n in walk(s.value)):
+                out.add(s.name)
         return False
 
     by_thread_depth(nest, visit)
+    updated = {s.buffer for s in outside if s.name in out}
+    out |= {s.name for s in outside if s.buffer in updated}
     return frozenset(out)
 
 
