@@ -184,9 +184,8 @@ def _run_operators(row: dict[str, Any], w: Any, name: str, ins: list[np.ndarray]
     row["kernels"] = [{"stages": o.name, "mapping": "operator", "predicted_ms": None} for _, o, _ in ops.steps]
     if target == "cuda":
         from gpu_suite import time_cuda
-        tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-        vals = {t.name: torch.from_numpy(blocks.as_float64(a, dtype)).to("cuda").to(tdt) for t, a in zip(w.inputs, ins)}
-        alloc = lambda shape: torch.full(shape, float("nan"), dtype=tdt, device="cuda")  # noqa: E731
+        vals = {t.name: _on_device(torch, a, dtype) for t, a in zip(w.inputs, ins)}
+        alloc = lambda shape: _nan_on_device(torch, shape, dtype)  # noqa: E731
         got = ops.run(vals, alloc, sizes)
         torch.cuda.synchronize()
         row["err"] = _rel_err(got.double().cpu().numpy(), blocks.as_float64(want, dtype), "float64")
@@ -195,39 +194,42 @@ def _run_operators(row: dict[str, Any], w: Any, name: str, ins: list[np.ndarray]
         vals = {t.name: a for t, a in zip(w.inputs, ins)}
         alloc = lambda shape: blocks.as_dtype(np.full(shape, np.nan), dtype)  # noqa: E731
         row["err"] = _rel_err(ops.run(vals, alloc, sizes), want, dtype)
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            ops.run(vals, alloc, sizes)
-            times.append((time.perf_counter() - t0) * 1e3)
-        row["ms_ours"] = statistics.median(times)
+        row["ms_ours"] = _cpu_ms(lambda: ops.run(vals, alloc, sizes))
     row["status"] = "ok" if row["err"] < w.tolerance else f"FAIL (error {row['err']:.2e})"
     row["tflops"] = None
     return row
 
 
+def _cpu_ms(fn: Any, repeat: int = 5) -> float:
+    """Median milliseconds of fn() by the wall clock."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _on_device(torch: Any, a: np.ndarray, dtype: str) -> Any:
+    """Array `a` of `dtype` (bfloat16: its bits) as a CUDA tensor of that dtype."""
+    return torch.from_numpy(blocks.as_float64(a, dtype)).to("cuda").to(getattr(torch, dtype))
+
+
+def _nan_on_device(torch: Any, shape: tuple[int, ...], dtype: str) -> Any:
+    return torch.full(shape, float("nan"), dtype=getattr(torch, dtype), device="cuda")
+
+
 def _time_cpu_row(row: dict[str, Any], mod: Any, ins: list[np.ndarray], want: np.ndarray, dtype: str) -> None:
     out = blocks.as_dtype(np.zeros(want.shape), dtype)
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        mod(*ins, out)
-        times.append((time.perf_counter() - t0) * 1e3)
-    row["ms_ours"] = statistics.median(times)
+    row["ms_ours"] = _cpu_ms(lambda: mod(*ins, out))
 
 
 def _time_cuda_row(row: dict[str, Any], name: str, mod: Any, ins: list[np.ndarray], names: list[str],
                    want: np.ndarray, dtype: str, H: int, torch: Any, compile_torch: bool) -> None:
     from gpu_suite import time_cuda
 
-    tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-
-    def dev(a: np.ndarray) -> Any:
-        t = torch.from_numpy(blocks.as_float64(a, dtype)).to("cuda")
-        return t.to(tdt)
-
-    d_ins = [dev(a) for a in ins]
-    out = torch.full(want.shape, float("nan"), dtype=tdt, device="cuda")
+    d_ins = [_on_device(torch, a, dtype) for a in ins]
+    out = _nan_on_device(torch, want.shape, dtype)
     p = mod.prepare(tuple(d_ins) + (out,))
     row["ms_ours"] = time_cuda(torch, lambda: mod.launch(p), batch=3, repeat=9)
     # measured time per kernel, beside the plan's prediction (a kernel belongs to the group whose stages it runs)

@@ -31,8 +31,10 @@ from .visit import Transformer, free_vars
 __all__ = ["cut_at", "substitute_sizes", "substitute_program_sizes", "stages_of"]
 
 
-def stages_of(outputs: Sequence[Tensor]) -> list[Tensor]:
-    """Every tensor reachable from `outputs` (inputs first: a producer precedes its consumers)."""
+def stages_of(outputs: Sequence[Tensor], stop: Sequence[Tensor] = ()) -> list[Tensor]:
+    """Every tensor reachable from `outputs` (inputs first: a producer precedes its consumers), not going past
+    the tensors of `stop` (listed, their inputs not followed)."""
+    halt = {id(t) for t in stop}
     order: list[Tensor] = []
     seen: set[int] = set()
     stack: list[tuple[Tensor, bool]] = [(t, False) for t in reversed(list(outputs))]
@@ -46,6 +48,8 @@ def stages_of(outputs: Sequence[Tensor]) -> list[Tensor]:
         if id(t) in seen:
             continue
         stack.append((t, True))
+        if id(t) in halt:
+            continue
         for i in reversed(t.op.inputs):
             if id(i) not in seen:
                 stack.append((i, False))
@@ -147,22 +151,9 @@ def cut_at(output: Tensor, cuts: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]
     (and each input) becomes a placeholder of the same name, shape and dtype; returns (the new output, its
     placeholders in the order first read). What a user writing one operator at a time has (one `build` per
     operator, the activations passed between them). The sizes are the same variables."""
-    stop = {id(c) for c in cuts if c is not output}
-    order: list[Tensor] = []
-    seen: set[int] = set()
-    stack: list[tuple[Tensor, bool]] = [(output, False)]
-    while stack:
-        t, done = stack.pop()
-        if done:
-            if id(t) not in seen:
-                seen.add(id(t))
-                order.append(t)
-            continue
-        if id(t) in seen:
-            continue
-        stack.append((t, True))
-        if id(t) not in stop:
-            stack.extend((i, False) for i in reversed(t.op.inputs) if id(i) not in seen)
+    others = [c for c in cuts if c is not output]
+    stop = {id(c) for c in others}
+    order = stages_of([output], others)
     by_buf: dict[int, Tensor] = {}
     new: dict[int, Tensor] = {}
     tr = _Subst({}, by_buf)

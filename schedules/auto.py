@@ -465,7 +465,8 @@ def _phases(s: Schedule, block: Var) -> list[For]:
             go(body.then)
         elif isinstance(body, Seq):
             for k in body.body:
-                go(k) if isinstance(k, (Allocate, Seq)) else out.append(k) if isinstance(k, For) else None
+                if isinstance(k, (Allocate, Seq, For)):
+                    go(k)
         elif isinstance(body, For):
             out.append(body)
 

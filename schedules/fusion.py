@@ -451,9 +451,9 @@ class _Planner:
                     d_edge = min(_shared_prefix(pp, cc, [idx]) for pp, cc, idx in self._edges(gp, gc))
                     depth = min(gp.depth, gc.depth, d_edge)
                     shown = ", ".join(sorted({_fmt_idx(p, i) for i in idxs}))
-                    gemm_why = self._gemm_refusal(gp, gc, depth) or self._parallelism_refusal(gp, gc, depth)
-                    if gemm_why:
-                        d = Decision("vertical", (p.name, t.name), False, gemm_why)
+                    refusal = self._gemm_refusal(gp, gc, depth) or self._parallelism_refusal(gp, gc, depth)
+                    if refusal:
+                        d = Decision("vertical", (p.name, t.name), False, refusal)
                         if all(str(d) != str(x) for x in gc.log):
                             gc.log.append(d)
                         continue

@@ -402,9 +402,7 @@ class Schedule:
             # a custom check whose witness is a plain order violation (split's, for a guarded split) may be legal
             # up to reassociating reductions, like the "order" check below
             order_like = getattr(spec.check, "order_like", None)
-            if w is not None and local:
-                raise _WholeProgram
-            if w is not None and order_like is not None and order_like(ctx) and \
+            if w is not None and not local and order_like is not None and order_like(ctx) and \
                     reassoc.find_violation_reassociated(self.deps, new) is None:
                 w = self._reassociate(spec, new, args)
         elif spec.check is None:
@@ -419,9 +417,7 @@ class Schedule:
                     raise RuntimeError(f"internal error in primitive {spec.name!r}: {bad}")
             if spec.check == "order":
                 w = poly.find_violation(get(), new)
-                if w is not None and local:
-                    raise _WholeProgram
-                if w is not None and reassoc.find_violation_reassociated(self.deps, new) is None:
+                if w is not None and not local and reassoc.find_violation_reassociated(self.deps, new) is None:
                     w = self._reassociate(spec, new, args)  # legal up to reassociating reductions (loopir.reassoc)
             else:
                 loop = next((a for a in args if isinstance(a, Var)), None)
@@ -431,7 +427,7 @@ class Schedule:
         if w is None:
             self._check_kinds(spec, new, args, result, get() if local else None)
             return
-        if local:
+        if local:  # refusals (and reassociations) are the whole program's to decide
             raise _WholeProgram
         marks = {a: f"<-- {spec.name}" for a in _vars_in(args)}
         shown = [_arg_str(a) for a in args] + [f"{k}={_arg_str(v)}" for k, v in kwargs.items()]

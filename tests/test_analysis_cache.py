@@ -61,33 +61,41 @@ def _translate(x: Any, src: Schedule, dst: Schedule) -> Any:
     return x
 
 
-def _pair(case: int, mod: Any = fc) -> tuple[Schedule, Schedule, random.Random]:
-    gen = mod.GENERATORS[case % len(mod.GENERATORS)]
-    # two equal programs from one seed, distinct objects: nothing is shared between the two runs
-    p_fast, p_fresh = gen(random.Random(1000 + case)), gen(random.Random(1000 + case))
-    assert str(p_fast) == str(p_fresh)
-    return Schedule(p_fast), _fresh(Schedule, p_fresh), random.Random(7 * case + 1)
-
-
-@pytest.mark.parametrize("mod", [fc, f1], ids=["fuzz_compose", "fuzz"])
-def test_fuzz_same_decisions_and_witnesses(mod):
+def replay_both(mod: Any, other: Any, compare: Any) -> tuple[int, int]:
+    """The fuzz sequences of `mod` (its GENERATORS' programs, its random steps) applied twice, as usual and inside
+    `other` (e.g. `_fresh`); `compare(a, b, where)` gets each step's two outcomes and returns False to end that
+    sequence. Returns (steps tried, steps refused)."""
     tried = refused = 0
     for case in range(CASES):
-        fast, fresh, r = _pair(case, mod)
+        gen = mod.GENERATORS[case % len(mod.GENERATORS)]
+        # two equal programs from one seed, distinct objects: nothing is shared between the two runs
+        p_one, p_two = gen(random.Random(1000 + case)), gen(random.Random(1000 + case))
+        assert str(p_one) == str(p_two)
+        one, two, r = Schedule(p_one), other(Schedule, p_two), random.Random(7 * case + 1)
         for _ in range(24):
-            if len(fast.trace) >= 6:
+            if len(one.trace) >= 6:
                 break
-            step = mod._random_step(r, fast)
+            step = mod._random_step(r, one)
             if step is None:
                 continue
             name, args = step
             tried += 1
-            twin = _translate(args, fast, fresh)  # before the step: loop references (i#2) are of this program
-            a = _outcome(fast, name, args)
-            b = _fresh(_outcome, fresh, name, twin)
-            where = f"case {case}: steps {fast.trace} then {name}{args}"
-            assert a == b, f"{where}:\n cached: {a}\n fresh:  {b}"
+            twin = _translate(args, one, two)  # before the step: loop references (i#2) are of this program
+            a = _outcome(one, name, args)
+            b = other(_outcome, two, name, twin)
+            if not compare(a, b, f"case {case}: steps {one.trace} then {name}{args}"):
+                break
             refused += a[0] == "refused"
+    return tried, refused
+
+
+@pytest.mark.parametrize("mod", [fc, f1], ids=["fuzz_compose", "fuzz"])
+def test_fuzz_same_decisions_and_witnesses(mod):
+    def same(a: Any, b: Any, where: str) -> bool:
+        assert a == b, f"{where}:\n cached: {a}\n fresh:  {b}"
+        return True
+
+    tried, refused = replay_both(mod, _fresh, same)
     assert tried >= CASES and refused >= CASES // 10, (tried, refused)  # both kinds of decision were compared
 
 
