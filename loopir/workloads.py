@@ -269,8 +269,12 @@ def attention(
     return Workload("attention", (q, k, v), (o,), ref, _vars(n, m, d), tolerance=1e-4)
 
 
+# the masks naive_attention takes (`causal=`): key j visible from row i iff mask(i, j); on te and numpy values alike
+MASKS = {"causal": lambda i, j: j <= i, "late": lambda i, j: j >= i}  # late: a row's first keys are masked
+
+
 def naive_attention(B: Size | None = None, n: Size | None = None, m: Size | None = None, d: int = 64,
-                    causal: bool = False, dtype: str = "float32", scale: float | None = None) -> Workload:
+                    causal: bool | str = False, dtype: str = "float32", scale: float | None = None) -> Workload:
     """softmax(scale * Q K^T [causal mask]) V over (batch x heads, rows, d), written as a user would: scores S,
     the scaled (masked: `Sm`) copy `Ss`, the row max `mx`, `P = exp(.)`, the row sum `sm`, `O = P V` and
     `Y = O / sm`: the chain that `online_softmax` rewrites. `scale` defaults to 1/sqrt(d). Not a seed: the
@@ -283,7 +287,8 @@ def naive_attention(B: Size | None = None, n: Size | None = None, m: Size | None
     r = te.reduce_axis(d, "r")
     S = te.compute((B, n, m), lambda b, i, j: te.sum(Q[b, i, r] * K[b, j, r], axis=r), name="S")
     if causal:
-        S = te.compute((B, n, m), lambda b, i, j: te.where(j <= i, S[b, i, j] * scale, float("-inf")), name="Sm")
+        vis = MASKS["causal" if causal is True else causal]
+        S = te.compute((B, n, m), lambda b, i, j: te.where(vis(i, j), S[b, i, j] * scale, float("-inf")), name="Sm")
     else:
         S = te.compute((B, n, m), lambda b, i, j: S[b, i, j] * scale, name="Ss")
     r2 = te.reduce_axis(m, "r2")
@@ -301,14 +306,15 @@ def naive_attention(B: Size | None = None, n: Size | None = None, m: Size | None
     return Workload("naive_attention", (Q, K, V), (Y,), ref, _vars(B, n, m), tolerance=1e-4)
 
 
-def naive_attention_reference(q: Array, k: Array, v: Array, causal: bool = False,
+def naive_attention_reference(q: Array, k: Array, v: Array, causal: bool | str = False,
                               scale: float | None = None) -> Array:
-    """`naive_attention`'s output in float64 (scale defaults to 1/sqrt(d))."""
+    """`naive_attention`'s output in float64 (scale defaults to 1/sqrt(d); a row that sees no key is NaN)."""
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
     s = np.einsum("bir,bjr->bij", q64, k64) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
     if causal:
         rows, keys = s.shape[1:]
-        s = np.where(np.arange(keys)[None, None, :] <= np.arange(rows)[None, :, None], s, -np.inf)
+        vis = MASKS["causal" if causal is True else causal]
+        s = np.where(vis(np.arange(rows)[None, :, None], np.arange(keys)[None, None, :]), s, -np.inf)
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     return np.einsum("bij,bjc->bic", p, v64) / p.sum(axis=-1)[..., None]
 

@@ -34,6 +34,7 @@ __all__ = ["AttentionPlan", "schedule_attention", "attention_rewrites", "apply_o
 
 ROWS_PER_BLOCK = 64  # query rows per block (one per thread)
 KEY_TILE = 32  # keys per shared-memory tile of K and V
+DIVISION_THREADS = 128  # threads across the row of a division that is not the pass's epilogue
 UNROLL_MAX = 128  # constant loops up to this length are unrolled (the head dimension)
 
 
@@ -64,6 +65,10 @@ class AttentionPlan:
                 + (f"{', '.join(r.prepared + r.inlined)} folded into them; " if r.inlined else "")
                 + (f"{r.scores} computed one key at a time (no n x m temporary)" if r.scores else
                    "the maximized values stay materialized"))
+            if r.mask:
+                lines.append(f"masked keys skipped: each key's update runs under `if {r.mask}` (a masked key leaves "
+                             "the state unchanged); on cuda, where the mask bounds the keys from above (causal), a "
+                             "block stops after the last key tile its rows attend to (codegen.passes.dead_tiles)")
         if self.target == "cuda":
             lines.append(f"cuda: a block per {self.rows} query rows of one batch, a thread per row running the pass "
                          f"with its state in registers; K and V staged in shared memory {self.key_tile} keys at a time")
@@ -173,12 +178,17 @@ def _map(s: Schedule, target: str, rows: int, mine: set[str]) -> list[str]:
         if target != "cuda":
             s.parallel(loops[0])
             continue
-        # the first nest is the pass over the rows (batch..., query); a later one (the division) keeps its
-        # innermost loop serial in the thread
-        row_loops = loops[:-1] if not is_pass and len(loops) > 1 else loops
-        *batch, q = row_loops[-3:]
-        bo, ti = s.split(q, rows)
-        s.bind(bo, "blockIdx.x").bind(ti, "threadIdx.x")
+        # the first nest is the pass over the rows (batch..., query): a thread per row. A later one (the division
+        # when it is not the pass's epilogue) is elementwise: a block per row, its innermost loop across the threads
+        # (consecutive threads, consecutive elements)
+        if is_pass or len(loops) == 1:
+            *batch, q = loops[-3:]
+            bo, ti = s.split(q, rows)
+            s.bind(bo, "blockIdx.x").bind(ti, "threadIdx.x")
+        else:
+            *batch, q = loops[:-1][-3:]
+            _, ti = s.split(loops[-1], DIVISION_THREADS)
+            s.bind(q, "blockIdx.x").bind(ti, "threadIdx.x")
         for axis, b in zip(("blockIdx.y", "blockIdx.z"), reversed(batch)):
             s.bind(b, axis)
     return notes
@@ -222,8 +232,11 @@ def _registers_and_tiles(s: Schedule, info: OnlineRewrite, key_tile: int) -> lis
                if st.store.buffer in s.program.args and st.store.name not in done
                and any(isinstance(n, Load) and n.buffer.name == name for n in walk(st.store.value))
                and not any(f.var is thread.var for f in st.loops)]
-        if _try(s, notes, f"{name} in registers", "cache_write", name, "local", ti, epilogue=epi) is not None:
+        if epi and _try(s, notes, f"{name} in registers with {', '.join(epi)} as its epilogue", "cache_write", name,
+                        "local", ti, epilogue=epi) is not None:
             done |= set(epi)
+        else:  # no epilogue (or one that reads the sum permuted, e.g. heads merged back): copied out after the pass
+            _try(s, notes, f"{name} in registers", "cache_write", name, "local", ti)
     _try(s, notes, f"{info.max_stage} in registers", "cache_write", info.max_stage, "local", ti)
     nest = _pass_nest(s, info)
     key = nest and next((f for f in walk_stmts(nest) if isinstance(f, For) and f.var.name == info.key), None)

@@ -194,8 +194,9 @@ MMA_TILES = {"block": (128, 128), "warp": (64, 64), "k_tile": 32}
 
 
 def _tensor_cores(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> bool:
-    """The tensor-core recipe applies: half inputs (mma_applicable), the planner's default tiles (the caller
-    chose none), rows and columns at least one block tile where known (skinny shapes
+    """The tensor-core recipe applies: half inputs read A[.., i, k] and B[.., k, j] (mma_applicable), batch loops
+    or none (they go on blockIdx.z: a linear layer over (B, T, C) activations), the planner's default tiles (the
+    caller chose none), rows and columns at least one block tile where known (skinny shapes
     keep the SIMT skinny tiles; symbolic ones are taken: edge tiles are guarded) and the reduction at least one k
     tile long and a known multiple of 8 (`16*p16` after call-time specialization; a last k tile past K is
     zero-padded by the CUDA pipeline, codegen.passes.pad)."""
@@ -203,9 +204,9 @@ def _tensor_cores(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> bool:
     if prm != gemm_params("cuda") or mma_applicable(s.program, mm.name) is not None:
         return False
     loops = s.loops(mm.name)
-    if len(mm.shape) != 2 or len(loops) != 3:
+    if len(loops) != len(mm.shape) + 1:
         return False
-    dims = [simplify(f.hi - f.lo) for f in (_find(s, h.var) for h in loops)]
+    dims = [simplify(f.hi - f.lo) for f in (_find(s, h.var) for h in loops[-3:])]
     if isinstance(dims[2], Const) and int(dims[2].value) < MMA_TILES["k_tile"]:
         return False
     # a K the k tile does not divide has its last tile zero-padded on CUDA (codegen.passes.pad); a K that is not a

@@ -10,6 +10,7 @@ import pytest
 
 from codegen import build
 from codegen.passes import lower as lower_passes
+from loopir.lower import lower
 from loopir import blocks, interp, te
 from schedules import auto_schedule
 
@@ -128,6 +129,48 @@ def test_batched_matmul_is_a_gemm_kernel_on_both_targets():
             got = np.full(want.shape, np.nan, np.float32)
             build(s, [x, wt, y], target="cpu")(xa, wa, got)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_batched_half_matmul_runs_on_tensor_cores(dtype):
+    """A linear layer over (B, T, C) activations in half precision (float32 accumulation, B and T symbolic): the
+    tensor-core recipe with the batch on blockIdx.z, right in any thread order at sizes the tiles do not divide."""
+    B, T = te.var("B"), te.var("T")
+    x = te.placeholder((B, T, 32), dtype, name="x")
+    wt = te.placeholder((32, 136), dtype, name="w")
+    r = te.reduce_axis(32, "r")
+    mm = te.compute((B, T, 136), lambda i, t, c: te.sum(te.cast("float32", x[i, t, r]) * te.cast("float32", wt[r, c]),
+                                                       axis=r), name="mm")
+    y = te.compute((B, T, 136), lambda i, t, c: te.cast(dtype, te.maximum(mm[i, t, c], 0.0)), name="y")
+    rng = np.random.default_rng(8)
+    xa, wa = (blocks.as_dtype(rng.standard_normal(sh), dtype) for sh in ((3, 37, 32), (32, 136)))
+    want = np.maximum(blocks.as_float64(xa, dtype) @ blocks.as_float64(wa, dtype), 0)
+    s = auto_schedule([y], "cuda")
+    assert [g.mapping for g in s.plan.groups] == ["gemm"] and "tensor cores" in s.plan.explain()
+    assert "mma.m16n8k16" in str(s) and "blockIdx.z" in str(s)
+    low = lower_passes(s.program, "cuda")
+    for order in ("reversed", 1):
+        got = _poisoned(want.shape, dtype)
+        interp.run(low, xa, wa, got, gpu_order=order, sizes={"B": 3, "T": 37})
+        g = blocks.as_float64(got, dtype)
+        assert not np.isnan(g).any() and np.max(np.abs(g - want)) / np.max(np.abs(want)) < 1e-2, f"gpu_order={order!r}"
+    assert "mma.sync.aligned.m16n8k16" in build(s, [x, wt, y], target="cuda").source
+
+
+def test_a_transposed_half_operand_keeps_the_simt_recipe():
+    """Q K^T reads K[b, j, r] (k-minor): ldmatrix stages B k-major, so the planner keeps the SIMT recipe and says
+    why instead of failing inside auto_schedule."""
+    from schedules.recipes.gemm_mma import mma_applicable
+
+    B, n = te.var("B"), te.var("n")
+    q = te.placeholder((B, n, 64), "float16", name="q")
+    k = te.placeholder((B, n, 64), "float16", name="k")
+    r = te.reduce_axis(64, "r")
+    sc = te.compute((B, n, n), lambda b, i, j: te.sum(te.cast("float32", q[b, i, r]) * te.cast("float32", k[b, j, r]),
+                                                      axis=r), name="sc")
+    s = auto_schedule([sc], "cuda")
+    assert [g.mapping for g in s.plan.groups] == ["gemm"] and "mma" not in str(s)
+    assert "transposed" in mma_applicable(lower([sc]), "sc")
 
 
 def test_fusion_never_leaves_the_gpu_with_fewer_blocks_than_sms():

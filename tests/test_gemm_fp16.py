@@ -53,8 +53,9 @@ def test_fp16_inputs_fp32_accumulation_cuda_compiles_one_kernel():
     mod = build(s, [A, B, bias, C], target="cuda")  # NVRTC: no GPU needed
     assert len(mod.kernels) == 1
     src = mod.source
-    # the half tiles are staged in shared memory as 16-bit words; the accumulator is float
-    assert "unsigned short A_shared[" in src and "unsigned short B_shared[" in src
+    # the half tiles are staged in shared memory as 16-bit words, in two stages (software-pipelined); the
+    # accumulator is float
+    assert "unsigned short A_shared_stages[" in src and "unsigned short B_shared_stages[" in src
     assert "float matmul_local[" in src
 
 

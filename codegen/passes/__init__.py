@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from loopir.errors import ArgumentError
 from loopir.nodes import Program
 
-from .accumulate import widen_accumulators
+from .accumulate import widen_accumulators, widen_staged
+from .dead_tiles import skip_dead_tiles
 from .barriers import place_barriers
 from .bounds import prove_bounds
 from .full_tiles import version_full_tiles
@@ -76,7 +77,8 @@ def _pipelines(assume: Assume | None = None) -> dict[str, tuple[Pass, ...]]:
             Pass("simplify_indices", simplify_indices), Pass("pad_reductions", pad_reductions),
             Pass("split_kernels", split_kernels),
             Pass("plan_kernels", plan), Pass("place_barriers", place_barriers), Pass("plan_mma", plan_mma),
-            Pass("plan_staging", plan_staging), Pass("version_full_tiles", version_full_tiles),
+            Pass("plan_staging", plan_staging), Pass("widen_staged", widen_staged),
+            Pass("skip_dead_tiles", skip_dead_tiles), Pass("version_full_tiles", version_full_tiles),
             Pass("plan_dynamic_shared", plan_dynamic_shared))
     cpu = (Pass("prove_bounds", prove_bounds), Pass("widen_accumulators", widen_accumulators),
            Pass("tighten_guards", tighten_guards),

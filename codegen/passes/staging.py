@@ -34,7 +34,7 @@ def plan_staging(program: N.Program) -> N.Program:
         return program
     found: dict[int, N.Kernel] = {}
     for k in (n for n in walk(program.body) if isinstance(n, N.Kernel)):
-        marks = frozenset(f.var for f in _candidates(k) if pipeline_parts(k, f) is not None)
+        marks = frozenset(f.var for f in _candidates(k) if f.var not in k.pipelined and _pipelinable(k, f))
         if marks:
             found[id(k)] = dataclasses.replace(k, pipelined=k.pipelined | marks)
     if not found:
@@ -52,6 +52,19 @@ def plan_staging(program: N.Program) -> N.Program:
         return s
 
     return dataclasses.replace(program, body=go(program.body))
+
+
+def _pipelinable(k: N.Kernel, f: N.For) -> bool:
+    """float32 tiles (pipeline_parts), or float16 / bfloat16 tiles in rows of whole 16-byte chunks (the copies
+    of a half attention pass: K and V) whose second stage fits the 48 KiB of static shared memory."""
+    if pipeline_parts(k, f) is not None:
+        return True
+    parts = pipeline_parts(k, f, half=True)
+    if parts is None:
+        return False
+    size = {id(b): _ITEMSIZE[b.dtype] * math.prod(int(d.value) for d in b.shape) for b in  # type: ignore[attr-defined]
+            (n.buffer for n in walk(k.body) if isinstance(n, N.Allocate) and n.buffer.scope == "shared")}
+    return sum(size.values()) + sum(size[id(b)] for b in parts[0]) <= 48 * 1024
 
 
 def _candidates(k: N.Kernel) -> list[N.For]:

@@ -17,7 +17,7 @@ from loopir import interp
 from loopir.args import size_of
 from loopir.dtypes import from_bfloat16, to_bfloat16
 from loopir.errors import ArgumentError, NotFoundError
-from loopir.nodes import Allocate, Binary, Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt, Store, Var
+from loopir.nodes import Allocate, Binary, Buffer, Const, Expr, For, If, Load, Program, Select, Seq, Stmt, Store, Var
 from loopir import nodes
 from loopir.visit import Transformer, free_vars, substitute, walk
 
@@ -145,6 +145,7 @@ class OnlineRewrite:
     state: tuple[str, ...] = ()  # the new temporaries: the scores of one key (if folded), m_new, the rescale factor
     key: str = ""  # the loop over the keys (the max's reduce axis)
     prepared: tuple[str, ...] = ()  # elementwise stages of the maximized value (a mask, a scaling) inlined first
+    mask: str | None = None  # the condition of a masked score (where(cond, s, -inf)): each key runs under it
 
 
 def _prepare(program: Program, name: str) -> Program:
@@ -371,6 +372,11 @@ def online_softmax(program: Program, max_buffer: str) -> tuple[Program, OnlineRe
                                                  sm = sm * mx_scale + exp(scores - mx_new) * 0.125
                                                  O[c] = O[c] * mx_scale + exp(scores - mx_new) * 0.125 * V[b,j,c]
                                                  mx = mx_new
+      * a masked score `f = where(cond, x, -inf)` (cond reading no buffer, e.g. the causal `j <= i`): a masked
+        key leaves the running state unchanged (m_new = m, the rescale 1, the new terms exp(-inf) = 0) once
+        the row has seen an unmasked key, so the pass runs each key's statements under `if cond` instead
+        (`x` for `f` inside); the scores of masked keys are never computed, and a row whose first keys are
+        masked does not meet exp(-inf - (-inf)).
     Legality is not a matter of order (the statements change); the step is checked by running the old
     and the new program on the same random data (all sizes CHECK_SIZE) in the interpreter."""
     before = {t.name for t in program.temps}
@@ -449,7 +455,11 @@ def online_softmax(program: Program, max_buffer: str) -> tuple[Program, OnlineRe
         upd = _store(r.store.name, r.buffer, acc.indices, acc * Load(scale, idx) + term, its)
         per_key.append(_nest(extra, upd, {}))
     per_key.append(_store(f"{buf.name}_advance", buf, idx, nxt, row_its))
-    body.append(For(j, jloop.lo, jloop.hi, Seq(tuple(per_key))))
+    key_body: Stmt = Seq(tuple(per_key))
+    masked = _mask(fj)
+    if masked is not None:  # a masked key leaves the state as it is: skip it (its score is not even computed)
+        key_body = If(masked[0], _Replace({fj: masked[1]}).visit(key_body))
+    body.append(For(j, jloop.lo, jloop.hi, key_body))
     body += after
     nest = _nest(m.loops, Seq(tuple(body)), {})
     gone = {m.pos, *(e.pos for e in inlined), *(r.pos for r in rolling)} | ({scores.pos} if scores else set())
@@ -460,8 +470,18 @@ def online_softmax(program: Program, max_buffer: str) -> tuple[Program, OnlineRe
     temps = tuple(t for t in program.temps if t not in dropped) + tuple(new_temps)
     new = dataclasses.replace(program, body=Seq(tuple(out)) if len(out) > 1 else out[0], temps=temps)
     info = OnlineRewrite(buf.name, tuple(e.buffer.name for e in inlined), tuple(r.buffer.name for r in rolling),
-                         scores.buffer.name if scores else None, tuple(t.name for t in new_temps), j.name, prepared)
+                         scores.buffer.name if scores else None, tuple(t.name for t in new_temps), j.name, prepared,
+                         str(masked[0]) if masked is not None else None)
     return new, info
+
+
+def _mask(f: Expr) -> tuple[Expr, Expr] | None:
+    """(cond, x) when the score is `where(cond, x, -inf)` with `cond` reading no buffer (a mask such as the
+    causal `j <= i`), else None."""
+    if (isinstance(f, Select) and isinstance(f.b, Const) and f.b.value == float("-inf")
+            and not any(isinstance(n, Load) for n in walk(f.cond))):
+        return f.cond, f.a
+    return None
 
 
 ROW_SAMPLE = 2  # the rows (leading loops) of each dimension the random-data check runs

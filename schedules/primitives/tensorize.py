@@ -121,8 +121,9 @@ def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard
         if x.buffer.scope != "shared":
             raise TensorizeError(f"{what}: operand {x.buffer.name!r} is in {x.buffer.scope} memory; ldmatrix "
                                  "reads shared memory (cache_read it to 'shared' first)")
-        if len(x.indices) != 2:
-            raise TensorizeError(f"{what}: operand {x.buffer.name!r} must be a 2-d shared tile")
+        if len(x.indices) < 2 or any(getattr(d, "value", None) != 1 for d in x.buffer.shape[:-2]):
+            raise TensorizeError(f"{what}: operand {x.buffer.name!r} must be a 2-d shared tile (leading dimensions "
+                                 "of extent 1, e.g. the batch of a batched GEMM, are accepted)")
     if a.buffer.dtype not in HALF or b.buffer.dtype != a.buffer.dtype:
         raise TensorizeError(f"{what}: operands {a.buffer.name!r} ({a.buffer.dtype}) and {b.buffer.name!r} "
                              f"({b.buffer.dtype}) must both be float16 or both bfloat16")
@@ -148,8 +149,8 @@ def _check_lane_map(what: str, st: Store, a: Load, b: Load, lane: Var, eh: Var, 
     for trial in range(2):
         env = {x: (0 if trial == 0 else rng.randrange(0, 7)) for x in outer}
         base = {**env, lane: 0, eh: 0, el: 0, k: 0}
-        r0, ka = (eval_index(i, base) for i in a.indices)
-        kb, c0 = (eval_index(i, base) for i in b.indices)
+        r0, ka = (eval_index(i, base) for i in a.indices[-2:])
+        kb, c0 = (eval_index(i, base) for i in b.indices[-2:])
         if r0 % 1 or ka % 8 or c0 % 8 or kb % 8:
             raise TensorizeError(f"{what}: the tile origins (A[{r0}, {ka}], B[{kb}, {c0}]) are not multiples of 8 "
                                  "elements: ldmatrix needs 16-byte aligned rows")
@@ -159,8 +160,8 @@ def _check_lane_map(what: str, st: Store, a: Load, b: Load, lane: Var, eh: Var, 
                 for e in range(2):
                     for kk in range(16):
                         p = {**env, lane: ln, eh: h, el: e, k: kk}
-                        ai = tuple(eval_index(i, p) for i in a.indices)
-                        bi = tuple(eval_index(i, p) for i in b.indices)
+                        ai = tuple(eval_index(i, p) for i in a.indices[-2:])
+                        bi = tuple(eval_index(i, p) for i in b.indices[-2:])
                         want_a = (r0 + ln // 4 + 8 * h, ka + kk)
                         want_b = (kb + kk, c0 + 2 * (ln % 4) + e)
                         if ai != want_a or bi != want_b:

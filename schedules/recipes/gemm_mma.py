@@ -17,7 +17,9 @@ of 16 x 8 accumulator fragments, lane l owning rows l//4 + 8*eh and columns 2*(l
           barrier
         C[..] = relu(C_local[..] + bias[..])                     # the epilogue on the fragments, one store
 
-Every step is a Schedule primitive; `tensorize` checks that the innermost nest is exactly the instruction's
+Batch loops around (i, j, k) (a linear layer over (B, T, C) activations, B and T symbolic: batch b, rows t) are
+collapsed into blockIdx.z; the shared tiles then carry a leading batch dimension of extent 1, which tensorize
+accepts. Every step is a Schedule primitive; `tensorize` checks that the innermost nest is exactly the instruction's
 fragment layout. A reduction length that k_tile does not divide (or a symbolic one) is refused: the k
 loop would need a guard inside the instruction's nest. Rows and columns the tiles do not divide (or symbolic
 ones) are fine: the update keeps its element guard, the epilogue's store is guarded, the copies are clipped.
@@ -41,6 +43,7 @@ from __future__ import annotations
 from typing import Any
 
 from loopir.errors import ArgumentError
+from loopir.nodes import Load
 from loopir.visit import statements
 
 import schedules.primitives.cache  # noqa: F401  (registers Schedule.cache_read)
@@ -48,7 +51,7 @@ import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache
 import schedules.primitives.tensorize  # noqa: F401  (registers Schedule.tensorize)
 from schedules.primitives.tensorize import half_load
 
-from .gemm import GemmPlan, resolve_stage
+from .gemm import GemmPlan, collapse_batch, resolve_stage
 
 __all__ = ["schedule_gemm_mma", "mma_applicable"]
 
@@ -70,6 +73,13 @@ def mma_applicable(program: Any, stage: str | None = None) -> str | None:
     dts = {getattr(getattr(x, "buffer", None), "dtype", None) for x in ops}
     if len(dts) != 1 or dts.isdisjoint({"float16", "bfloat16"}):
         return f"inputs are {sorted(map(str, dts))}, not both float16 or both bfloat16"
+    # ldmatrix reads A row-major (rows i, reduction k) and B k-major (k, columns j); batch indices lead both
+    *batch, i, j, k = upd.iters
+    a, b = ops
+    if not (isinstance(a, Load) and isinstance(b, Load) and tuple(a.indices[-2:]) == (i, k)
+            and tuple(b.indices[-2:]) == (k, j) and all(x in batch for x in (*a.indices[:-2], *b.indices[:-2]))):
+        return (f"operands read {a} and {b}: tensor cores take A[.., i, k] * B[.., k, j] (a transposed operand, "
+                "e.g. Q K^T, is not staged transposed yet)")
     return None
 
 
@@ -83,6 +93,7 @@ def schedule_gemm_mma(s: Any, stage: str | Any = None, epilogue: Any = "auto", b
     upd, eps = resolve_stage(s.program, stage, epilogue, "schedule_gemm_mma")
     plan = GemmPlan(upd.name, list(eps), "cuda (tensor cores)")
     name = upd.name
+    batch = collapse_batch(s, name, "schedule_gemm_mma")
     i, j, k = s.loops(name)[-3:]
     bi, ir = s.split(i, block[0])
     wi, ir = s.split(ir, warp[0])
@@ -103,6 +114,9 @@ def schedule_gemm_mma(s: Any, stage: str | Any = None, epilogue: Any = "auto", b
                       "row-in-8 and column-pair loops into 32 lanes (the m16n8k16 accumulator layout)")
     s.bind(bi, "blockIdx.y").bind(bj, "blockIdx.x").bind(wi, "threadIdx.z").bind(wj, "threadIdx.y")
     s.bind(lane, "threadIdx.x")
+    if batch is not None:  # the shared tiles then carry a leading batch dimension of extent 1
+        s.bind(batch, "blockIdx.z")
+        plan.steps.append("collapse the batch loops into blockIdx.z")
     nw = (block[0] // warp[0]) * (block[1] // warp[1])
     plan.steps.append(f"bind blocks to blockIdx.y/x, {nw} warps to threadIdx.z/y, lanes to threadIdx.x")
     mi, ni, eh, el, k = s.loops(name)[-5:]
