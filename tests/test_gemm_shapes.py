@@ -72,7 +72,9 @@ def _keep(prog, branch: str):
 
 def test_pass_is_named_in_the_cuda_pipeline_after_staging():
     names = [p.name for p in pipeline("cuda")]
-    assert names.index("version_full_tiles") == names.index("plan_staging") + 1
+    # after staging (the copies it versions are the pipelined ones); the passes between (widen_staged, skip_dead_tiles)
+    # change tile types and loop bounds, not the copies' shape
+    assert names.index("version_full_tiles") > names.index("plan_staging")
 
 
 @pytest.mark.parametrize("sizes", [(11, 20, 9), None])

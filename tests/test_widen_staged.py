@@ -11,7 +11,7 @@ from codegen.passes import pipeline
 from loopir import blocks, interp, te
 from loopir.nodes import Allocate
 from loopir.visit import walk
-from schedules import auto_schedule
+from schedules import Schedule, auto_schedule
 
 
 def _lowered(program, skip: str | None = None):
@@ -25,31 +25,47 @@ def _allocs(program) -> dict[str, str]:
     return {n.buffer.name: n.buffer.dtype for n in walk(program.body) if isinstance(n, Allocate)}
 
 
-def test_half_tiles_are_staged_widened_and_values_are_unchanged():
-    """The float16 GPT-2 block (small): the attention pass's query row (registers) and the projection GEMM's weight
-    tile (shared, not pipelined) are widened; K and V tiles, which cp.async copies into a ring, stay half."""
-    w = blocks.gpt2(C=32, H=2, dtype="float16")
-    s = auto_schedule(list(w.outputs), "cuda")
-    before, after = _allocs(_lowered(s.program, skip="widen_staged")), _allocs(_lowered(s.program))
-    for name in ("q_local", "w_proj_shared"):
-        assert before[name] == "float16" and after[name] == "float32", name
-    for name in ("k_shared", "v_shared"):
-        assert after[name] == "float16", name
-    sizes = {"B": 2, "T": 7}
-    ins = blocks.inputs(w, sizes, rng=21)
-    shape = w.reference(*ins)[0].shape
-    got = {}
-    for skip in ("widen_staged", None):
-        low = _lowered(s.program, skip=skip)
-        by_name = {t.name: a for t, a in zip(w.inputs, ins)}
-        for order in ("reversed", 1):
-            o = blocks.as_dtype(np.full(shape, np.nan), "float16")
-            by_name[w.outputs[0].name] = o
-            interp.run(low, *(by_name[b.name] for b in low.args), gpu_order=order, sizes=sizes)
+def _same_bits(program, arrays: list[np.ndarray], out_shape: tuple[int, ...], out_dtype: str,
+               sizes: dict[str, int]) -> None:
+    """The lowered program with and without widen_staged, in two thread orders: the same bits, nothing unwritten."""
+    got = []
+    for skip, orders in (("widen_staged", ("reversed",)), (None, ("reversed", 1))):
+        low = _lowered(program, skip=skip)
+        for order in orders:
+            o = blocks.as_dtype(np.full(out_shape, np.nan), out_dtype)
+            interp.run(low, *arrays, o, gpu_order=order, sizes=sizes)
             assert not np.isnan(o.astype(np.float32)).any()
-            got[(skip, order)] = o
-    first = got[("widen_staged", "reversed")]
-    assert all(np.array_equal(first, o) for o in got.values())
+            got.append(o)
+    assert all(np.array_equal(got[0], o) for o in got[1:])
+
+
+def test_the_query_row_of_half_attention_is_widened_and_the_pipelined_k_v_tiles_are_not():
+    w = blocks.gpt2(C=32, H=2, dtype="float16")
+    out, ins = next((o, i) for o, i in blocks.operators(w, "gpt2") if o.name == "attn")
+    s = auto_schedule([out], "cuda")
+    before, after = _allocs(_lowered(s.program, skip="widen_staged")), _allocs(_lowered(s.program))
+    assert before["q_local"] == "float16" and after["q_local"] == "float32"
+    assert after["k_shared"] == after["v_shared"] == "float16"  # cp.async copies bytes: the ring stays half
+    rng = np.random.default_rng(21)
+    arrs = [blocks.as_dtype(rng.standard_normal((2, 7, 32)), "float16") for _ in ins]
+    _same_bits(s.program, arrs, (2, 7, 32), "float16", {"B": 2, "T": 7})
+
+
+def test_a_shared_half_tile_read_widened_is_staged_as_float32():
+    n = te.var("n")
+    x = te.placeholder((n, 40), "float16", name="x")
+    wt = te.placeholder((40,), "float16", name="w")
+    k = te.reduce_axis(40, "k")
+    y = te.compute((n,), lambda i: te.sum(te.cast("float32", x[i, k]) * te.cast("float32", wt[k]), axis=k), name="y")
+    s = Schedule([y])
+    bo, ti = s.split(s.loops("y")[0], 64)
+    s.bind(bo, "blockIdx.x").bind(ti, "threadIdx.x")
+    s.cache_read("w", "shared", bo)
+    assert _allocs(_lowered(s.program, skip="widen_staged"))["w_shared"] == "float16"
+    assert _allocs(_lowered(s.program))["w_shared"] == "float32"
+    rng = np.random.default_rng(22)
+    arrs = [rng.standard_normal(sh).astype(np.float16) for sh in ((70, 40), (40,))]
+    _same_bits(s.program, arrs, (70,), "float32", {"n": 70})
 
 
 def test_tiles_read_by_tensor_cores_stay_half():
