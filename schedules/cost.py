@@ -42,6 +42,12 @@ class Device:
     regs_per_thread: int = 0
     max_threads_per_block: int = 1
     source: str = "defaults"  # where the figures came from
+    tensor_flops: float = 0.0  # float16 / bfloat16 tensor-core operations per second (0: none, peak_flops applies)
+
+    @property
+    def matmul_flops(self) -> float:
+        """The peak a half-precision GEMM on tensor cores is costed at."""
+        return self.tensor_flops or self.peak_flops
 
     def describe(self) -> str:
         bw = f"{self.bandwidth / 1e12:.2f} TB/s" if self.bandwidth >= 1e12 else f"{self.bandwidth / 1e9:.0f} GB/s"
@@ -69,6 +75,7 @@ H200 = Device(
     regs_per_thread=255,
     max_threads_per_block=1024,
     source="defaults: no CUDA device present",
+    tensor_flops=989e12,  # the dense float16 / bfloat16 tensor-core peak of the H200 spec sheet (a roofline bound)
 )
 
 CPU = Device(
@@ -131,6 +138,7 @@ def _query_cuda() -> Device:
         target="cuda",
         bandwidth=bandwidth,
         peak_flops=H200.peak_flops * sms / H200.sm_count,
+        tensor_flops=H200.tensor_flops * sms / H200.sm_count,
         launch_overhead=H200.launch_overhead,
         sm_count=sms,
         smem_per_block=attr("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK", H200.smem_per_block),
@@ -239,6 +247,7 @@ class KernelCost:
     bytes_read: int = 0
     bytes_written: int = 0
     flops: int = 0
+    tensor_flops: int = 0  # the flops of a half-precision GEMM on tensor cores (costed at device.matmul_flops)
     launches: int = 1
     reads: dict[str, int] = field(default_factory=dict)  # buffer name -> bytes
     writes: dict[str, int] = field(default_factory=dict)
@@ -248,10 +257,11 @@ class KernelCost:
         return self.bytes_read + self.bytes_written
 
     def time(self, device: Device) -> float:
-        return roofline(self.bytes, self.flops, device, self.launches)
+        return roofline(self.bytes, self.flops, device, self.launches, self.tensor_flops)
 
     def bound(self, device: Device) -> str:
-        return "memory" if self.bytes / device.bandwidth >= self.flops / device.peak_flops else "compute"
+        compute = self.flops / device.peak_flops + self.tensor_flops / device.matmul_flops
+        return "memory" if self.bytes / device.bandwidth >= compute else "compute"
 
     def add_read(self, name: str, nbytes: int) -> None:
         if name not in self.reads:
@@ -264,9 +274,10 @@ class KernelCost:
             self.bytes_written += nbytes
 
 
-def roofline(nbytes: float, flops: float, device: Device, launches: int = 1) -> float:
-    """Seconds for `launches` kernels moving `nbytes` and computing `flops` in all."""
-    return max(nbytes / device.bandwidth, flops / device.peak_flops) + launches * device.launch_overhead
+def roofline(nbytes: float, flops: float, device: Device, launches: int = 1, tensor_flops: float = 0) -> float:
+    """Seconds for `launches` kernels moving `nbytes` and computing `flops` (and `tensor_flops` on tensor cores)."""
+    compute = flops / device.peak_flops + tensor_flops / device.matmul_flops
+    return max(nbytes / device.bandwidth, compute) + launches * device.launch_overhead
 
 
 __all__ = [

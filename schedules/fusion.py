@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from loopir.dtypes import np_dtype
+from loopir.dtypes import HALVES, np_dtype
 from loopir.errors import ArgumentError, ArgumentTypeError, ResourceLimitError
 from loopir.affine import simplify
 from loopir.nodes import Const, Expr, Load, Var
@@ -48,6 +48,7 @@ from loopir.visit import substitute, walk
 from . import cost as C
 from . import rows as R
 from .fusion_plan import THREADS, Decision, FusionGroup, FusionPlan, RowCache
+from .primitives.tensorize import half_load
 from .recipes import gemm_params, gemm_resources, is_matmul_tensor, skinny_params
 
 ROW_MIN_EXTENT = 1024  # a reduction at least this long gets a block per row (else a thread per row)
@@ -253,6 +254,15 @@ def _size_vars(tensors: list[Tensor]) -> list[Var]:
 
 def _tensor_bytes(t: Tensor, ev: dict) -> int:
     return C.buffer_bytes(t.shape, t.dtype, ev)
+
+
+def _half_matmul(t: Tensor) -> bool:
+    """A matmul of two float16 / bfloat16 operands (plain, or the float32-accumulation idiom of casts): what the
+    CUDA GEMM recipe runs on tensor cores (schedules.recipes.gemm_mma), costed at their peak."""
+    if not is_matmul_tensor(t):
+        return False
+    body = t.op.body.body
+    return all(getattr(half_load(x), "dtype", None) in HALVES for x in (body.a, body.b))
 
 
 def _unfused_cost(t: Tensor, ev: dict) -> C.KernelCost:
@@ -692,7 +702,11 @@ class _Planner:
         for t in g.stages:
             if id(t) not in kept:
                 c.add_write(t.name, _tensor_bytes(t, self.ev))
-            c.flops += _flops_per_point(t, self.inlined) * C.elements(_domain(t), self.ev)
+            fl = _flops_per_point(t, self.inlined) * C.elements(_domain(t), self.ev)
+            if g.mapping == "gemm" and self.target == "cuda" and _half_matmul(t):
+                c.tensor_flops += fl
+            else:
+                c.flops += fl
         return c
 
 
