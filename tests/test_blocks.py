@@ -245,6 +245,19 @@ def test_block_on_the_gpu_matches_float64_and_times_each_kernel():
     assert sum(times.values()) < 10 * mod.benchmark(*ins, _poisoned(shape, "float32"))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, dtype", [("gpt2", "float16"), ("llama", "bfloat16")])
+def test_half_blocks_on_the_gpu_take_tensor_cores_and_match_float64(name, dtype):
+    """Width 256 (the linear layers at least one 128-wide tile: tensor cores, batch on blockIdx.z), B and T
+    symbolic, T = 77 (no tile divides it), the causal pass's dead key tiles skipped; two sizes, one module."""
+    w = blocks.BLOCKS[name](C=256, H=4, dtype=dtype)
+    mod = build(list(w.outputs), list(w.args), target="cuda")
+    assert "mma.sync.aligned.m16n8k16" in mod.source and "loopir_min(" in mod.source
+    for sizes, rng in (({"B": 2, "T": 77}, 10), ({"B": 1, "T": 128}, 11)):
+        for _ in range(2):  # repeated calls stay right
+            _check(w, mod, sizes, rng=rng, dtype=dtype)
+
+
 def test_thread_zero_alone_initialises_what_thread_zero_alone_updates():
     # a row kernel whose sum stays on one thread (not bound to the block's threads) while the elementwise phase
     # uses them: the initialisation must be thread 0's too (every thread storing it let NVCC forward its own
