@@ -699,6 +699,9 @@ class _Planner:
                 if id(p) not in ids:
                     c.add_read(p.name, _tensor_bytes(p, self.ev))
         kept = {id(t) for t in g.stages[:-1]} if g.mapping == "gemm" else set()  # registers, never written
+        if g.mapping == "online":  # the pass keeps scores, maxima and probabilities per key in registers
+            read_outside = {id(u) for t in self.order if id(t) not in ids for u in t.op.inputs}
+            kept = {id(t) for t in g.stages if id(t) not in read_outside and not any(t is o for o in self.outs)}
         for t in g.stages:
             if id(t) not in kept:
                 c.add_write(t.name, _tensor_bytes(t, self.ev))

@@ -97,6 +97,7 @@ def test_block_plan_names_its_kernels_and_keeps_no_score_matrix():
     assert kinds.count("gemm") == 6 and kinds.count("online") == 1
     online = next(g for g in plan.groups if g.mapping == "online")
     assert {"qk", "mx", "p", "z", "pv"} <= set(online.stage_names)
+    assert set(online.cost.writes) == {"pv", "z"}  # the cost model writes no score or probability matrix either
     text = plan.explain()
     assert "online_softmax(mx)" in text and "the online-softmax pass" in text
     assert "batched over i, h" not in text  # qk is folded into the pass, not a GEMM kernel
