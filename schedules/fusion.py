@@ -257,12 +257,24 @@ def _tensor_bytes(t: Tensor, ev: dict) -> int:
 
 
 def _half_matmul(t: Tensor) -> bool:
-    """A matmul of two float16 / bfloat16 operands (plain, or the float32-accumulation idiom of casts): what the
-    CUDA GEMM recipe runs on tensor cores (schedules.recipes.gemm_mma), costed at their peak."""
+    """A matmul the CUDA GEMM recipe runs on tensor cores (the te mirror of auto._tensor_cores and
+    gemm_mma.mma_applicable), costed at their peak: float16 / bfloat16 operands (plain, or the float32-accumulation
+    idiom of casts) read A[.., i, k] and B[.., k, j]; the reduction a known multiple of 8 and at least 32 long;
+    rows and columns symbolic or at least 128."""
     if not is_matmul_tensor(t):
         return False
-    body = t.op.body.body
-    return all(getattr(half_load(x), "dtype", None) in HALVES for x in (body.a, body.b))
+    op = t.op
+    a, b = (half_load(x) for x in (op.body.body.a, op.body.body.b))
+    if not (isinstance(a, Load) and isinstance(b, Load) and a.dtype in HALVES and b.dtype == a.dtype):
+        return False
+    i, j, k = op.axis[-2], op.axis[-1], op.reduce_axis[0]
+    if tuple(a.indices[-2:]) != (i, k) or tuple(b.indices[-2:]) != (k, j):
+        return False
+    lo, hi = op.reduce_dom[0]
+    ext = simplify(hi - lo)
+    if not (isinstance(ext, Const) and int(ext.value) >= 32 and int(ext.value) % 8 == 0):
+        return False
+    return all(not isinstance(d, Const) or int(d.value) >= 128 for d in t.shape[-2:])
 
 
 def _unfused_cost(t: Tensor, ev: dict) -> C.KernelCost:

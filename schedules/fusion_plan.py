@@ -147,7 +147,7 @@ class FusionPlan:
             writes = ", ".join(f"{k} {C.fmt_bytes(v)}" for k, v in c.writes.items()) or "nothing"
             lines.append(
                 f"  predicted: reads {reads}; writes {writes}; {C.fmt_bytes(c.bytes)} moved, {c.flops:,} flops"
-                + (f" + {c.tensor_flops:,} on tensor cores" if c.tensor_flops else "") + ", "
+                + (f" + {c.tensor_flops:,} mma flops" if c.tensor_flops else "") + ", "
                 f"{C.fmt_time(c.time(dev))} ({c.bound(dev)}-bound)"
             )
         for d in self.log:
