@@ -630,6 +630,14 @@ def cache_write(
     before = p1
     # the dependences of p1 (program with statements re-based): those of `deps`, renamed, when derivable
     d1 = deps_shortcuts.derived_dependences(deps, program, p1) if check and deps is not None else None
+    if check and d1 is None and eps:
+        # one analysis serves both checks below (hoisting the initialisation, moving the epilogue): the dependences
+        # through the buffer, the epilogue's buffers and what their statements read, which each check's own
+        # analysis would compute (a refusal is still decided on the check's own analysis, see _check_order)
+        both = {buf, *eps}
+        want = frozenset(both | {n.buffer for c in statements(p1) if c.store.buffer in both
+                                 for n in walk(c.store.value) if isinstance(n, Load)})
+        d1 = poly.dependences(p1, want)
 
     # 2. hoist the initialising statement into its own nest at the top of the iteration
     inside = _inside(new_target.body)
