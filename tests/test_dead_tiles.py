@@ -93,3 +93,15 @@ def test_loops_without_a_moving_bound_are_left_alone():
     rs = te.compute((x.shape[0],), lambda i: te.sum(x[i, r], axis=r), name="rs")
     low2 = lower_passes(auto_schedule([rs], "cuda").program, "cuda")
     assert skip_dead_tiles(low2) is low2
+
+
+@pytest.mark.parametrize("mask", ["causal", "late"])
+def test_masked_attention_on_the_cpu(mask):
+    """The guarded pass through the LLVM target (symbolic sizes), against float64."""
+    args, y = _attention(mask)
+    mod = build([y], [*args, y], target="cpu")
+    rng = np.random.default_rng(33)
+    q, k, v = (rng.standard_normal((2, x, 16)).astype(np.float32) for x in (40, 45, 45))
+    got = np.full((2, 40, 16), np.nan, np.float32)
+    mod(q, k, v, got)
+    np.testing.assert_allclose(got, _reference(q, k, v, mask), rtol=1e-4, atol=1e-5)
