@@ -16,6 +16,7 @@ import dataclasses
 import os
 import random
 from typing import Any
+from unittest import mock
 
 import pytest
 import test_fuzz as f1
@@ -34,14 +35,16 @@ from schedules.schedule import LoopHandle
 CASES = int(os.environ.get("LOOPIR_DIFF_CASES", "60"))
 
 
-def _fresh(fn: Any, *args: Any, **kw: Any) -> Any:
-    """fn(*args) with every shortcut off (and nothing remembered from a cached run)."""
-    old = poly_model.ANALYSIS_CACHE
-    poly_model.ANALYSIS_CACHE = False
-    try:
-        return fn(*args, **kw)
-    finally:
-        poly_model.ANALYSIS_CACHE = old
+def with_flag(module: Any, name: str, value: Any) -> Any:
+    """A caller `(fn, *args, **kw) -> fn(*args, **kw)` that runs fn with `module.name` set to `value` (restored
+    after, also on an exception)."""
+    def call(fn: Any, *args: Any, **kw: Any) -> Any:
+        with mock.patch.object(module, name, value):
+            return fn(*args, **kw)
+    return call
+
+
+_fresh = with_flag(poly_model, "ANALYSIS_CACHE", False)  # every shortcut off (and nothing remembered from a cached run)
 
 
 def _outcome(s: Schedule, name: str, args: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -20,13 +20,7 @@ from schedules.errors import ScheduleError
 CASES = ac.CASES
 
 
-def _whole(fn: Any, *args: Any, **kw: Any) -> Any:
-    old = nest_scope.ENABLED
-    nest_scope.ENABLED = False
-    try:
-        return fn(*args, **kw)
-    finally:
-        nest_scope.ENABLED = old
+_whole = ac.with_flag(nest_scope, "ENABLED", False)  # every check on the whole program
 
 
 @pytest.mark.parametrize("mod", [fc, f1], ids=["fuzz_compose", "fuzz"])

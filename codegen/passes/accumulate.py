@@ -14,15 +14,14 @@ built `mod.program` runs it as the targets do).
 from __future__ import annotations
 
 import dataclasses
-import math
 
-from loopir.dtypes import HALVES, np_dtype
+from loopir.dtypes import HALVES
 from loopir.nodes import Allocate, Buffer, Cast, Const, Expr, For, Kernel, Load, Program, Stmt, Store
 from loopir.visit import Transformer, walk
 from schedules.primitives.cache import reduction_parts
 
 from .kernels import map_kernels
-from .shared import STATIC_SHARED_MAX
+from .shared import STATIC_SHARED_MAX, const_bytes
 
 
 def widen_accumulators(program: Program) -> Program:
@@ -53,8 +52,6 @@ def widen_accumulators(program: Program) -> Program:
     return dataclasses.replace(program, body=body, temps=temps)
 
 
-WIDEN_SHARED = True
-
 
 def widen_staged(program: Program) -> Program:
     """Half tiles a kernel only ever reads widened are staged widened (CUDA pipeline, after plan_kernels).
@@ -79,8 +76,7 @@ def _widen_kernel(k: Stmt) -> Stmt:
     # a pipelined loop's shared tiles are filled by cp.async, which copies bytes: they stay in the source's type
     staged = {id(n.buffer) for f in walk(k.body) if isinstance(f, For) and f.var in k.pipelined
               for n in walk(f.body) if isinstance(n, Allocate) and n.buffer.scope == "shared"}
-    allocs = [n.buffer for n in walk(k.body) if isinstance(n, Allocate) and n.buffer.scope in ("shared", "local")
-              and (WIDEN_SHARED or n.buffer.scope == "local")]
+    allocs = [n.buffer for n in walk(k.body) if isinstance(n, Allocate) and n.buffer.scope in ("shared", "local")]
     cand = {id(b): b for b in allocs if b.dtype in HALVES and all(isinstance(d, Const) for d in b.shape)
             and id(b) not in staged}
     if not cand:
@@ -96,7 +92,7 @@ def _widen_kernel(k: Stmt) -> Stmt:
                     cand.pop(id(x.buffer), None)
     if not cand:
         return k
-    shared = sum(_bytes(b) * (2 if id(b) in cand else 1) for b in allocs if b.scope == "shared")
+    shared = sum(const_bytes(b) * (2 if id(b) in cand else 1) for b in allocs if b.scope == "shared")
     if shared > STATIC_SHARED_MAX:
         for b in allocs:
             if b.scope == "shared":
@@ -130,6 +126,3 @@ def _widen_kernel(k: Stmt) -> Stmt:
         return k
     return out
 
-
-def _bytes(b: Buffer) -> int:
-    return math.prod(int(d.value) for d in b.shape) * np_dtype(b.dtype).itemsize  # type: ignore[attr-defined]

@@ -26,7 +26,7 @@ from loopir import nodes as N
 from loopir.affine import linear_form
 from loopir.gpu import is_thread_loop
 from loopir.nodes import conjuncts
-from loopir.visit import free_vars, walk
+from loopir.visit import Transformer, free_vars, walk
 
 from .kernels import map_kernels
 
@@ -48,36 +48,26 @@ def _kernel(k: N.Stmt) -> N.Stmt:
             if r is None:
                 return k
             ranges[f.var] = r
-    return _clip(k, ranges, {f.var for f in walk(k.body) if isinstance(f, N.For)})
+    return _Clip(ranges, {f.var for f in walk(k.body) if isinstance(f, N.For)}).visit(k)
 
 
-def _clip(s: N.Stmt, threads: dict[N.Var, tuple[int, int]], loops: set[N.Var]) -> N.Stmt:
-    if isinstance(s, N.Kernel):
-        body = _clip(s.body, threads, loops)
-        return s if body is s.body else dataclasses.replace(s, body=body)
-    if isinstance(s, N.Seq):
-        body = tuple(_clip(c, threads, loops) for c in s.body)
-        return s if all(a is b for a, b in zip(body, s.body)) else N.Seq(body)
-    if isinstance(s, N.If):
-        then = _clip(s.then, threads, loops)
-        orelse = None if s.orelse is None else _clip(s.orelse, threads, loops)
-        return s if then is s.then and orelse is s.orelse else N.If(s.cond, then, orelse)
-    if isinstance(s, N.Allocate):
-        body = _clip(s.body, threads, loops)
-        return s if body is s.body else dataclasses.replace(s, body=body)
-    if not isinstance(s, N.For):
-        return s
-    body = _clip(s.body, threads, loops)
-    out = s if body is s.body else dataclasses.replace(s, body=body)
-    # only loops the whole block runs in step (a barrier inside): there, skipping saves copies and barriers; an
-    # inner loop's iterations are already skipped by their guards
-    if (s.kind != "serial" or not isinstance(s.lo, N.Const) or int(s.lo.value) != 0
-            or not any(isinstance(n, N.Barrier) for n in walk(s.body))):
-        return out
-    last = _last_busy(out, threads, loops)
-    if last is None:
-        return out
-    return dataclasses.replace(out, hi=N.binary("min", out.hi, N.binary("add", last, N.const(1))))
+class _Clip(Transformer):
+    """Each loop the whole block runs in step (a barrier inside) clipped at its last busy iteration, inner loops
+    first: there, skipping saves copies and barriers; an inner loop's iterations are already skipped by their
+    guards."""
+
+    def __init__(self, threads: dict[N.Var, tuple[int, int]], loops: set[N.Var]) -> None:
+        self.threads, self.loops = threads, loops
+
+    def visit_For(self, s: N.For) -> N.For:
+        out = self.generic(s)
+        if (s.kind != "serial" or not isinstance(s.lo, N.Const) or int(s.lo.value) != 0
+                or not any(isinstance(n, N.Barrier) for n in walk(s.body))):
+            return out
+        last = _last_busy(out, self.threads, self.loops)
+        if last is None:
+            return out
+        return dataclasses.replace(out, hi=N.binary("min", out.hi, N.binary("add", last, N.const(1))))
 
 
 def _const_range(f: N.For) -> tuple[int, int] | None:
@@ -86,13 +76,12 @@ def _const_range(f: N.For) -> tuple[int, int] | None:
     return None
 
 
-def _last_busy(f: N.For, threads: dict[N.Var, tuple[int, int]], outer_loops: set[N.Var]) -> N.Expr | None:
+def _last_busy(f: N.For, threads: dict[N.Var, tuple[int, int]], outer: set[N.Var]) -> N.Expr | None:
     """U of the module docstring for loop `f` (the least of the bounds when there are several), or None when
     some statement writing a buffer allocated outside `f` has no such bound (or the statements' bounds differ)."""
     inside = {n.buffer.name for n in walk(f.body) if isinstance(n, N.Allocate)}
     # a bound of sizes alone (`32*ko + ki < n`) is the loop's own trip count again: only bounds that move with the
-    # block (a causal mask's row tile) clip anything
-    outer = outer_loops
+    # block (a causal mask's row tile: a variable of `outer`, the kernel's loops) clip anything
     found: list[dict[str, N.Expr]] = []
     ok = True
 

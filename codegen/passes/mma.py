@@ -157,7 +157,7 @@ def _pipeline(k: N.Kernel) -> N.Kernel:
     by_thread_depth(k.body, visit)
     marks, rings = [], []
     for f in loops:
-        parts = pipeline_parts(k, f, half=True)
+        parts = pipeline_parts(k, f, half=True, budget=False)
         if parts is None or any(not all(isinstance(d, N.Const) for d in b.shape) or _bytes(b) % 16
                                 for b in parts[0]):
             continue

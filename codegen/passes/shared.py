@@ -20,6 +20,7 @@ CUDA device this project targets (DYNAMIC_SHARED_MAX), naming the kernel and the
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from loopir import nodes as N
 from loopir.dtypes import np_dtype
@@ -47,6 +48,11 @@ def shared_bytes(b: N.Buffer) -> N.Expr:
     for d in b.shape:
         size = N.binary("mul", size, d)
     return size
+
+
+def const_bytes(b: N.Buffer) -> int:
+    """Bytes of one buffer of constant shape (a shared tile, a register array)."""
+    return math.prod(int(d.value) for d in b.shape) * np_dtype(b.dtype).itemsize  # type: ignore[attr-defined]
 
 
 def _align(e: N.Expr) -> N.Expr:

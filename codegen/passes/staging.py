@@ -19,11 +19,10 @@ from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
 from .gpu_model import by_thread_depth
 from .launch import copy_nest, uniform_path
+from .shared import STATIC_SHARED_MAX, const_bytes
 
 # software pipelining of shared block-tile copies; off: the plain copy, barrier, compute
 PIPELINE_SHARED_COPIES = True
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1,
-             "int8": 1, "uint8": 1, "int16": 2, "uint16": 2}
 
 
 def plan_staging(program: N.Program) -> N.Program:
@@ -34,7 +33,9 @@ def plan_staging(program: N.Program) -> N.Program:
         return program
     found: dict[int, N.Kernel] = {}
     for k in (n for n in walk(program.body) if isinstance(n, N.Kernel)):
-        marks = frozenset(f.var for f in _candidates(k) if f.var not in k.pipelined and _pipelinable(k, f))
+        # float32 tiles, or half ones (the K and V copies of a half attention pass); not the rings of plan_mma
+        marks = frozenset(f.var for f in _candidates(k) if f.var not in k.pipelined
+                          and (pipeline_parts(k, f) is not None or pipeline_parts(k, f, half=True) is not None))
         if marks:
             found[id(k)] = dataclasses.replace(k, pipelined=k.pipelined | marks)
     if not found:
@@ -52,19 +53,6 @@ def plan_staging(program: N.Program) -> N.Program:
         return s
 
     return dataclasses.replace(program, body=go(program.body))
-
-
-def _pipelinable(k: N.Kernel, f: N.For) -> bool:
-    """float32 tiles (pipeline_parts), or float16 / bfloat16 tiles in rows of whole 16-byte chunks (the copies
-    of a half attention pass: K and V) whose second stage fits the 48 KiB of static shared memory."""
-    if pipeline_parts(k, f) is not None:
-        return True
-    parts = pipeline_parts(k, f, half=True)
-    if parts is None:
-        return False
-    size = {id(b): _ITEMSIZE[b.dtype] * math.prod(int(d.value) for d in b.shape) for b in  # type: ignore[attr-defined]
-            (n.buffer for n in walk(k.body) if isinstance(n, N.Allocate) and n.buffer.scope == "shared")}
-    return sum(size.values()) + sum(size[id(b)] for b in parts[0]) <= 48 * 1024
 
 
 def _candidates(k: N.Kernel) -> list[N.For]:
@@ -112,9 +100,11 @@ def copy_store(c: N.Stmt, half: bool = False) -> N.Store | None:
     return st
 
 
-def pipeline_parts(k: N.Kernel, f: N.For, half: bool = False) -> tuple[list[N.Buffer], list[N.Stmt], int] | None:
+def pipeline_parts(k: N.Kernel, f: N.For, half: bool = False,
+                   budget: bool = True) -> tuple[list[N.Buffer], list[N.Stmt], int] | None:
     """`staged_shape(f)` when the loop's copies may be software-pipelined (see the module docstring); `half`:
-    copies of float16 / bfloat16 tiles (codegen.passes.mma), whose caller sizes the stages itself."""
+    copies of float16 / bfloat16 tiles in rows of whole 16-byte chunks; `budget`: a second stage must fit the
+    48 KiB of static shared memory (codegen.passes.mma sizes its rings itself)."""
     shape = staged_shape(f)
     if shape is None:
         return None
@@ -127,9 +117,9 @@ def pipeline_parts(k: N.Kernel, f: N.For, half: bool = False) -> tuple[list[N.Bu
         return None
     if any(math.prod(int(d.value) for d in b.shape) % 4 for b in chain):  # type: ignore[attr-defined]
         return None  # each stage must start 16-byte aligned
-    others = sum(math.prod(int(d.value) for d in n.buffer.shape) * _ITEMSIZE[n.buffer.dtype]  # type: ignore[attr-defined]
-                 for n in walk(k.body) if isinstance(n, N.Allocate) and n.buffer.scope == "shared")
-    if not half and others + sum(4 * math.prod(int(d.value) for d in b.shape) for b in chain) > 48 * 1024:  # type: ignore[attr-defined]
+    others = sum(const_bytes(n.buffer) for n in walk(k.body)
+                 if isinstance(n, N.Allocate) and n.buffer.scope == "shared")
+    if budget and others + sum(const_bytes(b) for b in chain) > STATIC_SHARED_MAX:
         return None  # a second stage would pass the 48 KiB of static shared memory
     written = {id(n.buffer) for n in walk(k.body) if isinstance(n, N.Store)}
     if any(id(st.value.buffer) in written for st in stores):  # type: ignore[union-attr]
