@@ -346,3 +346,30 @@ def test_gpu_auto_tensor_core_gemm_matches_float64(dtype: str) -> None:
     out = _out(dtype, n, m)
     mod(*host, out)
     assert _rel(_as64(out, dtype), _ref(f64)) < 1e-2
+
+
+def _fragment_nest(a_shape: tuple[int, ...]):
+    """One lane's m16n8k16 nest reading A from a shared tile of `a_shape` (its last two dimensions rows, k) and B
+    from a 16 x 8 tile: (the eh loop, the lanes)."""
+    from loopir.nodes import Buffer, Cast, For, Store, Var, const
+
+    lane, eh, el, k = (Var(x) for x in ("lane", "eh", "el", "k"))
+    a = Buffer("A_shared", a_shape, "float16", "shared")
+    b = Buffer("B_shared", (16, 8), "float16", "shared")
+    acc = Buffer("acc", (2, 2), "float32", "local")
+    lead = (const(0),) * (len(a_shape) - 2)
+    row = lane // 4 + 8 * eh
+    val = acc[eh, el] + Cast("float32", a[(*lead, row, k)]) * Cast("float32", b[k, 2 * (lane % 4) + el])
+    st = Store("upd", acc, (eh, el), val, (lane, eh, el, k), (lane, eh, el, k))
+    f = For(eh, const(0), const(2), For(el, const(0), const(2), For(k, const(0), const(16), st)))
+    return f, {lane: For(lane, const(0), const(32), f, "thread", "threadIdx.x")}
+
+
+def test_tensorize_takes_a_unit_leading_tile_dimension_and_refuses_a_wider_one():
+    from schedules.primitives.tensorize import mma_operands
+
+    f, lanes = _fragment_nest((1, 16, 16))
+    assert mma_operands(f, lanes).a.buffer.name == "A_shared"  # a batched GEMM's tile: batch extent 1
+    f, lanes = _fragment_nest((2, 16, 16))
+    with pytest.raises(TensorizeError, match="operand 'A_shared' must be a 2-d shared tile"):
+        mma_operands(f, lanes)
