@@ -6,7 +6,9 @@ Pure functions of the IR, here so that `codegen.passes` (gpu_model, launch), the
 - `is_thread_loop` / `is_block_loop`: a For bound to a threadIdx / blockIdx axis;
 - `reduction_stores(f)` and `is_reduction_loop(f)`: the cross-thread reductions of a threadIdx.x loop;
 - `reduction_parts(st)`: `C[idx] = C[idx] op e` as (op, e);
-- `upper_extent(ext, allowed)`: an upper bound of a loop extent over allowed variables (launch sizes).
+- `upper_extent(ext, allowed)`: an upper bound of a loop extent over allowed variables (launch sizes);
+- `BLOCK_PASS`: the loop kind of a nest that the whole block runs once (its loops are the reference semantics,
+  executed as if by thread 0; the CUDA renderer prints one block-wide kernel body: codegen/cuda/flash.py).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from __future__ import annotations
 from .nodes import Binary, Const, Expr, For, Load, Stmt, Store, Var
 from .visit import free_vars, loops_of, subst_coords, substitute, walk
 
-__all__ = ["REDUCE_OPS", "is_fill", "is_block_loop", "is_reduction_loop", "is_thread_loop", "reduction_parts",
-           "reduction_stores", "upper_extent"]
+__all__ = ["REDUCE_OPS", "BLOCK_PASS", "is_fill", "is_block_loop", "is_reduction_loop", "is_thread_loop",
+           "reduction_parts", "reduction_stores", "upper_extent"]
 
 REDUCE_OPS = ("add", "mul", "max", "min")
+BLOCK_PASS = "attention.m16n8k16"  # tensorize's FlashAttention intrinsic (schedules/primitives/flash.py)
 
 
 def is_thread_loop(f: For) -> bool:

@@ -4,7 +4,10 @@
 maximum whose readers satisfy the precondition of `online_softmax` (an exponential of the difference,
 consumed by sums of products with it, e.g. softmax(Q K^T) V), the rewrite is applied as a checked
 step and the single pass is mapped:
-  * cuda: a block per (batch, tile of `rows` query rows), a thread per row (batch loops on blockIdx.y/z,
+  * cuda, float16 / bfloat16 data that tensorize "attention.m16n8k16" accepts (schedules/primitives/flash.py): a
+    block per (batch, 128 query rows) runs the pass as FlashAttention's tensor-core kernel; a division that is not
+    the pass's epilogue reads its sums (a flat grid over rows x columns when the rows are short);
+  * cuda otherwise: a block per (batch, tile of `rows` query rows), a thread per row (batch loops on blockIdx.y/z,
     the query loop split into blockIdx.x and threadIdx.x: with symbolic sizes collapse would make the
     coordinates non-affine). Then, each a checked step that is skipped (and named in the plan) when
     refused: the row's running state in registers (cache_write "local", the final division as its
@@ -26,16 +29,20 @@ from loopir.nodes import Buffer, Const, For, Load, Program, Seq, Stmt
 from loopir.te import Tensor
 from loopir.visit import deep_recursion, statements, walk, walk_stmts
 
+from .primitives import find_loop_path
+from .primitives.flash import FLASH, KEYS, MT, ROWS as FLASH_ROWS, FlashMismatch, flash_parts
+from .primitives.loops import split as split_loop
 from .primitives.online import OnlineRewrite, find_softmax_max, online_softmax
 from .schedule import Schedule
 
 __all__ = ["AttentionPlan", "schedule_attention", "attention_rewrites", "apply_online", "map_online",
-           "online_stages", "ROWS_PER_BLOCK", "KEY_TILE"]
+           "online_stages", "on_tensor_cores", "ROWS_PER_BLOCK", "KEY_TILE"]
 
 ROWS_PER_BLOCK = 64  # query rows per block (one per thread)
 KEY_TILE = 32  # keys per shared-memory tile of K and V
 DIVISION_THREADS = 128  # threads across the row of a division that is not the pass's epilogue
 UNROLL_MAX = 128  # constant loops up to this length are unrolled (the head dimension)
+TENSOR_CORES = True  # offer a half-precision pass to the tensor-core kernel (off: the SIMT mapping, for comparison)
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,7 @@ class AttentionPlan:
     rows: int
     key_tile: int
     notes: tuple[str, ...] = ()
+    tensor_cores: bool = False  # the pass runs as FlashAttention's tensor-core kernel (attention.m16n8k16)
 
     @property
     def groups(self) -> tuple[()]:
@@ -68,8 +76,13 @@ class AttentionPlan:
             if r.mask:
                 lines.append(f"masked keys skipped: each key's update runs under `if {r.mask}` (a masked key leaves "
                              "the state unchanged); on cuda, where the mask bounds the keys from above (causal), a "
-                             "block stops after the last key tile its rows attend to (codegen.passes.dead_tiles)")
-        if self.target == "cuda":
+                             "block stops after the last key tile its rows attend to (codegen.passes.dead_tiles; the "
+                             "tensor-core kernel skips every tile the mask kills at its four corners)")
+        if self.target == "cuda" and self.tensor_cores:
+            lines.append(f"cuda: a block per {FLASH_ROWS} query rows of one batch on tensor cores ({FLASH}: a warp "
+                         f"per {16 * MT} rows, S = Q K^T and O += P V on mma.sync with P in registers, K and V in "
+                         f"tiles of {KEYS} keys double-buffered in shared memory by cp.async)")
+        elif self.target == "cuda":
             lines.append(f"cuda: a block per {self.rows} query rows of one batch, a thread per row running the pass "
                          f"with its state in registers; K and V staged in shared memory {self.key_tile} keys at a time")
         else:
@@ -91,8 +104,14 @@ def schedule_attention(outputs: list[Tensor], target: str, rows: int = ROWS_PER_
     s = Schedule(outputs, check=check)
     rewrites = apply_online(s, found)
     notes = map_online(s, rewrites, target, rows, key_tile, every_nest=True)
-    s.plan = AttentionPlan(tuple(rewrites), target, rows, key_tile, tuple(notes))  # type: ignore[attr-defined]
+    s.plan = AttentionPlan(tuple(rewrites), target, rows, key_tile, tuple(notes),  # type: ignore[attr-defined]
+                           on_tensor_cores(s.program))
     return s
+
+
+def on_tensor_cores(program: Program) -> bool:
+    """Some online pass of `program` runs as the tensor-core kernel (tensorize "attention.m16n8k16")."""
+    return any(isinstance(f, For) and f.kind == FLASH for f in walk_stmts(program.body))
 
 
 def attention_rewrites(program: Program) -> list[OnlineRewrite]:
@@ -140,8 +159,8 @@ def map_online(s: Schedule, rewrites: list[OnlineRewrite], target: str, rows: in
     the passes first, then the divisions reading them); the notes say which optional steps were refused."""
     mine = ({st.store.buffer.name for st in statements(s.program)} if every_nest
             else {b for r in rewrites for b in (r.max_stage, *r.rolling, *r.state)})
-    notes = _map(s, target, rows, mine)
-    if target == "cuda" and len(rewrites) == 1:
+    notes = _map(s, target, rows, mine, tensor_cores=len(rewrites) == 1)
+    if target == "cuda" and len(rewrites) == 1 and not on_tensor_cores(s.program):
         notes += _registers_and_tiles(s, rewrites[0], key_tile)
     return notes
 
@@ -164,8 +183,9 @@ def _nest_writes(nest: Stmt) -> set[str]:
     return {st.store.buffer.name for st in statements(nest)}
 
 
-def _map(s: Schedule, target: str, rows: int, mine: set[str]) -> list[str]:
-    """The nests writing a buffer of `mine` (the passes, their divisions): rows on blocks and threads."""
+def _map(s: Schedule, target: str, rows: int, mine: set[str], tensor_cores: bool = False) -> list[str]:
+    """The nests writing a buffer of `mine` (the passes, their divisions): rows on blocks and threads (with
+    `tensor_cores`, the pass's block of rows is first offered to tensorize "attention.m16n8k16")."""
     notes: list[str] = []
     first = True
     for k in range(len(_top(s.program))):
@@ -183,15 +203,49 @@ def _map(s: Schedule, target: str, rows: int, mine: set[str]) -> list[str]:
         # (consecutive threads, consecutive elements)
         if is_pass or len(loops) == 1:
             *batch, q = loops[-3:]
-            bo, ti = s.split(q, rows)
-            s.bind(bo, "blockIdx.x").bind(ti, "threadIdx.x")
+            flash = is_pass and tensor_cores and TENSOR_CORES and _flash_fits(s, q, notes)
+            bo, ti = s.split(q, FLASH_ROWS if flash else rows)
+            s.bind(bo, "blockIdx.x")
+            if flash:
+                s.tensorize(ti, FLASH)
+            else:
+                s.bind(ti, "threadIdx.x")
         else:
             *batch, q = loops[:-1][-3:]
-            _, ti = s.split(loops[-1], DIVISION_THREADS)
-            s.bind(q, "blockIdx.x").bind(ti, "threadIdx.x")
+            inner = _top(s.program)[k]
+            for _ in loops[:-1]:
+                inner = inner.body
+            width = _extent(inner)
+            if width is not None and DIVISION_THREADS % width == 0:
+                # a short row (the head dimension): rows and columns fused, consecutive threads on consecutive
+                # elements of several rows (a block per row would leave most of its threads idle)
+                bo, ti = s.split(s.collapse(q, loops[-1]), 2 * DIVISION_THREADS)
+                s.bind(bo, "blockIdx.x").bind(ti, "threadIdx.x")
+            else:
+                _, ti = s.split(loops[-1], DIVISION_THREADS)
+                s.bind(q, "blockIdx.x").bind(ti, "threadIdx.x")
         for axis, b in zip(("blockIdx.y", "blockIdx.z"), reversed(batch)):
             s.bind(b, axis)
     return notes
+
+
+def _extent(f: Any) -> int | None:
+    lo, hi = getattr(f.lo, "value", None), getattr(f.hi, "value", None)
+    return hi - lo if isinstance(lo, int) and isinstance(hi, int) else None
+
+
+def _flash_fits(s: Schedule, q: Any, notes: list[str]) -> bool:
+    """The pass, its query loop `q` split by the tensor-core kernel's rows, is what tensorize "attention.m16n8k16"
+    accepts (tried on the program alone: the schedule is unchanged); the note says why not, for half data."""
+    program, (_, inner) = split_loop(s.program, s._resolve(q, "split"), FLASH_ROWS)
+    f = find_loop_path(program.body, inner)[0]  # type: ignore[index]
+    try:
+        flash_parts(f, program)
+    except FlashMismatch as e:
+        if any(isinstance(n, Load) and n.buffer.dtype in ("float16", "bfloat16") for n in walk(f)):
+            notes.append(f"tensor cores ({FLASH}): not applied ({e})")
+        return False
+    return True
 
 
 def _try(s: Schedule, notes: list[str], what: str, name: str, *args: Any, **kw: Any) -> Any:

@@ -56,8 +56,8 @@ from loopir.visit import deep_recursion, substitute, walk
 from loopir.affine import linear_form
 
 from .attention import (
-    KEY_TILE, ROWS_PER_BLOCK, AttentionPlan, apply_online, attention_rewrites, map_online, online_stages,
-    schedule_attention,
+    KEY_TILE, ROWS_PER_BLOCK, AttentionPlan, apply_online, attention_rewrites, map_online, on_tensor_cores,
+    online_stages, schedule_attention,
 )
 from .errors import InexactCheckError, ScheduleError
 from .fusion import THREADS, Decision, FusionGroup, FusionPlan, plan_fusion
@@ -150,7 +150,8 @@ def auto_schedule(
         notes = map_online(s, done, target)
         g = next(g for g in plan.groups if g.mapping == "online")
         g.log += [Decision("note", tuple(r.max_stage for r in done), None, line) for line in
-                  AttentionPlan(tuple(done), target, ROWS_PER_BLOCK, KEY_TILE, tuple(notes)).explain().splitlines()]
+                  AttentionPlan(tuple(done), target, ROWS_PER_BLOCK, KEY_TILE, tuple(notes),
+                                on_tensor_cores(s.program)).explain().splitlines()]
     return s
 
 

@@ -714,11 +714,13 @@ class _Planner:
         if g.mapping == "online":  # the pass keeps scores, maxima and probabilities per key in registers
             read_outside = {id(u) for t in self.order if id(t) not in ids for u in t.op.inputs}
             kept = {id(t) for t in g.stages if id(t) not in read_outside and not any(t is o for o in self.outs)}
+        # a pass whose scores are a half-precision matmul runs on tensor cores (schedules/primitives/flash.py)
+        half_pass = g.mapping == "online" and any(_half_matmul(t) for t in g.stages)
         for t in g.stages:
             if id(t) not in kept:
                 c.add_write(t.name, _tensor_bytes(t, self.ev))
             fl = _flops_per_point(t, self.inlined) * C.elements(_domain(t), self.ev)
-            if g.mapping == "gemm" and self.target == "cuda" and _half_matmul(t):
+            if self.target == "cuda" and ((g.mapping == "gemm" and _half_matmul(t)) or half_pass):
                 c.tensor_flops += fl
             else:
                 c.flops += fl

@@ -170,7 +170,8 @@ class FusionPlan:
 
 _MAPPINGS = {
     "online": ("the online-softmax pass (schedules.attention: the running maximum rescales the sums while the keys "
-               "stream; a block per tile of query rows, a thread per row)"),
+               "stream; a block per tile of query rows: FlashAttention's tensor-core kernel for half data, else a "
+               "thread per row)"),
     "flat": f"flat grid (loops collapsed, {THREADS} threads per block, 16-byte chunks per thread)",
     "row": "one block per row, threads across each phase's inner loop",
     "warp": "up to 16 lanes of a warp per row, several rows per block on threadIdx.y",

@@ -40,6 +40,7 @@ from loopir.affine import eval_index
 from loopir.printer import expr_str
 from loopir.gpu import reduction_parts
 from loopir.te_extern import extern_nest
+from schedules.primitives.flash import FLASH
 from loopir.visit import free_vars, loops_of, stmt_names, walk
 
 from .expr import (  # noqa: F401  (re-exported: tests and callers import them from codegen.cuda)
@@ -58,6 +59,7 @@ from .expr import (  # noqa: F401  (re-exported: tests and callers import them f
     _sanitize,
     _wrap,
 )
+from .flash import PRELUDE_FLASH, render_flash
 from .mma import render_mma, render_mma_grid
 from .prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
 from .reduce import _identity, _ReductionEmitter  # noqa: F401
@@ -199,6 +201,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.thread_depth = 0
         self.ix = "long long"  # the C type of index arithmetic: "int" when every size provably fits
         self.uses_async = False
+        self.uses_flash = False
         self.pred: str | None = None  # C condition: does this thread really run the statements here (predication)
         self.uniform_memo: dict[int, bool] = {}
         self.entry_checks: dict[str, str] = {}  # vector-path condition -> const bool computed once at kernel entry
@@ -332,6 +335,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             return None
         if f.kind == "vectorize" and self.try_vector(f):
             return None
+        if f.kind == FLASH:  # a block's online-softmax pass on tensor cores (codegen.cuda.flash)
+            return render_flash(self, f)
         if f.kind.startswith("mma."):  # a tensorized nest: tensor-core PTX (codegen.cuda.mma)
             return render_mma(self, f)
         if f.var in self.kern.mma_grids:  # fragments loaded once per row / column (codegen.passes.mma)
@@ -459,7 +464,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
     names = _Names()
     texts: list[str] = []
     kernels: list[Kernel] = []
-    flags = {"half": False, "reduce": False, "subwarp": False, "async": False}
+    flags = {"half": False, "reduce": False, "subwarp": False, "async": False, "flash": False}
 
     def kernel(kn: N.Kernel, host_vars: tuple[N.Var, ...]) -> int:
         k = len(kernels)
@@ -475,6 +480,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
         flags["reduce"] |= gen.uses_reduce
         flags["subwarp"] |= gen.uses_subwarp
         flags["async"] |= gen.uses_async
+        flags["flash"] |= gen.uses_flash
         texts.append(text)
         kernels.append(kern)
         return k
@@ -510,6 +516,8 @@ def generate_cuda(program: N.Program) -> CudaSource:
         parts.append(PRELUDE_SUBWARP)
     if flags["async"]:
         parts.append(PRELUDE_ASYNC)
+    if flags["flash"]:
+        parts.append(PRELUDE_FLASH)
     source = "\n".join(parts) + "\n" + "\n\n".join(texts) + "\n"
     return CudaSource(source, tuple(kernels), program, launches)
 

@@ -51,6 +51,7 @@ from loopir import nodes as N
 from loopir.affine import linear_form, linear_in, simplify_affine
 from loopir.gpu import is_fill
 from loopir.visit import Transformer, free_vars, subst_coords, subst_loops, substitute, walk
+from schedules.primitives.tensorize import is_tensorized
 
 
 __all__ = ["version_full_tiles"]
@@ -169,7 +170,7 @@ def _version(nest: N.For, rolled: set[N.Var], serial: frozenset[N.Var] = frozens
         return N.If(N.conjunction(checks), fast, None)
     edge = not any(isinstance(x, N.Var) and x in serial for c in checks for x in walk(c))
     # a tensorized nest is rendered from the kernel's mma plan, which names its loops: left as it is
-    edge = edge and not any(isinstance(f, N.For) and f.kind.startswith("mma.") for f in walk(nest))
+    edge = edge and not any(isinstance(f, N.For) and is_tensorized(f) for f in walk(nest))
     if edge and not serial and _register_bound(nest):
         # once per thread, outside every loop of the kernel (a register tile's epilogue): its guards cost a compare
         # per element, once; a full-tile copy would double the nest NVRTC compiles, unrolled (a remainder copy

@@ -34,6 +34,7 @@ from loopir.isl_conv import NonAffine, aff, aff_to_expr, cond, pw_to_expr
 from loopir.isl_conv import _Names as _IslNames
 from loopir.gpu import is_fill, is_reduction_loop, is_thread_loop, upper_extent
 from loopir.te_extern import extern_nest
+from schedules.primitives.flash import FLASH, THREADS as FLASH_THREADS
 from loopir.visit import free_vars, loops_of, path_to, subst_coords, substitute, walk
 
 from .gpu_model import by_thread_depth
@@ -84,6 +85,8 @@ def _plan(program: N.Program, nest: N.Stmt, host_vars: frozenset[N.Var], int32_s
     one = N.const(1)
     grid = tuple(launch.get("blockIdx." + a, one) for a in AXES)
     block = tuple(launch.get("threadIdx." + a, one) for a in AXES)
+    if any(f.kind == FLASH for f in walk(nest) if isinstance(f, N.For)):  # the pass's own warps (codegen.cuda.flash)
+        block = (N.const(FLASH_THREADS), one, one)
     guarded = frozenset(f.var for f in bound if not (extent[id(f)] == launch[f.thread])
                         or extent[id(f)] != N.binary("sub", f.hi, f.lo))
     _check_reductions(nest, reductions)

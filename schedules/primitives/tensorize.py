@@ -29,10 +29,12 @@ from loopir.nodes import Binary, Cast, Expr, For, If, Load, Program, Seq, Store,
 from loopir.visit import free_vars
 
 from . import find_loop_path, primitive, replace_loop
+from .flash import FLASH, FlashMismatch, flash_parts
 
-__all__ = ["MMA_SHAPES", "TensorizeError", "tensorize", "mma_operands"]
+__all__ = ["MMA_SHAPES", "INTRINSICS", "TensorizeError", "tensorize", "mma_operands", "is_tensorized"]
 
 MMA_SHAPES = {"mma.m16n8k16": (16, 8, 16)}
+INTRINSICS = (*MMA_SHAPES, FLASH)  # FLASH: a block's online-softmax pass (schedules/primitives/flash.py)
 HALF = ("float16", "bfloat16")
 
 
@@ -64,6 +66,11 @@ def _only(s: object) -> object:
     while isinstance(s, Seq) and len(s.body) == 1:
         s = s.body[0]
     return s
+
+
+def is_tensorized(f: object) -> bool:
+    """`f` is a loop marked by tensorize (its nest runs as an intrinsic on the CUDA target)."""
+    return isinstance(f, For) and f.kind in INTRINSICS
 
 
 def half_load(e: Expr) -> Expr:
@@ -195,15 +202,28 @@ def tensorize(program: Program, loop: Var, intrinsic: str = "mma.m16n8k16") -> P
               acc[eh, el] += A[r0 + lane//4 + 8*eh, k0 + k] * B[k0 + k, c0 + 2*(lane%4) + el]   (unchanged)
 
     Only the order of each element's 16-term sum changes (reassociated by the instruction).
+
+    `intrinsic` "attention.m16n8k16": `loop` runs the 64 query rows of a block through the online-softmax pass,
+    as FlashAttention's tensor-core kernel (precondition and change: schedules/primitives/flash.py).
     """
-    if intrinsic not in MMA_SHAPES:
-        raise TensorizeError(f"tensorize: unknown intrinsic {intrinsic!r}; known: {', '.join(MMA_SHAPES)}")
+    if intrinsic not in INTRINSICS:
+        raise TensorizeError(f"tensorize: unknown intrinsic {intrinsic!r}; known: {', '.join(INTRINSICS)}")
     found = find_loop_path(program.body, loop)
     if found is None:
         raise TensorizeError(f"tensorize: loop {loop.name!r} is not in program {program.name!r}")
     f, path = found
     if f.kind != "serial":
         raise TensorizeError(f"tensorize: loop {loop.name!r} is already {f.thread or f.kind}")
+    if intrinsic == FLASH:
+        if any(isinstance(p, For) and p.kind == "thread" and (p.thread or "").startswith("threadIdx") for p, _ in path):
+            raise TensorizeError(f"tensorize: loop {loop.name!r} is inside a threadIdx loop; {FLASH} runs the block's "
+                                 "own 128 threads (bind only the blocks around it)")
+        try:
+            flash_parts(f, program)
+        except FlashMismatch as e:
+            raise TensorizeError(f"tensorize {FLASH}: loop {loop.name!r} is not the online-softmax pass of a block: "
+                                 f"{e}") from None
+        return replace_loop(program, loop, dataclasses.replace(f, kind=intrinsic))
     lanes = {p.var: p for p, _ in path if isinstance(p, For) and p.kind == "thread" and p.thread == "threadIdx.x"}
     mma_operands(f, lanes, k_guard=True)
     return replace_loop(program, loop, dataclasses.replace(f, kind=intrinsic))

@@ -1,0 +1,318 @@
+"""The online-softmax pass of a block of query rows as one tensor-core kernel body (intrinsic "attention.m16n8k16").
+
+`tensorize(loop, "attention.m16n8k16")` marks the loop over the query rows of a block whose body is the pass that
+`online_softmax` wrote (see schedules/primitives/online.py); the loops stay in the IR as the reference semantics
+(the interpreters, the CPU target and every check read them), and the CUDA renderer (codegen/cuda/flash.py) prints
+FlashAttention's kernel instead: four warps of 32 rows each, K and V tiles of 64 keys double-buffered in shared
+memory by cp.async, S = Q K^T and O += P V on mma.sync m16n8k16 with P kept in registers, the running maximum and
+sum in registers. The nest it accepts, in the loops' variables (after split, `i = i_o * 128 + i_i`)::
+
+    for i_i in range(0, 128):                                  ->  for i_i in attention.m16n8k16(0, 128):
+      if <row guard>:                                                (unchanged)
+        mx[.., i] = -inf; O[.., i, c] = 0 (for c); sm[.., i] = 0
+        for j in range(lo, hi):
+          if <mask>:
+            S[.., i] = 0
+            for r in range(0, D): S[.., i] += Q[.., i, r] * K[.., j, r]        (Q, K: float16 / bfloat16 rows)
+            mx_new[.., i] = max(mx[.., i], g(S[.., i]))                     (g: any score of the dot product)
+            mx_scale[.., i] = where(mx == mx_new, 1, exp(mx - mx_new))
+            for c in range(0, Dv): O[.., i, c] = O * mx_scale + exp(g(S) - mx_new) * V[.., j, c]
+            sm[.., i] = sm * mx_scale + exp(g(S) - mx_new)
+            mx[.., i] = mx_new[.., i]
+
+What changes is the order of the arithmetic, as for every tensor-core reduction: the products are summed by the
+instruction; the maximum is raised once per tile of 64 keys and the sums rescaled once per tile (equal, by the
+identity exp(a - m1) = exp(a - m2) * exp(m2 - m1) that `online_softmax` rests on); P is rounded to the type of V
+for the P V product (FlashAttention's choice); the per-key state (S, mx_new, mx_scale) lives in registers, so its
+buffers are not written: tensorize refuses when anything outside the pass reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loopir.affine import access_pattern, linear_form
+from loopir.gpu import BLOCK_PASS
+from loopir.nodes import (Binary, Call, Cast, Compare, Const, Expr, For, If, Load, Program, Select, Seq, Stmt, Store,
+                          Var, conjuncts)
+from loopir.visit import Transformer, substitute, subst_coords, walk
+
+__all__ = ["FLASH", "FlashParts", "FlashMismatch", "flash_parts", "ROWS", "MT", "THREADS", "KEYS", "MAX_DEPTH",
+           "affine_conjuncts"]
+
+FLASH = BLOCK_PASS  # "attention.m16n8k16": the block runs the marked nest once, as one kernel body
+WARPS = 4
+MT = 2  # m16 tiles per warp: each K and V fragment loaded from shared memory serves MT instructions
+ROWS = 16 * MT * WARPS  # query rows per block (128)
+THREADS = 32 * WARPS
+KEYS = 64  # keys per shared-memory tile
+MAX_DEPTH = 64  # head dimensions up to this fit the double-buffered tiles in 48 KB of static shared memory
+HALF = ("float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class FlashParts:
+    """The parts of a marked pass the renderer needs, every expression in the loops' variables.
+
+    row: the marked loop's variable (row within the block); guard: the rows' condition (or None); key: the key
+    loop; mask: the per-key condition (or None); q, k: the dot product's loads, `red` its variable, `depth` its
+    extent; score: g with the dot product as the variable `dot`; v: V's load, `col` its column variable, `width`
+    its extent; out / total / maximum: the stores of O (indices in `col`), of the scalar sum (or None) and of the
+    running maximum (the advance)."""
+
+    row: Var
+    guard: Expr | None
+    key: For
+    mask: Expr | None
+    q: Load
+    k: Load
+    red: Var
+    depth: int
+    dot: Var
+    score: Expr
+    v: Load
+    col: Var
+    width: int
+    out: Store
+    total: Store | None
+    maximum: Store
+    state: tuple[str, ...]  # the per-key buffers that stay in registers (S, mx_new, mx_scale)
+
+
+class FlashMismatch(Exception):
+    """Internal: the nest is not the pass (the caller turns it into its own error, naming `what`)."""
+
+
+def _only(s: Stmt) -> Stmt:
+    while isinstance(s, Seq) and len(s.body) == 1:
+        s = s.body[0]
+    return s
+
+
+def _stmts(s: Stmt) -> list[Stmt]:
+    s = _only(s)
+    return list(s.body) if isinstance(s, Seq) else [s]
+
+
+def _const_extent(f: For) -> int | None:
+    lo, hi = getattr(f.lo, "value", None), getattr(f.hi, "value", None)
+    return hi - lo if isinstance(lo, int) and isinstance(hi, int) and lo == 0 else None
+
+
+def _value(st: Store) -> Expr:
+    return substitute(st.value, subst_coords(st))
+
+
+def _indices(st: Store) -> tuple[Expr, ...]:
+    sub = subst_coords(st)
+    return tuple(substitute(i, sub) for i in st.indices)
+
+
+def _half(e: Expr) -> Load | None:
+    """The half-precision load under an optional cast (the float32-accumulation idiom)."""
+    if isinstance(e, Cast) and isinstance(e.a, Load):
+        e = e.a
+    return e if isinstance(e, Load) and e.buffer.dtype in HALF else None
+
+
+def _is(e: Expr, v: float) -> bool:
+    return isinstance(e, Const) and float(e.value) == v
+
+
+def _same_load(e: Expr, buf: object, idx: tuple[Expr, ...]) -> bool:
+    return isinstance(e, Load) and e.buffer is buf and e.indices == idx
+
+
+def _need(cond: bool, why: str) -> None:
+    if not cond:
+        raise FlashMismatch(why)
+
+
+def _replace_load(e: Expr, buf: object, idx: tuple[Expr, ...], by: Var) -> Expr:
+    """`e` with every load of buf[idx] replaced by `by`."""
+    class _R(Transformer):
+        def visit_Load(self, n: Load) -> Expr:  # noqa: N802 - the visitor's naming
+            return by if n.buffer is buf and n.indices == idx else n
+
+    return _R().visit(e)
+
+
+def affine_conjuncts(mask: Expr | None, row: Var, key: Var) -> tuple[list[Expr], bool]:
+    """The conjuncts of `mask` that are affine inequalities in (row, key) (a box's corners decide them) and
+    whether every conjunct is one."""
+    if mask is None:
+        return [], True
+    out, every = [], True
+    for c in conjuncts(mask):
+        ok = (isinstance(c, Compare) and c.op in ("lt", "le", "gt", "ge")
+              and linear_form(Binary("sub", c.a, c.b, "int64")) is not None)
+        if ok:
+            out.append(c)
+        every &= ok
+    return out, every
+
+
+def flash_parts(f: For, program: Program | None = None) -> FlashParts:
+    """Check that `f` heads the pass of the module docstring and return its parts; FlashMismatch naming the first
+    part that differs. With `program`, also check that nothing outside `f` reads the per-key state."""
+    ext = _const_extent(f)
+    _need(ext == ROWS, f"the row loop {f.var.name!r} has extent {ext}, not {ROWS} (split the rows by {ROWS})")
+    body = _only(f.body)
+    guard = None
+    if isinstance(body, If) and body.orelse is None:
+        guard, body = body.cond, body.then
+    top = _stmts(body)
+    keys = [s for s in top if isinstance(s, For)
+            and any(isinstance(n, Store) and isinstance(_value(n), Binary) and _value(n).op == "max" for n in walk(s))]
+    _need(len(keys) == 1, "the row's body holds no single loop over the keys with a running maximum")
+    kf = keys[0]
+    _need(top[-1] is kf, "statements follow the loop over the keys inside the row's body")
+    _need(kf.kind == "serial", f"the key loop {kf.var.name!r} is {kf.kind}")
+    inits = top[:-1]
+    kb = _only(kf.body)
+    mask = None
+    if isinstance(kb, If) and kb.orelse is None:
+        mask, kb = kb.cond, kb.then
+    upd = _stmts(kb)
+    _need(len(upd) >= 5, "the key's update is not the online form (score, max, rescale, sums, advance)")
+    s_init, red, mx_new, rescale, *rolling, advance = upd
+    _need(isinstance(s_init, Store) and _is(s_init.value, 0.0), "the key's update does not start the dot product at 0")
+    assert isinstance(s_init, Store)
+    sbuf, ridx = s_init.buffer, _indices(s_init)
+    # the dot product: for r: S[..] = S[..] + Q[.., r] * K[.., j, r]
+    _need(isinstance(red, For) and _const_extent(red) is not None, "the dot product's loop has no constant extent")
+    assert isinstance(red, For)
+    depth = _const_extent(red) or 0
+    upd_s = _only(red.body)
+    _need(isinstance(upd_s, Store) and upd_s.buffer is sbuf, "the dot product's loop holds not only its update")
+    assert isinstance(upd_s, Store)
+    val = _value(upd_s)
+    _need(isinstance(val, Binary) and val.op == "add" and _same_load(val.a, sbuf, ridx)
+          and isinstance(val.b, Binary) and val.b.op == "mul", "the dot product is not S = S + a * b")
+    assert isinstance(val, Binary) and isinstance(val.b, Binary)
+    a, b = _half(val.b.a), _half(val.b.b)
+    _need(a is not None and b is not None, "the dot product's operands are not float16 / bfloat16 loads")
+    assert a is not None and b is not None
+    kv = kf.var
+    uses_key = [any(isinstance(n, Var) and n is kv for i in ld.indices for n in walk(i)) for ld in (a, b)]
+    _need(uses_key.count(True) == 1, "exactly one operand of the dot product must be read at the key (K)")
+    q, k = (b, a) if uses_key[0] else (a, b)
+    for name, ld in (("query", q), ("key", k)):
+        _need(access_pattern(ld.indices, red.var) == "contig",
+              f"the {name} row {ld.buffer.name} is not read contiguously along {red.var.name!r}")
+    _need(not any(n is f.var for i in k.indices for n in walk(i)), f"K ({k.buffer.name}) is read at the query row")
+    # the running maximum: mx_new = max(mx, g(S))
+    _need(isinstance(mx_new, Store) and _indices(mx_new) == ridx, "no running maximum after the dot product")
+    assert isinstance(mx_new, Store)
+    mv = _value(mx_new)
+    _need(isinstance(mv, Binary) and mv.op == "max" and isinstance(mv.a, Load) and mv.a.indices == ridx,
+          "the running maximum is not max(mx, score)")
+    assert isinstance(mv, Binary) and isinstance(mv.a, Load)
+    mbuf, xbuf, g = mv.a.buffer, mx_new.buffer, mv.b
+    dot = Var("dot")
+    score = _replace_load(g, sbuf, ridx, dot)
+    _need(score is not g and not any(isinstance(n, Load) and n.buffer in (sbuf, mbuf, xbuf) for n in walk(score)),
+          "the score does not read the dot product (or reads the running state)")
+    lm, lx = Load(mbuf, ridx), Load(xbuf, ridx)
+    # the rescale factor: where(mx == mx_new, 1, exp(mx - mx_new))
+    _need(isinstance(rescale, Store) and _indices(rescale) == ridx, "no rescale factor after the running maximum")
+    assert isinstance(rescale, Store)
+    rv = _value(rescale)
+    _need(isinstance(rv, Select) and isinstance(rv.cond, Compare) and rv.cond.op == "eq"
+          and (rv.cond.a, rv.cond.b) == (lm, lx) and _is(rv.a, 1.0) and isinstance(rv.b, Call) and rv.b.fn == "exp"
+          and isinstance(rv.b.args[0], Binary) and rv.b.args[0].op == "sub" and rv.b.args[0].a == lm
+          and rv.b.args[0].b == lx,
+          "the rescale factor is not where(mx == mx_new, 1, exp(mx - mx_new))")
+    zbuf = rescale.buffer
+    lz = Load(zbuf, ridx)
+    _need(isinstance(advance, Store) and advance.buffer is mbuf and _indices(advance) == ridx
+          and _value(advance) == lx, "the key's update does not end with mx = mx_new")
+    assert isinstance(advance, Store)
+
+    def prob(e: Expr) -> bool:  # exp(g - mx_new)
+        return (isinstance(e, Call) and e.fn == "exp" and isinstance(e.args[0], Binary) and e.args[0].op == "sub"
+                and e.args[0].a == g and e.args[0].b == lx)
+
+    out = total = v = col = None
+    width = 0
+    for st in rolling:
+        if isinstance(st, For):
+            _need(out is None, "more than one vector sum (the kernel keeps one P V accumulator)")
+            width = _const_extent(st) or 0
+            inner = _only(st.body)
+            _need(isinstance(inner, Store) and width > 0, "the vector sum's loop holds not only its update")
+            assert isinstance(inner, Store)
+            oi, ov = _indices(inner), _value(inner)
+            _need(oi[:-1] == ridx and oi[-1] is st.var, "the vector sum is not indexed by the row, then its column")
+            ok = (isinstance(ov, Binary) and ov.op == "add" and isinstance(ov.a, Binary) and ov.a.op == "mul"
+                  and _same_load(ov.a.a, inner.buffer, oi) and ov.a.b == lz and isinstance(ov.b, Binary)
+                  and ov.b.op == "mul")
+            _need(ok, "the vector sum is not O = O * rescale + exp(score - max) * V")
+            assert isinstance(ov, Binary) and isinstance(ov.b, Binary)
+            e, vv = (ov.b.a, ov.b.b) if prob(ov.b.a) else (ov.b.b, ov.b.a)
+            _need(prob(e), "the vector sum's product is not exp(score - max) * V")
+            v = _half(vv)
+            _need(v is not None, "the vector sum's second factor is not a float16 / bfloat16 load (V)")
+            assert v is not None
+            _need(access_pattern(v.indices, st.var) == "contig" and not any(n is f.var for i in v.indices
+                                                                             for n in walk(i)),
+                  f"V ({v.buffer.name}) is not read contiguously along the column, at the key only")
+            out, col = inner, st.var
+        else:
+            _need(total is None and isinstance(st, Store) and _indices(st) == ridx, "a rolling sum is not per row")
+            assert isinstance(st, Store)
+            tv = _value(st)
+            _need(isinstance(tv, Binary) and tv.op == "add" and isinstance(tv.a, Binary) and tv.a.op == "mul"
+                  and _same_load(tv.a.a, st.buffer, ridx) and tv.a.b == lz and prob(tv.b),
+                  "the scalar sum is not sm = sm * rescale + exp(score - max)")
+            total = st
+    _need(out is not None, "no vector sum P V in the key's update")
+    assert out is not None and v is not None and col is not None
+    _need(depth % 16 == 0 and 0 < depth <= MAX_DEPTH and width % 16 == 0 and 0 < width <= MAX_DEPTH,
+          f"head dimensions {depth} (Q K) and {width} (V) must be multiples of 16 up to {MAX_DEPTH}")
+    # the state starts empty: mx = -inf, the sums 0 (any order)
+    started: dict[object, Stmt] = {}
+    for st in inits:
+        inner = _only(st.body) if isinstance(st, For) else st
+        _need(isinstance(inner, Store), "the row's body starts with more than the state's initialisation")
+        assert isinstance(inner, Store)
+        started[inner.buffer] = inner
+    _need(mbuf in started and _is(_value(started[mbuf]), float("-inf")), "the running maximum does not start at -inf")
+    for st in (out, total):
+        if st is not None:
+            _need(st.buffer in started and _is(_value(started[st.buffer]), 0.0),
+                  f"{st.buffer.name} does not start at 0")
+    _need(set(started) <= {mbuf, out.buffer, *([total.buffer] if total else [])},
+          "the row's body initialises buffers other than the running state")
+    state = (sbuf.name, xbuf.name, zbuf.name)
+    if program is not None:
+        outside = [n for n in _walk_outside(program.body, f) if isinstance(n, Load) and n.buffer.name in state]
+        _need(not outside, f"{outside[0].buffer.name} is read outside the pass" if outside else "")
+        _need(all(b.name not in state for b in program.args), "the per-key state is an argument of the program")
+    return FlashParts(f.var, guard, kf, mask, q, k, red.var, depth, dot, score, v, col, width, out, total, advance,
+                      state)
+
+
+def _walk_outside(s: Stmt, skip: Stmt):  # noqa: ANN202 - a generator of nodes
+    """The nodes of `s` outside the subtree `skip`."""
+    if s is skip:
+        return
+    yield s
+    for child in _children(s):
+        if isinstance(child, Stmt):
+            yield from _walk_outside(child, skip)
+        else:
+            yield from walk(child)
+
+
+def _children(s: Stmt) -> list[object]:
+    if isinstance(s, Seq):
+        return list(s.body)
+    if isinstance(s, For):
+        return [s.lo, s.hi, s.body]
+    if isinstance(s, If):
+        return [s.cond, s.then] + ([s.orelse] if s.orelse is not None else [])
+    if isinstance(s, Store):
+        return [*s.indices, s.value]
+    body = getattr(s, "body", None)
+    return [body] if isinstance(body, Stmt) else []

@@ -1,0 +1,229 @@
+"""The online-softmax pass of half-precision attention on tensor cores (tensorize "attention.m16n8k16",
+schedules/primitives/flash.py; rendered by codegen/cuda/flash.py): the planner takes it and says so, its refusals
+name the part that does not match, the lowered program stays right in any thread order (the interpreter runs the
+marked nest once per block), the source compiles within the static shared-memory budget, and on a GPU the kernel
+matches float64 for both half types, the three masks, head dimensions 16 to 64, sizes the tiles do not divide,
+rows whose global address is not 16-byte aligned, and a score and mask that read the row and key indices."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from codegen import build
+from codegen.cuda.build import cuda_source
+from codegen.cuda.cubin_info import cubin_resources
+from codegen.cuda.nvrtc import compile_cubin
+from codegen.passes import lower as lower_passes
+from loopir import blocks, interp, te, workloads
+from loopir.errors import LoopirError
+from loopir.nodes import For
+from loopir.visit import walk
+from schedules import Schedule, auto_schedule
+from schedules.attention import apply_online, attention_rewrites
+from schedules.primitives.flash import FLASH, ROWS
+
+HALVES = ("float16", "bfloat16")
+
+
+def _naive(dtype: str, mask: str | bool = "causal", d: int = 64):
+    w = workloads.naive_attention(te.var("B"), te.var("n"), te.var("m"), d, mask, dtype=dtype)
+    return list(w.inputs), w.outputs[0]
+
+
+def _custom(dtype: str, d: int = 32, offset: int = 4, window: int = 50):
+    """Q rows that start `offset` elements into a wider row (not 16-byte aligned), an ALiBi-like score that reads the
+    row and key indices, and a sliding-window mask (keys i - window < j <= i: dead tiles at both ends)."""
+    B, n, m = te.var("B"), te.var("n"), te.var("m")
+    Q = te.placeholder((B, n, d + offset), dtype, name="Q")
+    K = te.placeholder((B, m, d), dtype, name="K")
+    V = te.placeholder((B, m, d), dtype, name="V")
+    r = te.reduce_axis(d, "r")
+    f = lambda x: te.cast("float32", x)  # noqa: E731
+    S = te.compute((B, n, m), lambda b, i, j: te.sum(f(Q[b, i, r + offset]) * f(K[b, j, r]), axis=r), name="S")
+    Sm = te.compute((B, n, m), lambda b, i, j: te.where((j <= i) & (j > i - window),
+                                                        S[b, i, j] * 0.2 - 0.05 * te.cast("float32", i - j),
+                                                        float("-inf")), name="Sm")
+    r2, r3, r4 = te.reduce_axis(m, "r2"), te.reduce_axis(m, "r3"), te.reduce_axis(m, "r4")
+    mx = te.compute((B, n), lambda b, i: te.max(Sm[b, i, r2], axis=r2), name="mx")
+    P = te.compute((B, n, m), lambda b, i, j: te.exp(Sm[b, i, j] - mx[b, i]), name="P")
+    sm = te.compute((B, n), lambda b, i: te.sum(P[b, i, r3], axis=r3), name="sm")
+    O = te.compute((B, n, d), lambda b, i, c: te.sum(P[b, i, r4] * f(V[b, r4, c]), axis=r4), name="O")  # noqa: E741
+    Y = te.compute((B, n, d), lambda b, i, c: te.cast(dtype, O[b, i, c] / sm[b, i]), name="Y")
+    return [Q, K, V], Y
+
+
+def _custom_reference(q, k, v, d=32, offset=4, window=50):
+    q64, k64, v64 = (x.astype(np.float64) for x in (q[..., offset:offset + d], k, v))
+    s = np.einsum("bir,bjr->bij", q64, k64) * 0.2
+    i = np.arange(q.shape[1])[:, None]
+    j = np.arange(k.shape[1])[None, :]
+    s = np.where((j <= i) & (j > i - window), s - 0.05 * (i - j), -np.inf)
+    with np.errstate(invalid="ignore"):
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        return np.einsum("bij,bjc->bic", p, v64) / p.sum(axis=-1)[..., None]
+
+
+def _half(a: np.ndarray, dtype: str) -> np.ndarray:
+    return blocks.as_dtype(a, dtype)
+
+
+def _f32(a: np.ndarray, dtype: str) -> np.ndarray:
+    return blocks.as_float64(a, dtype).astype(np.float32)
+
+
+def _flash_loops(program) -> list[For]:
+    return [f for f in walk(program.body) if isinstance(f, For) and f.kind == FLASH]
+
+
+def _split_pass(dtype: str = "float16", rows: int = ROWS, d: int = 64):
+    """The rewritten pass with its rows split by `rows` and the blocks bound (what the planner does first)."""
+    args, y = _naive(dtype, d=d)
+    s = Schedule([y])
+    apply_online(s, attention_rewrites(s.program))
+    nest = s.program.body.body[0]
+    b, i = s.loop(s._ref(nest.var)), s.loop(s._ref(nest.body.var))
+    io, ii = s.split(i, rows)
+    s.bind(io, "blockIdx.x").bind(b, "blockIdx.y")
+    return s, ii, y
+
+
+# ----------------------------------------------------------------------------- the planner and the primitive
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_the_planner_puts_half_attention_on_tensor_cores_and_says_so(dtype):
+    args, y = _naive(dtype)
+    s = auto_schedule([y], "cuda")
+    assert len(_flash_loops(s.program)) == 1
+    assert any(step["primitive"] == "tensorize" and FLASH in map(str, step["args"]) for step in s.trace)
+    text = s.plan.explain()
+    assert f"on tensor cores ({FLASH}" in text and s.plan.notes == ()
+    src = cuda_source(lower_passes(s.program, "cuda")).source
+    assert src.count("mma.sync.aligned.m16n8k16") == 4 and "ldmatrix.sync.aligned.m8n8.x4.trans" in src
+    regs, smem = cubin_resources(compile_cubin(src, "sm_90", use_cache=False))["Y_mx_init"]
+    assert smem <= 48 * 1024 and regs <= 255
+
+
+def test_float32_attention_keeps_the_simt_pass():
+    args, y = _naive("float32")
+    s = auto_schedule([y], "cuda")
+    assert not _flash_loops(s.program) and "a thread per row" in s.plan.explain()
+
+
+def test_the_marked_nest_keeps_its_loops_and_replays_from_the_trace():
+    s, ii, y = _split_pass()
+    before = s.program
+    s.tensorize(ii, FLASH)
+    (f,) = _flash_loops(s.program)
+    assert f.var.name == "i_i"
+    # only the loop's kind changed: the reference semantics are the same loops
+    old = next(g for g in walk(before.body) if isinstance(g, For) and g.var is f.var)
+    assert (old.lo, old.hi, old.body) == (f.lo, f.hi, f.body)
+    again = Schedule.replay(s.trace_json(), [y])
+    assert str(again.program) == str(s.program)
+
+
+@pytest.mark.parametrize("case, match", [
+    ("float32", "the dot product's operands are not float16 / bfloat16 loads"),
+    ("rows32", f"has extent 32, not {ROWS}"),
+    ("d128", "head dimensions 128 (Q K) and 128 (V) must be multiples of 16 up to 64"),
+    ("threads", "inside a threadIdx loop"),
+    ("division", "no single loop over the keys"),
+])
+def test_tensorize_refuses_what_is_not_the_pass_and_says_why(case, match):
+    dtype = "float32" if case == "float32" else "float16"
+    s, ii, _ = _split_pass(dtype, rows=32 if case == "rows32" else ROWS, d=128 if case == "d128" else 64)
+    loop = ii
+    if case == "threads":
+        a, b = s.split(ii, 16)
+        s.bind(a, "threadIdx.x")
+        loop = b
+    if case == "division":
+        _, loop = s.split(s.loop(s._ref(s.program.body.body[1].body.var)), ROWS)  # the division's rows, split
+    before = s.program
+    with pytest.raises(LoopirError, match=re.escape(match)) as e:
+        s.tensorize(loop, FLASH)
+    assert "tensorize" in str(e.value) and s.program is before
+
+
+@pytest.mark.parametrize("mask", [False, "causal", "late"])
+def test_the_lowered_program_is_right_in_any_thread_order(mask):
+    """The interpreter runs the marked nest once per block (thread 0): the lowering passes kept its meaning."""
+    args, y = _naive("float16", mask, d=16)
+    s = auto_schedule([y], "cuda")
+    assert _flash_loops(s.program)
+    low = lower_passes(s.program, "cuda")
+    rng = np.random.default_rng(41)
+    B, n, m = 2, 70, 45
+    q, k, v = (rng.standard_normal((B, x, 16)).astype(np.float16) for x in (n, m, m))
+    with np.errstate(invalid="ignore"):
+        want = workloads.naive_attention_reference(q, k, v, mask)
+    for order in ("reversed", 1):
+        got = np.full((B, n, 16), np.nan, np.float16)
+        interp.run(low, q, k, v, got, gpu_order=order, sizes={"B": B, "n": n, "m": m})
+        seen = ~np.isnan(want)
+        assert (np.isnan(got) == ~seen).all()
+        assert np.abs(got[seen] - want[seen]).max() < 1e-2 * np.abs(want[seen]).max()
+
+
+# ----------------------------------------------------------------------------- on the GPU
+
+
+def _check(mod, arrays, want, dtype, shape):
+    got = _half(np.full(shape, np.nan), dtype)
+    mod(*arrays, got)
+    got = _f32(got, dtype)
+    seen = ~np.isnan(want)
+    assert (np.isnan(got) == ~seen).all(), "rows that see no key are NaN (0 / 0), the others are written"
+    err = np.abs(got[seen] - want[seen]).max() / np.abs(want[seen]).max()
+    assert err < 1e-2, err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("mask", [False, "causal", "late"])
+@pytest.mark.parametrize("d", [16, 64])
+def test_flash_attention_matches_float64_on_the_gpu(dtype, mask, d):
+    args, y = _naive(dtype, mask, d=d)
+    s = auto_schedule([y], "cuda")
+    assert _flash_loops(s.program)
+    mod = build(s, args + [y], target="cuda")
+    rng = np.random.default_rng(43)
+    for B, n, m in ((3, 70, 45), (2, 130, 130), (1, 128, 200), (2, 300, 300), (2, 1, 1)):
+        if mask and n != m and (B, n, m) != (3, 70, 45):
+            continue
+        q, k, v = (_half(rng.standard_normal((B, x, d)), dtype) for x in (n, m, m))
+        with np.errstate(invalid="ignore"):
+            want = workloads.naive_attention_reference(_f32(q, dtype), _f32(k, dtype), _f32(v, dtype), mask)
+        _check(mod, (q, k, v), want, dtype, (B, n, d))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALVES)
+def test_unaligned_rows_an_index_dependent_score_and_a_sliding_window_on_the_gpu(dtype):
+    args, y = _custom(dtype)
+    s = auto_schedule([y], "cuda")
+    assert _flash_loops(s.program)
+    mod = build(s, args + [y], target="cuda")
+    rng = np.random.default_rng(44)
+    for B, n in ((2, 200), (1, 63)):
+        q = _half(rng.standard_normal((B, n, 36)), dtype)
+        k, v = (_half(rng.standard_normal((B, n, 32)), dtype) for _ in range(2))
+        want = _custom_reference(*(_f32(x, dtype) for x in (q, k, v)))
+        _check(mod, (q, k, v), want, dtype, (B, n, 32))
+
+
+@pytest.mark.gpu
+def test_a_long_causal_sequence_matches_torch_scale():
+    """4 x 1000 rows: 16 key tiles, the last one partial, dead tiles skipped per block."""
+    args, y = _naive("float16", "causal")
+    mod = build(auto_schedule([y], "cuda"), args + [y], target="cuda")
+    rng = np.random.default_rng(45)
+    q, k, v = (_half(rng.standard_normal((4, 1000, 64)), "float16") for _ in range(3))
+    want = workloads.naive_attention_reference(*(_f32(x, "float16") for x in (q, k, v)), "causal",
+                                               1.0 / math.sqrt(64))
+    _check(mod, (q, k, v), want, "float16", (4, 1000, 64))
