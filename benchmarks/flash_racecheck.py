@@ -1,0 +1,46 @@
+"""Small tensor-core attention runs for compute-sanitizer (racecheck / memcheck / synccheck): the causal float16
+pass at sizes the 128-row blocks and 64-key tiles do not divide, and the bfloat16 pass with unaligned query rows,
+an index-dependent score and a sliding window (tests/test_flash.py's `_custom`), each checked against float64.
+
+    compute-sanitizer --tool racecheck python benchmarks/flash_racecheck.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+
+from codegen import build  # noqa: E402
+from loopir import blocks, te, workloads  # noqa: E402
+from schedules import auto_schedule  # noqa: E402
+from test_flash import _custom, _custom_reference  # noqa: E402
+
+
+def _run(args, y, arrays, want, dtype, shape, what):  # noqa: ANN001
+    mod = build(auto_schedule([y], "cuda"), args + [y], target="cuda")
+    assert "attention.m16n8k16" in mod.source, "the pass is not on tensor cores"
+    got = blocks.as_dtype(np.full(shape, np.nan), dtype)
+    mod(*arrays, got)
+    got = blocks.as_float64(got, dtype)
+    seen = ~np.isnan(want)
+    err = float(np.abs(got[seen] - want[seen]).max() / np.abs(want[seen]).max())
+    ok = (np.isnan(got) == ~seen).all() and err < 1e-2
+    print(f"flash_racecheck {what}: rel err {err:.2e} {'ok' if ok else 'BAD'}")
+
+
+rng = np.random.default_rng(0)
+w = workloads.naive_attention(te.var("B"), te.var("n"), te.var("m"), 64, "causal", dtype="float16")
+q, k, v = (rng.standard_normal((2, 200, 64)).astype(np.float16) for _ in range(3))
+_run(list(w.inputs), w.outputs[0], (q, k, v),
+     workloads.naive_attention_reference(*(x.astype(np.float64) for x in (q, k, v)), "causal"), "float16",
+     (2, 200, 64), "float16 causal 2 x 200 x 200")
+args, y = _custom("bfloat16")
+q = blocks.as_dtype(rng.standard_normal((2, 150, 36)), "bfloat16")
+k, v = (blocks.as_dtype(rng.standard_normal((2, 150, 32)), "bfloat16") for _ in range(2))
+_run(args, y, (q, k, v), _custom_reference(*(blocks.as_float64(x, "bfloat16") for x in (q, k, v))), "bfloat16",
+     (2, 150, 32), "bfloat16 unaligned rows, window 2 x 150 x 150")
