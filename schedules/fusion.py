@@ -277,6 +277,21 @@ def _half_matmul(t: Tensor) -> bool:
     return all(not isinstance(d, Const) or int(d.value) >= 128 for d in t.shape[-2:])
 
 
+def _half_dot(t: Tensor) -> bool:
+    """A dot product of two float16 / bfloat16 rows (plain, or under the float32-accumulation casts) over a constant
+    extent that is a multiple of 16 up to 64: the scores of an online pass that tensorize "attention.m16n8k16"
+    runs on tensor cores (the te mirror of schedules/primitives/flash.py's condition on them)."""
+    if not is_matmul_tensor(t):
+        return False
+    op = t.op
+    a, b = (half_load(x) for x in (op.body.body.a, op.body.body.b))
+    if not (isinstance(a, Load) and isinstance(b, Load) and a.dtype in HALVES and b.dtype == a.dtype):
+        return False
+    lo, hi = op.reduce_dom[0]
+    ext = simplify(hi - lo)
+    return isinstance(ext, Const) and 0 < int(ext.value) <= 64 and int(ext.value) % 16 == 0
+
+
 def _unfused_cost(t: Tensor, ev: dict) -> C.KernelCost:
     c = C.KernelCost()
     for u in t.op.inputs:
@@ -715,12 +730,13 @@ class _Planner:
             read_outside = {id(u) for t in self.order if id(t) not in ids for u in t.op.inputs}
             kept = {id(t) for t in g.stages if id(t) not in read_outside and not any(t is o for o in self.outs)}
         # a pass whose scores are a half-precision matmul runs on tensor cores (schedules/primitives/flash.py)
-        half_pass = g.mapping == "online" and any(_half_matmul(t) for t in g.stages)
+        half_pass = g.mapping == "online" and any(_half_dot(t) for t in g.stages)
         for t in g.stages:
             if id(t) not in kept:
                 c.add_write(t.name, _tensor_bytes(t, self.ev))
             fl = _flops_per_point(t, self.inlined) * C.elements(_domain(t), self.ev)
-            if self.target == "cuda" and ((g.mapping == "gemm" and _half_matmul(t)) or half_pass):
+            on_mma = (g.mapping == "gemm" and _half_matmul(t)) or (half_pass and is_matmul_tensor(t))
+            if self.target == "cuda" and on_mma:
                 c.tensor_flops += fl
             else:
                 c.flops += fl

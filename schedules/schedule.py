@@ -39,9 +39,9 @@ from loopir.bounds import BoundsError, check_bounds
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError, NotNestedError
 from loopir.lower import lower
 from loopir.te_extern import refuse_extern_args
-from loopir.nodes import Buffer, Const, For, Program, Seq, Store, Var
+from loopir.nodes import Buffer, Const, ExternCall, For, Program, Seq, Store, Var
 from loopir.target import cpu_vector_fallback
-from loopir.visit import deep_recursion, statements, walk_stmts
+from loopir.visit import deep_recursion, statements, walk, walk_stmts
 
 from .errors import InexactCheckError, ScheduleError, nest_str
 from . import nest_scope
@@ -114,6 +114,8 @@ class Schedule:
         self._nests = NestBases()  # the bases of the nests checked alone (schedules.nest_scope)
         self._original = program
         self._program = program
+        # steps never create te.extern stages: without any external call, no step needs refuse_extern_args's walk
+        self._has_extern = any(isinstance(n, ExternCall) for n in walk(program.body))
         self._deps: poly.Deps | None = None
         self.check = check
         self.trace: list[dict[str, Any]] = []
@@ -320,8 +322,9 @@ class Schedule:
         rkw = {k: self._resolve(_plain_int(v, name), name) for k, v in kwargs.items()}
         _check_loop_args(spec, rargs, rkw, self)
         given = (*rargs, *rkw.values())  # a te.extern stage is opaque: no step names its loops or buffers
-        refuse_extern_args(name, self._program.body, [a for a in given if isinstance(a, Var)],
-                           [a for a in given if not isinstance(a, Var)])
+        if self._has_extern:
+            refuse_extern_args(name, self._program.body, [a for a in given if isinstance(a, Var)],
+                               [a for a in given if not isinstance(a, Var)])
         json_args = [self._to_json(a) for a in rargs]
         json_kw = {k: self._to_json(v) for k, v in rkw.items()}
         old = self._program

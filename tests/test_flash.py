@@ -227,3 +227,14 @@ def test_a_long_causal_sequence_matches_torch_scale():
     want = workloads.naive_attention_reference(*(_f32(x, "float16") for x in (q, k, v)), "causal",
                                                1.0 / math.sqrt(64))
     _check(mod, (q, k, v), want, "float16", (4, 1000, 64))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_the_cost_model_prices_a_half_pass_on_tensor_cores(dtype):
+    """The plan's online group counts its two matmuls (Q K^T, P V) at the tensor-core peak when the kernel will run
+    them there (half data), and everything on the CUDA cores otherwise."""
+    w = blocks.gpt2(C=64, H=1, dtype=dtype)
+    s = auto_schedule(list(w.outputs), "cuda")
+    (g,) = [g for g in s.plan.groups if g.mapping == "online"]
+    assert (g.cost.tensor_flops > 0) == (dtype == "float16") and g.cost.flops > 0  # exp, max, rescale: CUDA cores
+    assert bool(_flash_loops(s.program)) == (dtype == "float16")

@@ -174,6 +174,7 @@ class _Emit:
                   "second until its fragments are in registers")
         self.line(f"const int {n['lane']} = threadIdx.x & 31, {n['warp']} = threadIdx.x >> 5;")
         self.line(f"const {ix} {n['lo']} = {r.expr(p.key.lo)}, {n['hi']} = {r.expr(p.key.hi)};")
+        self.line("__syncthreads();  // a serial loop around the pass: every warp is done with the last tile's stages")
         self.copy_rows(ROWS, self.D, self.KS, p.q, p.row, "0", p.red, p.guard, str(self.stage))
         self.loader()
         self.tiles()

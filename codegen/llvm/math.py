@@ -86,12 +86,24 @@ def load_extern_libraries(source: str) -> None:
             load_library(line[len(EXTERN_LIB_MARK):])
 
 
+@cache
+def _process_symbols() -> None:
+    """Make the symbols of this process (libc, libm) visible to `address_of_symbol`: LLVM loads them when the
+    first MCJIT engine is made, so a lookup before any kernel ran would miss `cbrtf`."""
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    llvm.create_mcjit_compiler(llvm.parse_assembly(""), llvm.Target.from_default_triple().create_target_machine())
+
+
 def _resolve(what: str, sym: str, library: str) -> str:
     """The library mark for `sym` (its library loaded) once the symbol is checked to resolve in the process."""
     import llvmlite.binding as llvm
 
     if library:
         load_library(library)
+    _process_symbols()
     if not llvm.address_of_symbol(sym):
         lib = f" nor in {library!r}" if library else ""
         raise CodegenError(f"{what}: the C symbol {sym!r} is not found in this process{lib}; name its shared "
