@@ -398,7 +398,7 @@ class Schedule:
         get = deps if local else (lambda: self.deps)
         ctx = CheckContext(get, old, new, args, kwargs, result, spec.name,
                            {"checked": self._checked,
-                            "deps_ready": deps_ready if local else self._deps is not None})
+                            "deps_ready": deps_ready if local else self._deps is not None, "nest": local})
         w: poly.Witness | None
         if callable(spec.check):
             w = spec.check(ctx)

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
+
+import numpy as np
 
 from loopir.affine import eval_index
 from loopir.errors import ArgumentError
-from loopir.nodes import Binary, Cast, Expr, For, If, Load, Program, Seq, Store, Var, conjunction, conjuncts
+from loopir.nodes import Binary, Cast, Const, Expr, For, If, Load, Program, Seq, Store, Var, conjunction, conjuncts
 from loopir.visit import free_vars
 
 from . import find_loop_path, primitive, replace_loop
@@ -147,12 +150,30 @@ def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard
     return MmaOperands(eh, el, k, lane, st, a, b, guard)
 
 
+_GRID_OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "floordiv": np.floor_divide, "mod": np.mod,
+             "max": np.maximum, "min": np.minimum}
+
+
+def _grid(e: Expr, env: dict[Var, Any]) -> Any:
+    """`e` evaluated at every point of the numpy grids in `env` (integer index arithmetic, Python's floor semantics,
+    as numpy's); None for anything else (the caller then evaluates point by point)."""
+    if isinstance(e, Const) and isinstance(e.value, int):
+        return np.int64(e.value)
+    if isinstance(e, Var):
+        return env.get(e)
+    if isinstance(e, Binary) and e.op in _GRID_OPS:
+        x, y = _grid(e.a, env), _grid(e.b, env)
+        return None if x is None or y is None else _GRID_OPS[e.op](x, y)
+    return None
+
+
 def _check_lane_map(what: str, st: Store, a: Load, b: Load, lane: Var, eh: Var, el: Var, k: Var) -> None:
     """Evaluate the indices at every (lane, eh, el, k) for two random values of the outer variables and
     compare them with the instruction's fragment layout."""
     own = {lane, eh, el, k}
     outer = sorted((free_vars(a) | free_vars(b) | free_vars(st)) - own, key=lambda x: x.name)
     rng = random.Random(12)
+    ln, h, e, kk = np.meshgrid(np.arange(32), np.arange(2), np.arange(2), np.arange(16), indexing="ij")
     for trial in range(2):
         env = {x: (0 if trial == 0 else rng.randrange(0, 7)) for x in outer}
         base = {**env, lane: 0, eh: 0, el: 0, k: 0}
@@ -161,25 +182,27 @@ def _check_lane_map(what: str, st: Store, a: Load, b: Load, lane: Var, eh: Var, 
         if r0 % 1 or ka % 8 or c0 % 8 or kb % 8:
             raise TensorizeError(f"{what}: the tile origins (A[{r0}, {ka}], B[{kb}, {c0}]) are not multiples of 8 "
                                  "elements: ldmatrix needs 16-byte aligned rows")
+        genv = {**{x: np.int64(v) for x, v in env.items()}, lane: ln, eh: h, el: e, k: kk}
+        got = [_grid(i, genv) for i in (*a.indices[-2:], *b.indices[-2:], *st.indices)]
+        if any(g is None for g in got):  # an index outside integer arithmetic: point by point
+            got = [np.vectorize(lambda p, q, r, t, i=i, env=env: eval_index(i, {**env, lane: p, eh: q, el: r, k: t}))(
+                ln, h, e, kk) for i in (*a.indices[-2:], *b.indices[-2:], *st.indices)]
+        got = [np.broadcast_to(g, ln.shape) for g in got]
+        want = [r0 + ln // 4 + 8 * h, ka + kk, kb + kk, c0 + 2 * (ln % 4) + e]
+        bad = np.argwhere(np.any([g != w for g, w in zip(got[:4], want)], axis=0))
+        if len(bad):
+            p = tuple(int(x) for x in bad[0])
+            ai, bi = [int(g[p]) for g in got[:2]], [int(g[p]) for g in got[2:4]]
+            want_a, want_b = [int(w[p]) for w in want[:2]], [int(w[p]) for w in want[2:]]
+            raise TensorizeError(
+                f"{what}: at lane {p[0]}, {eh.name}={p[1]}, {el.name}={p[2]}, {k.name}={p[3]} the nest reads "
+                f"{a.buffer.name}{ai} and {b.buffer.name}{bi}; the m16n8k16 fragment "
+                f"layout reads {a.buffer.name}{want_a} and {b.buffer.name}{want_b}")
         cells: dict[tuple[int, ...], tuple[int, int]] = {}
-        for ln in range(32):
-            for h in range(2):
-                for e in range(2):
-                    for kk in range(16):
-                        p = {**env, lane: ln, eh: h, el: e, k: kk}
-                        ai = tuple(eval_index(i, p) for i in a.indices[-2:])
-                        bi = tuple(eval_index(i, p) for i in b.indices[-2:])
-                        want_a = (r0 + ln // 4 + 8 * h, ka + kk)
-                        want_b = (kb + kk, c0 + 2 * (ln % 4) + e)
-                        if ai != want_a or bi != want_b:
-                            raise TensorizeError(
-                                f"{what}: at lane {ln}, {eh.name}={h}, {el.name}={e}, {k.name}={kk} the nest reads "
-                                f"{a.buffer.name}{list(ai)} and {b.buffer.name}{list(bi)}; the m16n8k16 fragment "
-                                f"layout reads {a.buffer.name}{list(want_a)} and {b.buffer.name}{list(want_b)}")
-                        ci = tuple(eval_index(i, p) for i in st.indices)
-                        if cells.setdefault(ci, (h, e)) != (h, e):
-                            raise TensorizeError(f"{what}: accumulator element {st.buffer.name}{list(ci)} is updated "
-                                                 "by two of the lane's four fragment elements")
+        for ci, he in zip(zip(*(g.ravel().tolist() for g in got[4:])), zip(h.ravel().tolist(), e.ravel().tolist())):
+            if cells.setdefault(ci, he) != he:
+                raise TensorizeError(f"{what}: accumulator element {st.buffer.name}{list(ci)} is updated "
+                                     "by two of the lane's four fragment elements")
     for ln_sh in (a.buffer.shape[1], b.buffer.shape[1]):
         if getattr(ln_sh, "value", 0) % 8:
             raise TensorizeError(f"{what}: shared rows of {ln_sh} elements are not 16-byte multiples (ldmatrix)")
