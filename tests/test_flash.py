@@ -19,12 +19,13 @@ from codegen.cuda.cubin_info import cubin_resources
 from codegen.cuda.nvrtc import compile_cubin
 from codegen.passes import lower as lower_passes
 from loopir import blocks, interp, te, workloads
+from loopir.args import eval_expr
 from loopir.errors import LoopirError
 from loopir.nodes import For
 from loopir.visit import walk
 from schedules import Schedule, auto_schedule
 from schedules.attention import apply_online, attention_rewrites
-from schedules.primitives.flash import FLASH, ROWS
+from schedules.primitives.flash import FLASH, KEYS, ROWS, affine_conjuncts
 
 HALVES = ("float16", "bfloat16")
 
@@ -238,3 +239,40 @@ def test_the_cost_model_prices_a_half_pass_on_tensor_cores(dtype):
     (g,) = [g for g in s.plan.groups if g.mapping == "online"]
     assert (g.cost.tensor_flops > 0) == (dtype == "float16") and g.cost.flops > 0  # exp, max, rescale: CUDA cores
     assert bool(_flash_loops(s.program)) == (dtype == "float16")
+
+
+@pytest.mark.parametrize("name, mask", [
+    ("causal", lambda i, j: j <= i),
+    ("late", lambda i, j: j >= i),
+    ("window", lambda i, j: (j <= i) & (j > i - 50)),
+    ("diagonal", lambda i, j: j.eq(i)),  # not an inequality: never skipped, never taken as full
+    ("band", lambda i, j: (j <= i + 3) & (2 * j >= i - 70)),
+])
+def test_tiles_skipped_or_taken_whole_by_their_corners_match_brute_force(name, mask):
+    """The kernel skips a tile when one affine conjunct of the mask fails at its four corners and drops the
+    per-element test when every conjunct holds there (codegen/cuda/flash.py): checked here on the same conjuncts
+    against every (row, key) of the tile."""
+    i, j = te.var("i"), te.var("j")
+    cond = mask(i, j)
+    cond = getattr(cond, "expr", cond)
+    affine, every = affine_conjuncts(cond, i, j)
+    assert (len(affine) > 0) == (name != "diagonal") and every == (name != "diagonal")
+    rows = np.arange(ROWS)
+    n_dead = n_full = 0
+    for r0 in range(0, 400, ROWS):
+        for k0 in range(0, 400, KEYS):
+            hi = 400
+            k1 = min(k0 + KEYS - 1, hi - 1)
+            corners = [(r0 + a, b) for a in (0, ROWS - 1) for b in (k0, k1)]
+            dead = any(not any(eval_expr(c, {i: a, j: b}) for a, b in corners) for c in affine)
+            full = every and k0 + KEYS - 1 < hi and all(eval_expr(c, {i: a, j: b}) for c in affine
+                                                        for a, b in [(r0 + x, y) for x in (0, ROWS - 1)
+                                                                     for y in (k0, k0 + KEYS - 1)])
+            seen = np.array([[bool(eval_expr(cond, {i: int(r0 + x), j: int(y)})) for y in range(k0, k1 + 1)]
+                             for x in rows])
+            assert not (dead and seen.any()), (r0, k0)
+            assert not (full and not seen.all()), (r0, k0)
+            n_dead, n_full = n_dead + dead, n_full + full
+    if name in ("causal", "late"):  # the test sees both kinds of tile (a 50-key window holds no whole 64-key tile)
+        assert n_dead and n_full
+    assert n_dead or name == "diagonal"
