@@ -34,6 +34,7 @@ from loopir.visit import free_vars, subst_coords, substitute
 from schedules.primitives.flash import KEYS, MT, ROWS, THREADS, FlashMismatch, FlashParts, affine_conjuncts, flash_parts
 
 from .expr import _FROM_FLOAT
+from .mma import _ldmatrix_a, _ldmatrix_b2, _mma
 
 __all__ = ["render_flash", "PRELUDE_FLASH", "THREADS"]
 
@@ -76,22 +77,18 @@ def _idx(st: N.Store) -> tuple[N.Expr, ...]:
     return tuple(substitute(i, sub) for i in st.indices)
 
 
-def _mma(t: str, acc: str, a: list[str], b: list[str]) -> str:
-    return (f'asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{%0, %1, %2, %3}}, '
-            '{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\\n" '
-            f': "+f"({acc}[0]), "+f"({acc}[1]), "+f"({acc}[2]), "+f"({acc}[3]) '
-            f': "r"({a[0]}), "r"({a[1]}), "r"({a[2]}), "r"({a[3]}), "r"({b[0]}), "r"({b[1]}));')
+def _shared(address: str) -> str:
+    return f"(unsigned)__cvta_generic_to_shared({address})"
 
 
-def _ldmatrix(regs: list[str], address: str, trans: bool = False) -> str:
-    return (f'asm volatile("ldmatrix.sync.aligned.m8n8.x4{".trans" if trans else ""}.shared.b16 {{%0, %1, %2, %3}}, '
-            f'[%4];\\n" : "=r"({regs[0]}), "=r"({regs[1]}), "=r"({regs[2]}), "=r"({regs[3]}) '
-            f': "r"((unsigned)__cvta_generic_to_shared({address})));')
+def _acc(tile: str) -> list[str]:
+    """The four accumulator registers of an m16n8 tile held as `tile[0..3]`."""
+    return [f"{tile}[{e}]" for e in range(4)]
 
 
-def _store(r: Any, st: N.Store, value: str, at: dict[N.Var, N.Expr] | None = None) -> str:
+def _store(r: Any, st: N.Store, value: str) -> str:
     b = st.buffer
-    idx = tuple(substitute(i, at or {}) for i in _idx(st))
+    idx = _idx(st)
     if b.dtype in _FROM_FLOAT:
         r.uses_half = True
         value = f"{_FROM_FLOAT[b.dtype]}({value})"
@@ -126,7 +123,7 @@ class _Emit:
         # one shared array of two stages (K tile, then V tile); Q waits in stage 1 until its fragments are loaded
         self.stage = KEYS * (self.KS + self.VS)
         self.n = {k: r.names.fresh(f"fa_{k}") for k in (
-            "kv", "lane", "warp", "lo", "hi", "c", "row", "ch", "dst", "load", "dead", "full", "next", "o", "bx",
+            "kv", "lane", "warp", "lo", "hi", "c", "row", "ch", "dst", "load", "dead", "full", "next", "o",
             "m", "l", "qf", "kt", "nk", "stage", "first", "s", "vis", "mx", "sc", "k0", "k1", "fs", "any", "kk", "np",
             "nt", "e", "h", "dp", "pr", "mt", "grew", "sca", "ml", "a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3")}
 
@@ -274,8 +271,8 @@ class _Emit:
         self.line(f"{n['first']} = false;")
         self.unrolled(mt, MT)
         self.unrolled(kk, D // 16)
-        self.line(_ldmatrix([f"{qf}[{mt}][{kk}][{j}]" for j in range(4)],
-                            f"&{kv}[{self.stage} + ({warp} * {16 * MT} + {mt} * 16 + ({lane} & 15)) * {KS} + {kk} * 16 "
+        _ldmatrix_a(self.r, [f"{qf}[{mt}][{kk}][{j}]" for j in range(4)],
+                    _shared(f"&{kv}[{self.stage} + ({warp} * {16 * MT} + {mt} * 16 + ({lane} & 15)) * {KS} + {kk} * 16 "
                             f"+ ({lane} >> 4) * 8]"))
         self.close()
         self.close()
@@ -290,11 +287,11 @@ class _Emit:
         self.unrolled(kk, D // 16)
         self.unrolled(np_, KEYS // 16)
         self.line(f"unsigned {', '.join(b)};")
-        self.line(_ldmatrix(b, f"&{ks} + ({np_} * 16 + ({lane} & 7) + (({lane} >> 4) << 3)) * {KS} + {kk} * 16 + "
-                               f"(({lane} >> 3) & 1) * 8]"))
+        _ldmatrix_a(self.r, b, _shared(f"&{ks} + ({np_} * 16 + ({lane} & 7) + (({lane} >> 4) << 3)) * {KS} + {kk} * 16"
+                                       f" + (({lane} >> 3) & 1) * 8]"))
         self.unrolled(mt, MT)
-        self.line(_mma(tq, f"{s}[{mt}][2 * {np_}]", [f"{qf}[{mt}][{kk}][{j}]" for j in range(4)], b[:2]))
-        self.line(_mma(tq, f"{s}[{mt}][2 * {np_} + 1]", [f"{qf}[{mt}][{kk}][{j}]" for j in range(4)], b[2:]))
+        for half, nt in ((b[:2], f"2 * {np_}"), (b[2:], f"2 * {np_} + 1")):
+            _mma(self.r, tq, _acc(f"{s}[{mt}][{nt}]"), [f"{qf}[{mt}][{kk}][{j}]" for j in range(4)], half)
         self.close()
         self.close()
         self.close()
@@ -308,11 +305,10 @@ class _Emit:
         self.close()
         self.unrolled(dp, DV // 16)
         self.line(f"unsigned {', '.join(b)};")
-        self.line(_ldmatrix(b, f"&{vs} + ({kk} * 16 + ({lane} & 15)) * {VS} + {dp} * 16 + ({lane} >> 4) * 8]",
-                            trans=True))
+        _ldmatrix_b2(self.r, b, _shared(f"&{vs} + ({kk} * 16 + ({lane} & 15)) * {VS} + {dp} * 16 + ({lane} >> 4) * 8]"))
         self.unrolled(mt, MT)
-        self.line(_mma(tv, f"{o}[{mt}][2 * {dp}]", [f"{x}[{mt}]" for x in a], b[:2]))
-        self.line(_mma(tv, f"{o}[{mt}][2 * {dp} + 1]", [f"{x}[{mt}]" for x in a], b[2:]))
+        for half, nt in ((b[:2], f"2 * {dp}"), (b[2:], f"2 * {dp} + 1")):
+            _mma(self.r, tv, _acc(f"{o}[{mt}][{nt}]"), [f"{x}[{mt}]" for x in a], half)
         self.close()
         self.close()
         self.close()
