@@ -134,6 +134,7 @@ def test_the_marked_nest_keeps_its_loops_and_replays_from_the_trace():
     ("d128", "head dimensions 128 (Q K) and 128 (V) must be multiples of 16 up to 64"),
     ("threads", "inside a threadIdx loop"),
     ("division", "no single loop over the keys"),
+    ("staged", "the pass uses K_shared, a shared buffer"),
 ])
 def test_tensorize_refuses_what_is_not_the_pass_and_says_why(case, match):
     dtype = "float32" if case == "float32" else "float16"
@@ -143,6 +144,9 @@ def test_tensorize_refuses_what_is_not_the_pass_and_says_why(case, match):
         a, b = s.split(ii, 16)
         s.bind(a, "threadIdx.x")
         loop = b
+    if case == "staged":  # K tiles already in shared memory: the kernel stages global rows itself
+        s.cache_read("K", "shared", s.loop(s._ref(next(f for f in walk(s.program.body)
+                                                       if isinstance(f, For) and f.var.name == "r2").var)))
     if case == "division":
         _, loop = s.split(s.loop(s._ref(s.program.body.body[1].body.var)), ROWS)  # the division's rows, split
     before = s.program

@@ -157,6 +157,10 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
     part that differs. With `program`, also check that nothing outside `f` reads the per-key state."""
     ext = _const_extent(f)
     _need(ext == ROWS, f"the row loop {f.var.name!r} has extent {ext}, not {ROWS} (split the rows by {ROWS})")
+    scratch = next((n.buffer for n in walk(f) if isinstance(n, (Load, Store)) and n.buffer.scope != "global"), None)
+    if scratch is not None:
+        raise FlashMismatch(f"the pass uses {scratch.name}, a {scratch.scope} buffer; the kernel stages the rows and "
+                            "keeps the state itself (tensorize before cache_read / cache_write)")
     body = _only(f.body)
     guard = None
     if isinstance(body, If) and body.orelse is None:
