@@ -29,7 +29,7 @@ from loopir.nodes import Buffer, Const, For, Load, Program, Seq, Stmt
 from loopir.te import Tensor
 from loopir.visit import deep_recursion, statements, walk, walk_stmts
 
-from .primitives import find_loop_path
+from .primitives import const_extent, find_loop_path
 from .primitives.flash import FLASH, KEYS, MT, ROWS as FLASH_ROWS, FlashMismatch, flash_parts
 from .primitives.loops import split as split_loop
 from .primitives.online import OnlineRewrite, find_softmax_max, online_softmax
@@ -215,7 +215,7 @@ def _map(s: Schedule, target: str, rows: int, mine: set[str], tensor_cores: bool
             inner = _top(s.program)[k]
             for _ in loops[:-1]:
                 inner = inner.body
-            width = _extent(inner)
+            width = const_extent(inner)
             if width is not None and DIVISION_THREADS % width == 0:
                 # a short row (the head dimension): rows and columns fused, consecutive threads on consecutive
                 # elements of several rows (a block per row would leave most of its threads idle)
@@ -227,11 +227,6 @@ def _map(s: Schedule, target: str, rows: int, mine: set[str], tensor_cores: bool
         for axis, b in zip(("blockIdx.y", "blockIdx.z"), reversed(batch)):
             s.bind(b, axis)
     return notes
-
-
-def _extent(f: Any) -> int | None:
-    lo, hi = getattr(f.lo, "value", None), getattr(f.hi, "value", None)
-    return hi - lo if isinstance(lo, int) and isinstance(hi, int) else None
 
 
 def _flash_fits(s: Schedule, q: Any, notes: list[str]) -> bool:

@@ -49,6 +49,7 @@ from . import cost as C
 from . import rows as R
 from .fusion_plan import THREADS, Decision, FusionGroup, FusionPlan, RowCache
 from .primitives.tensorize import half_load
+from .primitives.flash import MAX_DEPTH as FLASH_MAX_DEPTH
 from .recipes import gemm_params, gemm_resources, is_matmul_tensor, skinny_params
 
 ROW_MIN_EXTENT = 1024  # a reduction at least this long gets a block per row (else a thread per row)
@@ -256,40 +257,42 @@ def _tensor_bytes(t: Tensor, ev: dict) -> int:
     return C.buffer_bytes(t.shape, t.dtype, ev)
 
 
-def _half_matmul(t: Tensor) -> bool:
-    """A matmul the CUDA GEMM recipe runs on tensor cores (the te mirror of auto._tensor_cores and
-    gemm_mma.mma_applicable), costed at their peak: float16 / bfloat16 operands (plain, or the float32-accumulation
-    idiom of casts) read A[.., i, k] and B[.., k, j]; the reduction a known multiple of 8 and at least 32 long;
-    rows and columns symbolic or at least 128."""
+def _half_operands(t: Tensor) -> tuple[Load, Load, int | None] | None:
+    """A matmul-shaped stage's two operand loads when both are float16 (or both bfloat16; plain, or under the
+    float32-accumulation casts), with its reduction's extent when constant; else None."""
     if not is_matmul_tensor(t):
-        return False
+        return None
     op = t.op
     a, b = (half_load(x) for x in (op.body.body.a, op.body.body.b))
     if not (isinstance(a, Load) and isinstance(b, Load) and a.dtype in HALVES and b.dtype == a.dtype):
-        return False
-    i, j, k = op.axis[-2], op.axis[-1], op.reduce_axis[0]
-    if tuple(a.indices[-2:]) != (i, k) or tuple(b.indices[-2:]) != (k, j):
-        return False
+        return None
     lo, hi = op.reduce_dom[0]
     ext = simplify(hi - lo)
-    if not (isinstance(ext, Const) and int(ext.value) >= 32 and int(ext.value) % 8 == 0):
+    return a, b, int(ext.value) if isinstance(ext, Const) else None
+
+
+def _half_matmul(t: Tensor) -> bool:
+    """A matmul the CUDA GEMM recipe runs on tensor cores (the te mirror of auto._tensor_cores and
+    gemm_mma.mma_applicable), costed at their peak: half operands (`_half_operands`) read A[.., i, k] and
+    B[.., k, j]; the reduction a known multiple of 8 and at least 32 long; rows and columns symbolic or at least 128."""
+    ops = _half_operands(t)
+    if ops is None:
+        return False
+    a, b, ext = ops
+    i, j, k = t.op.axis[-2], t.op.axis[-1], t.op.reduce_axis[0]
+    if tuple(a.indices[-2:]) != (i, k) or tuple(b.indices[-2:]) != (k, j):
+        return False
+    if ext is None or ext < 32 or ext % 8:
         return False
     return all(not isinstance(d, Const) or int(d.value) >= 128 for d in t.shape[-2:])
 
 
 def _half_dot(t: Tensor) -> bool:
-    """A dot product of two float16 / bfloat16 rows (plain, or under the float32-accumulation casts) over a constant
-    extent that is a multiple of 16 up to 64: the scores of an online pass that tensorize "attention.m16n8k16"
-    runs on tensor cores (the te mirror of schedules/primitives/flash.py's condition on them)."""
-    if not is_matmul_tensor(t):
-        return False
-    op = t.op
-    a, b = (half_load(x) for x in (op.body.body.a, op.body.body.b))
-    if not (isinstance(a, Load) and isinstance(b, Load) and a.dtype in HALVES and b.dtype == a.dtype):
-        return False
-    lo, hi = op.reduce_dom[0]
-    ext = simplify(hi - lo)
-    return isinstance(ext, Const) and 0 < int(ext.value) <= 64 and int(ext.value) % 16 == 0
+    """A dot product of two half rows (`_half_operands`) over a constant extent that is a multiple of 16 up to the
+    tensor-core pass's head dimension: the scores of an online pass that tensorize "attention.m16n8k16" runs on
+    tensor cores (the te mirror of schedules/primitives/flash.py's condition on them)."""
+    ops = _half_operands(t)
+    return ops is not None and ops[2] is not None and 0 < ops[2] <= FLASH_MAX_DEPTH and ops[2] % 16 == 0
 
 
 def _unfused_cost(t: Tensor, ev: dict) -> C.KernelCost:

@@ -30,8 +30,9 @@ from typing import Any
 
 from loopir import nodes as N
 from loopir.errors import CudaCodegenError
-from loopir.visit import free_vars, subst_coords, substitute
-from schedules.primitives.flash import KEYS, MT, ROWS, THREADS, FlashMismatch, FlashParts, affine_conjuncts, flash_parts
+from loopir.visit import free_vars
+from schedules.primitives.flash import (KEYS, MT, ROWS, THREADS, FlashMismatch, FlashParts, affine_conjuncts,
+                                       flash_parts, loop_indices)
 
 from .expr import _FROM_FLOAT
 from .mma import _ldmatrix_a, _ldmatrix_b2, _mma
@@ -72,11 +73,6 @@ __device__ __forceinline__ unsigned loopir_pack_bf16(float lo, float hi) {
 """
 
 
-def _idx(st: N.Store) -> tuple[N.Expr, ...]:
-    sub = subst_coords(st)
-    return tuple(substitute(i, sub) for i in st.indices)
-
-
 def _shared(address: str) -> str:
     return f"(unsigned)__cvta_generic_to_shared({address})"
 
@@ -88,7 +84,7 @@ def _acc(tile: str) -> list[str]:
 
 def _store(r: Any, st: N.Store, value: str) -> str:
     b = st.buffer
-    idx = _idx(st)
+    idx = loop_indices(st)
     if b.dtype in _FROM_FLOAT:
         r.uses_half = True
         value = f"{_FROM_FLOAT[b.dtype]}({value})"

@@ -49,6 +49,8 @@ __all__ = [
     "fresh_name",
     "loop_vars",
     "all_names",
+    "const_extent",
+    "only_stmt",
 ]
 
 
@@ -151,6 +153,20 @@ def find_path(body: Stmt, match: Callable[[Stmt], bool]) -> tuple[Stmt, Path] | 
         return None
 
     return go(body, ())
+
+
+def const_extent(f: For, from_zero: bool = False) -> int | None:
+    """hi - lo of a loop whose bounds are integer constants (with `from_zero`, only when lo is 0), else None."""
+    lo, hi = getattr(f.lo, "value", None), getattr(f.hi, "value", None)
+    ok = isinstance(lo, int) and isinstance(hi, int) and (lo == 0 or not from_zero)
+    return hi - lo if ok else None  # type: ignore[operator]
+
+
+def only_stmt(s: Stmt) -> Stmt:
+    """`s` without the Seqs of one statement around it."""
+    while isinstance(s, Seq) and len(s.body) == 1:
+        s = s.body[0]
+    return s
 
 
 def find_loop_path(body: Stmt, var: Var) -> tuple[For, Path] | None:

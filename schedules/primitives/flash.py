@@ -37,8 +37,10 @@ from loopir.nodes import (Binary, Call, Cast, Compare, Const, Expr, For, If, Loa
                           Var, conjuncts)
 from loopir.visit import Transformer, substitute, subst_coords, walk
 
+from . import const_extent, only_stmt
+
 __all__ = ["FLASH", "FlashParts", "FlashMismatch", "flash_parts", "ROWS", "MT", "THREADS", "KEYS", "MAX_DEPTH",
-           "affine_conjuncts"]
+           "affine_conjuncts", "loop_indices"]
 
 FLASH = BLOCK_PASS  # "attention.m16n8k16": the block runs the marked nest once, as one kernel body
 WARPS = 4
@@ -83,27 +85,19 @@ class FlashMismatch(Exception):
     """Internal: the nest is not the pass (the caller turns it into its own error, naming `what`)."""
 
 
-def _only(s: Stmt) -> Stmt:
-    while isinstance(s, Seq) and len(s.body) == 1:
-        s = s.body[0]
-    return s
-
 
 def _stmts(s: Stmt) -> list[Stmt]:
-    s = _only(s)
+    s = only_stmt(s)
     return list(s.body) if isinstance(s, Seq) else [s]
 
-
-def _const_extent(f: For) -> int | None:
-    lo, hi = getattr(f.lo, "value", None), getattr(f.hi, "value", None)
-    return hi - lo if isinstance(lo, int) and isinstance(hi, int) and lo == 0 else None
 
 
 def _value(st: Store) -> Expr:
     return substitute(st.value, subst_coords(st))
 
 
-def _indices(st: Store) -> tuple[Expr, ...]:
+def loop_indices(st: Store) -> tuple[Expr, ...]:
+    """The indices of `st` in the loops' variables (its iteration variables replaced by their coordinates)."""
     sub = subst_coords(st)
     return tuple(substitute(i, sub) for i in st.indices)
 
@@ -155,13 +149,13 @@ def affine_conjuncts(mask: Expr | None, row: Var, key: Var) -> tuple[list[Expr],
 def flash_parts(f: For, program: Program | None = None) -> FlashParts:
     """Check that `f` heads the pass of the module docstring and return its parts; FlashMismatch naming the first
     part that differs. With `program`, also check that nothing outside `f` reads the per-key state."""
-    ext = _const_extent(f)
+    ext = const_extent(f, from_zero=True)
     _need(ext == ROWS, f"the row loop {f.var.name!r} has extent {ext}, not {ROWS} (split the rows by {ROWS})")
     scratch = next((n.buffer for n in walk(f) if isinstance(n, (Load, Store)) and n.buffer.scope != "global"), None)
     if scratch is not None:
         raise FlashMismatch(f"the pass uses {scratch.name}, a {scratch.scope} buffer; the kernel stages the rows and "
                             "keeps the state itself (tensorize before cache_read / cache_write)")
-    body = _only(f.body)
+    body = only_stmt(f.body)
     guard = None
     if isinstance(body, If) and body.orelse is None:
         guard, body = body.cond, body.then
@@ -173,7 +167,7 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
     _need(top[-1] is kf, "statements follow the loop over the keys inside the row's body")
     _need(kf.kind == "serial", f"the key loop {kf.var.name!r} is {kf.kind}")
     inits = top[:-1]
-    kb = _only(kf.body)
+    kb = only_stmt(kf.body)
     mask = None
     if isinstance(kb, If) and kb.orelse is None:
         mask, kb = kb.cond, kb.then
@@ -182,12 +176,13 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
     s_init, red, mx_new, rescale, *rolling, advance = upd
     _need(isinstance(s_init, Store) and _is(s_init.value, 0.0), "the key's update does not start the dot product at 0")
     assert isinstance(s_init, Store)
-    sbuf, ridx = s_init.buffer, _indices(s_init)
+    sbuf, ridx = s_init.buffer, loop_indices(s_init)
     # the dot product: for r: S[..] = S[..] + Q[.., r] * K[.., j, r]
-    _need(isinstance(red, For) and _const_extent(red) is not None, "the dot product's loop has no constant extent")
+    _need(isinstance(red, For) and const_extent(red, from_zero=True) is not None,
+          "the dot product's loop has no constant extent")
     assert isinstance(red, For)
-    depth = _const_extent(red) or 0
-    upd_s = _only(red.body)
+    depth = const_extent(red, from_zero=True) or 0
+    upd_s = only_stmt(red.body)
     _need(isinstance(upd_s, Store) and upd_s.buffer is sbuf, "the dot product's loop holds not only its update")
     assert isinstance(upd_s, Store)
     val = _value(upd_s)
@@ -206,7 +201,7 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
               f"the {name} row {ld.buffer.name} is not read contiguously along {red.var.name!r}")
     _need(not any(n is f.var for i in k.indices for n in walk(i)), f"K ({k.buffer.name}) is read at the query row")
     # the running maximum: mx_new = max(mx, g(S))
-    _need(isinstance(mx_new, Store) and _indices(mx_new) == ridx, "no running maximum after the dot product")
+    _need(isinstance(mx_new, Store) and loop_indices(mx_new) == ridx, "no running maximum after the dot product")
     assert isinstance(mx_new, Store)
     mv = _value(mx_new)
     _need(isinstance(mv, Binary) and mv.op == "max" and isinstance(mv.a, Load) and mv.a.indices == ridx,
@@ -219,7 +214,7 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
           "the score does not read the dot product (or reads the running state)")
     lm, lx = Load(mbuf, ridx), Load(xbuf, ridx)
     # the rescale factor: where(mx == mx_new, 1, exp(mx - mx_new))
-    _need(isinstance(rescale, Store) and _indices(rescale) == ridx, "no rescale factor after the running maximum")
+    _need(isinstance(rescale, Store) and loop_indices(rescale) == ridx, "no rescale factor after the running maximum")
     assert isinstance(rescale, Store)
     rv = _value(rescale)
     _need(isinstance(rv, Select) and isinstance(rv.cond, Compare) and rv.cond.op == "eq"
@@ -229,7 +224,7 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
           "the rescale factor is not where(mx == mx_new, 1, exp(mx - mx_new))")
     zbuf = rescale.buffer
     lz = Load(zbuf, ridx)
-    _need(isinstance(advance, Store) and advance.buffer is mbuf and _indices(advance) == ridx
+    _need(isinstance(advance, Store) and advance.buffer is mbuf and loop_indices(advance) == ridx
           and _value(advance) == lx, "the key's update does not end with mx = mx_new")
     assert isinstance(advance, Store)
 
@@ -242,11 +237,11 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
     for st in rolling:
         if isinstance(st, For):
             _need(out is None, "more than one vector sum (the kernel keeps one P V accumulator)")
-            width = _const_extent(st) or 0
-            inner = _only(st.body)
+            width = const_extent(st, from_zero=True) or 0
+            inner = only_stmt(st.body)
             _need(isinstance(inner, Store) and width > 0, "the vector sum's loop holds not only its update")
             assert isinstance(inner, Store)
-            oi, ov = _indices(inner), _value(inner)
+            oi, ov = loop_indices(inner), _value(inner)
             _need(oi[:-1] == ridx and oi[-1] is st.var, "the vector sum is not indexed by the row, then its column")
             ok = (isinstance(ov, Binary) and ov.op == "add" and isinstance(ov.a, Binary) and ov.a.op == "mul"
                   and _same_load(ov.a.a, inner.buffer, oi) and ov.a.b == lz and isinstance(ov.b, Binary)
@@ -263,7 +258,7 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
                   f"V ({v.buffer.name}) is not read contiguously along the column, at the key only")
             out, col = inner, st.var
         else:
-            _need(total is None and isinstance(st, Store) and _indices(st) == ridx, "a rolling sum is not per row")
+            _need(total is None and isinstance(st, Store) and loop_indices(st) == ridx, "a rolling sum is not per row")
             assert isinstance(st, Store)
             tv = _value(st)
             _need(isinstance(tv, Binary) and tv.op == "add" and isinstance(tv.a, Binary) and tv.a.op == "mul"
@@ -277,7 +272,7 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
     # the state starts empty: mx = -inf, the sums 0 (any order)
     started: dict[object, Stmt] = {}
     for st in inits:
-        inner = _only(st.body) if isinstance(st, For) else st
+        inner = only_stmt(st.body) if isinstance(st, For) else st
         _need(isinstance(inner, Store), "the row's body starts with more than the state's initialisation")
         assert isinstance(inner, Store)
         started[inner.buffer] = inner

@@ -28,10 +28,10 @@ import numpy as np
 
 from loopir.affine import eval_index
 from loopir.errors import ArgumentError
-from loopir.nodes import Binary, Cast, Const, Expr, For, If, Load, Program, Seq, Store, Var, conjunction, conjuncts
+from loopir.nodes import Binary, Cast, Const, Expr, For, If, Load, Program, Store, Var, conjunction, conjuncts
 from loopir.visit import free_vars
 
-from . import find_loop_path, primitive, replace_loop
+from . import const_extent, find_loop_path, only_stmt, primitive, replace_loop
 from .flash import FLASH, FlashMismatch, flash_parts
 
 __all__ = ["MMA_SHAPES", "INTRINSICS", "TensorizeError", "tensorize", "mma_operands", "is_tensorized"]
@@ -60,15 +60,6 @@ class MmaOperands:
     guard: Expr | None = None
 
 
-def _const_extent(f: For) -> int | None:
-    lo, hi = getattr(f.lo, "value", None), getattr(f.hi, "value", None)
-    return hi - lo if isinstance(lo, int) and isinstance(hi, int) and lo == 0 else None
-
-
-def _only(s: object) -> object:
-    while isinstance(s, Seq) and len(s.body) == 1:
-        s = s.body[0]
-    return s
 
 
 def is_tensorized(f: object) -> bool:
@@ -90,13 +81,13 @@ def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard
     `lanes`: the loops bound to threadIdx.x around it. TensorizeError naming the first mismatch otherwise.
     `k_guard`: a guard on k (the last k tile of a K that 32 does not divide) is accepted, for the CUDA pipeline to
     remove (codegen.passes.pad zero-fills the operand tiles); the lowered nest must have none."""
-    el_f = _only(f.body)
-    k_f = _only(el_f.body) if isinstance(el_f, For) else None
-    st = _only(k_f.body) if isinstance(k_f, For) else None
+    el_f = only_stmt(f.body)
+    k_f = only_stmt(el_f.body) if isinstance(el_f, For) else None
+    st = only_stmt(k_f.body) if isinstance(k_f, For) else None
     conds: list[Expr] = []
     while isinstance(st, If) and st.orelse is None and isinstance(k_f, For):
         conds += conjuncts(st.cond)
-        st = _only(st.then)
+        st = only_stmt(st.then)
     # an edge tile's guard on the output element (row < n and column < m), not on k: the instruction computes
     # the element anyway into an accumulator whose C element lies outside the matrix, and the epilogue's
     # store is guarded by the same condition, so that value is never observed
@@ -111,7 +102,7 @@ def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard
     if not (isinstance(el_f, For) and isinstance(k_f, For) and isinstance(st, Store)):
         raise TensorizeError(f"{what}: loop {f.var.name!r} must head a perfect nest of three loops (eh, el, k) "
                              "around one update statement")
-    ext = (_const_extent(f), _const_extent(el_f), _const_extent(k_f))
+    ext = tuple(const_extent(x, from_zero=True) for x in (f, el_f, k_f))
     if ext != (2, 2, 16):
         raise TensorizeError(f"{what}: the nest {f.var.name}, {el_f.var.name}, {k_f.var.name} has extents {ext}; "
                              "mma.m16n8k16 needs (2, 2, 16): split the tile by 16 x 8 x 16 first")
@@ -140,7 +131,7 @@ def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard
     if st.buffer.dtype not in ("float32", a.buffer.dtype):
         raise TensorizeError(f"{what}: accumulator {st.buffer.name!r} is {st.buffer.dtype}; the instruction "
                              "accumulates in float32")
-    lane_vars = [lv for lv, lf in lanes.items() if _const_extent(lf) == 32]
+    lane_vars = [lv for lv, lf in lanes.items() if const_extent(lf, from_zero=True) == 32]
     if len(lanes) != 1 or not lane_vars:
         raise TensorizeError(f"{what}: the nest must sit inside exactly one loop bound to threadIdx.x of extent 32 "
                              "(the lanes of one warp); warps go on threadIdx.y / threadIdx.z")
