@@ -30,7 +30,7 @@ from loopir.te import Tensor
 from loopir.visit import deep_recursion, statements, walk, walk_stmts
 
 from .primitives import const_extent, find_loop_path
-from .primitives.flash import FLASH, KEYS, MT, ROWS as FLASH_ROWS, FlashMismatch, flash_parts
+from .primitives.flash import FLASH, ROW_CHOICES, FlashMismatch, FlashShape, flash_parts
 from .primitives.loops import split as split_loop
 from .primitives.online import OnlineRewrite, find_softmax_max, online_softmax
 from .schedule import Schedule
@@ -54,7 +54,7 @@ class AttentionPlan:
     rows: int
     key_tile: int
     notes: tuple[str, ...] = ()
-    tensor_cores: bool = False  # the pass runs as FlashAttention's tensor-core kernel (attention.m16n8k16)
+    tensor_cores: FlashShape | None = None  # the pass runs as FlashAttention's tensor-core kernel, so tiled
 
     @property
     def groups(self) -> tuple[()]:
@@ -78,10 +78,11 @@ class AttentionPlan:
                              "the state unchanged); on cuda, where the mask bounds the keys from above (causal), a "
                              "block stops after the last key tile its rows attend to (codegen.passes.dead_tiles; the "
                              "tensor-core kernel skips every tile the mask kills at its four corners)")
-        if self.target == "cuda" and self.tensor_cores:
-            lines.append(f"cuda: a block per {FLASH_ROWS} query rows of one batch on tensor cores ({FLASH}: a warp "
-                         f"per {16 * MT} rows, S = Q K^T and O += P V on mma.sync with P in registers, K and V in "
-                         f"tiles of {KEYS} keys double-buffered in shared memory by cp.async)")
+        if self.target == "cuda" and self.tensor_cores is not None:
+            sh = self.tensor_cores
+            lines.append(f"cuda: a block per {sh.rows} query rows of one batch on tensor cores ({FLASH}: a warp "
+                         f"per {16 * sh.mt} rows, S = Q K^T and O += P V on mma.sync with P in registers, K and V in "
+                         f"tiles of {sh.keys} keys double-buffered in shared memory by cp.async)")
         elif self.target == "cuda":
             lines.append(f"cuda: a block per {self.rows} query rows of one batch, a thread per row running the pass "
                          f"with its state in registers; K and V staged in shared memory {self.key_tile} keys at a time")
@@ -109,9 +110,11 @@ def schedule_attention(outputs: list[Tensor], target: str, rows: int = ROWS_PER_
     return s
 
 
-def on_tensor_cores(program: Program) -> bool:
-    """Some online pass of `program` runs as the tensor-core kernel (tensorize "attention.m16n8k16")."""
-    return any(isinstance(f, For) and f.kind == FLASH for f in walk_stmts(program.body))
+def on_tensor_cores(program: Program) -> FlashShape | None:
+    """The tiling of the first online pass of `program` that runs as the tensor-core kernel (tensorize
+    "attention.m16n8k16"), or None."""
+    f = next((f for f in walk_stmts(program.body) if isinstance(f, For) and f.kind == FLASH), None)
+    return None if f is None else flash_parts(f).shape
 
 
 def attention_rewrites(program: Program) -> list[OnlineRewrite]:
@@ -160,7 +163,7 @@ def map_online(s: Schedule, rewrites: list[OnlineRewrite], target: str, rows: in
     mine = ({st.store.buffer.name for st in statements(s.program)} if every_nest
             else {b for r in rewrites for b in (r.max_stage, *r.rolling, *r.state)})
     notes = _map(s, target, rows, mine, tensor_cores=len(rewrites) == 1)
-    if target == "cuda" and len(rewrites) == 1 and not on_tensor_cores(s.program):
+    if target == "cuda" and len(rewrites) == 1 and on_tensor_cores(s.program) is None:
         notes += _registers_and_tiles(s, rewrites[0], key_tile)
     return notes
 
@@ -203,10 +206,10 @@ def _map(s: Schedule, target: str, rows: int, mine: set[str], tensor_cores: bool
         # (consecutive threads, consecutive elements)
         if is_pass or len(loops) == 1:
             *batch, q = loops[-3:]
-            flash = is_pass and tensor_cores and TENSOR_CORES and _flash_fits(s, q, notes)
-            bo, ti = s.split(q, FLASH_ROWS if flash else rows)
+            flash = _flash_rows(s, q, notes) if is_pass and tensor_cores and TENSOR_CORES else None
+            bo, ti = s.split(q, flash or rows)
             s.bind(bo, "blockIdx.x")
-            if flash:
+            if flash is not None:
                 s.tensorize(ti, FLASH)
             else:
                 s.bind(ti, "threadIdx.x")
@@ -229,18 +232,23 @@ def _map(s: Schedule, target: str, rows: int, mine: set[str], tensor_cores: bool
     return notes
 
 
-def _flash_fits(s: Schedule, q: Any, notes: list[str]) -> bool:
-    """The pass, its query loop `q` split by the tensor-core kernel's rows, is what tensorize "attention.m16n8k16"
-    accepts (tried on the program alone: the schedule is unchanged); the note says why not, for half data."""
-    program, (_, inner) = split_loop(s.program, s._resolve(q, "split"), FLASH_ROWS)
-    f = find_loop_path(program.body, inner)[0]  # type: ignore[index]
-    try:
-        flash_parts(f, program)
-    except FlashMismatch as e:
-        if any(isinstance(n, Load) and n.buffer.dtype in ("float16", "bfloat16") for n in walk(f)):
-            notes.append(f"tensor cores ({FLASH}): not applied ({e})")
-        return False
-    return True
+def _flash_rows(s: Schedule, q: Any, notes: list[str]) -> int | None:
+    """The rows per block with which the pass, its query loop `q` split by them, is what tensorize
+    "attention.m16n8k16" accepts (tried on the program alone: the schedule is unchanged), or None; the note says
+    why not, for half data."""
+    whys, half = [], False
+    for rows in ROW_CHOICES:
+        program, (_, inner) = split_loop(s.program, s._resolve(q, "split"), rows)
+        f = find_loop_path(program.body, inner)[0]  # type: ignore[index]
+        try:
+            return flash_parts(f, program).shape.rows
+        except FlashMismatch as e:
+            whys.append(str(e))
+            half = half or any(isinstance(n, Load) and n.buffer.dtype in ("float16", "bfloat16") for n in walk(f))
+    if half:  # the reason that is not about the rows per block, when there is one
+        why = next((w for w in whys if "has extent" not in w), whys[0])
+        notes.append(f"tensor cores ({FLASH}): not applied ({why})")
+    return None
 
 
 def _try(s: Schedule, notes: list[str], what: str, name: str, *args: Any, **kw: Any) -> Any:

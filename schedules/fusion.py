@@ -289,7 +289,7 @@ def _half_matmul(t: Tensor) -> bool:
 
 def _half_dot(t: Tensor) -> bool:
     """A dot product of two half rows (`_half_operands`) over a constant extent that is a multiple of 16 up to the
-    tensor-core pass's head dimension: the scores of an online pass that tensorize "attention.m16n8k16" runs on
+    tensor-core pass's largest head dimension: the scores of an online pass that tensorize "attention.m16n8k16" runs on
     tensor cores (the te mirror of schedules/primitives/flash.py's condition on them)."""
     ops = _half_operands(t)
     return ops is not None and ops[2] is not None and 0 < ops[2] <= FLASH_MAX_DEPTH and ops[2] % 16 == 0

@@ -95,14 +95,15 @@ def _split_pass(dtype: str = "float16", rows: int = ROWS, d: int = 64):
 # ----------------------------------------------------------------------------- the planner and the primitive
 
 
-@pytest.mark.parametrize("dtype", HALVES)
-def test_the_planner_puts_half_attention_on_tensor_cores_and_says_so(dtype):
-    args, y = _naive(dtype)
+@pytest.mark.parametrize("dtype, d", [("float16", 64), ("bfloat16", 64), ("float16", 128), ("bfloat16", 32)])
+def test_the_planner_puts_half_attention_on_tensor_cores_and_says_so(dtype, d):
+    args, y = _naive(dtype, d=d)
     s = auto_schedule([y], "cuda")
     assert len(_flash_loops(s.program)) == 1
     assert any(step["primitive"] == "tensorize" and FLASH in map(str, step["args"]) for step in s.trace)
     text = s.plan.explain()
-    assert f"on tensor cores ({FLASH}" in text and s.plan.notes == ()
+    rows = 128 if d <= 64 else 64
+    assert f"a block per {rows} query rows of one batch on tensor cores ({FLASH}" in text and s.plan.notes == ()
     src = cuda_source(lower_passes(s.program, "cuda")).source
     assert src.count("mma.sync.aligned.m16n8k16") == 4 and "ldmatrix.sync.aligned.m8n8.x4.trans" in src
     regs, smem = cubin_resources(compile_cubin(src, "sm_90", use_cache=False))["Y_mx_init"]
@@ -130,15 +131,17 @@ def test_the_marked_nest_keeps_its_loops_and_replays_from_the_trace():
 
 @pytest.mark.parametrize("case, match", [
     ("float32", "the dot product's operands are not float16 / bfloat16 loads"),
-    ("rows32", f"has extent 32, not {ROWS}"),
-    ("d128", "head dimensions 128 (Q K) and 128 (V) must be multiples of 16 up to 64"),
+    ("rows32", "has extent 32, not 128 or 64"),
+    ("d192", "head dimensions 192 (Q K) and 192 (V) must be multiples of 16 up to 128"),
+    ("d128rows", "has extent 128, not 64 (head dimension 128: split the rows by 64)"),
     ("threads", "inside a threadIdx loop"),
     ("division", "no single loop over the keys"),
     ("staged", "the pass uses K_shared, a shared buffer"),
 ])
 def test_tensorize_refuses_what_is_not_the_pass_and_says_why(case, match):
     dtype = "float32" if case == "float32" else "float16"
-    s, ii, _ = _split_pass(dtype, rows=32 if case == "rows32" else ROWS, d=128 if case == "d128" else 64)
+    s, ii, _ = _split_pass(dtype, rows=32 if case == "rows32" else ROWS,
+                           d={"d192": 192, "d128rows": 128}.get(case, 64))
     loop = ii
     if case == "threads":
         a, b = s.split(ii, 16)
@@ -191,7 +194,7 @@ def _check(mod, arrays, want, dtype, shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", HALVES)
 @pytest.mark.parametrize("mask", [False, "causal", "late"])
-@pytest.mark.parametrize("d", [16, 64])
+@pytest.mark.parametrize("d", [16, 64, 128])
 def test_flash_attention_matches_float64_on_the_gpu(dtype, mask, d):
     args, y = _naive(dtype, mask, d=d)
     s = auto_schedule([y], "cuda")

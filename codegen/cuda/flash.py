@@ -31,8 +31,7 @@ from typing import Any
 from loopir import nodes as N
 from loopir.errors import CudaCodegenError
 from loopir.visit import free_vars
-from schedules.primitives.flash import (KEYS, MT, ROWS, THREADS, FlashMismatch, FlashParts, affine_conjuncts,
-                                       flash_parts, loop_indices)
+from schedules.primitives.flash import THREADS, FlashMismatch, FlashParts, affine_conjuncts, flash_parts, loop_indices
 
 from .expr import _FROM_FLOAT
 from .mma import _ldmatrix_a, _ldmatrix_b2, _mma
@@ -113,11 +112,12 @@ def render_flash(r: Any, f: N.For) -> None:
 class _Emit:
     def __init__(self, r: Any, p: FlashParts) -> None:
         self.r, self.p = r, p
+        self.rows, self.mt, self.keys = p.shape.rows, p.shape.mt, p.shape.keys
         self.ix = r.ix
         self.D, self.DV = p.depth, p.width
         self.KS, self.VS = p.depth + 8, p.width + 8  # shared row strides in halves: 16 bytes of padding
         # one shared array of two stages (K tile, then V tile); Q waits in stage 1 until its fragments are loaded
-        self.stage = KEYS * (self.KS + self.VS)
+        self.stage = self.keys * (self.KS + self.VS)
         self.n = {k: r.names.fresh(f"fa_{k}") for k in (
             "kv", "lane", "warp", "lo", "hi", "c", "row", "ch", "dst", "load", "dead", "full", "next", "o",
             "m", "l", "qf", "kt", "nk", "stage", "first", "s", "vis", "mx", "sc", "k0", "k1", "fs", "any", "kk", "np",
@@ -156,19 +156,20 @@ class _Emit:
 
     def row_of(self, mt: str, half: str) -> str:
         """The block row of this lane's accumulator elements in m-tile `mt`, half `half` (rows g / g + 8)."""
-        return f"{self.n['warp']} * {16 * MT} + {mt} * 16 + ({self.n['lane']} >> 2) + 8 * {half}"
+        return f"{self.n['warp']} * {16 * self.mt} + {mt} * 16 + ({self.n['lane']} >> 2) + 8 * {half}"
 
     def emit(self) -> None:
         r, p, n, ix = self.r, self.p, self.n, self.ix
-        total = self.stage + max(self.stage, ROWS * self.KS)
-        self.open(f"{{  // attention.m16n8k16: rows {p.row.name} ({ROWS} per block, a warp per {16 * MT}), keys "
-                  f"{p.key.var.name} in tiles of {KEYS}; S = Q K^T and O += P V on tensor cores (codegen.cuda.flash)")
+        total = self.stage + max(self.stage, self.rows * self.KS)
+        self.open(f"{{  // attention.m16n8k16: rows {p.row.name} ({self.rows} per block, a warp per {16 * self.mt}), "
+                  f"keys {p.key.var.name} in tiles of {self.keys}; S = Q K^T and O += P V on tensor cores "
+                  "(codegen.cuda.flash)")
         self.line(f"__shared__ __align__(16) unsigned short {n['kv']}[{total}];  // two stages of K and V; Q in the "
                   "second until its fragments are in registers")
         self.line(f"const int {n['lane']} = threadIdx.x & 31, {n['warp']} = threadIdx.x >> 5;")
         self.line(f"const {ix} {n['lo']} = {r.expr(p.key.lo)}, {n['hi']} = {r.expr(p.key.hi)};")
         self.line("__syncthreads();  // a serial loop around the pass: every warp is done with the last tile's stages")
-        self.copy_rows(ROWS, self.D, self.KS, p.q, p.row, "0", p.red, p.guard, str(self.stage))
+        self.copy_rows(self.rows, self.D, self.KS, p.q, p.row, "0", p.red, p.guard, str(self.stage))
         self.loader()
         self.tiles()
         self.main_loop()
@@ -197,8 +198,9 @@ class _Emit:
         self.open(f"auto {n['load']} = [&]({ix} {n['k0']}, int {n['stage']}) {{")
         key_ok = f"{self.r.var(p.key.var)} < {n['hi']}"
         base = f"{n['stage']} * {self.stage}"
-        self.copy_rows(KEYS, self.D, self.KS, p.k, p.key.var, n["k0"], p.red, key_ok, base)
-        self.copy_rows(KEYS, self.DV, self.VS, p.v, p.key.var, n["k0"], p.col, key_ok, f"{base} + {KEYS * self.KS}")
+        self.copy_rows(self.keys, self.D, self.KS, p.k, p.key.var, n["k0"], p.red, key_ok, base)
+        self.copy_rows(self.keys, self.DV, self.VS, p.v, p.key.var, n["k0"], p.col, key_ok,
+                       f"{base} + {self.keys * self.KS}")
         self.close("};")
 
     def tiles(self) -> None:
@@ -207,7 +209,7 @@ class _Emit:
         fa_next(k0): the first tile from k0 that is not dead."""
         p, n, ix, r = self.p, self.n, self.ix, self.r
         affine, every = affine_conjuncts(p.mask, p.row, p.key.var)
-        corners = [(row, key) for row in ("0", str(ROWS - 1)) for key in (n["k0"], n["k1"])]
+        corners = [(row, key) for row in ("0", str(self.rows - 1)) for key in (n["k0"], n["k1"])]
 
         def corner_lines(c: N.Expr, op: str) -> None:
             for row, key in corners:
@@ -215,7 +217,7 @@ class _Emit:
                           f"{n['any']} {op}= {r.expr(c)}; }}")
 
         self.open(f"auto {n['dead']} = [&]({ix} {n['k0']}) -> bool {{")
-        self.line(f"const {ix} {n['k1']} = loopir_min({n['k0']} + {KEYS - 1}, {n['hi']} - 1);")
+        self.line(f"const {ix} {n['k1']} = loopir_min({n['k0']} + {self.keys - 1}, {n['hi']} - 1);")
         for c in affine:
             self.open(f"{{ bool {n['any']} = false;")
             corner_lines(c, "|")
@@ -223,7 +225,7 @@ class _Emit:
         self.line(f"(void){n['k1']};")
         self.close("return false; };")
         self.open(f"auto {n['full']} = [&]({ix} {n['k0']}) -> bool {{")
-        self.line(f"const {ix} {n['k1']} = {n['k0']} + {KEYS - 1};")
+        self.line(f"const {ix} {n['k1']} = {n['k0']} + {self.keys - 1};")
         self.line(f"if ({n['k1']} >= {n['hi']}) return false;")
         if not every:
             self.line("return false;")
@@ -233,7 +235,7 @@ class _Emit:
             self.close(f"if (!{n['any']}) return false; }}")
         self.close("return true; };")
         self.open(f"auto {n['next']} = [&]({ix} {n['k0']}) -> {ix} {{")
-        self.line(f"while ({n['k0']} < {n['hi']} && {n['dead']}({n['k0']})) {n['k0']} += {KEYS};")
+        self.line(f"while ({n['k0']} < {n['hi']} && {n['dead']}({n['k0']})) {n['k0']} += {self.keys};")
         self.close(f"return {n['k0']}; }};")
 
     def main_loop(self) -> None:
@@ -247,13 +249,13 @@ class _Emit:
         kk, np_, dp, mt = n["kk"], n["np"], n["dp"], n["mt"]
         a = [n[f"a{j}"] for j in range(4)]
         b = [n[f"b{j}"] for j in range(4)]
-        self.zeros(o, (MT, DV // 8, 4))
-        self.line(f"float {n['m']}[{MT}][2], {n['l']}[{MT}][2];")
-        self.unrolled(mt, MT)
+        self.zeros(o, (self.mt, DV // 8, 4))
+        self.line(f"float {n['m']}[{self.mt}][2], {n['l']}[{self.mt}][2];")
+        self.unrolled(mt, self.mt)
         self.line(f"{n['m']}[{mt}][0] = {n['m']}[{mt}][1] = -LOOPIR_INF_F; {n['l']}[{mt}][0] = {n['l']}[{mt}][1] = "
                   "0.0f;")
         self.close()
-        self.line(f"unsigned {qf}[{MT}][{D // 16}][4];")
+        self.line(f"unsigned {qf}[{self.mt}][{D // 16}][4];")
         self.line(f"{ix} {n['kt']} = {n['next']}({n['lo']});")
         self.line(f"if ({n['kt']} < {n['hi']}) {n['load']}({n['kt']}, 0);")
         self.line("loopir_cp_async_commit();")
@@ -265,27 +267,27 @@ class _Emit:
                   "thread is done with the other stage")
         self.open(f"if ({n['first']}) {{  // Q's fragments into registers, then stage 1 is free for the next tile")
         self.line(f"{n['first']} = false;")
-        self.unrolled(mt, MT)
+        self.unrolled(mt, self.mt)
         self.unrolled(kk, D // 16)
         _ldmatrix_a(self.r, [f"{qf}[{mt}][{kk}][{j}]" for j in range(4)],
-                    _shared(f"&{kv}[{self.stage} + ({warp} * {16 * MT} + {mt} * 16 + ({lane} & 15)) * {KS} + {kk} * 16 "
-                            f"+ ({lane} >> 4) * 8]"))
+                    _shared(f"&{kv}[{self.stage} + ({warp} * {16 * self.mt} + {mt} * 16 + ({lane} & 15)) * {KS} + "
+                            f"{kk} * 16 + ({lane} >> 4) * 8]"))
         self.close()
         self.close()
         self.line("__syncthreads();")
         self.close()
-        self.line(f"const {ix} {n['nk']} = {n['next']}({n['kt']} + {KEYS});")
+        self.line(f"const {ix} {n['nk']} = {n['next']}({n['kt']} + {self.keys});")
         self.line(f"if ({n['nk']} < {n['hi']}) {n['load']}({n['nk']}, {n['stage']} ^ 1);")
         self.line("loopir_cp_async_commit();")
-        ks, vs = f"{kv}[{n['stage']} * {self.stage}", f"{kv}[{n['stage']} * {self.stage} + {KEYS * KS}"
+        ks, vs = f"{kv}[{n['stage']} * {self.stage}", f"{kv}[{n['stage']} * {self.stage} + {self.keys * KS}"
         # S = Q K^T: key rows are B's columns (ldmatrix without .trans); each K fragment serves the warp's m-tiles
-        self.zeros(s, (MT, KEYS // 8, 4))
+        self.zeros(s, (self.mt, self.keys // 8, 4))
         self.unrolled(kk, D // 16)
-        self.unrolled(np_, KEYS // 16)
+        self.unrolled(np_, self.keys // 16)
         self.line(f"unsigned {', '.join(b)};")
         _ldmatrix_a(self.r, b, _shared(f"&{ks} + ({np_} * 16 + ({lane} & 7) + (({lane} >> 4) << 3)) * {KS} + {kk} * 16"
                                        f" + (({lane} >> 3) & 1) * 8]"))
-        self.unrolled(mt, MT)
+        self.unrolled(mt, self.mt)
         for half, nt in ((b[:2], f"2 * {np_}"), (b[2:], f"2 * {np_} + 1")):
             _mma(self.r, tq, _acc(f"{s}[{mt}][{nt}]"), [f"{qf}[{mt}][{kk}][{j}]" for j in range(4)], half)
         self.close()
@@ -293,16 +295,16 @@ class _Emit:
         self.close()
         self.scores()
         # O += P V: P's registers are A fragments; V rows are B's k (ldmatrix .trans), each fragment serving the m-tiles
-        self.unrolled(kk, KEYS // 16)
-        self.line(f"unsigned {a[0]}[{MT}], {a[1]}[{MT}], {a[2]}[{MT}], {a[3]}[{MT}];")
-        self.unrolled(mt, MT)
+        self.unrolled(kk, self.keys // 16)
+        self.line(f"unsigned {a[0]}[{self.mt}], {a[1]}[{self.mt}], {a[2]}[{self.mt}], {a[3]}[{self.mt}];")
+        self.unrolled(mt, self.mt)
         for j, (nt, e0) in enumerate(((0, 0), (0, 2), (1, 0), (1, 2))):
             self.line(f"{a[j]}[{mt}] = {pack}({s}[{mt}][2 * {kk} + {nt}][{e0}], {s}[{mt}][2 * {kk} + {nt}][{e0 + 1}]);")
         self.close()
         self.unrolled(dp, DV // 16)
         self.line(f"unsigned {', '.join(b)};")
         _ldmatrix_b2(self.r, b, _shared(f"&{vs} + ({kk} * 16 + ({lane} & 15)) * {VS} + {dp} * 16 + ({lane} >> 4) * 8]"))
-        self.unrolled(mt, MT)
+        self.unrolled(mt, self.mt)
         for half, nt in ((b[:2], f"2 * {dp}"), (b[2:], f"2 * {dp} + 1")):
             _mma(self.r, tv, _acc(f"{o}[{mt}][{nt}]"), [f"{x}[{mt}]" for x in a], half)
         self.close()
@@ -316,8 +318,8 @@ class _Emit:
         """s = g(S) per element, the mask, the rows' new maximum, the rescale of l and O, P = exp(s - m). Two
         copies: a tile inside the key loop whose corners satisfy the mask tests nothing per element."""
         n = self.n
-        self.line(f"unsigned {n['vis']}[{MT}];")
-        self.line(f"float {n['mx']}[{MT}][2];")
+        self.line(f"unsigned {n['vis']}[{self.mt}];")
+        self.line(f"float {n['mx']}[{self.mt}][2];")
         self.open(f"if ({n['full']}({n['kt']})) {{")
         self.scores_of(True)
         self.close("} else {")
@@ -333,10 +335,10 @@ class _Emit:
         m, l_ = n["m"], n["l"]
         uses = {id(v) for v in free_vars(p.score)}
         self.line(f"bool {n['grew']} = false;")
-        self.line(f"float {n['sca']}[{MT}][2], {n['ml']}[{MT}][2];")
-        self.unrolled(mt, MT)
+        self.line(f"float {n['sca']}[{self.mt}][2], {n['ml']}[{self.mt}][2];")
+        self.unrolled(mt, self.mt)
         self.line(f"{vis}[{mt}] = 0xffffffffu; {mx}[{mt}][0] = {m}[{mt}][0]; {mx}[{mt}][1] = {m}[{mt}][1];")
-        self.unrolled(nt, KEYS // 8)
+        self.unrolled(nt, self.keys // 8)
         self.unrolled(e, 4)
         if not whole or id(p.row) in uses:
             self.let(p.row, self.row_of(mt, f"({e} >> 1)"))
@@ -366,15 +368,15 @@ class _Emit:
         self.close()
         # O is rescaled only when some row of the warp saw a larger maximum (a factor of exactly 1 changes nothing)
         self.open(f"if (__any_sync(0xffffffffu, {n['grew']})) {{")
-        self.unrolled(mt, MT)
+        self.unrolled(mt, self.mt)
         self.unrolled(e, self.DV // 8)
         self.line(f"{o}[{mt}][{e}][0] *= {n['sca']}[{mt}][0]; {o}[{mt}][{e}][1] *= {n['sca']}[{mt}][0];")
         self.line(f"{o}[{mt}][{e}][2] *= {n['sca']}[{mt}][1]; {o}[{mt}][{e}][3] *= {n['sca']}[{mt}][1];")
         self.close()
         self.close()
         self.close()
-        self.unrolled(mt, MT)
-        self.unrolled(nt, KEYS // 8)
+        self.unrolled(mt, self.mt)
+        self.unrolled(nt, self.keys // 8)
         self.unrolled(e, 4)
         val = f"loopir_flash_exp2(fmaf({s}[{mt}][{nt}][{e}], 1.4426950408889634f, -{n['ml']}[{mt}][{e} >> 1]))"
         self.line(f"const float {pr} = {f'{bit} ? {val} : 0.0f' if bit else val};")
@@ -387,7 +389,7 @@ class _Emit:
     def epilogue(self) -> None:
         p, n, r = self.p, self.n, self.r
         lane, h, e, o, mt, l_ = n["lane"], n["h"], n["e"], n["o"], n["mt"], n["l"]
-        self.unrolled(mt, MT)
+        self.unrolled(mt, self.mt)
         self.unrolled(h, 2)
         for d in (1, 2):
             self.line(f"{l_}[{mt}][{h}] += __shfl_xor_sync(0xffffffffu, {l_}[{mt}][{h}], {d});")

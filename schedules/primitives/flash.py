@@ -39,16 +39,36 @@ from loopir.visit import Transformer, substitute, subst_coords, walk
 
 from . import const_extent, only_stmt
 
-__all__ = ["FLASH", "FlashParts", "FlashMismatch", "flash_parts", "ROWS", "MT", "THREADS", "KEYS", "MAX_DEPTH",
-           "affine_conjuncts", "loop_indices"]
+__all__ = ["FLASH", "FlashParts", "FlashMismatch", "FlashShape", "flash_parts", "shape_for", "ROWS", "ROW_CHOICES",
+           "MT", "THREADS", "KEYS", "MAX_DEPTH", "affine_conjuncts", "loop_indices"]
 
 FLASH = BLOCK_PASS  # "attention.m16n8k16": the block runs the marked nest once, as one kernel body
 WARPS = 4
-MT = 2  # m16 tiles per warp: each K and V fragment loaded from shared memory serves MT instructions
-ROWS = 16 * MT * WARPS  # query rows per block (128)
 THREADS = 32 * WARPS
-KEYS = 64  # keys per shared-memory tile
-MAX_DEPTH = 64  # head dimensions up to this fit the double-buffered tiles in 48 KB of static shared memory
+MAX_DEPTH = 128
+
+
+@dataclass(frozen=True)
+class FlashShape:
+    """The kernel's tiling for a head dimension: `mt` m16 tiles per warp (each K and V fragment read from shared
+    memory serves mt instructions), `rows` = 16 * mt * WARPS query rows per block, `keys` per shared tile. Two
+    stages of K and V tiles plus Q (staged in the second) fit 48 KB of static shared memory, and the accumulators
+    (O: mt * width / 2 registers, S: mt * keys / 2) fit 255 registers."""
+
+    rows: int
+    mt: int
+    keys: int
+
+
+def shape_for(depth: int, width: int) -> FlashShape:
+    """64 or fewer: 128 rows (2 m-tiles per warp), 64 keys; up to 128: 64 rows, 32 keys."""
+    mt, keys = (2, 64) if max(depth, width) <= 64 else (1, 32)
+    return FlashShape(16 * mt * WARPS, mt, keys)
+
+
+MT, KEYS = shape_for(64, 64).mt, shape_for(64, 64).keys  # the tiling of head dimensions up to 64
+ROWS = shape_for(64, 64).rows
+ROW_CHOICES = tuple(sorted({shape_for(d, d).rows for d in (64, MAX_DEPTH)}, reverse=True))
 HALF = ("float16", "bfloat16")
 
 
@@ -79,6 +99,7 @@ class FlashParts:
     total: Store | None
     maximum: Store
     state: tuple[str, ...]  # the per-key buffers that stay in registers (S, mx_new, mx_scale)
+    shape: FlashShape = FlashShape(128, 2, 64)
 
 
 class FlashMismatch(Exception):
@@ -150,7 +171,8 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
     """Check that `f` heads the pass of the module docstring and return its parts; FlashMismatch naming the first
     part that differs. With `program`, also check that nothing outside `f` reads the per-key state."""
     ext = const_extent(f, from_zero=True)
-    _need(ext == ROWS, f"the row loop {f.var.name!r} has extent {ext}, not {ROWS} (split the rows by {ROWS})")
+    _need(ext in ROW_CHOICES, f"the row loop {f.var.name!r} has extent {ext}, not {' or '.join(map(str, ROW_CHOICES))} "
+          "(split the rows by the kernel's rows per block)")
     scratch = next((n.buffer for n in walk(f) if isinstance(n, (Load, Store)) and n.buffer.scope != "global"), None)
     if scratch is not None:
         raise FlashMismatch(f"the pass uses {scratch.name}, a {scratch.scope} buffer; the kernel stages the rows and "
@@ -269,6 +291,9 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
     assert out is not None and v is not None and col is not None
     _need(depth % 16 == 0 and 0 < depth <= MAX_DEPTH and width % 16 == 0 and 0 < width <= MAX_DEPTH,
           f"head dimensions {depth} (Q K) and {width} (V) must be multiples of 16 up to {MAX_DEPTH}")
+    shape = shape_for(depth, width)
+    _need(ext == shape.rows, f"the row loop {f.var.name!r} has extent {ext}, not {shape.rows} (head dimension "
+          f"{max(depth, width)}: split the rows by {shape.rows})")
     # the state starts empty: mx = -inf, the sums 0 (any order)
     started: dict[object, Stmt] = {}
     for st in inits:
@@ -289,7 +314,7 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
         _need(not outside, f"{outside[0].buffer.name} is read outside the pass" if outside else "")
         _need(all(b.name not in state for b in program.args), "the per-key state is an argument of the program")
     return FlashParts(f.var, guard, kf, mask, q, k, red.var, depth, dot, score, v, col, width, out, total, advance,
-                      state)
+                      state, shape)
 
 
 def _walk_outside(s: Stmt, skip: Stmt):  # noqa: ANN202 - a generator of nodes
