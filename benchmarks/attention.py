@@ -26,11 +26,10 @@ from gpu_suite import time_cuda  # noqa: E402
 from loopir import te, workloads  # noqa: E402
 from schedules import auto_schedule  # noqa: E402
 
-D = 64
 H = 16  # heads: the batch x heads dimension is viewed as (batch, H) for SDPA
 
 
-def _row(mod, dtype: str, causal: bool, B: int, n: int, m: int, built: float) -> dict:  # noqa: ANN001
+def _row(mod, dtype: str, causal: bool, B: int, n: int, m: int, D: int, built: float) -> dict:  # noqa: ANN001
     """Check and time `mod` at one shape beside PyTorch eager's naive composition and SDPA."""
     import torch
     import torch.nn.functional as F
@@ -66,10 +65,10 @@ def _row(mod, dtype: str, causal: bool, B: int, n: int, m: int, built: float) ->
     err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
     t_ours, t_eager, t_sdpa = (time_cuda(torch, f, batch=3, repeat=9) for f in (ours, eager, sdpa))
     flops = 4.0 * B * n * m * D * (0.5 if causal else 1.0)
-    r = dict(dtype=dtype, mask="causal" if causal else "none", shape=f"{B}x{n}x{m}", tc="attention.m16n8k16" in
+    r = dict(dtype=dtype, mask="causal" if causal else "none", shape=f"{B}x{n}x{m}", d=D, tc="attention.m16n8k16" in
              mod.source, ours=t_ours, eager=t_eager, sdpa=t_sdpa, tflops=flops / t_ours / 1e9,
              sdpa_tflops=flops / t_sdpa / 1e9, err=err, build=built)
-    print(f"{dtype:9s} {r['mask']:7s} {r['shape']:16s} ours {t_ours:8.3f} ms ({r['tflops']:6.1f} TFLOP/s)  "
+    print(f"{dtype:9s} d{D} {r['mask']:7s} {r['shape']:16s} ours {t_ours:8.3f} ms ({r['tflops']:6.1f} TFLOP/s)  "
           f"eager {t_eager:8.3f}  sdpa {t_sdpa:8.3f} ({r['sdpa_tflops']:6.1f})  ours/sdpa throughput "
           f"{t_sdpa / t_ours:5.2f}  eager/ours {t_eager / t_ours:5.2f}  err {err:.1e}  tensor cores {r['tc']}",
           flush=True)
@@ -83,6 +82,7 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float16,bfloat16,float32")
     ap.add_argument("--masks", default="none,causal")
     ap.add_argument("--shapes", default="64x4096x4096,64x1000x1000,12x333x777,96x1024x1024")
+    ap.add_argument("--depth", type=int, default=64, help="head dimension")
     ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     a = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
@@ -90,15 +90,15 @@ def main() -> None:
     for dtype in a.dtypes.split(","):
         for mask in a.masks.split(","):
             causal = mask != "none"
-            w = workloads.naive_attention(te.var("B"), te.var("n"), te.var("m"), D, causal, dtype=dtype)
+            w = workloads.naive_attention(te.var("B"), te.var("n"), te.var("m"), a.depth, causal, dtype=dtype)
             t0 = time.perf_counter()
             s = auto_schedule(list(w.outputs), target="cuda")
             mod = build(s, list(w.inputs) + list(w.outputs), target="cuda")
             built = time.perf_counter() - t0
             for B, n, m in shapes:
                 if not causal or n == m:
-                    rows.append(_row(mod, dtype, causal, B, n, m, built))
-    head = ("| dtype | mask | B·H x n x m (d 64) | ours ms | TFLOP/s | eager ms | SDPA ms | SDPA TFLOP/s | "
+                    rows.append(_row(mod, dtype, causal, B, n, m, a.depth, built))
+    head = (f"| dtype | mask | B·H x n x m (d {a.depth}) | ours ms | TFLOP/s | eager ms | SDPA ms | SDPA TFLOP/s | "
             "ours / SDPA throughput | eager / ours | rel. error | tensor cores |")
     lines = ["# Attention from plain te on the GPU (benchmarks/attention.py)", "",
              f"{torch.cuda.get_device_name()}; one symbolic build (B, n, m as te.var) per dtype and mask; medians "

@@ -44,3 +44,8 @@ q = blocks.as_dtype(rng.standard_normal((2, 150, 36)), "bfloat16")
 k, v = (blocks.as_dtype(rng.standard_normal((2, 150, 32)), "bfloat16") for _ in range(2))
 _run(args, y, (q, k, v), _custom_reference(*(blocks.as_float64(x, "bfloat16") for x in (q, k, v))), "bfloat16",
      (2, 150, 32), "bfloat16 unaligned rows, window 2 x 150 x 150")
+w = workloads.naive_attention(te.var("B"), te.var("n"), te.var("m"), 128, False, dtype="float16")
+q, k, v = (rng.standard_normal((2, 100, 128)).astype(np.float16) for _ in range(3))
+_run(list(w.inputs), w.outputs[0], (q, k, v),
+     workloads.naive_attention_reference(*(x.astype(np.float64) for x in (q, k, v)), False), "float16",
+     (2, 100, 128), "float16 d128 2 x 100 x 100")
