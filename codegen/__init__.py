@@ -1,12 +1,15 @@
-"""Targets: `build(schedule | program | tensors, args, target="cpu" | "cuda") -> Module`."""
+"""Targets: `build(schedule | program | tensors, args, target="cpu" | "cuda") -> Module`, and `autotune`
+(codegen.tune: a checked search over schedules whose best `build` then uses)."""
 
 from __future__ import annotations
 
 from .build import build, cache_clear, structural_key
 from .cuda.runtime import gpu_available as _probe
 from .module import CpuModule, Module
+from .tune.tuner import TuneResult, autotune
 
-__all__ = ["build", "Module", "CpuModule", "structural_key", "cache_clear", "gpu_available"]
+__all__ = ["build", "Module", "CpuModule", "structural_key", "cache_clear", "gpu_available", "autotune",
+           "TuneResult"]
 
 
 def gpu_available() -> bool:

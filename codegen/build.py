@@ -21,6 +21,7 @@ loaded without scheduling, lowering or compiling; `cache=False` (both targets) b
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from loopir.errors import ArgumentError, ArgumentTypeError, CudaCodegenError, NotFoundError, ResourceLimitError
-from loopir.nodes import Allocate, Buffer, Const, For, Node, Program, Var
+from loopir.nodes import Allocate, Buffer, Const, For, Program, Var
 from loopir.subst import stages_of, substitute_program_sizes, substitute_sizes
 from loopir.lower import passed_sizes, size_arguments
 from loopir.te import ComputeOp, scalar_tensor, tensor_of
@@ -50,6 +51,8 @@ from .module import CpuModule, Module
 from .passes import Assume, lower
 from .passes.bounds import DEFER_INIT_CHECK, notes_for, preconditions_for, refuse_uninitialized
 from .specialize import Key, Specializer, size_vars_of, substitution
+from .structure import structural_key
+from .tune.lookup import tuned_options
 
 TARGETS = ("cpu", "cuda")
 _cache: dict[tuple, Any] = {}
@@ -147,48 +150,12 @@ def check_unroll(program: Program, limit: int | None = None) -> None:
                 )
 
 
-# ----------------------------------------------------------------------------- structural key
-
-
-def structural_key(program: Program) -> tuple:
-    """A hashable key equal for programs that differ only in names and object identity."""
-    ids: dict[int, int] = {}
-
-    def ident(x: object) -> int:
-        return ids.setdefault(id(x), len(ids))
-
-    memo: dict[int, Any] = {}
-
-    def k(n: Any) -> Any:
-        if isinstance(n, tuple):
-            return tuple(k(x) for x in n)
-        if isinstance(n, Var):
-            return ("V", ident(n), n.dtype)
-        if isinstance(n, Buffer):
-            if id(n) not in ids:
-                ident(n)
-                memo[id(n)] = ("B", ids[id(n)], n.dtype, n.scope, k(n.shape))
-            return ("B", ids[id(n)])
-        if isinstance(n, Node):
-            cls = type(n)
-            fields = [f.name for f in dataclasses.fields(cls) if f.name != "name"]
-            return (cls.__name__, *(k(getattr(n, f)) for f in fields))
-        if isinstance(n, float):
-            return ("f", repr(n))
-        return (type(n).__name__, n)
-
-    # args, temps and params first: their order is the native signature
-    head = (k(program.args), k(program.temps), k(program.params))
-    body = k(program.body)
-    bufs = tuple(sorted(v for v in memo.values()))
-    return (head, body, bufs)
-
-
 # ----------------------------------------------------------------------------- build
 
 
 def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", sizes: dict[Any, int] | None = None,
-          specialize: bool = True, **opts: Any) -> Module:
+          specialize: bool = True, schedule: dict[str, Any] | None = None, tuned: bool | str | None = None,
+          **opts: Any) -> Module:
     """Compile a Schedule / Program / Tensor(s) for `target` ("cpu" or "cuda"); see the module doc.
 
     `dump_passes=True` prints the program after each pass of the target's lowering pipeline
@@ -204,6 +171,12 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", size
     `__device__` functions); both `cache`
     (False: no build cache, no disk cache of binaries; codegen/build_cache.py).
 
+    `schedule={...}`: keyword options of `auto_schedule` for te tensors (e.g. `{"gemm": {"k_tile": 32}, "threads":
+    256}`: what a tuned configuration sets, `codegen.tune`); part of the build's cache key. Refused for a Schedule
+    or Program (already scheduled). `tuned`: where te tensors built without `schedule=` take a tuned
+    configuration from (`codegen.tune.lookup`: None reads $LOOPIR_TUNING_DB or ~/.cache/loopir/tuning when it
+    exists; a path; False: never); `mod.notes` names the trial used.
+
     Sizes: `sizes={n: 4096}` (size Vars or their names) pins sizes before scheduling (te tensors only).
     With symbolic sizes left, the module specializes at call time (`codegen.specialize`: a variant per
     key of the call's sizes, compiled on first use; `mod.specializations`, `mod.explain()`); the generic
@@ -214,7 +187,7 @@ def build(obj: Any, args: Sequence[Any] | None = None, target: str = "cpu", size
     args, size_args = _scalar_args(args)
     with deep_recursion(), size_arguments(v for _, v in size_args):  # the visitors recurse: deep expressions
         # and long stage chains need room
-        mod = _build(obj, args, target, sizes, specialize, **opts)
+        mod = _build(obj, args, target, sizes, specialize, schedule, tuned, **opts)
     if not size_args:
         return mod
     for k, v in size_args:
@@ -242,7 +215,7 @@ def _scalar_args(args: Any) -> tuple[Any, tuple[tuple[int, Var], ...]]:
 
 
 def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, int] | None, specialize: bool,
-           **opts: Any) -> Module:
+           schedule: dict[str, Any] | None, tuned: Any = False, **opts: Any) -> Module:
     if target not in TARGETS:
         raise ArgumentError(f"unknown target {target!r}; loopir targets: {', '.join(TARGETS)}")
     dump = opts.pop("dump_passes", False)
@@ -250,6 +223,13 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, i
     # the whole-build cache (codegen/build_cache.py): off for dump_passes (the passes must run to print)
     use_cache = not dump and opts.get("cache", True) is not False
     outs = _tensors(obj)
+    sched = _schedule_options(schedule, outs is not None, type(obj).__name__)
+    tuned_note = None
+    if outs is not None and not sched and not dump:
+        hit = tuned_options(outs, args, target, sizes, tuned)
+        if hit is not None:
+            sched, topts, tuned_note = hit
+            opts = {**topts, **opts}  # the caller's own build options win
     if outs is None:
         if sizes is not None:
             raise ArgumentError(f"build: sizes= pins sizes before scheduling, so it needs te tensors; a "
@@ -265,21 +245,31 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, i
     if pinned:
         new = substitute_sizes(outs, pinned)
         outs, args = [new[t] for t in outs], _map_args(args, new)
-    ck = build_cache.te_key(outs, args, target, _key_opts(target, opts, specialize)) if use_cache else None
+    key_opts = _key_opts(target, opts, specialize)
+    if sched:
+        key_opts["schedule"] = json.dumps(sched, sort_keys=True, default=repr)  # equal options, equal keys
+    ck = build_cache.te_key(outs, args, target, key_opts) if use_cache else None
 
     def compile_() -> Module:
-        spec = _speculate(outs, args, opts, specialize) if target == "cuda" and not dump else None
-        program = with_args(_schedule(outs, target), args)
+        spec = _speculate(outs, args, opts, specialize, sched) if target == "cuda" and not dump else None
+        program, trace = _schedule(outs, target, None, sched)
+        program = with_args(program, args)
         if spec is not None and _same(spec, program):
             late = refuse_uninitialized(program)  # deferred by the speculation; NVRTC works meanwhile
             mod = _module(spec, opts)
             mod.notes.extend(n for n in late if n not in mod.notes)
-            return mod
-        return _compile(program, target, opts, dump=dump, assume=_generic_assume(program, target, specialize))
+        else:
+            mod = _compile(program, target, opts, dump=dump, assume=_generic_assume(program, target, specialize))
+        if isinstance(mod, Module):
+            mod.trace = trace
+        return mod
 
     mod = _cached_compile(ck, compile_, target, opts)
+    if tuned_note is not None:
+        mod.notes.append(tuned_note)
     if specialize and isinstance(mod, Module) and size_vars_of(mod.program):
-        _specialize_te(mod, outs, args, target, opts, ck, _generic_assume(mod.program, target, True) is not None)
+        _specialize_te(mod, outs, args, target, opts, ck, _generic_assume(mod.program, target, True) is not None,
+                       sched)
     return mod
 
 
@@ -327,15 +317,38 @@ def _tensors(obj: Any) -> list[Any] | None:
     return tensors
 
 
-def _schedule(outs: list[Any], target: str, sizes: dict[Var, int] | None = None) -> Program:
+def _schedule_options(schedule: Any, tensors: bool, what: str) -> dict[str, Any]:
+    """build's `schedule=` checked: a dict of auto_schedule keywords, for te tensors only."""
+    if schedule is None:
+        return {}
+    if not isinstance(schedule, dict) or not all(isinstance(k, str) for k in schedule):
+        raise ArgumentTypeError(f"build: schedule= must be a dict of auto_schedule options, got {schedule!r}")
+    if not tensors:
+        raise ArgumentError(f"build: schedule= sets auto_schedule's options, but a {what} is already scheduled "
+                            "(pass te tensors, or apply the options by hand)")
+    bad = [k for k in schedule if k not in SCHEDULE_OPTIONS]
+    if bad:
+        raise ArgumentError(f"build: unknown schedule option {bad[0]!r} (auto_schedule options that a build may set: "
+                            f"{', '.join(SCHEDULE_OPTIONS)})")
+    return dict(schedule)
+
+
+# the auto_schedule keywords `build(schedule=...)` passes on (sizes and plan have their own routes)
+SCHEDULE_OPTIONS = ("fuse", "threads", "per_thread", "gemm", "online", "rows")
+
+
+def _schedule(outs: list[Any], target: str, sizes: dict[Var, int] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Program, str | None]:
+    """auto_schedule's program for `outs` and its trace (JSON for Schedule.replay; None for a te.extern graph)."""
     ext = [t.name for t in stages_of(outs) if stage_call(getattr(t.op, "body", None)) is not None]
     if ext and target == "cuda":
         raise CudaCodegenError(f"build: the graph has the te.extern stage {ext[0]!r}, which auto_schedule does not "
                                "schedule; on target 'cuda' schedule the other stages by hand (Schedule(outputs), "
                                "bind their loops) and build that Schedule")
     if ext:
-        return Schedule(outs).program  # a te.extern stage is opaque to auto_schedule: the graph runs as lowered
-    return auto_schedule(outs, target=target, sizes=sizes).program
+        return Schedule(outs).program, None  # a te.extern stage is opaque to auto_schedule: runs as lowered
+    s = auto_schedule(outs, target=target, sizes=sizes, **(options or {}))
+    return s.program, s.trace_json()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,7 +361,7 @@ class _Speculation:
 
 
 def _speculate(outs: list[Any], args: Sequence[Any] | None, opts: dict[str, Any],
-               specialize: bool = True) -> _Speculation | None:
+               specialize: bool = True, sched: dict[str, Any] | None = None) -> _Speculation | None:
     """Schedule `outs` *unchecked*, lower and render that, and start NVRTC on it on a background thread, before
     the checked schedule is computed: NVRTC and the legality checks then run at the same time (each is about
     half of a cold GEMM build). Nothing is trusted from here: the checked schedule is computed as always, and the
@@ -356,7 +369,7 @@ def _speculate(outs: list[Any], args: Sequence[Any] | None, opts: dict[str, Any]
     the build cache already relies on: the same structure, the same arguments and sizes); otherwise it is
     dropped and the checked program is lowered and compiled. Any error is left for the checked build."""
     try:
-        fast = with_args(auto_schedule(outs, target="cuda", check=False).program, args)
+        fast = with_args(auto_schedule(outs, target="cuda", check=False, **(sched or {})).program, args)
         key = build_cache.program_key(fast, "cuda", {})
         if key is None:
             return None
@@ -423,7 +436,8 @@ def _map_args(args: Sequence[Any] | None, new: dict[Any, Any]) -> list[Any] | No
 
 
 def _specialize_te(mod: Module, outs: list[Any], args: Sequence[Any] | None, target: str,
-                   opts: dict[str, Any], ck: BuildKey | None = None, generic_int32: bool = False) -> None:
+                   opts: dict[str, Any], ck: BuildKey | None = None, generic_int32: bool = False,
+                   sched: dict[str, Any] | None = None) -> None:
     """Let `mod` (built from `outs`) dispatch each call to a variant rescheduled for the call's key."""
     svars = size_vars_of(mod.program)
     rows = {v for t in stages_of(outs) for lh in getattr(t.op, "reduce_dom", ()) for x in lh for v in free_vars(x)}
@@ -436,7 +450,7 @@ def _specialize_te(mod: Module, outs: list[Any], args: Sequence[Any] | None, tar
         with deep_recursion(), size_arguments(passed):  # called at a call, outside build's own deep_recursion
             new = substitute_sizes(outs, sub) if sub else {}
             outs2 = [new.get(t, t) for t in outs]
-            prog = with_args(_schedule(outs2, target, hint or None), _map_args(args, new) if new else args)
+            prog = with_args(_schedule(outs2, target, hint or None, sched)[0], _map_args(args, new) if new else args)
             return _compile(prog, target, opts, assume=Assume(index_int32=key.int32))
 
     mod.specializer = Specializer(mod, svars, [v for v in svars if v in rows], bufs,

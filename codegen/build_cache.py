@@ -223,7 +223,7 @@ def store(key: BuildKey, mod: Module) -> None:
     """Remember a freshly built module under `key` (memory and disk); a module that cannot be stored
     (no binary, something unpicklable) is simply not cached."""
     value: dict[str, Any] = {"digest": key.digest, "version": disk.version(), "notes": list(mod.notes),
-                             "pre": tuple(mod.preconditions)}
+                             "pre": tuple(mod.preconditions), "trace": mod.trace}
     if isinstance(mod, CudaModule):
         value.update(target="cuda", gen=mod.gen, bin=mod.cubin, arch=mod.arch, options=tuple(mod.options))
     elif isinstance(mod, CpuModule) and mod.kernel.object_code is not None:
@@ -284,6 +284,7 @@ def _module(key: BuildKey, v: dict[str, Any], opts: dict[str, Any]) -> Module:
         mod = CpuModule(v["program"], kernel, threads=opts.get("threads"))
     mod.notes = list(v["notes"])
     mod.preconditions = tuple(v["pre"])
+    mod.trace = v.get("trace")
     return mod
 
 

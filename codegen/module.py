@@ -95,6 +95,8 @@ class Module:
         self.notes: list[str] = []
         # sizes the build proved unsafe (only small ones; loopir.bounds.SizePrecondition): refused per call
         self.preconditions: tuple[Any, ...] = ()
+        # the schedule as data: auto_schedule's trace (JSON for Schedule.replay) when build scheduled te tensors
+        self.trace: str | None = None
         # call-time specialization (codegen.specialize.Specializer), None for a module that never dispatches
         self.specializer: Any = None
         self._last_call: tuple[Any, dict[Var, int]] | None = None

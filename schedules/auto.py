@@ -64,7 +64,7 @@ from .fusion import THREADS, Decision, FusionGroup, FusionPlan, plan_fusion
 from .rows import RowParams
 from .primitives import find_loop
 from .primitives.cache import reduction_parts
-from .recipes import gemm_params, matmul_stage, schedule_gemm, schedule_gemm_cuda
+from .recipes import MMA_TILES, SIMT_KEYS, matmul_stage, schedule_gemm, schedule_gemm_cuda, simt_default
 from .recipes.gemm_mma import mma_applicable, schedule_gemm_mma
 from .schedule import Schedule
 
@@ -178,44 +178,47 @@ def _map_gemm(s: Schedule, g: FusionGroup, target: str) -> None:
                             "matmul-shaped")
     prm = dict(g.gemm or {})
     if target == "cuda" and _tensor_cores(s, g, prm):
-        g.gemm_plan = schedule_gemm_mma(s, mm, epilogue=eps, **MMA_TILES)
-        g.log.append(Decision("note", (mm,), None, "tensor cores: float16/bfloat16 inputs, the reduction a known "
-                              "multiple of 8 and at least 32 long (a last k tile past K zero-padded), rows and "
-                              "columns symbolic or at least one block tile -> mma.sync m16n8k16 recipe "
-                              f"(schedules/recipes/gemm_mma.py; edge tiles guarded), tiles {MMA_TILES}"))
+        tiles = prm.get("mma") or MMA_TILES
+        g.gemm_plan = schedule_gemm_mma(s, mm, epilogue=eps, **tiles)
+        why = ("asked for (gemm tensor_cores=True)" if prm.get("tensor_cores") else
+               "float16/bfloat16 inputs, the reduction a known multiple of 8 and at least 32 long (a last k tile "
+               "past K zero-padded), rows and columns symbolic or at least one block tile")
+        g.log.append(Decision("note", (mm,), None, f"tensor cores: {why} -> mma.sync m16n8k16 recipe "
+                              f"(schedules/recipes/gemm_mma.py; edge tiles guarded), tiles {tiles}"))
     elif target == "cuda":
-        g.gemm_plan = schedule_gemm_cuda(s, mm, epilogue=eps, **prm)
+        g.gemm_plan = schedule_gemm_cuda(s, mm, epilogue=eps, **{k: prm[k] for k in SIMT_KEYS if k in prm})
     else:
         g.gemm_plan = schedule_gemm(s, mm, epilogue=eps, target="cpu", cpu_tile=prm.get("cpu_tile"))
 
 
-# the tile shape measured fastest on an H200 with the 4-stage cp.async ring and fragment reuse (4096^3 float16:
-# 128x128/64x64 293 TFLOP/s, 128x128/64x32 272, 128x256/64x64 240, 256x128/64x64 179)
-MMA_TILES = {"block": (128, 128), "warp": (64, 64), "k_tile": 32}
-
-
 def _tensor_cores(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> bool:
     """The tensor-core recipe applies: half inputs read A[.., i, k] and B[.., k, j] (mma_applicable), batch loops
-    or none (they go on blockIdx.z: a linear layer over (B, T, C) activations), the planner's default tiles (the
-    caller chose none), rows and columns at least one block tile where known (skinny shapes
-    keep the SIMT skinny tiles; symbolic ones are taken: edge tiles are guarded) and the reduction at least one k
-    tile long and a known multiple of 8 (`16*p16` after call-time specialization; a last k tile past K is
-    zero-padded by the CUDA pipeline, codegen.passes.pad)."""
+    or none (they go on blockIdx.z: a linear layer over (B, T, C) activations), the SIMT tiles not chosen by the
+    caller (gemm tensor_cores=False: never), the reduction a known multiple of 8 (`16*p16` after call-time
+    specialization; a last k tile past K is zero-padded by the CUDA pipeline, codegen.passes.pad); unless asked
+    for (tensor_cores=True), rows and columns at least one block tile where known (skinny shapes keep the SIMT
+    skinny tiles; symbolic ones are taken: edge tiles are guarded) and the reduction at least one k tile long."""
     mm = g.stages[0]
-    if prm != gemm_params("cuda") or mma_applicable(s.program, mm.name) is not None:
+    forced = prm.get("tensor_cores")
+    if forced is False or (not forced and prm and not simt_default(prm)):
+        return False
+    if mma_applicable(s.program, mm.name) is not None:
         return False
     loops = s.loops(mm.name)
     if len(loops) != len(mm.shape) + 1:
         return False
     dims = [simplify(f.hi - f.lo) for f in (_find(s, h.var) for h in loops[-3:])]
-    if isinstance(dims[2], Const) and int(dims[2].value) < MMA_TILES["k_tile"]:
-        return False
-    # a K the k tile does not divide has its last tile zero-padded on CUDA (codegen.passes.pad); a K that is not a
-    # known multiple of 8 leaves A's rows off 16-byte boundaries, and its element-wise copies made the tensor-core
-    # kernel slower than the SIMT one (H200, float16 1001 x 1003 x 999 at symbolic sizes: 0.71 ms vs 0.48 ms)
+    # a K that is not a known multiple of 8 leaves A's rows off 16-byte boundaries, and its element-wise copies
+    # made the tensor-core kernel slower than the SIMT one (H200, float16 1001 x 1003 x 999 at symbolic sizes:
+    # 0.71 ms vs 0.48 ms)
     if not _multiple_of(dims[2], 8):
         return False
-    return all(not isinstance(d, Const) or int(d.value) >= t for d, t in zip(dims, MMA_TILES["block"]))
+    if forced:
+        return True
+    tiles = prm.get("mma") or MMA_TILES
+    if isinstance(dims[2], Const) and int(dims[2].value) < tiles["k_tile"]:
+        return False
+    return all(not isinstance(d, Const) or int(d.value) >= t for d, t in zip(dims, tiles["block"]))
 
 
 # ----------------------------------------------------------------------------- CUDA

@@ -50,7 +50,7 @@ from . import rows as R
 from .fusion_plan import THREADS, Decision, FusionGroup, FusionPlan, RowCache
 from .primitives.tensorize import half_load
 from .primitives.flash import MAX_DEPTH as FLASH_MAX_DEPTH
-from .recipes import gemm_params, gemm_resources, is_matmul_tensor, skinny_params
+from .recipes import gemm_params, gemm_resources, is_matmul_tensor, simt_default, skinny_params
 
 ROW_MIN_EXTENT = 1024  # a reduction at least this long gets a block per row (else a thread per row)
 
@@ -690,7 +690,7 @@ class _Planner:
             itemsize = max(np_dtype(n.buffer.dtype).itemsize for n in walk(mm.op.body.body) if isinstance(n, Load))
             # the recipe's default tiles (none chosen by the caller) and few rows: the skinny tiles
             rows = C.size_value(mm.shape[-2], self.ev)
-            sk = skinny_params(rows, itemsize, self.dev.smem_per_block) if prm == gemm_params("cuda") else None
+            sk = skinny_params(rows, itemsize, self.dev.smem_per_block) if simt_default(prm) else None
             if sk is not None:
                 prm.update(sk[0])
                 g.log.append(Decision("note", (mm.name,), None, sk[1] + (

@@ -1,4 +1,5 @@
-"""Shared pytest setup: the repository root on sys.path, and skipping `gpu` tests without a device."""
+"""Shared pytest setup: the repository root on sys.path, no tuning database, and skipping `gpu` tests without a
+device."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # lets the tests run from a plain checkout, without `pip install -e .`
     sys.path.insert(0, ROOT)
+# builds in the tests never take a configuration from a developer's tuning database (~/.cache/loopir/tuning);
+# the tests of that path name their database explicitly (build(..., tuned=path))
+os.environ.setdefault("LOOPIR_TUNING_DB", "off")
 
 
 @functools.cache

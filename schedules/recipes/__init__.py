@@ -28,11 +28,13 @@ from .gemm import (
 )
 from .gemm_cpu import default_cpu_tile, schedule_gemm_cpu
 from .gemm_cuda import SKINNY_ROWS, gemm_resources, schedule_gemm_cuda, skinny_params
+from .gemm_mma import MMA_TILES, check_mma_tiles
 
 __all__ = [
     "GEMM_KEYS", "GemmPlan", "check_tiles", "default_cpu_tile", "elementwise_consumers", "gemm_params",
     "gemm_resources", "is_matmul_tensor", "matmul_operands", "matmul_stage", "resolve_stage", "schedule_gemm",
-    "schedule_gemm_cpu", "schedule_gemm_cuda", "SKINNY_ROWS", "skinny_params",
+    "schedule_gemm_cpu", "schedule_gemm_cuda", "SKINNY_ROWS", "skinny_params", "SIMT_KEYS", "simt_default",
+    "MMA_TILES",
 ]
 
 
@@ -60,7 +62,9 @@ def schedule_gemm(s: Any, stage: str | Any = None, epilogue: Any = "auto", targe
     return schedule_gemm_cpu(s, stage, epilogue, cpu_tile, who="schedule_gemm")
 
 
-GEMM_KEYS = {"cuda": ("block", "thread_tile", "k_tile", "shared", "strided", "unroll_k"), "cpu": ("cpu_tile",)}
+GEMM_KEYS = {"cuda": ("block", "thread_tile", "k_tile", "shared", "strided", "unroll_k", "tensor_cores", "mma"),
+             "cpu": ("cpu_tile",)}
+SIMT_KEYS = GEMM_KEYS["cuda"][:6]  # the SIMT recipe's own parameters (schedule_gemm_cuda's keywords)
 
 
 def gemm_params(target: str, gemm: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -83,6 +87,23 @@ def gemm_params(target: str, gemm: dict[str, Any] | None = None) -> dict[str, An
             raise ArgumentError(f"auto_schedule: gemm cpu_tile must be two positive ints, got {tile!r}")
         return {"cpu_tile": tile}
     sig = inspect.signature(schedule_gemm_cuda).parameters
-    out = {k: given.get(k, sig[k].default) for k in GEMM_KEYS["cuda"]}
+    out = {k: given.get(k, sig[k].default) for k in SIMT_KEYS}
     check_tiles(out["block"], out["thread_tile"], out["k_tile"])
+    # tensor_cores: None lets auto_schedule decide (half inputs, shapes the recipe suits), True asks for the
+    # tensor-core recipe wherever it applies, False keeps the SIMT recipe; mma: that recipe's tiles
+    tc = given.get("tensor_cores")
+    if tc not in (None, True, False):
+        raise ArgumentError(f"auto_schedule: gemm tensor_cores must be None, True or False, got {tc!r}")
+    mma = given.get("mma") or {}
+    if not isinstance(mma, dict) or set(mma) - set(MMA_TILES):
+        raise ArgumentError(f"auto_schedule: gemm mma must be a dict with some of {', '.join(MMA_TILES)}, got {mma!r}")
+    mma = {k: tuple(v) if isinstance(v, list) else v for k, v in {**MMA_TILES, **mma}.items()}
+    check_mma_tiles(mma["block"], mma["warp"], mma["k_tile"])
+    out["tensor_cores"], out["mma"] = tc, mma
     return out
+
+
+def simt_default(params: dict[str, Any]) -> bool:
+    """The SIMT recipe's parameters in `params` (from gemm_params) are its defaults: nobody chose tiles."""
+    default = gemm_params("cuda")
+    return all(params.get(k) == default[k] for k in SIMT_KEYS)

@@ -1,0 +1,251 @@
+"""`autotune`: a checked search over schedules, journaled trial by trial.
+
+    res = autotune([C], [A, B, bias, C], target="cuda", sizes={"n": 4096, "m": 4096, "p": 4096}, trials=200)
+    print(res.explain())            # best vs the untuned rules, how many trials, where it is stored
+    mod = build([C], [A, B, bias, C], target="cuda")   # later, any process: the tuned configuration is used
+
+The loop: the search space is the rules' own decisions (`schedules.tuning.space`); the untuned configuration is
+measured first (the baseline to beat); each round the strategy (`schedules.tuning.search`: evolutionary with a
+learned cost model, or random) proposes a batch of unseen, valid candidates; the executor builds them in
+parallel on the CPUs and runs them on the devices (`codegen.tune.executor`: one long-lived worker per GPU, a
+watchdog); every finished trial, failed ones included, is appended to the database's journal at once
+(`schedules.tuning.database`), so a tuning process killed at any point loses no completed trial and a rerun
+(`resume=True`) measures none twice: it warm-starts the strategy from the journal and continues to `trials`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from loopir.errors import ArgumentError, ArgumentTypeError
+from loopir.te import Tensor
+from schedules.tuning.database import Database, default_path
+from schedules.tuning.record import Config, Trial, config_key
+from schedules.tuning.search import history_from_trials, make_strategy
+from schedules.tuning.space import options, space_for
+
+from ..cuda.runtime import gpu_available
+from .executor import Executor, LocalExecutor
+from .keys import shape_key, target_key, workload_key
+from .measure import TimingPolicy
+from .progress import Progress, plot_png
+from .task import Job, WrongResult, build_candidate, measure_candidate
+
+__all__ = ["autotune", "TuneResult"]
+
+
+@dataclass
+class TuneResult:
+    """What a tuning run found: the best trial and the untuned one at this shape (from this run or earlier ones
+    in the database), this run's trials, and where they are stored."""
+
+    workload: str
+    target: str
+    shape: str
+    best: Trial | None
+    default: Trial | None
+    trials: list[Trial] = field(default_factory=list)
+    resumed: int = 0
+    seconds: float = 0.0
+    db: str = ""
+    pruned: int = 0
+
+    @property
+    def speedup(self) -> float:
+        """Untuned median / best median (1.0 when either is missing)."""
+        if self.best is None or self.default is None or not self.default.ok:
+            return 1.0
+        return self.default.median / self.best.median
+
+    def explain(self) -> str:
+        ok = sum(t.ok for t in self.trials)
+        lines = [f"autotune {self.shape} ({self.target[:8]}): {len(self.trials)} trials this run ({ok} ok), "
+                 f"{self.resumed} resumed from {self.db}, {self.seconds:.1f} s"]
+        if self.default is not None and self.default.ok:
+            lines.append(f"  untuned rules: {self.default.median * 1e3:.4f} ms")
+        if self.best is not None:
+            lines.append(f"  best: {self.best.median * 1e3:.4f} ms ({self.speedup:.2f}x the untuned rules), trial "
+                         f"{self.best.trial} of run {self.best.run}: {config_key(self.best.config)}")
+        fails: dict[str, int] = {}
+        for t in self.trials:
+            if not t.ok:
+                fails[t.status] = fails.get(t.status, 0) + 1
+        if fails or self.pruned:
+            lines.append("  not ranked: " + ", ".join(f"{n} {s}" for s, n in sorted(fails.items()))
+                         + (f"; {self.pruned} pruned before building" if self.pruned else ""))
+        return "\n".join(lines)
+
+
+def _check_sizes(outs: list[Tensor], args: list[Any], sizes: dict[Any, int] | None) -> dict[str, int]:
+    named = {getattr(k, "name", k): int(v) for k, v in (sizes or {}).items()}
+    for a in args:
+        for e in a.shape:
+            n = getattr(e, "name", None)
+            if getattr(e, "value", None) is None and n is not None and n not in named:
+                raise ArgumentError(f"autotune: {a.name!r} has the symbolic size {n!r}; tune at a shape: "
+                                    f"sizes={{{n!r}: ...}}")
+    return named
+
+
+@dataclass
+class _Round:
+    """One batch of candidates: each finished trial is journaled at once (`record`)."""
+
+    todo: list[Config]
+    default: Config
+    first: int
+    wk: str
+    tk: str
+    shape: str
+    run: str
+    meta: dict[str, Any]
+    db: Database
+    done: dict[str, Trial]
+    res: TuneResult
+    bar: Progress
+    results: list[tuple[Config, float | None]] = field(default_factory=list)
+
+    def record(self, k: int, **kw: Any) -> None:
+        meta = {**self.meta, "options": list(options(self.todo[k], self.default))}  # what build applies
+        t = Trial(self.wk, self.tk, self.shape, self.todo[k], trial=self.first + k, run=self.run, meta=meta, **kw)
+        self.db.append(t)
+        self.done[t.key()] = t
+        self.res.trials.append(t)
+        self.results.append((self.todo[k], t.median if t.ok else None))
+        self.bar.add(t)
+
+
+def _status(o: Any) -> str:
+    if "timeout" in o.error:
+        return "timeout"
+    return "run_error"
+
+
+def autotune(outputs: Tensor | list[Tensor], args: list[Any], target: str | None = None, *,
+             sizes: dict[Any, int] | None = None, trials: int = 64, strategy: str = "evolutionary",
+             batch: int | None = None, db: str | Database | None = None, executor: Executor | None = None,
+             gpus: int | list[int] | None = None, seed: int = 0, policy: TimingPolicy | None = None,
+             resume: bool = True, progress: bool = True, plot: str | None = None, timeout: float = 120.0,
+             reference: Any = None, tolerance: float | None = None) -> TuneResult:
+    """Tune the schedule of `outputs` (te tensors, called with `args` as `build` takes them) on `target` at
+    `sizes` (values of the symbolic sizes, by Var or name) until the database holds `trials` trials of this
+    workload, target and shape. `strategy`: "evolutionary" (a learned cost model, XGBoost when installed) or
+    "random"; `batch`: candidates per round (default: 4 per device, at least 8); `db`: a database directory or
+    object (default `$LOOPIR_TUNING_DB`, else ~/.cache/loopir/tuning); `executor`: default a LocalExecutor on
+    `gpus` (None: every visible GPU; CPU runs otherwise); `timeout`: seconds per build or run before the
+    watchdog kills it; `reference`: a picklable callable giving the expected outputs from the input arrays
+    (default: the untuned build's outputs); `plot`: a PNG path for the best time against trials."""
+    outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    if not outs or not all(isinstance(t, Tensor) for t in outs):
+        raise ArgumentTypeError("autotune takes a te tensor or a list of them (the outputs)")
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ArgumentError(f"autotune: trials must be a positive int, got {trials!r}")
+    target = target or ("cuda" if gpu_available() else "cpu")
+    if target not in ("cuda", "cpu"):
+        raise ArgumentError(f"autotune: target must be 'cuda' or 'cpu', got {target!r}")
+    args = list(args)
+    named = _check_sizes(outs, args, sizes)
+    if reference is not None:
+        try:
+            pickle.dumps(reference)
+        except Exception as e:  # noqa: BLE001 - whatever pickle raises, the message says what to pass
+            raise ArgumentError(f"autotune: reference must be picklable (a module-level function: the tuning "
+                                f"workers call it), got {reference!r} ({type(e).__name__})") from None
+    t_start = time.perf_counter()
+    space = space_for(outs, target, named or None)
+    wk, (tk, tdesc) = workload_key(outs, args), target_key(target)
+    shape = shape_key(args, named)
+    base = db if isinstance(db, Database) else Database(db or default_path())
+    done = base.measured(wk, tk, shape) if resume else {}
+    strat = make_strategy(strategy, space, seed=seed)
+    strat.observe(history_from_trials(list(done.values())))
+    own = executor is None
+    ex = executor or LocalExecutor(devices=gpus if target == "cuda" else [],
+                                   build_workers=max(1, (os.cpu_count() or 2) - 1))
+    nb = batch or max(8, 4 * max(ex.devices, 1))
+    graph = pickle.dumps((outs, args))
+    run_id = uuid.uuid4().hex[:12]
+    short = {k: v for k, v in tdesc.items() if k != "host"} | ({"host": " ".join(tdesc["host"].split()[:3])}
+                                                               if "host" in tdesc else {})
+    meta = {"workload": outs[0].name, "target_desc": short, "strategy": strategy}
+    res = TuneResult(wk, tk, shape, None, None, resumed=len(done), db=str(base.path))
+    bar = Progress(trials, len(done), enabled=progress)
+    for t in done.values():
+        bar.add(t)
+    index = max((t.trial for t in done.values()), default=-1) + 1
+    make = functools.partial(Job, graph, target, named, default=space.default, policy=policy or TimingPolicy(),
+                             seed=seed, reference=reference, tolerance=tolerance, arch=tdesc.get("arch"))
+    flying: set[str] = set()  # proposed, not yet journaled
+
+    def propose() -> list[Config]:
+        seen = done.keys() | flying
+        todo = [] if config_key(space.default) in seen else [dict(space.default)]
+        todo += [c for c in strat.propose(nb) if config_key(c) not in seen and c != space.default]
+        todo = todo[: max(trials - len(done) - len(flying), 0)]
+        flying.update(config_key(c) for c in todo)
+        return todo
+
+    def builds(todo: list[Config]) -> tuple[list[Config], list[Job], list[tuple[int, Any]]]:
+        jobs = [make(c) for c in todo]
+        return todo, jobs, list(ex.builds(build_candidate, jobs, timeout))
+
+    # builds of round r + 1 (CPU workers) overlap the runs of round r (device workers): round r + 1 is proposed
+    # before r is observed, the usual one-round staleness of batched search
+    pool = ThreadPoolExecutor(1, thread_name_prefix="tune-builds")
+    first = propose()
+    ahead = pool.submit(builds, first) if first else None
+    try:
+        while ahead is not None:
+            todo, jobs, outcomes = ahead.result()
+            nxt = propose()
+            ahead = pool.submit(builds, nxt) if nxt else None
+            rnd = _Round(todo, space.default, index, wk, tk, shape, run_id, meta, base, done, res, bar)
+            index += len(todo)
+            built: dict[int, dict[str, Any]] = {}
+            for k, o in outcomes:
+                if o.ok:
+                    built[k] = o.value
+                else:
+                    rnd.record(k, status="timeout" if "timeout" in o.error else "build_error",
+                               error=o.error[-2000:], build_s=o.seconds)
+            order = sorted(built)
+            for i, o in ex.runs(measure_candidate, [jobs[k] for k in order], timeout):
+                k = order[i]
+                b = built[k]
+                trace = (b.get("trace") or "",)
+                if o.ok:
+                    rnd.record(k, status="ok", times=o.value["times"], trace=trace, build_s=b["build_s"],
+                               error=f"rel. error {o.value['error']:.1e}")
+                else:
+                    status = "wrong" if WrongResult.__name__ in o.error else _status(o)
+                    rnd.record(k, status=status, error=o.error[-2000:], trace=trace, build_s=b["build_s"])
+            flying.difference_update(config_key(c) for c in todo)
+            strat.observe(rnd.results)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
+        if own:
+            ex.close()
+    res.seconds = time.perf_counter() - t_start
+    res.best = base.best(wk, tk, shape)
+    res.default = done.get(config_key(space.default))
+    res.pruned = getattr(strat, "pruned", 0)
+    if plot:
+        mine = sorted(base.trials(wk, tk, shape), key=lambda t: (t.run != run_id, t.trial))
+        plot_png(plot, [t.median for t in mine], title=f"{meta['workload']} {shape} {target}")
+    return res
+
+
+def best_config(db: Database, wk: str, tk: str, shape: str | None) -> Trial | None:
+    """The database's best trial for this workload and target: at `shape` when tuned there, else the nearest
+    tuned shape; None when the workload was never tuned on this target."""
+    if shape is not None:
+        return db.nearest(wk, tk, shape)
+    return db.best(wk, tk)

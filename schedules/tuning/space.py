@@ -1,0 +1,195 @@
+"""The search space of a workload: the decisions `auto_schedule`'s rules make, as knobs.
+
+    space = space_for([y], "cuda", sizes={"m": 4096, "n": 1024})
+    space.default                       # what the untuned rules pick: measured first, the baseline
+    schedule_opts, build_opts = options(cfg)   # build(outs, args, schedule=schedule_opts, **build_opts)
+
+A candidate is a configuration of these knobs; applied, it is `auto_schedule(outs, **schedule_opts)`, so every
+candidate is a checked schedule (each step verified against the dependences, recorded in a replayable trace).
+Which knobs exist depends on the fusion plan the rules make at the tuned sizes:
+
+| kernel (plan mapping)    | knobs                                                                  |
+|--------------------------|------------------------------------------------------------------------|
+| cuda flat (elementwise)  | threads, per_thread                                                    |
+| cuda row / warp / split  | threads, rows.wide_threads, rows.warp_lanes, rows.split_threads        |
+| cuda GEMM, half inputs   | gemm.mma.block, gemm.mma.warp, gemm.mma.k_tile (tensor cores)          |
+| cuda GEMM, float32       | gemm.block, gemm.thread_tile, gemm.k_tile                              |
+| cpu GEMM                 | gemm.cpu_tile                                                          |
+| cpu (every workload)     | build.threads (the module's worker threads)                            |
+| several stages, no GEMM  | fuse (one kernel per stage when False)                                 |
+
+`check(cfg)` prunes what cannot run before anything is built: threads per block over 1024 or not a whole
+warp, shared memory over the device's per-block limit, more accumulators per thread than registers hold.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from loopir.dtypes import np_dtype
+from loopir.lower import lower
+from loopir.te import Tensor
+from loopir.nodes import Load
+from loopir.visit import walk
+
+from ..fusion import THREADS, plan_fusion
+from ..recipes import MMA_TILES, gemm_params, gemm_resources
+from ..recipes.gemm_mma import mma_applicable
+from ..rows import RowParams
+from .record import Config, Knob, Space
+
+__all__ = ["space_for", "options", "SMEM_PER_BLOCK", "MMA_STAGES"]
+
+SMEM_PER_BLOCK = 227 * 1024  # H100 / H200: dynamic shared memory one block may take
+MMA_STAGES = 4  # the tensor-core recipe's cp.async ring (codegen/passes/mma.py)
+MMA_PAD = 8  # halves of padding per shared row (conflict-free ldmatrix)
+MAX_ACC = 128  # accumulators per thread beyond which the register file spills
+
+_POW2_THREADS = (64, 128, 256, 512, 1024)
+
+
+def _cpu_count() -> int:
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def _item(t: Tensor) -> int:
+    loads = [n for n in walk(t.op.body) if isinstance(n, Load)]
+    return max((np_dtype(n.buffer.dtype).itemsize for n in loads), default=4)
+
+
+def space_for(outputs: Tensor | list[Tensor], target: str = "cuda", sizes: dict[Any, int] | None = None) -> Space:
+    """The knobs of `outputs` on `target` at `sizes` (size Vars or names; the plan's mappings are decided at
+    these sizes), the untuned rules' choices as `default`, and the validity check."""
+    outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    plan = plan_fusion(outs, target=target, sizes=sizes)
+    knobs: dict[str, Knob] = {}
+    default: Config = {}
+    itemsize = 4
+
+    def add(name: str, choices: tuple[Any, ...], value: Any) -> None:
+        if name not in knobs:
+            knobs[name] = Knob(name, choices if value in choices else tuple(sorted({*choices, value},
+                                                                                   key=_order)))
+            default[name] = value
+
+    rows = RowParams()
+    stages = sum(len(g.stages) for g in plan.groups) + len(plan.inlined)
+    for g in plan.groups:
+        if g.mapping == "gemm":
+            itemsize = _item(g.stages[0])
+            if target == "cpu":
+                tile = gemm_params("cpu")["cpu_tile"]
+                t0, t1 = tile
+                add("gemm.cpu_tile", tuple(sorted({(r, c) for r in (2, 4, 6, 8) for c in (t1 // 2, t1, 2 * t1)},
+                                                 key=_order)), tile)
+            elif itemsize == 2 and mma_applicable(lower(outs), g.stages[0].name) is None:
+                add("gemm.mma.block", ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128)),
+                    MMA_TILES["block"])
+                add("gemm.mma.warp", ((32, 32), (32, 64), (64, 32), (64, 64), (32, 128), (128, 32)),
+                    MMA_TILES["warp"])
+                add("gemm.mma.k_tile", (16, 32, 64), MMA_TILES["k_tile"])
+            else:
+                p = gemm_params("cuda", g.gemm and {k: v for k, v in g.gemm.items() if k in ("block", "thread_tile",
+                                                                                             "k_tile")})
+                add("gemm.block", ((32, 64), (64, 64), (64, 128), (128, 64), (128, 128), (64, 256), (16, 32),
+                                   (16, 64)), p["block"])
+                add("gemm.thread_tile", ((2, 1), (4, 1), (4, 2), (4, 4), (4, 8), (8, 4), (8, 8)), p["thread_tile"])
+                add("gemm.k_tile", (8, 16, 32, 64, 128), p["k_tile"])
+        elif target == "cuda" and g.mapping == "flat":
+            add("threads", _POW2_THREADS, THREADS)
+            add("per_thread", (1, 2, 4, 8), 2)
+        elif target == "cuda" and g.mapping in ("row", "warp", "split"):
+            add("threads", _POW2_THREADS, THREADS)
+            probe = 256 if rows.wide_threads != 256 else 1024
+            if g.mapping == "row" and _changes(outs, sizes, plan, {"wide_threads": probe}):
+                add("rows.wide_threads", (256, 512, 1024), rows.wide_threads)
+            if g.mapping == "split":
+                add("rows.split_threads", (128, 256, 512, 1024), rows.split_threads)
+            # rows a block each today that would take warp rows below a higher threshold: the threshold and the
+            # lanes per row are decisions too (short rows: several rows a block, shuffle reductions)
+            if g.mapping == "warp" or _changes(outs, sizes, plan, {"warp_row_max": 4096}):
+                add("rows.warp_row_max", (0, 1024, 2048, 4096), rows.warp_row_max)
+                add("rows.warp_lanes", (4, 8, 16, 32), rows.warp_lanes)
+    if stages > 1 and not any(g.mapping in ("gemm", "online") for g in plan.groups):
+        add("fuse", (True, False), True)
+    if target == "cpu":
+        n = _cpu_count()
+        add("build.threads", tuple(sorted({1, *(2**k for k in range(1, n.bit_length()) if 2**k <= n), n})), n)
+    ks = tuple(knobs.values())
+    return Space(ks, default, lambda c: check(c, itemsize))
+
+
+def _changes(outs: list[Tensor], sizes: Any, plan: Any, rows: dict[str, Any]) -> bool:
+    """Whether these row parameters change any kernel's mapping or row strategy at `sizes` (a knob that never
+    changes the plan would only re-measure the same kernels)."""
+    other = plan_fusion(outs, target="cuda", sizes=sizes, rows=rows)
+    return [(g.mapping, g.strategy) for g in other.groups] != [(g.mapping, g.strategy) for g in plan.groups]
+
+
+def _order(v: Any) -> tuple[Any, ...]:
+    """Choices ordered by size (tiles by their area, then shape): neighbours are close values."""
+    if isinstance(v, tuple):
+        return (math.prod(v), v)
+    return (0, v) if not isinstance(v, bool) else (0, int(v))
+
+
+def options(config: Config, default: Config | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(auto_schedule keyword options, build options) of a configuration; knobs at their `default` value are
+    left out (the rules decide them), so the default configuration is exactly the untuned build."""
+    sched: dict[str, Any] = {}
+    build: dict[str, Any] = {}
+    for name, v in config.items():
+        if default is not None and default.get(name) == v:
+            continue
+        head, _, rest = name.partition(".")
+        if head == "build":
+            build[rest] = v
+        elif head == "rows":
+            sched.setdefault("rows", {})[rest] = v
+        elif head == "gemm":
+            gemm = sched.setdefault("gemm", {})
+            if rest.startswith("mma."):
+                gemm.setdefault("mma", {})[rest[4:]] = v
+                gemm["tensor_cores"] = True
+            else:
+                gemm[rest] = v
+        else:
+            sched[name] = v
+    return sched, build
+
+
+def check(config: Config, itemsize: int = 4) -> str | None:
+    """None when `config` may be built; else why not (arithmetic only: nothing is scheduled)."""
+    if "gemm.mma.block" in config:
+        (b0, b1), (w0, w1), kt = config["gemm.mma.block"], config["gemm.mma.warp"], config["gemm.mma.k_tile"]
+        if b0 % w0 or b1 % w1:
+            return f"block {(b0, b1)} is not a multiple of the warp tile {(w0, w1)}"
+        warps = (b0 // w0) * (b1 // w1)
+        if warps * 32 > 1024:
+            return f"{warps} warps: more than 1024 threads per block"
+        if w0 * w1 // 32 > MAX_ACC:
+            return f"warp tile {(w0, w1)}: {w0 * w1 // 32} accumulators per lane (registers hold {MAX_ACC})"
+        smem = MMA_STAGES * (b0 * (kt + MMA_PAD) + kt * (b1 + MMA_PAD)) * 2
+        if smem > SMEM_PER_BLOCK:
+            return f"{MMA_STAGES} stages of shared tiles need {smem} bytes (a block has {SMEM_PER_BLOCK})"
+    if "gemm.block" in config:
+        b, t, kt = config["gemm.block"], config["gemm.thread_tile"], config["gemm.k_tile"]
+        if b[0] % t[0] or b[1] % t[1]:
+            return f"block {b} is not a multiple of the thread tile {t}"
+        threads, smem, acc = gemm_resources({"block": b, "thread_tile": t, "k_tile": kt}, itemsize)
+        if threads > 1024 or threads % 32:
+            return f"{threads} threads per block (a whole number of warps, at most 1024)"
+        if acc > MAX_ACC:
+            return f"thread tile {t}: {acc} accumulators per thread (registers hold {MAX_ACC})"
+        if 2 * smem > 48 * 1024:
+            return f"two stages of shared tiles need {2 * smem} bytes (the SIMT recipe's static limit: 48 KiB)"
+    if "gemm.cpu_tile" in config:
+        t0, t1 = config["gemm.cpu_tile"]
+        if t0 * t1 > 512:
+            return f"cpu tile {(t0, t1)}: {t0 * t1} accumulators"
+    return None

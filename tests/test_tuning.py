@@ -1,0 +1,268 @@
+"""The autotuner end to end on the CPU (codegen.tune): the space from the rules, build(schedule=...), tuning that
+beats the untuned rules, the journal surviving a killed tuner (resume re-measures nothing), the Ray back end,
+wrong candidates refused, and `build` reading the database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from codegen import build
+from codegen.tune.cli import main as cli_main
+from codegen.tune.keys import shape_key, target_key, workload_key
+from codegen.tune.measure import TimingPolicy
+from codegen.tune.ray_executor import RayExecutor
+from codegen.tune.tuner import autotune
+from loopir import te, workloads
+from loopir.errors import ArgumentError, ArgumentTypeError
+from loopir.subst import substitute_sizes
+from schedules import Schedule, auto_schedule
+from schedules.tuning.record import config_key
+from schedules.tuning.space import options, space_for
+from codegen.structure import structural_key
+from tuning_refs import softmax_off_by_one, softmax_reference
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST = TimingPolicy(min_repeat=5, max_repeat=40, max_seconds=0.5)
+TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the thread-count knob needs 2 CPUs")
+
+
+# ----------------------------------------------------------------------------- the space
+
+
+def test_space_follows_the_plan():
+    sm = space_for(list(workloads.softmax().outputs), "cuda", {"m": 8192, "n": 8192})
+    assert {k.name for k in sm.knobs} == {"threads", "rows.wide_threads", "fuse"}
+    # short rows: a block per row today, warp rows below a higher threshold (the knobs that change the plan only)
+    short = space_for(list(workloads.softmax().outputs), "cuda", {"m": 65536, "n": 512})
+    assert {k.name for k in short.knobs} == {"threads", "rows.warp_row_max", "rows.warp_lanes", "fuse"}
+    assert short.default["rows.warp_row_max"] == 0
+    gh = space_for(list(workloads.matmul_bias_relu(dtype="float16").outputs), "cuda",
+                   {"n": 4096, "m": 4096, "p": 4096})
+    assert {k.name for k in gh.knobs} == {"gemm.mma.block", "gemm.mma.warp", "gemm.mma.k_tile"}
+    assert gh.default == {"gemm.mma.block": (128, 128), "gemm.mma.warp": (64, 64), "gemm.mma.k_tile": 32}
+    gf = space_for(list(workloads.matmul_bias_relu().outputs), "cuda", {"n": 4096, "m": 4096, "p": 4096})
+    assert {k.name for k in gf.knobs} == {"gemm.block", "gemm.thread_tile", "gemm.k_tile"}
+    cpu = space_for(list(workloads.matmul_bias_relu(64, 64, 64).outputs), "cpu")
+    assert {k.name for k in cpu.knobs} == {"gemm.cpu_tile", "build.threads"}
+    for sp in (sm, short, gh, gf, cpu):
+        assert sp.check(sp.default) is None
+        assert all(sp.default[k.name] in k.choices for k in sp.knobs)
+        assert options(sp.default, sp.default) == ({}, {})  # the default configuration is the untuned build
+
+
+def test_check_prunes_with_the_reason():
+    gh = space_for(list(workloads.matmul_bias_relu(dtype="float16").outputs), "cuda",
+                   {"n": 4096, "m": 4096, "p": 4096})
+    bad = {**gh.default, "gemm.mma.block": (64, 64), "gemm.mma.warp": (64, 128)}
+    assert "not a multiple of the warp tile" in gh.check(bad)
+    big = {**gh.default, "gemm.mma.block": (256, 256), "gemm.mma.warp": (64, 64), "gemm.mma.k_tile": 64}
+    assert "bytes" in gh.check(big)
+    spill = {**gh.default, "gemm.mma.block": (128, 128), "gemm.mma.warp": (128, 64)}
+    assert "accumulators per lane" in gh.check(spill)
+    gf = space_for(list(workloads.matmul_bias_relu().outputs), "cuda", {"n": 4096, "m": 4096, "p": 4096})
+    assert "threads per block" in gf.check({**gf.default, "gemm.block": (128, 128), "gemm.thread_tile": (2, 1)})
+
+
+def test_options_map_knobs_to_auto_schedule_and_build():
+    cfg = {"threads": 256, "rows.wide_threads": 1024, "gemm.mma.k_tile": 64, "build.threads": 1, "fuse": False}
+    sched, bopts = options(cfg)
+    assert sched == {"threads": 256, "rows": {"wide_threads": 1024}, "gemm": {"mma": {"k_tile": 64},
+                                                                              "tensor_cores": True},
+                     "fuse": False}
+    assert bopts == {"threads": 1}
+
+
+# ----------------------------------------------------------------------------- build(schedule=...)
+
+
+def test_build_schedule_option_is_checked_and_keyed():
+    w = workloads.matmul_bias_relu(48, 40, 24)
+    outs, args = list(w.outputs), list(w.args)
+    with pytest.raises(ArgumentError, match="unknown schedule option 'bogus'"):
+        build(outs, args, "cpu", schedule={"bogus": 1})
+    with pytest.raises(ArgumentTypeError, match="must be a dict"):
+        build(outs, args, "cpu", schedule=[("fuse", False)])
+    with pytest.raises(ArgumentError, match="already scheduled"):
+        build(Schedule(outs), args, "cpu", schedule={"fuse": False})
+    a = build(outs, args, "cpu", schedule={"gemm": {"cpu_tile": (2, 16)}})
+    b = build(outs, args, "cpu")
+    assert a.source != b.source and a.trace and '"primitive"' in a.trace
+    rng = np.random.default_rng(1)
+    ins = [rng.standard_normal(shape).astype(np.float32) for shape in ((48, 24), (24, 40), (40,))]
+    for mod in (a, b):
+        out = np.full((48, 40), np.nan, np.float32)
+        mod(*ins, out)
+        np.testing.assert_allclose(out, w.reference(*ins)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_build_forces_tensor_cores_on_cuda_source():
+    w = workloads.matmul_bias_relu(256, 256, 256, dtype="float16")
+    src = build(list(w.outputs), list(w.args), "cuda", schedule={
+        "gemm": {"tensor_cores": True, "mma": {"block": (64, 128), "warp": (32, 64), "k_tile": 64}}}).source
+    assert "mma.sync.aligned.m16n8k16" in src
+    simt = build(list(w.outputs), list(w.args), "cuda", schedule={"gemm": {"tensor_cores": False}}).source
+    assert "mma.sync" not in simt
+
+
+def test_trace_replays_to_the_same_schedule():
+    w = workloads.softmax(16, 96)
+    mod = build(list(w.outputs), list(w.args), "cpu", schedule={"fuse": False})
+    again = Schedule.replay(mod.trace, list(w.outputs))
+    ref = auto_schedule(list(w.outputs), "cpu", fuse=False)
+    assert structural_key(again.program) == structural_key(ref.program)
+
+
+# ----------------------------------------------------------------------------- tuning
+
+
+def _softmax():
+    w = workloads.softmax()
+    return list(w.outputs), list(w.args)
+
+
+@TWO_CPUS
+def test_tuning_cpu_softmax_beats_the_untuned_rules(tmp_path):
+    outs, args = _softmax()
+    res = autotune(outs, args, "cpu", sizes={"m": 64, "n": 256}, trials=4, db=str(tmp_path / "db"), policy=FAST,
+                   progress=False, plot=str(tmp_path / "tune.png"))
+    assert len(res.trials) == 4 and all(t.ok for t in res.trials), res.explain()
+    assert res.default is not None and res.default.config == space_for(outs, "cpu", {"m": 64, "n": 256}).default
+    assert res.best.median < res.default.median and res.speedup > 1.1, res.explain()
+    assert open(tmp_path / "tune.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    # build takes the tuned configuration (the database named), and says which trial it came from
+    x = np.random.default_rng(2).standard_normal((64, 256)).astype(np.float32)
+    mod = build(outs, args, "cpu", sizes={"m": 64, "n": 256}, tuned=str(tmp_path / "db"))
+    note = [n for n in mod.notes if n.startswith("tuned:")]
+    assert note and f"trial {res.best.trial} of run {res.best.run}" in note[0]
+    y = np.full((64, 256), np.nan, np.float32)
+    mod(x, y)
+    np.testing.assert_allclose(y, softmax_reference(x)[0], rtol=1e-5, atol=1e-6)
+    sym = build(outs, args, "cpu", tuned=str(tmp_path / "db"))  # sizes symbolic: the largest tuned shape
+    assert any("largest tuned shape 64x256x64x256" in n for n in sym.notes)
+    plain = build(outs, args, "cpu", sizes={"m": 64, "n": 256}, tuned=False)
+    assert not any(n.startswith("tuned:") for n in plain.notes)
+
+
+@TWO_CPUS
+def test_tuning_cpu_gemm_beats_the_untuned_rules(tmp_path):
+    w = workloads.matmul_bias_relu()
+    res = autotune(list(w.outputs), list(w.args), "cpu", sizes={"n": 64, "m": 64, "p": 64}, trials=10,
+                   db=str(tmp_path / "db"), policy=FAST, progress=False, strategy="random", seed=3)
+    assert sum(t.ok for t in res.trials) >= 8, res.explain()
+    assert res.speedup > 1.1, res.explain()
+    assert "gemm.cpu_tile" in res.best.config
+
+
+def test_wrong_candidates_never_rank(tmp_path):
+    outs, args = _softmax()
+    res = autotune(outs, args, "cpu", sizes={"m": 8, "n": 32}, trials=2, db=str(tmp_path / "db"), policy=FAST,
+                   progress=False, reference=softmax_off_by_one)
+    assert [t.status for t in res.trials] == ["wrong", "wrong"] and res.best is None
+    assert "relative error" in res.trials[0].error
+
+
+def test_symbolic_size_without_a_value_is_refused(tmp_path):
+    outs, args = _softmax()
+    with pytest.raises(ArgumentError, match="symbolic size 'n'"):
+        autotune(outs, args, "cpu", sizes={"m": 8}, trials=1, db=str(tmp_path / "db"), progress=False)
+
+
+_KILLED = """
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+from codegen.tune.measure import TimingPolicy
+from codegen.tune.ray_executor import RayExecutor
+from codegen.tune.tuner import autotune
+from loopir import workloads
+if __name__ == "__main__":
+    w = workloads.matmul_bias_relu()
+    autotune(list(w.outputs), list(w.args), "cpu", sizes={{"n": 32, "m": 32, "p": 32}}, trials=14, db={db!r},
+             policy=TimingPolicy(min_repeat=20, max_repeat=20, max_seconds=5), progress=False, strategy="random",
+             batch=2)
+"""
+
+
+def _lines(path: str) -> list[str]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [x for x in f.read().split("\n") if x]
+
+
+def test_killed_tuner_loses_nothing_and_resumes(tmp_path):
+    db = str(tmp_path / "db")
+    script = tmp_path / "tune.py"
+    script.write_text(_KILLED.format(root=ROOT, tests=os.path.join(ROOT, "tests"), db=db))
+    p = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+    journal = os.path.join(db, "journal.jsonl")
+    deadline = time.time() + 240
+    while len(_lines(journal)) < 3 and time.time() < deadline and p.poll() is None:
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGKILL)  # the tuner and its workers, mid-run
+    p.wait()
+    before = _lines(journal)
+    assert 3 <= len(before) < 14, "the tuner should have been killed mid-run"
+    w = workloads.matmul_bias_relu()
+    res = autotune(list(w.outputs), list(w.args), "cpu", sizes={"n": 32, "m": 32, "p": 32}, trials=14, db=db,
+                   policy=FAST, progress=False, strategy="random", batch=2)
+    after = _lines(journal)
+    assert after[: len(before)] == before  # nothing completed was lost or rewritten
+    keys = [config_key(json.loads(x)["config"]) for x in after]
+    assert len(keys) == len(set(keys)) == 14  # nothing measured twice
+    assert res.resumed == len(before) and len(res.trials) == 14 - len(before)
+
+
+def test_cli_tunes_and_summarizes(tmp_path, capsys):
+    db = str(tmp_path / "db")
+    assert cli_main(["tune", "loopir.workloads:softmax", "--kwargs", "m=8,n=32", "--target", "cpu", "--trials",
+                     "2", "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "2 trials this run (2 ok)" in out and "best:" in out
+    assert cli_main(["db", "--db", db]) == 0
+    assert "2 trials, best" in capsys.readouterr().out
+
+
+def test_keys():
+    a, b = workloads.softmax(), workloads.softmax()
+    assert workload_key(list(a.outputs), list(a.args)) == workload_key(list(b.outputs), list(b.args))
+    c = workloads.softmax(dtype="float16")
+    assert workload_key(list(c.outputs), list(c.args)) != workload_key(list(a.outputs), list(a.args))
+    fixed = substitute_sizes(list(a.outputs), {a.sizes[0]: 8})
+    assert workload_key([fixed[a.outputs[0]]], [fixed.get(x, x) for x in a.args]) != workload_key(
+        list(a.outputs), list(a.args))
+    assert shape_key(list(a.args), {"m": 8, "n": 32}) == "8x32x8x32"
+    k1, d1 = target_key("cpu")
+    assert k1 == target_key("cpu")[0] and d1["target"] == "cpu" and "loopir" in d1
+    n = te.var("n")
+    x = te.placeholder((n,), "float32", name="x")
+    assert shape_key([x], {"n": 5}) == "5"
+
+
+def test_tuning_through_the_ray_back_end(tmp_path):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        ex = RayExecutor(devices=0)  # one run actor, builds as Ray tasks: 2 local workers
+        outs, args = _softmax()
+        res = autotune(outs, args, "cpu", sizes={"m": 16, "n": 64}, trials=3, db=str(tmp_path / "db"),
+                       executor=ex, policy=FAST, progress=False)
+        ex.close()
+    finally:
+        ray.shutdown()
+    assert len(res.trials) == 3 and all(t.ok for t in res.trials), res.explain()
+    assert len(_lines(str(tmp_path / "db" / "journal.jsonl"))) == 3
+
+
+def test_unpicklable_reference_is_refused(tmp_path):
+    outs, args = _softmax()
+    with pytest.raises(ArgumentError, match="reference must be picklable"):
+        autotune(outs, args, "cpu", sizes={"m": 8, "n": 8}, trials=1, db=str(tmp_path / "db"), progress=False,
+                 reference=lambda x: (x,))
