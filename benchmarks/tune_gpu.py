@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -33,7 +32,6 @@ from gpu_suite import time_cuda  # noqa: E402
 from loopir import te, workloads  # noqa: E402
 from schedules.tuning.database import Database  # noqa: E402
 from schedules.tuning.record import config_key  # noqa: E402
-from schedules.tuning.search import make_strategy  # noqa: E402
 from schedules.tuning.space import space_for  # noqa: E402
 
 ROW_SHAPES = ((16384, 4096), (32768, 1024), (8192, 8192), (65536, 512), (10000, 3000))
@@ -124,26 +122,6 @@ def _gemm(torch, trials: int, db: str, out: str, ex, n: int = 4096, dtype: str =
                 tflops=fl / t_tuned / 1e9, space=space_for(outs, "cuda", sizes))
 
 
-def _replay(space, table: dict[str, float], strategy: str, seed: int, budget: int = 200, batch: int = 16) -> int:  # noqa: ANN001
-    """Trials until 95% of the table's best (best/found >= 0.95), replaying the strategy on measured times."""
-    best = min(table.values())
-    s = make_strategy(strategy, space, seed=seed)
-    n = 0
-    while n < budget:
-        props = s.propose(batch)
-        if not props:
-            return budget + 1
-        res = []
-        for c in props:
-            n += 1
-            t = table.get(config_key(c))
-            res.append((c, t))
-            if t is not None and best / t >= 0.95:
-                return n
-        s.observe(res)
-    return budget + 1
-
-
 def main() -> None:
     import torch
 
@@ -169,7 +147,6 @@ def main() -> None:
         gm = _gemm(torch, a.gemm_trials, a.db, a.out, ex, a.gemm_size, a.gemm_dtype)
         res = gm["res"]
         table = {t.key(): t.median for t in Database(a.db).trials(res.workload, res.target, res.shape) if t.ok}
-        reps = {s: [_replay(gm["space"], table, s, seed) for seed in range(3)] for s in ("random", "evolutionary")}
         lines += [f"## relu(A @ B + bias), {a.gemm_dtype}, {a.gemm_size}^3 (sizes symbolic, tuned there)", "",
                   "| impl | ms | TFLOP/s | cuBLAS / impl |", "|---|---|---|---|"]
         fl = 2.0 * a.gemm_size ** 3
@@ -179,10 +156,8 @@ def main() -> None:
         lines += ["", f"Tuning: {len(res.trials)} trials ({sum(t.ok for t in res.trials)} ok, pruned before "
                   f"building: {res.pruned}) in {gm['tune_s']:.0f} s = {len(res.trials) / res.seconds:.2f} trials/s; "
                   f"best {config_key(res.best.config) if res.best else '-'}; rel. error vs float64 {gm['err']:.1e}.",
-                  f"Space: {gm['space'].size()} configurations, {len(table)} measured ok.",
-                  "", "Trials to reach 95% of the best, replayed on the measured times (3 seeds; 201 = not "
-                  f"within 200): random {reps['random']} (median {statistics.median(reps['random'])}), "
-                  f"evolutionary {reps['evolutionary']} (median {statistics.median(reps['evolutionary'])}).", ""]
+                  f"Space: {gm['space'].size()} configurations, {len(table)} measured ok "
+                  "(benchmarks/tune_search.py compares the strategies).", ""]
     rows = []
     for name in filter(None, a.rows.split(",")):
         for dtype in a.dtypes.split(","):

@@ -19,6 +19,7 @@ inputs (computed once per worker): a candidate that differs is status "wrong" an
 from __future__ import annotations
 
 import hashlib
+import json
 import pickle
 import time
 from dataclasses import dataclass, field
@@ -86,7 +87,9 @@ def build_candidate(job: Job) -> dict[str, Any]:
     """Schedule and compile the candidate (into the build cache); its trace and the seconds it took."""
     t0 = time.perf_counter()
     mod = _build(job, job.config)
-    return {"trace": mod.trace, "build_s": time.perf_counter() - t0, "kernels": list(mod.kernels)}
+    # the journal keeps the trace compact (Schedule.replay reads either form)
+    trace = json.dumps(json.loads(mod.trace), separators=(",", ":")) if mod.trace else None
+    return {"trace": trace, "build_s": time.perf_counter() - t0, "kernels": list(mod.kernels)}
 
 
 _arrays: dict[tuple[str, int], tuple[list[np.ndarray], list[int]]] = {}
