@@ -266,3 +266,36 @@ def test_unpicklable_reference_is_refused(tmp_path):
     with pytest.raises(ArgumentError, match="reference must be picklable"):
         autotune(outs, args, "cpu", sizes={"m": 8, "n": 8}, trials=1, db=str(tmp_path / "db"), progress=False,
                  reference=lambda x: (x,))
+
+
+_UNGUARDED = """
+import sys
+sys.path[:0] = [{root!r}]
+from codegen import autotune
+from codegen.tune.measure import TimingPolicy
+from loopir import workloads
+w = workloads.softmax()
+res = autotune(list(w.outputs), list(w.args), "cpu", sizes={{"m": 8, "n": 32}}, trials=2, db={db!r}, progress=False,
+               policy=TimingPolicy(min_repeat=3, max_repeat=5))
+print("RESULT", len(res.trials), sum(t.ok for t in res.trials))
+"""
+
+
+def test_a_script_without_a_main_guard_tunes_once(tmp_path):
+    # the spawned workers must not re-run the user's script (multiprocessing's spawn imports __main__)
+    script = tmp_path / "tune.py"
+    script.write_text(_UNGUARDED.format(root=ROOT, db=str(tmp_path / "db")))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("RESULT") == 1 and "RESULT 2 2" in out.stdout
+
+
+def test_the_tuning_example_and_the_command_on_its_workload(tmp_path, capsys):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "tune.py"), "--cpu", "--small", "--trials",
+                          "3", "--db", str(tmp_path / "db")], capture_output=True, text=True, timeout=240,
+                         env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
+    assert out.returncode == 0 and "MISMATCH" not in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "3 trials this run (3 ok)" in out.stdout and "tuned: " in out.stdout
+    assert cli_main(["tune", os.path.join(ROOT, "examples", "tune.py") + ":workload", "--sizes", "m=8,n=64",
+                     "--target", "cpu", "--trials", "2", "--db", str(tmp_path / "db2")]) == 0
+    assert "2 trials this run (2 ok)" in capsys.readouterr().out

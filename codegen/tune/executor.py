@@ -17,9 +17,9 @@ How a job reaches a worker: `fn` and each job are pickled in the parent (pickle,
 a module-level function, taken by reference) and sent as bytes; the worker puts the parent's `sys.path` in
 front of its own first, then unpickles them, so a module the parent imports from a path it added (the test
 suite's `tests/`, a script's folder) imports in the worker too. Unpickling there is what imports fn's module:
-a failure to import is that job's `Outcome.error`, not a dead worker. Workers are spawned (not forked): as with
-any spawn-based multiprocessing, a script that makes an executor guards its top level with
-`if __name__ == "__main__":` (each worker imports the main script, which also lets `fn` live in it).
+a failure to import is that job's `Outcome.error`, not a dead worker. Workers are spawned (not forked), without
+importing the parent's main script (`_main_hidden`): a script that tunes needs no `if __name__ == "__main__":`
+guard, and `fn` (or a reference function a job carries) lives in an importable module, not in that script.
 
 Timeouts count from the moment a started worker is given the job (a fresh worker first says it is ready, so
 its start-up, ~0.4 s of imports, is not charged to the job). Build workers see the parent's GPUs: a build job
@@ -30,6 +30,7 @@ The Ray back end, and the factory `make_executor("local" | "ray", ...)`, are in 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -211,6 +212,30 @@ START_TIMEOUT = 120.0  # seconds a fresh worker may take to say "ready" (a loade
 START_FAILURES = 3  # a worker that dies this many times in a row before "ready" fails the remaining jobs
 
 
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_hidden() -> Iterator[None]:
+    """Start a spawned child without re-running the parent's main script: spawn imports `__main__` (by its file or
+    module name) in every child, so a script calling autotune without an `if __name__ == "__main__":` guard
+    would start the tuning again in each worker. The workers need nothing from it (jobs are module-level
+    functions and pickled data), so the child is told there is no main module to import."""
+    main = sys.modules.get("__main__")
+    with _MAIN_LOCK:
+        saved = {k: getattr(main, k) for k in ("__file__", "__spec__") if main is not None and hasattr(main, k)}
+        try:
+            for k in saved:
+                if k == "__spec__":
+                    main.__spec__ = None  # type: ignore[union-attr]
+                else:
+                    delattr(main, k)
+            yield
+        finally:
+            for k, v in saved.items():
+                setattr(main, k, v)
+
+
 class _Worker:
     """One worker process as the parent sees it: starting (no "ready" yet), idle, or busy with job `job`."""
 
@@ -229,7 +254,8 @@ class _Worker:
         parent_end, child_end = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(target=_worker_main, name=f"loopir-{self.name}", daemon=True,
                                 args=(child_end, self.env, self.cpus, worker_sys_path(), os.getpid()))
-        self.proc.start()
+        with _main_hidden():
+            self.proc.start()
         child_end.close()  # the parent's copy: EOF on the parent's end once the child is gone
         self.conn, self.ready, self.job, self.since = parent_end, False, None, time.monotonic()
 

@@ -70,6 +70,7 @@ def tuned_options(outs: list[Any], args: list[Any] | None, target: str, sizes: d
     if t is None or "options" not in t.meta:
         return None
     sched, bopts = t.meta["options"]
-    note = (f"tuned: schedule options {sched or '{}'} from the tuning database {path}, trial {t.trial} of run "
+    opts = f"schedule options {sched or '{}'}" + (f" and build options {bopts}" if bopts else "")
+    note = (f"tuned: {opts} from the tuning database {path}, trial {t.trial} of run "
             f"{t.run} ({t.median * 1e3:.4f} ms at {t.shape}), chosen for {how}")
     return dict(sched), dict(bopts), note
