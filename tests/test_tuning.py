@@ -228,6 +228,11 @@ def test_cli_tunes_and_summarizes(tmp_path, capsys):
     assert "2 trials this run (2 ok)" in out and "best:" in out
     assert cli_main(["db", "--db", db]) == 0
     assert "2 trials, best" in capsys.readouterr().out
+    share = str(tmp_path / "team.jsonl")
+    assert cli_main(["db", "--db", db, "--export", share]) == 0
+    assert cli_main(["db", "--db", str(tmp_path / "other"), "--import", share]) == 0
+    out = capsys.readouterr().out
+    assert "exported 2 trials" in out and "imported 2 trials" in out
 
 
 def test_keys():
@@ -299,3 +304,28 @@ def test_the_tuning_example_and_the_command_on_its_workload(tmp_path, capsys):
     assert cli_main(["tune", os.path.join(ROOT, "examples", "tune.py") + ":workload", "--sizes", "m=8,n=64",
                      "--target", "cpu", "--trials", "2", "--db", str(tmp_path / "db2")]) == 0
     assert "2 trials this run (2 ok)" in capsys.readouterr().out
+
+
+def test_args_default_to_lowers_order(tmp_path):
+    w = workloads.layernorm()
+    res = autotune(list(w.outputs), None, "cpu", sizes={"m": 8, "n": 32}, trials=1, db=str(tmp_path / "db"),
+                   policy=FAST, progress=False)
+    assert res.shape == "8x32x32x32x8x32" and res.trials[0].ok  # x, weight, bias, y
+    mod = build(list(w.outputs), list(w.args), "cpu", sizes={"m": 8, "n": 32}, tuned=str(tmp_path / "db"))
+    assert any(n.startswith("tuned:") for n in mod.notes)  # the same workload key as with args given
+
+
+@pytest.mark.gpu
+def test_tuning_on_the_gpu(tmp_path):
+    w = workloads.softmax(dtype="float16")
+    outs, args = list(w.outputs), list(w.args)
+    sizes = {"m": 4096, "n": 512}
+    res = autotune(outs, args, "cuda", sizes=sizes, trials=6, db=str(tmp_path / "db"), policy=FAST, progress=False)
+    assert len(res.trials) == 6 and all(t.ok for t in res.trials), res.explain()
+    assert res.best.median <= res.default.median
+    mod = build(outs, args, "cuda", sizes=sizes, tuned=str(tmp_path / "db"))
+    assert any(f"trial {res.best.trial} of run {res.best.run}" in n for n in mod.notes)
+    x = np.random.default_rng(5).standard_normal((4096, 512)).astype(np.float16)
+    y = np.full((4096, 512), np.nan, np.float16)
+    mod(x, y)
+    np.testing.assert_allclose(y.astype(np.float64), softmax_reference(x)[0], rtol=2e-2, atol=2e-3)

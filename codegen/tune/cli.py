@@ -4,6 +4,7 @@
     loopir tune loopir.workloads:softmax --kwargs m=64,n=256 --target cpu --trials 40 --resume
     loopir tune ... --ray auto        # the Ray back end (pip install loopir[tune]); "ray://host:10001" to join one
     loopir db --db DIR                # what a database holds: per workload and shape, trials and the best
+    loopir db --db DIR --export team.jsonl / --import team.jsonl   # share trials (or point --db at a shared dir)
 
 FILE:FUNCTION (a .py path) or MODULE:FUNCTION names a function returning a `loopir.workloads.Workload`, or a
 tuple (outputs, args) or (outputs, args, sizes). `--kwargs` are passed to it (ints where they parse).
@@ -103,11 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--resume", dest="resume", action="store_true", default=True,
                    help="continue from the database's trials of this workload and shape (default)")
     g.add_argument("--fresh", dest="resume", action="store_false", help="ignore earlier trials")
-    d = sub.add_parser("db", help="summarize a tuning database")
+    d = sub.add_parser("db", help="summarize a tuning database; export or import its trials")
     d.add_argument("--db")
+    d.add_argument("--export", metavar="FILE.jsonl", help="write every trial to this file")
+    d.add_argument("--import", dest="import_", metavar="FILE_OR_DIR", help="merge trials from a file or database")
     a = ap.parse_args(argv)
     if a.cmd == "db":
         db = Database(a.db or default_path())
+        if a.import_:
+            print(f"imported {db.import_(a.import_)} trials from {a.import_}")
+        if a.export:
+            print(f"exported {db.export(a.export)} trials to {a.export}")
         print(repr(db))
         for t_ in sorted({(x.workload, x.target, x.shape) for x in db.trials()}):
             best = db.best(*t_)

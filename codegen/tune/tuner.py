@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loopir.errors import ArgumentError, ArgumentTypeError
+from loopir.lower import lower
+from loopir.subst import stages_of
 from loopir.te import Tensor
 from schedules.tuning.database import Database, default_path
 from schedules.tuning.record import Config, Trial, config_key
@@ -128,13 +130,14 @@ def _status(o: Any) -> str:
     return "run_error"
 
 
-def autotune(outputs: Tensor | list[Tensor], args: list[Any], target: str | None = None, *,
+def autotune(outputs: Tensor | list[Tensor], args: list[Any] | None = None, target: str | None = None, *,
              sizes: dict[Any, int] | None = None, trials: int = 64, strategy: str = "evolutionary",
              batch: int | None = None, db: str | Database | None = None, executor: Executor | None = None,
              gpus: int | list[int] | None = None, seed: int = 0, policy: TimingPolicy | None = None,
              resume: bool = True, progress: bool = True, plot: str | None = None, timeout: float = 120.0,
              reference: Any = None, tolerance: float | None = None) -> TuneResult:
-    """Tune the schedule of `outputs` (te tensors, called with `args` as `build` takes them) on `target` at
+    """Tune the schedule of `outputs` (te tensors, called with `args` as `build` takes them; None: the inputs in
+    the order the program reads them first, then the outputs, as `lower` orders them) on `target` at
     `sizes` (values of the symbolic sizes, by Var or name) until the database holds `trials` trials of this
     workload, target and shape. `strategy`: "evolutionary" (a learned cost model, XGBoost when installed) or
     "random"; `batch`: candidates per round (default: 4 per device, at least 8); `db`: a database directory or
@@ -150,6 +153,9 @@ def autotune(outputs: Tensor | list[Tensor], args: list[Any], target: str | None
     target = target or ("cuda" if gpu_available() else "cpu")
     if target not in ("cuda", "cpu"):
         raise ArgumentError(f"autotune: target must be 'cuda' or 'cpu', got {target!r}")
+    if args is None:  # lower's argument order, as the tensors themselves (the keys and build take tensors)
+        by_buffer = {id(t.buffer): t for t in stages_of(outs)}
+        args = [by_buffer[id(b)] for b in lower(outs).args]
     args = list(args)
     named = _check_sizes(outs, args, sizes)
     if reference is not None:
