@@ -66,7 +66,7 @@ def main() -> None:
         list(ex.runs(abs, [0] * g, 120))
         timer = _kill_later(ex, 20.0, log) if a.kill and g == max(counts) else None
         res = autotune(outs, args, "cuda", sizes=sizes, trials=a.trials, db=db, executor=ex, strategy="random",
-                       seed=0, progress=False, batch=8 * g, policy=TimingPolicy(min_repeat=5, max_repeat=30))
+                       seed=0, progress=False, policy=TimingPolicy(min_repeat=5, max_repeat=30))
         if timer is not None:
             timer.cancel()
         ex.close()

@@ -52,7 +52,7 @@ from .passes import Assume, lower
 from .passes.bounds import DEFER_INIT_CHECK, notes_for, preconditions_for, refuse_uninitialized
 from .specialize import Key, Specializer, size_vars_of, substitution
 from .structure import structural_key
-from .tune.lookup import tuned_options
+from .tune.lookup import Tuned, bucket_options, tuned_context, tuned_options
 
 TARGETS = ("cpu", "cuda")
 _cache: dict[tuple, Any] = {}
@@ -225,8 +225,9 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, i
     outs = _tensors(obj)
     sched = _schedule_options(schedule, outs is not None, type(obj).__name__)
     tuned_note = None
-    if outs is not None and not sched and not dump:
-        hit = tuned_options(outs, args, target, sizes, tuned)
+    ctx = tuned_context(outs, args, target, tuned) if outs is not None and not sched and not dump else None
+    if ctx is not None:
+        hit = tuned_options(ctx, args, sizes)
         if hit is not None:
             sched, topts, tuned_note = hit
             opts = {**topts, **opts}  # the caller's own build options win
@@ -269,7 +270,7 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, i
         mod.notes.append(tuned_note)
     if specialize and isinstance(mod, Module) and size_vars_of(mod.program):
         _specialize_te(mod, outs, args, target, opts, ck, _generic_assume(mod.program, target, True) is not None,
-                       sched)
+                       sched, ctx)
     return mod
 
 
@@ -437,24 +438,39 @@ def _map_args(args: Sequence[Any] | None, new: dict[Any, Any]) -> list[Any] | No
 
 def _specialize_te(mod: Module, outs: list[Any], args: Sequence[Any] | None, target: str,
                    opts: dict[str, Any], ck: BuildKey | None = None, generic_int32: bool = False,
-                   sched: dict[str, Any] | None = None) -> None:
-    """Let `mod` (built from `outs`) dispatch each call to a variant rescheduled for the call's key."""
+                   sched: dict[str, Any] | None = None, tuned: Tuned | None = None) -> None:
+    """Let `mod` (built from `outs`) dispatch each call to a variant rescheduled for the call's key (with a
+    tuning database: the options tuned for the key's class of row lengths, `bucket_options`)."""
     svars = size_vars_of(mod.program)
     rows = {v for t in stages_of(outs) for lh in getattr(t.op, "reduce_dom", ()) for x in lh for v in free_vars(x)}
     # the int32 test covers every stage a variant could keep in memory (its schedule may inline fewer)
     bufs = [*{id(t.buffer): t.buffer for t in stages_of(outs)}.values(), *mod.program.temps]
     passed = passed_sizes()  # sizes the call passes as arguments: a variant is lowered later, outside build
 
+    def bucket(key: Key) -> tuple[dict[str, Any], str, str] | None:
+        rows_of = {n: b for n, b in key.rows}
+        return bucket_options(tuned, rows_of) if tuned is not None and rows_of else None
+
     def make(key: Key) -> Module:
         sub, hint = substitution(key, svars)
+        hit = bucket(key)
         with deep_recursion(), size_arguments(passed):  # called at a call, outside build's own deep_recursion
             new = substitute_sizes(outs, sub) if sub else {}
             outs2 = [new.get(t, t) for t in outs]
-            prog = with_args(_schedule(outs2, target, hint or None, sched)[0], _map_args(args, new) if new else args)
-            return _compile(prog, target, opts, assume=Assume(index_int32=key.int32))
+            options = hit[0] if hit is not None else sched
+            prog = with_args(_schedule(outs2, target, hint or None, options)[0],
+                             _map_args(args, new) if new else args)
+            m = _compile(prog, target, opts, assume=Assume(index_int32=key.int32))
+        if hit is not None and isinstance(m, Module):
+            m.notes.append(hit[1])
+        return m
+
+    def extra(key: Key) -> Any:  # a variant built from tuned options is another cache entry than an untuned one
+        hit = bucket(key)
+        return None if hit is None else hit[2]
 
     mod.specializer = Specializer(mod, svars, [v for v in svars if v in rows], bufs,
-                                  _cached_make(make, ck, target, opts), int32=target == "cuda",
+                                  _cached_make(make, ck, target, opts, extra), int32=target == "cuda",
                                   generic_int32=generic_int32)
 
 
@@ -476,14 +492,17 @@ def _specialize_program(mod: Module, program: Program, target: str, opts: dict[s
                                   generic_int32=generic_int32)
 
 
-def _cached_make(make: Any, ck: BuildKey | None, target: str, opts: dict[str, Any]) -> Any:
+def _cached_make(make: Any, ck: BuildKey | None, target: str, opts: dict[str, Any], extra: Any = None) -> Any:
     """`make` (a specialization key -> its variant module) through the build cache: each variant is a
-    sub-entry of the generic build's entry, so a warm process compiles no variant it met before."""
+    sub-entry of the generic build's entry, so a warm process compiles no variant it met before (`extra(key)`:
+    more of what the variant depends on, e.g. the tuned trial it was built from)."""
     if ck is None:
         return make
 
     def cached(key: Key) -> Module:
-        return _cached_compile(build_cache.variant_key(ck, key), lambda: make(key), target, opts)
+        more = extra(key) if extra is not None else None
+        vk = build_cache.variant_key(ck, key, more)
+        return _cached_compile(vk, lambda: make(key), target, opts)
 
     return cached
 

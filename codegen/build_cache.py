@@ -178,10 +178,12 @@ def program_key(program: Program, target: str, opts: dict[str, Any]) -> BuildKey
     return BuildKey(_digest(("program", disk.version(), _target_id(target, opts), body)), tuple(kr.objs))
 
 
-def variant_key(parent: BuildKey, key: Any) -> BuildKey:
-    """The sub-entry of a call-time specialization variant (`codegen.specialize.Key`) of a cached build.
-    A variant's program is its own (substituted) graph: it is pickled whole, with no references."""
-    return BuildKey(_digest(("variant", parent.digest, key.names, key.div, key.int32, key.rows)), ())
+def variant_key(parent: BuildKey, key: Any, extra: Any = None) -> BuildKey:
+    """The sub-entry of a call-time specialization variant (`codegen.specialize.Key`) of a cached build
+    (`extra`: what else the variant was built from, e.g. a tuned trial). A variant's program is its own
+    (substituted) graph: it is pickled whole, with no references."""
+    parts = ("variant", parent.digest, key.names, key.div, key.int32, key.rows)
+    return BuildKey(_digest(parts if extra is None else (*parts, repr(extra))), ())
 
 
 # ----------------------------------------------------------------------------- values

@@ -24,7 +24,8 @@ from loopir import te, workloads
 from loopir.errors import ArgumentError, ArgumentTypeError
 from loopir.subst import substitute_sizes
 from schedules import Schedule, auto_schedule
-from schedules.tuning.record import config_key
+from schedules.tuning.database import Database
+from schedules.tuning.record import Trial, config_key
 from schedules.tuning.space import options, space_for
 from codegen.structure import structural_key
 from tuning_refs import softmax_off_by_one, softmax_reference
@@ -329,3 +330,27 @@ def test_tuning_on_the_gpu(tmp_path):
     y = np.full((4096, 512), np.nan, np.float16)
     mod(x, y)
     np.testing.assert_allclose(y.astype(np.float64), softmax_reference(x)[0], rtol=2e-2, atol=2e-3)
+
+
+def test_call_time_variants_take_their_row_class_options(tmp_path):
+    # the shape-bucket dispatch: a symbolic build's variant for short rows takes the trial tuned at a short row,
+    # the variant for long rows the one tuned at a long row (trials written by hand: what matters is the choice)
+    w = workloads.softmax()
+    outs, args = list(w.outputs), list(w.args)
+    wk, tk = workload_key(outs, args), target_key("cpu")[0]
+    db = Database(str(tmp_path / "db"))
+    for shape, fuse, ms in (("64x64x64x64", False, 1.0), ("64x2000x64x2000", True, 2.0)):
+        db.append(Trial(wk, tk, shape, {"fuse": fuse}, "ok", (ms * 1e-3,), run="hand", trial=int(fuse),
+                        meta={"options": [{"fuse": fuse}, {}]}))
+    mod = build(outs, args, "cpu", tuned=str(tmp_path / "db"))
+    rng = np.random.default_rng(3)
+    for n in (64, 2000):
+        x = rng.standard_normal((8, n)).astype(np.float32)
+        y = np.full((8, n), np.nan, np.float32)
+        mod(x, y)
+        np.testing.assert_allclose(y, softmax_reference(x)[0], rtol=1e-5, atol=1e-6)
+    notes = {str(k): [x for x in v.notes if x.startswith("tuned:")] for k, v in mod.specializer.variants.items()}
+    short = [v for k, v in notes.items() if "n<=127" in k]
+    long_ = [v for k, v in notes.items() if "n<=8192" in k]
+    assert short and "trial 0 of run hand" in short[0][0] and "n <= 127" in short[0][0]
+    assert long_ and "trial 1 of run hand" in long_[0][0]

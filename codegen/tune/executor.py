@@ -464,6 +464,11 @@ class LocalExecutor:
         return len(self._runs.workers)
 
     @property
+    def build_slots(self) -> int:
+        """How many builds run at once."""
+        return len(self._builds.workers)
+
+    @property
     def workers(self) -> tuple[str, ...]:
         """The names of the run workers ("gpu-0", ...), in order."""
         return tuple(w.name for w in self._runs.workers)

@@ -176,6 +176,11 @@ class RayExecutor:
         return len(self._slots)
 
     @property
+    def build_slots(self) -> int:
+        """How many build tasks are in flight at once."""
+        return self._build_workers
+
+    @property
     def workers(self) -> tuple[str, ...]:
         """The names of the run actors ("gpu-0", ...), in order."""
         return tuple(s.name for s in self._slots)

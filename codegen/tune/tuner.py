@@ -140,8 +140,9 @@ def autotune(outputs: Tensor | list[Tensor], args: list[Any] | None = None, targ
     the order the program reads them first, then the outputs, as `lower` orders them) on `target` at
     `sizes` (values of the symbolic sizes, by Var or name) until the database holds `trials` trials of this
     workload, target and shape. `strategy`: "evolutionary" (a learned cost model, XGBoost when installed) or
-    "random"; `batch`: candidates per round (default: 4 per device, at least 8); `db`: a database directory or
-    object (default `$LOOPIR_TUNING_DB`, else ~/.cache/loopir/tuning); `executor`: default a LocalExecutor on
+    "random"; `batch`: candidates per round (default: the executor's build slots, at least 8 and 4 per device);
+    `db`: a database directory or object (default `$LOOPIR_TUNING_DB`, else ~/.cache/loopir/tuning);
+    `executor`: default a LocalExecutor on
     `gpus` (None: every visible GPU; CPU runs otherwise); `timeout`: seconds per build or run before the
     watchdog kills it; `reference`: a picklable callable giving the expected outputs from the input arrays
     (default: the untuned build's outputs); `plot`: a PNG path for the best time against trials."""
@@ -175,7 +176,8 @@ def autotune(outputs: Tensor | list[Tensor], args: list[Any] | None = None, targ
     own = executor is None
     ex = executor or LocalExecutor(devices=gpus if target == "cuda" else [],
                                    build_workers=max(1, (os.cpu_count() or 2) - 1))
-    nb = batch or max(8, 4 * max(ex.devices, 1))
+    # a round's builds fill every build slot once (the round's time is one build's time while the runs keep up)
+    nb = batch or max(8, 4 * max(ex.devices, 1), getattr(ex, "build_slots", 0))
     graph = pickle.dumps((outs, args))
     run_id = uuid.uuid4().hex[:12]
     short = {k: v for k, v in tdesc.items() if k != "host"} | ({"host": " ".join(tdesc["host"].split()[:3])}
