@@ -117,6 +117,14 @@ def on_tensor_cores(program: Program) -> FlashShape | None:
     return None if f is None else flash_parts(f).shape
 
 
+def online_rewrites(outputs: list[Tensor]) -> tuple[list[OnlineRewrite], bool]:
+    """The online-softmax rewrites `auto_schedule` applies to `outputs`, and whether the program is the
+    attention chain alone (then `schedule_attention` maps it whole, with no fusion plan)."""
+    with deep_recursion():
+        found = attention_rewrites(lower(outputs))
+    return found, bool(found) and _only_attention(outputs, found)
+
+
 def attention_rewrites(program: Program) -> list[OnlineRewrite]:
     """What `online_softmax` would do for each row maximum of the unscheduled `program` that fits it."""
     return [online_softmax(program, name)[1] for name in find_softmax_max(program)]

@@ -20,7 +20,7 @@ from codegen.tune.keys import shape_key, target_key, workload_key
 from codegen.tune.measure import TimingPolicy
 from codegen.tune.ray_executor import RayExecutor
 from codegen.tune.tuner import autotune
-from loopir import te, workloads
+from loopir import blocks, te, workloads
 from loopir.errors import ArgumentError, ArgumentTypeError
 from loopir.subst import substitute_sizes
 from schedules import Schedule, auto_schedule
@@ -57,6 +57,18 @@ def test_space_follows_the_plan():
         assert sp.check(sp.default) is None
         assert all(sp.default[k.name] in k.choices for k in sp.knobs)
         assert options(sp.default, sp.default) == ({}, {})  # the default configuration is the untuned build
+
+
+def test_space_of_attention_and_of_a_block():
+    # the attention chain alone is mapped by fixed rules (schedule_attention): nothing to vary; inside a block the
+    # chain is one online kernel of the plan, so its scores matmul brings no GEMM knobs of its own
+    att = workloads.naive_attention(te.var("B"), te.var("n"), te.var("m"), 64, "causal", dtype="float16")
+    sp = space_for(list(att.outputs), "cuda", {"B": 64, "n": 1024, "m": 1024})
+    assert sp.knobs == () and sp.size() == 1 and sp.check(sp.default) is None
+    blk = blocks.gpt2(dtype="float16")
+    names = {k.name for k in space_for(list(blk.outputs), "cuda", {"B": 8, "T": 1024}).knobs}
+    assert {"gemm.mma.block", "gemm.mma.warp", "gemm.mma.k_tile", "threads"} <= names
+    assert not any(n in names for n in ("gemm.block", "gemm.thread_tile", "gemm.k_tile"))
 
 
 def test_check_prunes_with_the_reason():

@@ -34,6 +34,7 @@ from loopir.te import Tensor
 from loopir.nodes import Load
 from loopir.visit import walk
 
+from ..attention import online_rewrites, online_stages
 from ..fusion import THREADS, plan_fusion
 from ..recipes import MMA_TILES, gemm_params, gemm_resources
 from ..recipes.gemm_mma import mma_applicable
@@ -66,7 +67,12 @@ def space_for(outputs: Tensor | list[Tensor], target: str = "cuda", sizes: dict[
     """The knobs of `outputs` on `target` at `sizes` (size Vars or names; the plan's mappings are decided at
     these sizes), the untuned rules' choices as `default`, and the validity check."""
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
-    plan = plan_fusion(outs, target=target, sizes=sizes)
+    found, alone = online_rewrites(outs)
+    if alone:  # the attention chain alone: its online pass is mapped by fixed rules, nothing here to vary
+        return Space((), {})
+    # the plan auto_schedule makes: a softmax(.) V chain among other stages is one online kernel of it
+    online = [online_stages([r]) for r in found]
+    plan = plan_fusion(outs, target=target, sizes=sizes, online=online)
     knobs: dict[str, Knob] = {}
     default: Config = {}
     itemsize = 4
@@ -106,13 +112,13 @@ def space_for(outputs: Tensor | list[Tensor], target: str = "cuda", sizes: dict[
         elif target == "cuda" and g.mapping in ("row", "warp", "split"):
             add("threads", _POW2_THREADS, THREADS)
             probe = 256 if rows.wide_threads != 256 else 1024
-            if g.mapping == "row" and _changes(outs, sizes, plan, {"wide_threads": probe}):
+            if g.mapping == "row" and _changes(outs, sizes, plan, {"wide_threads": probe}, online):
                 add("rows.wide_threads", (256, 512, 1024), rows.wide_threads)
             if g.mapping == "split":
                 add("rows.split_threads", (128, 256, 512, 1024), rows.split_threads)
             # rows a block each today that would take warp rows below a higher threshold: the threshold and the
             # lanes per row are decisions too (short rows: several rows a block, shuffle reductions)
-            if g.mapping == "warp" or _changes(outs, sizes, plan, {"warp_row_max": 4096}):
+            if g.mapping == "warp" or _changes(outs, sizes, plan, {"warp_row_max": 4096}, online):
                 add("rows.warp_row_max", (0, 1024, 2048, 4096), rows.warp_row_max)
                 add("rows.warp_lanes", (4, 8, 16, 32), rows.warp_lanes)
     if stages > 1 and not any(g.mapping in ("gemm", "online") for g in plan.groups):
@@ -124,10 +130,10 @@ def space_for(outputs: Tensor | list[Tensor], target: str = "cuda", sizes: dict[
     return Space(ks, default, lambda c: check(c, itemsize))
 
 
-def _changes(outs: list[Tensor], sizes: Any, plan: Any, rows: dict[str, Any]) -> bool:
+def _changes(outs: list[Tensor], sizes: Any, plan: Any, rows: dict[str, Any], online: list[set[str]]) -> bool:
     """Whether these row parameters change any kernel's mapping or row strategy at `sizes` (a knob that never
     changes the plan would only re-measure the same kernels)."""
-    other = plan_fusion(outs, target="cuda", sizes=sizes, rows=rows)
+    other = plan_fusion(outs, target="cuda", sizes=sizes, rows=rows, online=online)
     return [(g.mapping, g.strategy) for g in other.groups] != [(g.mapping, g.strategy) for g in plan.groups]
 
 
