@@ -249,11 +249,3 @@ def autotune(outputs: Tensor | list[Tensor], args: list[Any] | None = None, targ
         mine = sorted(base.trials(wk, tk, shape), key=lambda t: (t.run != run_id, t.trial))
         plot_png(plot, [t.median for t in mine], title=f"{meta['workload']} {shape} {target}")
     return res
-
-
-def best_config(db: Database, wk: str, tk: str, shape: str | None) -> Trial | None:
-    """The database's best trial for this workload and target: at `shape` when tuned there, else the nearest
-    tuned shape; None when the workload was never tuned on this target."""
-    if shape is not None:
-        return db.nearest(wk, tk, shape)
-    return db.best(wk, tk)
