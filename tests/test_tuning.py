@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from codegen import build
+from codegen import build, gpu_available
 from codegen.tune.cli import main as cli_main
 from codegen.tune.keys import shape_key, target_key, workload_key
 from codegen.tune.measure import TimingPolicy
@@ -182,10 +182,27 @@ def test_wrong_candidates_never_rank(tmp_path):
     assert "relative error" in res.trials[0].error
 
 
-def test_symbolic_size_without_a_value_is_refused(tmp_path):
+def test_bad_sizes_and_targets_are_refused(tmp_path):
     outs, args = _softmax()
+    db = str(tmp_path / "db")
     with pytest.raises(ArgumentError, match="symbolic size 'n'"):
-        autotune(outs, args, "cpu", sizes={"m": 8}, trials=1, db=str(tmp_path / "db"), progress=False)
+        autotune(outs, args, "cpu", sizes={"m": 8}, trials=1, db=db, progress=False)
+    with pytest.raises(ArgumentError, match="sizes names 'k', which no argument's shape uses"):
+        autotune(outs, args, "cpu", sizes={"m": 8, "n": 8, "k": 4}, trials=1, db=db, progress=False)
+    with pytest.raises(ArgumentError, match=r"sizes\['n'\] must be a positive int"):
+        autotune(outs, args, "cpu", sizes={"m": 8, "n": 0}, trials=1, db=db, progress=False)
+    with pytest.raises(ArgumentError, match="target must be 'cuda' or 'cpu'"):
+        autotune(outs, args, "gpu", sizes={"m": 8, "n": 8}, trials=1, db=db, progress=False)
+    with pytest.raises(ArgumentError, match="trials must be a positive int"):
+        autotune(outs, args, "cpu", sizes={"m": 8, "n": 8}, trials=0, db=db, progress=False)
+    assert not os.path.exists(os.path.join(db, "journal.jsonl"))  # refused before anything was measured
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the refusal where no GPU is visible")
+def test_cuda_without_a_gpu_is_refused(tmp_path):
+    outs, args = _softmax()
+    with pytest.raises(ArgumentError, match="none is visible"):
+        autotune(outs, args, "cuda", sizes={"m": 8, "n": 8}, trials=1, db=str(tmp_path / "db"), progress=False)
 
 
 _KILLED = """

@@ -86,13 +86,24 @@ class TuneResult:
 
 
 def _check_sizes(outs: list[Tensor], args: list[Any], sizes: dict[Any, int] | None) -> dict[str, int]:
-    named = {getattr(k, "name", k): int(v) for k, v in (sizes or {}).items()}
+    named = {}
+    for k, v in (sizes or {}).items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ArgumentError(f"autotune: sizes[{getattr(k, 'name', k)!r}] must be a positive int, got {v!r}")
+        named[getattr(k, "name", k)] = int(v)
+    symbolic = set()
     for a in args:
         for e in a.shape:
             n = getattr(e, "name", None)
-            if getattr(e, "value", None) is None and n is not None and n not in named:
-                raise ArgumentError(f"autotune: {a.name!r} has the symbolic size {n!r}; tune at a shape: "
-                                    f"sizes={{{n!r}: ...}}")
+            if getattr(e, "value", None) is None and n is not None:
+                symbolic.add(n)
+                if n not in named:
+                    raise ArgumentError(f"autotune: {a.name!r} has the symbolic size {n!r}; tune at a shape: "
+                                        f"sizes={{{n!r}: ...}}")
+    unknown = sorted(set(named) - symbolic)
+    if unknown:
+        raise ArgumentError(f"autotune: sizes names {', '.join(map(repr, unknown))}, which no argument's shape uses "
+                            f"(its symbolic sizes: {', '.join(sorted(symbolic)) or 'none'})")
     return named
 
 
@@ -154,6 +165,9 @@ def autotune(outputs: Tensor | list[Tensor], args: list[Any] | None = None, targ
     target = target or ("cuda" if gpu_available() else "cpu")
     if target not in ("cuda", "cpu"):
         raise ArgumentError(f"autotune: target must be 'cuda' or 'cpu', got {target!r}")
+    if target == "cuda" and executor is None and not gpu_available():
+        raise ArgumentError("autotune: target 'cuda' measures on a GPU and none is visible here (tune with "
+                            "target='cpu', or pass an executor whose workers have GPUs, e.g. a Ray cluster's)")
     if args is None:  # lower's argument order, as the tensors themselves (the keys and build take tensors)
         by_buffer = {id(t.buffer): t for t in stages_of(outs)}
         args = [by_buffer[id(b)] for b in lower(outs).args]
