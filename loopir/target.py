@@ -8,14 +8,35 @@ imported on first use only: `import loopir` stays cheap.
 
 from __future__ import annotations
 
+import os
 from functools import cache
 
 from .nodes import Const, For
 from .visit import walk
 
-__all__ = ["UNROLL_EMIT_LIMIT", "cpu_vector_fallback", "host_features", "vector_bits", "vector_registers"]
+__all__ = ["MMA_STAGES", "UNROLL_EMIT_LIMIT", "cpu_count", "cpu_vector_fallback", "host_features", "padded_row",
+           "vector_bits", "vector_registers"]
 
 UNROLL_EMIT_LIMIT = 64  # the CPU renderer emits constant `unroll` loops up to this many iterations unrolled
+# cp.async ring depth of a tensor-core kernel's staged k loop (codegen.passes.mma; fewer where shared memory is
+# short); the tuning space sizes the shared tiles of its candidates with it
+MMA_STAGES = 4
+
+
+def padded_row(length: int, itemsize: int) -> int:
+    """The smallest row length >= `length` whose byte stride is 16 times an odd number (ldmatrix conflict-free):
+    the row the tensor-core pass gives a shared operand tile."""
+    per = 16 // itemsize
+    n = -(-length // per) * per
+    return n if (n // per) % 2 else n + per
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity), at least 1."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not Linux
+        return max(os.cpu_count() or 1, 1)
 
 
 @cache

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from loopir.target import cpu_count
+
 from .. import diskcache as disk
 from .emit import Generated, host_features, libmvec
 from .math import load_extern_libraries
@@ -46,10 +48,7 @@ CHUNKS_PER_THREAD = 4
 
 
 def default_threads() -> int:
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except AttributeError:  # not Linux
-        return max(os.cpu_count() or 1, 1)
+    return cpu_count()
 
 
 class _Job:

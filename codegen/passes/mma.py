@@ -31,6 +31,7 @@ import dataclasses
 import math
 
 from loopir import nodes as N
+from loopir.target import MMA_STAGES, padded_row
 from loopir.visit import Transformer, free_vars, loops_of, path_to, walk
 from schedules.primitives.tensorize import TensorizeError, mma_operands
 
@@ -41,7 +42,6 @@ from .staging import pipeline_parts
 
 __all__ = ["plan_mma", "MMA_STAGES", "padded_row"]
 
-MMA_STAGES = 4  # cp.async ring depth of a tensor-core kernel's staged k loop (fewer where shared memory is short)
 REGISTERS_PER_SM = 65536
 # registers a lane needs besides its accumulators (A / B fragments, copy and ldmatrix addresses): sizes the
 # __launch_bounds__ minimum of blocks per multiprocessor (Kernel.min_blocks)
@@ -53,13 +53,6 @@ def plan_mma(program: N.Program) -> N.Program:
 
     identity on the executed instances: the padded rows' extra columns are never accessed; the rest are marks."""
     return map_kernels(program, _plan)
-
-
-def padded_row(length: int, itemsize: int) -> int:
-    """The smallest row length >= `length` whose byte stride is 16 times an odd number (ldmatrix conflict-free)."""
-    per = 16 // itemsize
-    n = -(-length // per) * per
-    return n if (n // per) % 2 else n + per
 
 
 def _mma_nests(body: N.Stmt) -> list[N.For]:

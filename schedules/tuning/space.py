@@ -25,37 +25,28 @@ warp, shared memory over the device's per-block limit, more accumulators per thr
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 from loopir.dtypes import np_dtype
 from loopir.lower import lower
+from loopir.target import MMA_STAGES, cpu_count, padded_row
 from loopir.te import Tensor
 from loopir.nodes import Load
 from loopir.visit import walk
 
 from ..attention import online_rewrites, online_stages
+from ..cost import H200, Device
 from ..fusion import THREADS, plan_fusion
 from ..recipes import MMA_TILES, gemm_params, gemm_resources
 from ..recipes.gemm_mma import mma_applicable
 from ..rows import RowParams
 from .record import Config, Knob, Space
 
-__all__ = ["space_for", "options", "SMEM_PER_BLOCK", "MMA_STAGES"]
+__all__ = ["space_for", "options", "check"]
 
-SMEM_PER_BLOCK = 227 * 1024  # H100 / H200: dynamic shared memory one block may take
-MMA_STAGES = 4  # the tensor-core recipe's cp.async ring (codegen/passes/mma.py)
-MMA_PAD = 8  # halves of padding per shared row (conflict-free ldmatrix)
 MAX_ACC = 128  # accumulators per thread beyond which the register file spills
 
 _POW2_THREADS = (64, 128, 256, 512, 1024)
-
-
-def _cpu_count() -> int:
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except AttributeError:  # not Linux
-        return max(os.cpu_count() or 1, 1)
 
 
 def _item(t: Tensor) -> int:
@@ -124,10 +115,10 @@ def space_for(outputs: Tensor | list[Tensor], target: str = "cuda", sizes: dict[
     if stages > 1 and not any(g.mapping in ("gemm", "online") for g in plan.groups):
         add("fuse", (True, False), True)
     if target == "cpu":
-        n = _cpu_count()
+        n = cpu_count()
         add("build.threads", tuple(sorted({1, *(2**k for k in range(1, n.bit_length()) if 2**k <= n), n})), n)
     ks = tuple(knobs.values())
-    return Space(ks, default, lambda c: check(c, itemsize))
+    return Space(ks, default, lambda c: check(c, itemsize, plan.device))
 
 
 def _changes(outs: list[Tensor], sizes: Any, plan: Any, rows: dict[str, Any], online: list[set[str]]) -> bool:
@@ -169,31 +160,35 @@ def options(config: Config, default: Config | None = None) -> tuple[dict[str, An
     return sched, build
 
 
-def check(config: Config, itemsize: int = 4) -> str | None:
-    """None when `config` may be built; else why not (arithmetic only: nothing is scheduled)."""
+def check(config: Config, itemsize: int = 4, device: Device = H200) -> str | None:
+    """None when `config` may be built on `device` (the cost model's: the fusion plan's own); else why not
+    (arithmetic only: nothing is scheduled)."""
+    most = device.max_threads_per_block
     if "gemm.mma.block" in config:
         (b0, b1), (w0, w1), kt = config["gemm.mma.block"], config["gemm.mma.warp"], config["gemm.mma.k_tile"]
         if b0 % w0 or b1 % w1:
             return f"block {(b0, b1)} is not a multiple of the warp tile {(w0, w1)}"
         warps = (b0 // w0) * (b1 // w1)
-        if warps * 32 > 1024:
-            return f"{warps} warps: more than 1024 threads per block"
+        if warps * 32 > most:
+            return f"{warps} warps: more than {most} threads per block"
         if w0 * w1 // 32 > MAX_ACC:
             return f"warp tile {(w0, w1)}: {w0 * w1 // 32} accumulators per lane (registers hold {MAX_ACC})"
-        smem = MMA_STAGES * (b0 * (kt + MMA_PAD) + kt * (b1 + MMA_PAD)) * 2
-        if smem > SMEM_PER_BLOCK:
-            return f"{MMA_STAGES} stages of shared tiles need {smem} bytes (a block has {SMEM_PER_BLOCK})"
+        smem = MMA_STAGES * (b0 * padded_row(kt, 2) + kt * padded_row(b1, 2)) * 2
+        if smem > device.smem_per_block_optin:
+            return (f"{MMA_STAGES} stages of shared tiles need {smem} bytes (a block has "
+                    f"{device.smem_per_block_optin})")
     if "gemm.block" in config:
         b, t, kt = config["gemm.block"], config["gemm.thread_tile"], config["gemm.k_tile"]
         if b[0] % t[0] or b[1] % t[1]:
             return f"block {b} is not a multiple of the thread tile {t}"
         threads, smem, acc = gemm_resources({"block": b, "thread_tile": t, "k_tile": kt}, itemsize)
-        if threads > 1024 or threads % 32:
-            return f"{threads} threads per block (a whole number of warps, at most 1024)"
+        if threads > most or threads % 32:
+            return f"{threads} threads per block (a whole number of warps, at most {most})"
         if acc > MAX_ACC:
             return f"thread tile {t}: {acc} accumulators per thread (registers hold {MAX_ACC})"
-        if 2 * smem > 48 * 1024:
-            return f"two stages of shared tiles need {2 * smem} bytes (the SIMT recipe's static limit: 48 KiB)"
+        if 2 * smem > device.smem_per_block:
+            return (f"two stages of shared tiles need {2 * smem} bytes (the SIMT recipe's static limit: "
+                    f"{device.smem_per_block // 1024} KiB)")
     if "gemm.cpu_tile" in config:
         t0, t1 = config["gemm.cpu_tile"]
         if t0 * t1 > 512:
