@@ -21,6 +21,7 @@ from loopir.errors import ArgumentError
 from loopir.lower import lower
 
 from ..cuda import runtime as cuda_runtime
+from ..cuda.nvrtc import nvrtc_version
 from ..llvm.runtime import host_id
 from ..structure import structural_key
 
@@ -41,10 +42,7 @@ def workload_key(outputs: list[Any], args: list[Any]) -> str:
 
 def _nvrtc_version() -> str:
     try:
-        from cuda.bindings import nvrtc  # noqa: PLC0415 - the NVRTC bindings (a pip package, not ours)
-
-        err, major, minor = nvrtc.nvrtcVersion()
-        return f"{major}.{minor}"
+        return "{}.{}".format(*nvrtc_version())
     except Exception:  # noqa: BLE001 - no NVRTC: the key says so
         return "none"
 

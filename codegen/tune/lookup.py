@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from schedules.tuning.database import Database, default_path
+from schedules.tuning.database import Database, default_path, parse_shape
 
 from ..specialize import ROW_CLASSES
 from .keys import shape_key, target_key, workload_key
@@ -92,7 +92,7 @@ def _options(ctx: Tuned, t: Any, how: str) -> tuple[dict[str, Any], dict[str, An
 
 
 def _area(shape: str) -> int:
-    return math.prod(int(x) for x in shape.split("x"))
+    return math.prod(parse_shape(shape) or (0,))
 
 
 def tuned_options(ctx: Tuned, args: list[Any], sizes: dict[Any, int] | None
@@ -124,8 +124,8 @@ def bucket_options(ctx: Tuned, rows: dict[str, int]) -> tuple[dict[str, Any], st
     (schedule options, note, the trial's identity for the variant's cache key); None when no tuned shape is."""
     fit = []
     for shape in ctx.db.shapes(ctx.workload, ctx.target):
-        dims = shape.split("x")
-        vals = {name: int(dims[k]) for k, name in ctx.positions.items() if k < len(dims)}
+        dims = parse_shape(shape) or ()
+        vals = {name: dims[k] for k, name in ctx.positions.items() if k < len(dims)}
         if all(n in vals and _in_class(vals[n], b) for n, b in rows.items()):
             fit.append(shape)
     if not fit:

@@ -41,7 +41,7 @@ from typing import Any
 
 from loopir.errors import ArgumentError, ArgumentTypeError
 
-from ..cuda.runtime import CudaError, CudaModule, check
+from ..cuda.runtime import CudaError, CudaModule, _driver, check
 
 __all__ = ["TimingPolicy", "time_until_stable", "median_ci", "is_stable", "cpu_timer", "cuda_timer", "CudaTimer"]
 
@@ -132,13 +132,6 @@ def cpu_timer(fn: Callable[[], Any]) -> Callable[[], float]:
 
 
 # ----------------------------------------------------------------------------- CUDA
-
-
-def _driver() -> Any:
-    # not at the top: importing the CUDA bindings costs ~60 ms, and a CPU-only tuner never needs them
-    from cuda.bindings import driver
-
-    return driver
 
 
 _L2_SCRATCH: dict[int, tuple[Any, int]] = {}  # device ordinal -> (scratch, bytes): one per process, never freed

@@ -135,10 +135,12 @@ class _Round:
         self.bar.add(t)
 
 
-def _status(o: Any) -> str:
-    if "timeout" in o.error:
-        return "timeout"
-    return "run_error"
+def _failed(o: Any, kind: str) -> str:
+    """The status of a failed build or run (`kind`: "build_error" / "run_error"), unless the watchdog stopped it
+    or the candidate ran and differed from the reference."""
+    if WrongResult.__name__ in o.error:
+        return "wrong"
+    return "timeout" if "timeout" in o.error else kind
 
 
 def autotune(outputs: Tensor | list[Tensor], args: list[Any] | None = None, target: str | None = None, *,
@@ -235,8 +237,7 @@ def autotune(outputs: Tensor | list[Tensor], args: list[Any] | None = None, targ
                 if o.ok:
                     built[k] = o.value
                 else:
-                    rnd.record(k, status="timeout" if "timeout" in o.error else "build_error",
-                               error=o.error[-2000:], build_s=o.seconds)
+                    rnd.record(k, status=_failed(o, "build_error"), error=o.error[-2000:], build_s=o.seconds)
             order = sorted(built)
             for i, o in ex.runs(measure_candidate, [jobs[k] for k in order], timeout):
                 k = order[i]
@@ -246,8 +247,8 @@ def autotune(outputs: Tensor | list[Tensor], args: list[Any] | None = None, targ
                     rnd.record(k, status="ok", times=o.value["times"], trace=trace, build_s=b["build_s"],
                                error=f"rel. error {o.value['error']:.1e}")
                 else:
-                    status = "wrong" if WrongResult.__name__ in o.error else _status(o)
-                    rnd.record(k, status=status, error=o.error[-2000:], trace=trace, build_s=b["build_s"])
+                    rnd.record(k, status=_failed(o, "run_error"), error=o.error[-2000:], trace=trace,
+                               build_s=b["build_s"])
             flying.difference_update(config_key(c) for c in todo)
             strat.observe(rnd.results)
     finally:
