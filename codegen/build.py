@@ -21,6 +21,7 @@ loaded without scheduling, lowering or compiling; `cache=False` (both targets) b
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import threading
 from collections.abc import Sequence
@@ -334,8 +335,10 @@ def _schedule_options(schedule: Any, tensors: bool, what: str) -> dict[str, Any]
     return dict(schedule)
 
 
-# the auto_schedule keywords `build(schedule=...)` passes on (sizes and plan have their own routes)
-SCHEDULE_OPTIONS = ("fuse", "threads", "per_thread", "gemm", "online", "rows")
+# the auto_schedule keywords `build(schedule=...)` passes on: all but what build itself decides (the outputs, the
+# target, the sizes it pins, checking) and a whole fusion plan
+SCHEDULE_OPTIONS = tuple(p for p in inspect.signature(auto_schedule).parameters
+                         if p not in ("outputs", "target", "sizes", "plan", "check"))
 
 
 def _schedule(outs: list[Any], target: str, sizes: dict[Var, int] | None = None,
