@@ -383,3 +383,26 @@ def test_call_time_variants_take_their_row_class_options(tmp_path):
     long_ = [v for k, v in notes.items() if "n<=8192" in k]
     assert short and "trial 0 of run hand" in short[0][0] and "n <= 127" in short[0][0]
     assert long_ and "trial 1 of run hand" in long_[0][0]
+
+
+def test_bad_gemm_tensor_core_options_are_named():
+    w = workloads.matmul_bias_relu(64, 64, 64, dtype="float16")
+    with pytest.raises(ArgumentError, match="gemm tensor_cores must be None, True or False, got 'yes'"):
+        auto_schedule(list(w.outputs), "cuda", gemm={"tensor_cores": "yes"})
+    with pytest.raises(ArgumentError, match=r"gemm mma must be a dict with some of block, warp, k_tile, got \{'tile'"):
+        auto_schedule(list(w.outputs), "cuda", gemm={"mma": {"tile": 32}})
+    with pytest.raises(ArgumentError, match=r"block \(64, 64\), warp \(48, 64\), k_tile 32"):
+        auto_schedule(list(w.outputs), "cuda", gemm={"mma": {"block": (64, 64), "warp": (48, 64)}})
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("softmax", "expected FILE:FUNCTION or MODULE:FUNCTION, got 'softmax'"),
+    ("no_such_dir/x.py:f", "no file 'no_such_dir/x.py'"),
+    ("no_such_module_xyz:f", "no module 'no_such_module_xyz'"),
+    ("loopir.workloads:no_such_function", "'loopir.workloads' has no function 'no_such_function'"),
+    ("os:getcwd", "os:getcwd must return a Workload or \\(outputs, args\\[, sizes\\]\\), got str"),
+    ("loopir.workloads:Workload", "calling loopir.workloads:Workload with no arguments failed: .*missing"),
+])
+def test_cli_names_a_bad_function(spec, match, tmp_path):
+    with pytest.raises(SystemExit, match=match):
+        cli_main(["tune", spec, "--target", "cpu", "--trials", "1", "--db", str(tmp_path / "db")])

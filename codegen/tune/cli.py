@@ -75,12 +75,13 @@ def _picklable(f: Any) -> Any:
         return None
 
 
-def _workload(obj: Any) -> tuple[list[Any], list[Any], dict[str, int], Any]:
+def _workload(obj: Any, spec: str) -> tuple[list[Any], list[Any], dict[str, int], Any]:
     if isinstance(obj, Workload):
         return list(obj.outputs), list(obj.args), {}, _picklable(obj.reference)
     if isinstance(obj, tuple) and len(obj) in (2, 3):
         return list(obj[0]), list(obj[1]), dict(obj[2]) if len(obj) == 3 else {}, None
-    raise SystemExit("loopir tune: the function must return a Workload or (outputs, args[, sizes])")
+    raise SystemExit(f"loopir tune: {spec} must return a Workload or (outputs, args[, sizes]), got "
+                     f"{type(obj).__name__}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
                   + (f"{best.median * 1e3:.4f} ms (trial {best.trial}, run {best.run})" if best else "none"))
         return 0
     sys.path.insert(0, os.getcwd())
-    outs, args, sizes, ref = _workload(load_function(a.function)(**_kv(a.kwargs)))
+    fn, kwargs = load_function(a.function), _kv(a.kwargs)
+    try:
+        made = fn(**kwargs)
+    except TypeError as e:  # the arguments do not fit the function: say which call
+        raise SystemExit(f"loopir tune: calling {a.function} with {kwargs or 'no arguments'} failed: {e}") from e
+    outs, args, sizes, ref = _workload(made, a.function)
     sizes.update(_kv(a.sizes))
     gpus = list(range(a.gpus)) if a.gpus is not None else None
     ex = (make_executor("ray", address=None if a.ray == "local" else a.ray, devices=a.gpus) if a.ray
