@@ -17,7 +17,7 @@ import pytest
 from codegen import build, gpu_available
 from codegen.tune.cli import main as cli_main
 from codegen.tune.keys import shape_key, target_key, workload_key
-from codegen.tune.measure import TimingPolicy
+from codegen.tune.measure import TimingPolicy, cuda_timer
 from codegen.tune.ray_executor import RayExecutor
 from codegen.tune.tuner import autotune
 from loopir import blocks, te, workloads
@@ -25,7 +25,7 @@ from loopir.errors import ArgumentError, ArgumentTypeError
 from loopir.subst import substitute_sizes
 from schedules import Schedule, auto_schedule
 from schedules.tuning.database import Database
-from schedules.tuning.record import Trial, config_key
+from schedules.tuning.record import Knob, Trial, config_key
 from schedules.tuning.space import options, space_for
 from codegen.structure import structural_key
 from tuning_refs import softmax_off_by_one, softmax_reference
@@ -208,7 +208,7 @@ def test_cuda_without_a_gpu_is_refused(tmp_path):
 _KILLED = """
 import sys
 sys.path[:0] = [{root!r}, {tests!r}]
-from codegen.tune.measure import TimingPolicy
+from codegen.tune.measure import TimingPolicy, cuda_timer
 from codegen.tune.ray_executor import RayExecutor
 from codegen.tune.tuner import autotune
 from loopir import workloads
@@ -307,7 +307,7 @@ _UNGUARDED = """
 import sys
 sys.path[:0] = [{root!r}]
 from codegen import autotune
-from codegen.tune.measure import TimingPolicy
+from codegen.tune.measure import TimingPolicy, cuda_timer
 from loopir import workloads
 w = workloads.softmax()
 res = autotune(list(w.outputs), list(w.args), "cpu", sizes={{"m": 8, "n": 32}}, trials=2, db={db!r}, progress=False,
@@ -406,3 +406,21 @@ def test_bad_gemm_tensor_core_options_are_named():
 def test_cli_names_a_bad_function(spec, match, tmp_path):
     with pytest.raises(SystemExit, match=match):
         cli_main(["tune", spec, "--target", "cpu", "--trials", "1", "--db", str(tmp_path / "db")])
+
+
+def test_bad_records_and_outputs_are_named(tmp_path):
+    with pytest.raises(ArgumentError, match="knob 'threads' has no choices"):
+        Knob("threads", ())
+    with pytest.raises(ArgumentError, match="trial status 'done' is not one of ok, invalid"):
+        Trial("w", "t", "8", {}, "done")
+    with pytest.raises(ArgumentError, match="a trial with status 'ok' needs its times"):
+        Trial("w", "t", "8", {}, "ok")
+    with pytest.raises(ArgumentTypeError, match="autotune takes a te tensor or a list of them"):
+        autotune("y", None, "cpu", trials=1, db=str(tmp_path / "db"), progress=False)
+
+
+def test_cuda_timer_refuses_a_cpu_module():
+    w = workloads.softmax(4, 8)
+    mod = build(list(w.outputs), list(w.args), "cpu")
+    with pytest.raises(ArgumentTypeError, match="cuda_timer needs a CUDA module, got CpuModule"):
+        cuda_timer(mod, [np.ones((4, 8), np.float32), np.empty((4, 8), np.float32)])

@@ -245,8 +245,12 @@ def test_median_ci_is_the_order_statistics_interval():
     assert median_ci(xs) == (10.5, 6.0, 15.0)
     assert median_ci([3.0, 1.0, 2.0, 5.0, 4.0]) == (3.0, 1.0, 5.0)  # 5 samples: the range
     assert is_stable([1.0] * 5, 0.0) and not is_stable([1.0, 1.0, 1.0, 1.0, 1.02], 0.01)
-    with pytest.raises(ArgumentError):
+    with pytest.raises(ArgumentError, match="need 1 <= min_repeat <= max_repeat, got 10 and 5"):
         TimingPolicy(min_repeat=10, max_repeat=5)
+    with pytest.raises(ArgumentError, match="max_seconds > 0"):
+        TimingPolicy(max_seconds=0)
+    with pytest.raises(ArgumentError, match="median_ci of no samples"):
+        median_ci([])
 
 
 def test_cpu_timer_measures_the_call():
