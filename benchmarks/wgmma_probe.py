@@ -72,8 +72,9 @@ __device__ __forceinline__ void store_acc(float* D, const float* d) {
 
 extern "C" __global__ void __launch_bounds__(128) probe_interleave(
         const u16* A, const u16* B, float* D, unsigned a_lbo, unsigned a_sbo, unsigned b_lbo, unsigned b_sbo) {
-    __shared__ __align__(1024) u16 As[64 * 16];
-    __shared__ __align__(1024) u16 Bs[16 * 64];
+    // room for every variant's reading: the swapped offsets reach up to 8 KB into a tile (never an illegal address)
+    __shared__ __align__(1024) u16 As[4096];
+    __shared__ __align__(1024) u16 Bs[4096];
     int t = threadIdx.x;
     for (int e = t; e < 64 * 16; e += 128) {  // A[m][k], m < 64, k < 16
         int m = e / 16, k = e % 16;

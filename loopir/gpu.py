@@ -16,11 +16,13 @@ from __future__ import annotations
 from .nodes import Binary, Const, Expr, For, Load, Stmt, Store, Var
 from .visit import free_vars, loops_of, subst_coords, substitute, walk
 
-__all__ = ["REDUCE_OPS", "BLOCK_PASS", "is_fill", "is_block_loop", "is_reduction_loop", "is_thread_loop",
-           "reduction_parts", "reduction_stores", "upper_extent"]
+__all__ = ["REDUCE_OPS", "BLOCK_PASS", "BLOCK_PASSES", "is_fill", "is_block_loop", "is_reduction_loop",
+           "is_thread_loop", "reduction_parts", "reduction_stores", "upper_extent"]
 
 REDUCE_OPS = ("add", "mul", "max", "min")
 BLOCK_PASS = "attention.m16n8k16"  # tensorize's FlashAttention intrinsic (schedules/primitives/flash.py)
+# every intrinsic of that kind: also a block's GEMM tile on warpgroup tensor cores (schedules/primitives/wgmma.py)
+BLOCK_PASSES = (BLOCK_PASS, "gemm.wgmma")
 
 
 def is_thread_loop(f: For) -> bool:

@@ -67,7 +67,7 @@ import numpy as np
 
 from .errors import ArgumentError, ArgumentTypeError
 from .affine import polynomial
-from .gpu import BLOCK_PASS, REDUCE_OPS, is_fill, is_reduction_loop, reduction_parts, reduction_stores, upper_extent
+from .gpu import BLOCK_PASSES, REDUCE_OPS, is_fill, is_reduction_loop, reduction_parts, reduction_stores, upper_extent
 from .dtypes import HALVES, is_float
 from .interp_compile import _Compiler, _ident
 from .te_extern import extern_nest
@@ -473,7 +473,7 @@ class _KernelCompiler(_Compiler):
             else:
                 self.bound_loop(f, depth, lambda d: self.body(f.body, d, last))
             return
-        if f.kind == BLOCK_PASS:  # the block runs the nest once: thread 0 runs its reference loops
+        if f.kind in BLOCK_PASSES:  # the block runs the nest once: thread 0 runs its reference loops
             self.emit(depth, "if _t == 0:")
             depth += 1
         planned = self.plan is not None and f.var in self.plan.cooperative

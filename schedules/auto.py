@@ -65,7 +65,11 @@ from .rows import RowParams
 from .primitives import find_loop
 from .primitives.cache import reduction_parts
 from .recipes import MMA_TILES, SIMT_KEYS, matmul_stage, schedule_gemm, schedule_gemm_cuda, simt_default
+from .primitives.tensorize import half_load
+from .primitives.wgmma import BLOCK_COLS, PERSISTENT_BLOCKS
+from .recipes.gemm import resolve_stage
 from .recipes.gemm_mma import mma_applicable, schedule_gemm_mma
+from .recipes.gemm_wgmma import schedule_gemm_wgmma
 from .schedule import Schedule
 
 __all__ = ["auto_schedule", "map_statements"]
@@ -177,7 +181,13 @@ def _map_gemm(s: Schedule, g: FusionGroup, target: str) -> None:
         raise ArgumentError(f"auto_schedule: the plan maps {mm!r} as a GEMM but its lowered update statement is not "
                             "matmul-shaped")
     prm = dict(g.gemm or {})
-    if target == "cuda" and _tensor_cores(s, g, prm):
+    wg = _wgmma_block(s, g, prm) if target == "cuda" and _tensor_cores(s, g, prm) else None
+    if wg is not None:
+        g.gemm_plan = schedule_gemm_wgmma(s, mm, epilogue=eps, block=wg)
+        g.log.append(Decision("note", (mm,), None, "tensor cores: float16/bfloat16 inputs, a plain 2-d matmul whose "
+                              "A and B rows are 16-byte aligned (lengths multiples of 8) -> Hopper's warpgroup "
+                              f"recipe (wgmma + a cp.async ring, sm_90a; schedules/recipes/gemm_wgmma.py), tile {wg}"))
+    elif target == "cuda" and _tensor_cores(s, g, prm):
         tiles = prm.get("mma") or MMA_TILES
         g.gemm_plan = schedule_gemm_mma(s, mm, epilogue=eps, **tiles)
         why = ("asked for (gemm tensor_cores=True)" if prm.get("tensor_cores") else
@@ -219,6 +229,34 @@ def _tensor_cores(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> bool:
     if isinstance(dims[2], Const) and int(dims[2].value) < tiles["k_tile"]:
         return False
     return all(not isinstance(d, Const) or int(d.value) >= t for d, t in zip(dims, tiles["block"]))
+
+
+def _wgmma_block(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> tuple[int, int] | None:
+    """The tile of Hopper's warpgroup recipe when it applies to a matmul `_tensor_cores` took, else None: not
+    turned off (gemm wgmma=False), no mma.sync tiles chosen by the caller, a plain (i, j, k) matmul (batched ones
+    keep mma.sync on blockIdx.z), rows of A and B of a length that is a known multiple of 8 (16-byte cp.async
+    chunks), and rows and columns at least 64 where known. The tile: 128 x 256 (measured fastest, H200), fewer
+    rows or columns where the matrix has fewer."""
+    wg = prm.get("wgmma")
+    if wg is False or (wg is None and prm.get("mma") not in (None, MMA_TILES)):
+        return None
+    mm = g.stages[0]
+    loops = s.loops(mm.name)
+    if len(loops) != 3:
+        return None
+    upd, _ = resolve_stage(s.program, mm.name, [], "auto_schedule")
+    ops = [half_load(x) for x in (upd.value.b.a, upd.value.b.b)]  # type: ignore[attr-defined]
+    if not all(isinstance(x, Load) and _multiple_of(x.buffer.shape[-1], 8) for x in ops):
+        return None
+    if isinstance(wg, dict):
+        return wg["block"]
+    rows, cols = [simplify(f.hi - f.lo) for f in (_find(s, h.var) for h in loops[:2])]
+    r = 128 if not isinstance(rows, Const) or int(rows.value) >= 128 else 64 if int(rows.value) >= 64 else 0
+    c = 256 if not isinstance(cols, Const) else max((x for x in BLOCK_COLS if x <= int(cols.value)), default=0)
+    if c == 256 and isinstance(rows, Const) and isinstance(cols, Const) and \
+            -(-int(rows.value) // r) * -(-int(cols.value) // 256) < PERSISTENT_BLOCKS:
+        c = 128  # fewer 128 x 256 tiles than multiprocessors: narrower tiles keep more of them busy
+    return (r, c) if r and c else None
 
 
 # ----------------------------------------------------------------------------- CUDA

@@ -188,7 +188,7 @@ def test_tensor_core_gemm_with_an_untiled_k_runs_its_last_k_tile_zero_padded(k) 
 
     # symbolic: K = 8 * k8, as call-time specialization substitutes a K that 8 divides
     w = W.matmul_bias_relu(n=200, m=136, p=k if k != "sym" else 8 * te.var("k8"), dtype="float16")
-    s = auto_schedule(list(w.outputs), target="cuda")
+    s = auto_schedule(list(w.outputs), target="cuda", gemm={"wgmma": False})  # the mma.sync recipe's k pipeline
     assert "tensorize" in [t["primitive"] for t in s.trace]  # K % 32 != 0 no longer keeps it off tensor cores
     other = W.matmul_bias_relu(n=200, m=136, p=36, dtype="float16")  # rows of A off 16-byte boundaries: SIMT
     assert "tensorize" not in [t["primitive"] for t in auto_schedule(list(other.outputs), target="cuda").trace]
@@ -207,7 +207,7 @@ def test_tensorize_keeps_refusing_a_k_guard_the_pipeline_did_not_remove() -> Non
     from schedules.primitives.tensorize import TensorizeError, mma_operands
 
     w = W.matmul_bias_relu(n=200, m=136, p=72, dtype="float16")
-    s = auto_schedule(list(w.outputs), target="cuda")
+    s = auto_schedule(list(w.outputs), target="cuda", gemm={"wgmma": False})
     mma = _mma_loops(s.program)[0]  # scheduled, not lowered: the k guard is still there
     lanes = {f.var: f for f in walk(s.program.body) if getattr(f, "thread", None) == "threadIdx.x"}
     with pytest.raises(TensorizeError, match="guarded on k .* zeros in the shared tiles"):

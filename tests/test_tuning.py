@@ -47,8 +47,14 @@ def test_space_follows_the_plan():
     assert short.default["rows.warp_row_max"] == 0
     gh = space_for(list(workloads.matmul_bias_relu(dtype="float16").outputs), "cuda",
                    {"n": 4096, "m": 4096, "p": 4096})
-    assert {k.name for k in gh.knobs} == {"gemm.mma.block", "gemm.mma.warp", "gemm.mma.k_tile"}
-    assert gh.default == {"gemm.mma.block": (128, 128), "gemm.mma.warp": (64, 64), "gemm.mma.k_tile": 32}
+    assert {k.name for k in gh.knobs} == {"gemm.mma.block", "gemm.mma.warp", "gemm.mma.k_tile", "gemm.wgmma.block"}
+    assert gh.default == {"gemm.mma.block": (128, 128), "gemm.mma.warp": (64, 64), "gemm.mma.k_tile": 32,
+                          "gemm.wgmma.block": (128, 256)}
+    # a wgmma tile chosen asks for that recipe; an mma.sync tile chosen (wgmma at its default) for mma.sync
+    assert options({**gh.default, "gemm.wgmma.block": (128, 128)}, gh.default)[0] == {
+        "gemm": {"wgmma": {"block": (128, 128)}, "tensor_cores": True}}
+    assert options({**gh.default, "gemm.mma.k_tile": 64}, gh.default)[0] == {
+        "gemm": {"mma": {"k_tile": 64}, "tensor_cores": True}}
     gf = space_for(list(workloads.matmul_bias_relu().outputs), "cuda", {"n": 4096, "m": 4096, "p": 4096})
     assert {k.name for k in gf.knobs} == {"gemm.block", "gemm.thread_tile", "gemm.k_tile"}
     cpu = space_for(list(workloads.matmul_bias_relu(64, 64, 64).outputs), "cpu")

@@ -25,8 +25,9 @@ def test_the_probe_compiles_for_sm_90a():
 
 @pytest.mark.gpu
 def test_the_expected_descriptors_match_on_the_gpu():
+    path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))  # keep the caller's (site wheels)
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "wgmma_probe.py")], capture_output=True,
-                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=path))
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [x for x in out.stdout.splitlines() if "rel. error" in x]
     assert len(lines) == sum(len(v) for v in VARIANTS.values())

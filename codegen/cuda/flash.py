@@ -33,6 +33,7 @@ from loopir.errors import CudaCodegenError
 from loopir.visit import free_vars
 from schedules.primitives.flash import THREADS, FlashMismatch, FlashParts, affine_conjuncts, flash_parts, loop_indices
 
+from .body import BodyEmitter
 from .expr import _FROM_FLOAT
 from .mma import _ldmatrix_a, _ldmatrix_b2, _mma
 
@@ -109,11 +110,11 @@ def render_flash(r: Any, f: N.For) -> None:
     _Emit(r, p).emit()
 
 
-class _Emit:
+class _Emit(BodyEmitter):
     def __init__(self, r: Any, p: FlashParts) -> None:
-        self.r, self.p = r, p
+        super().__init__(r)
+        self.p = p
         self.rows, self.mt, self.keys = p.shape.rows, p.shape.mt, p.shape.keys
-        self.ix = r.ix
         self.D, self.DV = p.depth, p.width
         self.KS, self.VS = p.depth + 8, p.width + 8  # shared row strides in halves: 16 bytes of padding
         # one shared array of two stages (K tile, then V tile); Q waits in stage 1 until its fragments are loaded
@@ -123,26 +124,8 @@ class _Emit:
             "m", "l", "qf", "kt", "nk", "stage", "first", "s", "vis", "mx", "sc", "k0", "k1", "fs", "any", "kk", "np",
             "nt", "e", "h", "dp", "pr", "mt", "grew", "sca", "ml", "a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3")}
 
-    def line(self, text: str) -> None:
-        self.r.line(text)
-
-    def open(self, text: str) -> None:
-        self.line(text)
-        self.r.ind += 1
-
-    def close(self, text: str = "}") -> None:
-        self.r.ind -= 1
-        self.line(text)
-
-    def let(self, v: N.Var, value: str) -> None:
-        self.line(f"const {self.ix} {self.r.var(v)} = {value};")
-
     def cond(self, e: N.Expr | None) -> str:
         return "true" if e is None else self.r.expr(e)
-
-    def unrolled(self, var: str, extent: int) -> None:
-        self.line("#pragma unroll")
-        self.open(f"for (int {var} = 0; {var} < {extent}; ++{var}) {{")
 
     def zeros(self, arr: str, dims: tuple[int, ...]) -> None:
         """`float arr[d0][d1]...` set to 0 by unrolled loops (constant indices: the array stays in registers)."""

@@ -41,6 +41,7 @@ from loopir.printer import expr_str
 from loopir.gpu import reduction_parts
 from loopir.te_extern import extern_nest
 from schedules.primitives.flash import FLASH
+from schedules.primitives.wgmma import WGMMA, WgmmaMismatch, kernel_tile
 from loopir.visit import free_vars, loops_of, stmt_names, walk
 
 from .expr import (  # noqa: F401  (re-exported: tests and callers import them from codegen.cuda)
@@ -60,6 +61,8 @@ from .expr import (  # noqa: F401  (re-exported: tests and callers import them f
     _wrap,
 )
 from .flash import PRELUDE_FLASH, render_flash
+from .tensor_map import TMAP_TYPE
+from .wgmma import PRELUDE_WGMMA, PRELUDE_WGMMA_TMA, render_wgmma
 from .mma import render_mma, render_mma_grid
 from .prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
 from .reduce import _identity, _ReductionEmitter  # noqa: F401
@@ -83,6 +86,7 @@ class KernelArg:
     var: N.Var | None = None
     written: bool = False
     int32: bool = False
+    tmap: tuple[int, int] = ()  # a TMA tensor map of `buffer` (box: inner, outer elements), codegen.cuda.tensor_map
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,9 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.ix = "long long"  # the C type of index arithmetic: "int" when every size provably fits
         self.uses_async = False
         self.uses_flash = False
+        self.uses_wgmma = False
+        self.uses_wgmma_tma = False
+        self.tmaps: dict[N.Buffer, tuple[str, tuple[int, int]]] = {}  # buffer -> (parameter, box): codegen.cuda.wgmma
         self.pred: str | None = None  # C condition: does this thread really run the statements here (predication)
         self.uniform_memo: dict[int, bool] = {}
         self.entry_checks: dict[str, str] = {}  # vector-path condition -> const bool computed once at kernel entry
@@ -211,6 +218,12 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         k = self.kern
         self.launch = {f"{kind}.{a}": e for kind, dims in (("blockIdx", k.grid), ("threadIdx", k.block))
                        for a, e in zip(_AXES, dims)}
+        try:
+            tile = kernel_tile(k.body)
+        except WgmmaMismatch as e:
+            raise CudaCodegenError(f"the tile marked gemm.wgmma changed shape before rendering: {e}") from None
+        if tile is not None and tile[2] is not None:  # a persistent grid walks the tiles (codegen.cuda.wgmma)
+            return LaunchPlan((tile[2].grid, N.const(1), N.const(1)), k.block)
         return LaunchPlan(k.grid, k.block)
 
     def _size_vars(self) -> set[N.Var]:
@@ -337,6 +350,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             return None
         if f.kind == FLASH:  # a block's online-softmax pass on tensor cores (codegen.cuda.flash)
             return render_flash(self, f)
+        if f.kind == WGMMA:  # a block's GEMM tile on warpgroup tensor cores (codegen.cuda.wgmma)
+            return render_wgmma(self, f)
         if f.kind.startswith("mma."):  # a tensorized nest: tensor-core PTX (codegen.cuda.mma)
             return render_mma(self, f)
         if f.var in self.kern.mma_grids:  # fragments loaded once per row / column (codegen.passes.mma)
@@ -425,6 +440,9 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.ind = 1
         body_start = len(self.lines)
         self.stmt(self.nest, True)
+        for b, (nm, box) in self.tmaps.items():  # TMA tensor maps, made by the launcher from the buffer's pointer
+            params.append(f"const __grid_constant__ {TMAP_TYPE} {nm}")
+            args.append(KernelArg(nm, buffer=b, tmap=box))
         body = self.lines[body_start:]
         bounds = ""
         nthreads = [e for e in plan.block]
@@ -464,7 +482,8 @@ def generate_cuda(program: N.Program) -> CudaSource:
     names = _Names()
     texts: list[str] = []
     kernels: list[Kernel] = []
-    flags = {"half": False, "reduce": False, "subwarp": False, "async": False, "flash": False}
+    flags = {"half": False, "reduce": False, "subwarp": False, "async": False, "flash": False,
+             "wgmma": False, "wgmma_tma": False}
 
     def kernel(kn: N.Kernel, host_vars: tuple[N.Var, ...]) -> int:
         k = len(kernels)
@@ -481,6 +500,8 @@ def generate_cuda(program: N.Program) -> CudaSource:
         flags["subwarp"] |= gen.uses_subwarp
         flags["async"] |= gen.uses_async
         flags["flash"] |= gen.uses_flash
+        flags["wgmma"] |= gen.uses_wgmma
+        flags["wgmma_tma"] |= gen.uses_wgmma_tma
         texts.append(text)
         kernels.append(kern)
         return k
@@ -518,6 +539,10 @@ def generate_cuda(program: N.Program) -> CudaSource:
         parts.append(PRELUDE_ASYNC)
     if flags["flash"]:
         parts.append(PRELUDE_FLASH)
+    if flags["wgmma"]:
+        parts.append(PRELUDE_WGMMA)
+    if flags["wgmma_tma"]:
+        parts.append(PRELUDE_WGMMA_TMA)
     source = "\n".join(parts) + "\n" + "\n\n".join(texts) + "\n"
     return CudaSource(source, tuple(kernels), program, launches)
 

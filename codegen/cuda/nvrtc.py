@@ -107,11 +107,17 @@ def normalize_arch(arch: str | int | None) -> str:
     return a
 
 
+def specific_arch(source: str, arch: str) -> str:
+    """`arch` with the architecture-specific suffix that `source` needs: Hopper's warpgroup instructions
+    (wgmma, codegen.cuda.wgmma) exist only in sm_90a, whose cubin runs on sm_90 devices only."""
+    return arch + "a" if arch == "sm_90" and "wgmma." in source else arch
+
+
 def compile_cubin(source: str, arch: str | None = None, options: tuple[str, ...] = (),
                   name: str = "loopir.cu", use_cache: bool = True) -> bytes:
     """Compile CUDA C to a cubin for `arch` (default sm_90), through the disk cache (and a compilation of the
     same key already in flight, see `prefetch_cubin`)."""
-    arch = normalize_arch(arch)
+    arch = specific_arch(source, normalize_arch(arch))
     opts = DEFAULT_OPTIONS + tuple(options)
     key = cache_key(source, arch, opts)
     entry = key + ".cubin" if use_cache else None
@@ -147,7 +153,7 @@ def prefetch_cubin(source: str, arch: str | None = None, options: tuple[str, ...
     """Start compiling `source` on a background thread; `compile_cubin` of the same source, arch and options
     then takes its result (a failure is re-raised there). Nothing is started on a disk-cache hit, or when the
     same key is already in flight; at most a few are kept (the oldest unclaimed ones are dropped)."""
-    arch = normalize_arch(arch)
+    arch = specific_arch(source, normalize_arch(arch))
     opts = DEFAULT_OPTIONS + tuple(options)
     key = cache_key(source, arch, opts)
     if disk.enabled() and os.path.exists(disk.path_of(key + ".cubin")):

@@ -37,6 +37,7 @@ from loopir.nodes import Buffer, Var
 from .kernel import CudaSource, HostIf, HostLoop, HostStep, Kernel, Launch
 from ..module import Module, known_sizes
 from .nvrtc import compile_cubin
+from .tensor_map import MapSpecs, free_scratch, launch_with_maps, map_value
 
 
 class CudaError(RuntimeLaunchError):
@@ -519,6 +520,8 @@ class CudaModule(Module):
         if block[0] * block[1] * block[2] > 1024 or grid[1] > 65535 or grid[2] > 65535 or grid[0] >= 2**31:
             raise ResourceLimitError(f"kernel {k.name!r} needs grid {grid} and block {block}, beyond CUDA's limits "
                                      "(block <= 1024 threads, grid.y/z <= 65535); split the bound loops differently")
+        if any(a.tmap for a in k.args):
+            return self._launch_maps(k, grid, block, env, fns, p)
         values, types = [], []
         for a in k.args:
             if a.buffer is not None:
@@ -536,6 +539,36 @@ class CudaModule(Module):
             p.record.append((k, fns[k.name], (*grid, *block), smem, tuple(values), tuple(types)))
         check(cu.cuLaunchKernel(fns[k.name], *grid, *block, smem, p.stream, (tuple(values), tuple(types)), 0),
               f"cuLaunchKernel({k.name})")
+
+    def _launch_maps(self, k: Kernel, grid: tuple[int, ...], block: tuple[int, ...], env: dict[Var, int],
+                     fns: dict[str, Any], p: _Prepared) -> None:
+        """A launch with TMA tensor maps among its parameters (codegen.cuda.tensor_map): made from this call's
+        pointers and sizes, so such calls take the full path (no recorded plan reuses stale maps). TMA reads from
+        16-byte aligned addresses only: an operand that starts elsewhere (a view at an odd offset) is copied to an
+        aligned scratch buffer on the call's stream first (codegen.cuda.tensor_map.map_value)."""
+        cu = _driver()
+        values: list[Any] = []
+        specs: list[Any] = []
+        scratch: list[Any] = []
+        for a in k.args:
+            if a.tmap:
+                b = a.buffer
+                rows, cols = (int(eval_index(d, env)) for d in b.shape)  # type: ignore[union-attr]
+                spec = (b.dtype, rows, cols, np_dtype(b.dtype).itemsize, a.tmap)  # type: ignore[union-attr]
+                values.append(map_value(cu, int(p.ptrs[b]), *spec, p.stream, scratch))
+                specs.append(spec)
+                continue
+            if a.buffer is not None:
+                values.append(ctypes.c_void_p(int(p.ptrs[a.buffer])))
+            else:
+                v = int(env[a.var])
+                values.append(ctypes.c_int(v) if a.int32 else ctypes.c_longlong(v))
+            specs.append(None)
+        smem = self._dynamic_shared(k, env, fns, p)
+        if p.record is not None:  # a plan remakes the maps from each call's pointers (_run_plan)
+            p.record.append((k, fns[k.name], (*grid, *block), smem, tuple(values), MapSpecs(specs)))
+        check(launch_with_maps(cu, fns[k.name], (*grid, *block), smem, p.stream, values), f"cuLaunchKernel({k.name})")
+        free_scratch(cu, scratch, p.stream)
 
     def _dynamic_shared(self, k: Kernel, env: dict[Var, int], fns: dict[str, Any], p: _Prepared) -> int:
         """The bytes of dynamic shared memory this launch of `k` asks for (`Kernel.dynamic_shared` at this
@@ -630,6 +663,15 @@ class CudaModule(Module):
                 check(cu.cuMemcpyHtoDAsync(dptr, ptrs[i].ctypes.data, nbytes, stream), "cuMemcpyHtoDAsync")
         launch = cu.cuLaunchKernel
         for fn, dims, smem, values, dyn, types, what in plan.launches:
+            if isinstance(types, MapSpecs):  # tensor maps: remade from this call's pointers (cached by pointer)
+                vals, scratch = list(values), []
+                for j, i in dyn:
+                    ptr = int(ptrs[i])
+                    vals[j] = ctypes.c_void_p(ptr) if types[j] is None else map_value(cu, ptr, *types[j], stream,
+                                                                                       scratch)
+                check(launch_with_maps(cu, fn, dims, smem, stream, vals), what)
+                free_scratch(cu, scratch, stream)
+                continue
             if dyn:
                 vals = list(values)
                 for j, i in dyn:
@@ -702,7 +744,10 @@ class CudaModule(Module):
                 total = dict.fromkeys(runs, 0.0)
                 for k, fn, dims, smem, values, types in launches:
                     check(cu.cuEventRecord(start, p.stream), "cuEventRecord")
-                    check(cu.cuLaunchKernel(fn, *dims, smem, p.stream, (values, types), 0), f"cuLaunchKernel({k.name})")
+                    maps = isinstance(types, MapSpecs)
+                    ret = (launch_with_maps(cu, fn, dims, smem, p.stream, list(values)) if maps else
+                           cu.cuLaunchKernel(fn, *dims, smem, p.stream, (values, types), 0))
+                    check(ret, f"cuLaunchKernel({k.name})")
                     check(cu.cuEventRecord(end, p.stream), "cuEventRecord")
                     check(cu.cuEventSynchronize(end), "cuEventSynchronize")
                     total[k.name] += check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime")

@@ -35,6 +35,7 @@ from loopir.isl_conv import _Names as _IslNames
 from loopir.gpu import is_fill, is_reduction_loop, is_thread_loop, upper_extent
 from loopir.te_extern import extern_nest
 from schedules.primitives.flash import FLASH, THREADS as FLASH_THREADS
+from schedules.primitives.wgmma import TMA_THREADS, WGMMA, WgmmaMismatch, kernel_tile
 from loopir.visit import free_vars, loops_of, path_to, subst_coords, substitute, walk
 
 from .gpu_model import by_thread_depth
@@ -87,8 +88,16 @@ def _plan(program: N.Program, nest: N.Stmt, host_vars: frozenset[N.Var], int32_s
     block = tuple(launch.get("threadIdx." + a, one) for a in AXES)
     if any(f.kind == FLASH for f in walk(nest) if isinstance(f, N.For)):  # the pass's own warps (codegen.cuda.flash)
         block = (N.const(FLASH_THREADS), one, one)
+    try:
+        tile = kernel_tile(nest)
+    except WgmmaMismatch as e:
+        raise CudaCodegenError(f"the tile marked {WGMMA} changed shape: {e}") from None
     guarded = frozenset(f.var for f in bound if not (extent[id(f)] == launch[f.thread])
                         or extent[id(f)] != N.binary("sub", f.hi, f.lo))
+    if tile is not None:  # a warpgroup per 64 rows of the tile (codegen.cuda.wgmma)
+        block = (N.const(tile[1].shape.threads), one, one)
+        if tile[2] is not None:  # TMA: a producer warpgroup too (the renderer's launch walks the tiles persistently)
+            block = (N.const(TMA_THREADS), one, one)
     _check_reductions(nest, reductions)
     globals_sizes = {v for n in walk(nest) if isinstance(n, (N.Load, N.Store)) and n.buffer.scope == "global"
                      for d in n.buffer.shape for v in free_vars(d)}

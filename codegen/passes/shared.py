@@ -27,6 +27,8 @@ from loopir.dtypes import np_dtype
 from loopir.errors import CudaCodegenError
 from loopir.visit import walk
 
+from schedules.primitives.wgmma import WGMMA, WgmmaMismatch, kernel_tile
+
 from .kernels import map_kernels
 
 STATIC_SHARED_MAX = 48 * 1024  # bytes a block may declare statically (every CUDA device)
@@ -65,6 +67,14 @@ def _align(e: N.Expr) -> N.Expr:
 def _plan(k: N.Stmt) -> N.Stmt:
     if not isinstance(k, N.Kernel) or k.pipelined or k.dynamic_shared:
         return k
+    try:
+        tile = kernel_tile(k.body)
+    except WgmmaMismatch as e:
+        raise CudaCodegenError(f"the tile marked {WGMMA} changed shape: {e}") from None
+    if tile is not None:  # its own ring of swizzled stages (codegen.cuda.wgmma), one block per multiprocessor
+        sh = tile[1].shape
+        nbytes = sh.shared_bytes if tile[2] is None else sh.tma_shared_bytes
+        return dataclasses.replace(k, dynamic_shared=((None, N.const(nbytes)),), min_blocks=1)
     bufs: list[N.Buffer] = []
     for n in walk(k.body):
         if isinstance(n, N.Allocate) and n.buffer.scope == "shared" and all(b is not n.buffer for b in bufs):

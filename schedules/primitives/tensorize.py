@@ -33,11 +33,14 @@ from loopir.visit import free_vars
 
 from . import const_extent, find_loop_path, only_stmt, primitive, replace_loop
 from .flash import FLASH, FlashMismatch, flash_parts
+from .wgmma import WGMMA, WgmmaMismatch, wgmma_parts
 
 __all__ = ["MMA_SHAPES", "INTRINSICS", "TensorizeError", "tensorize", "mma_operands", "is_tensorized"]
 
 MMA_SHAPES = {"mma.m16n8k16": (16, 8, 16)}
-INTRINSICS = (*MMA_SHAPES, FLASH)  # FLASH: a block's online-softmax pass (schedules/primitives/flash.py)
+# FLASH: a block's online-softmax pass (schedules/primitives/flash.py); WGMMA: a block's GEMM tile on Hopper's
+# warpgroup tensor cores (schedules/primitives/wgmma.py)
+INTRINSICS = (*MMA_SHAPES, FLASH, WGMMA)
 HALF = ("float16", "bfloat16")
 
 
@@ -219,6 +222,10 @@ def tensorize(program: Program, loop: Var, intrinsic: str = "mma.m16n8k16") -> P
 
     `intrinsic` "attention.m16n8k16": `loop` runs the 64 query rows of a block through the online-softmax pass,
     as FlashAttention's tensor-core kernel (precondition and change: schedules/primitives/flash.py).
+
+    `intrinsic` "gemm.wgmma": `loop` runs the rows of a block's GEMM tile (dot products of float16 / bfloat16 rows
+    and columns, then an elementwise epilogue) on Hopper's warpgroup tensor cores, sm_90a (precondition and
+    change: schedules/primitives/wgmma.py).
     """
     if intrinsic not in INTRINSICS:
         raise TensorizeError(f"tensorize: unknown intrinsic {intrinsic!r}; known: {', '.join(INTRINSICS)}")
@@ -228,10 +235,17 @@ def tensorize(program: Program, loop: Var, intrinsic: str = "mma.m16n8k16") -> P
     f, path = found
     if f.kind != "serial":
         raise TensorizeError(f"tensorize: loop {loop.name!r} is already {f.thread or f.kind}")
-    if intrinsic == FLASH:
+    if intrinsic in (FLASH, WGMMA):
         if any(isinstance(p, For) and p.kind == "thread" and (p.thread or "").startswith("threadIdx") for p, _ in path):
-            raise TensorizeError(f"tensorize: loop {loop.name!r} is inside a threadIdx loop; {FLASH} runs the block's "
-                                 "own 128 threads (bind only the blocks around it)")
+            raise TensorizeError(f"tensorize: loop {loop.name!r} is inside a threadIdx loop; {intrinsic} runs the "
+                                 "block's own threads (bind only the blocks around it)")
+    if intrinsic == WGMMA:
+        try:
+            wgmma_parts(f)
+        except WgmmaMismatch as e:
+            raise TensorizeError(f"tensorize {WGMMA}: loop {loop.name!r} is not a block's GEMM tile: {e}") from None
+        return replace_loop(program, loop, dataclasses.replace(f, kind=intrinsic))
+    if intrinsic == FLASH:
         try:
             flash_parts(f, program)
         except FlashMismatch as e:

@@ -29,12 +29,13 @@ from .gemm import (
 from .gemm_cpu import default_cpu_tile, schedule_gemm_cpu
 from .gemm_cuda import SKINNY_ROWS, gemm_resources, schedule_gemm_cuda, skinny_params
 from .gemm_mma import MMA_TILES, check_mma_tiles
+from .gemm_wgmma import WGMMA_TILES, check_wgmma_tiles
 
 __all__ = [
     "GEMM_KEYS", "GemmPlan", "check_tiles", "default_cpu_tile", "elementwise_consumers", "gemm_params",
     "gemm_resources", "is_matmul_tensor", "matmul_operands", "matmul_stage", "resolve_stage", "schedule_gemm",
     "schedule_gemm_cpu", "schedule_gemm_cuda", "SKINNY_ROWS", "skinny_params", "SIMT_KEYS", "simt_default",
-    "MMA_TILES",
+    "MMA_TILES", "WGMMA_TILES",
 ]
 
 
@@ -62,7 +63,8 @@ def schedule_gemm(s: Any, stage: str | Any = None, epilogue: Any = "auto", targe
     return schedule_gemm_cpu(s, stage, epilogue, cpu_tile, who="schedule_gemm")
 
 
-GEMM_KEYS = {"cuda": ("block", "thread_tile", "k_tile", "shared", "strided", "unroll_k", "tensor_cores", "mma"),
+GEMM_KEYS = {"cuda": ("block", "thread_tile", "k_tile", "shared", "strided", "unroll_k", "tensor_cores", "mma",
+                      "wgmma"),
              "cpu": ("cpu_tile",)}
 SIMT_KEYS = GEMM_KEYS["cuda"][:6]  # the SIMT recipe's own parameters (schedule_gemm_cuda's keywords)
 
@@ -100,6 +102,18 @@ def gemm_params(target: str, gemm: dict[str, Any] | None = None) -> dict[str, An
     mma = {k: tuple(v) if isinstance(v, list) else v for k, v in {**MMA_TILES, **mma}.items()}
     check_mma_tiles(mma["block"], mma["warp"], mma["k_tile"])
     out["tensor_cores"], out["mma"] = tc, mma
+    # wgmma: None lets auto_schedule take Hopper's warpgroup recipe where it applies (a plain 2-d matmul, rows of
+    # A and B 16-byte aligned), False keeps mma.sync, or {"block": (rows, cols)} takes it with that tile
+    wg = given.get("wgmma")
+    if wg not in (None, False) and not isinstance(wg, dict):
+        raise ArgumentError(f"auto_schedule: gemm wgmma must be None, False or a dict with 'block', got {wg!r}")
+    if isinstance(wg, dict):
+        if set(wg) - set(WGMMA_TILES):
+            raise ArgumentError(f"auto_schedule: gemm wgmma must be a dict with some of {', '.join(WGMMA_TILES)}, "
+                                f"got {wg!r}")
+        wg = {k: tuple(v) if isinstance(v, list) else v for k, v in {**WGMMA_TILES, **wg}.items()}
+        check_wgmma_tiles(wg["block"])
+    out["wgmma"] = wg
     return out
 
 

@@ -33,9 +33,9 @@ Measured (H200, same run as cuBLAS through torch; benchmarks/gpu_gemm.py --mma h
 bfloat16: 4096^3 0.46-0.49 ms = 280-297 TFLOP/s = 0.52-0.56 x cuBLAS (before plan_mma: 45 TFLOP/s, 0.11 x);
 symbolic rows and columns at 4096^3 the same (292 TFLOP/s); 4000^3 0.70-0.72 ms, 0.36-0.39 x (warp tile
 64 x 32: 0.58-0.60 ms, 0.42-0.45 x); 2048^3 0.72-0.77 x; 1024^3 0.89-0.95 x. Relative error vs float64
-3.8e-4 (float16), 3.0e-3 (bfloat16). Still below the 70% goal at 4096^3: mma.sync, not
-Hopper's wgmma + TMA (the next step, behind the same tensorize interface); warp tile 64 x 64 at 2 blocks
-per multiprocessor (213 registers); the edge tiles of 4000^3 run the full nest on a partial tile.
+3.8e-4 (float16), 3.0e-3 (bfloat16). On Hopper, plain 2-d matmuls now take the warpgroup recipe instead
+(gemm_wgmma.py: wgmma + TMA behind the same tensorize interface, 0.9-1.0 x cuBLAS); this one stays for batched
+matmuls, rows that are not 16-byte aligned for TMA, and `gemm={"wgmma": False}`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ Which knobs exist depends on the fusion plan the rules make at the tuned sizes:
 |--------------------------|------------------------------------------------------------------------|
 | cuda flat (elementwise)  | threads, per_thread                                                    |
 | cuda row / warp / split  | threads, rows.wide_threads, rows.warp_lanes, rows.split_threads        |
-| cuda GEMM, half inputs   | gemm.mma.block, gemm.mma.warp, gemm.mma.k_tile (tensor cores)          |
+| cuda GEMM, half inputs   | gemm.mma.block, gemm.mma.warp, gemm.mma.k_tile (tensor cores, mma.sync: |
+|                          | chosen when not at their defaults), gemm.wgmma.block (2-d matmuls)     |
 | cuda GEMM, float32       | gemm.block, gemm.thread_tile, gemm.k_tile                              |
 | cpu GEMM                 | gemm.cpu_tile                                                          |
 | cpu (every workload)     | build.threads (the module's worker threads)                            |
@@ -37,7 +38,7 @@ from loopir.visit import walk
 from ..attention import online_rewrites, online_stages
 from ..cost import H200, Device
 from ..fusion import THREADS, plan_fusion
-from ..recipes import MMA_TILES, gemm_params, gemm_resources
+from ..recipes import MMA_TILES, WGMMA_TILES, gemm_params, gemm_resources
 from ..recipes.gemm_mma import mma_applicable
 from ..rows import RowParams
 from .record import Config, Knob, Space
@@ -90,6 +91,8 @@ def space_for(outputs: Tensor | list[Tensor], target: str = "cuda", sizes: dict[
                 add("gemm.mma.warp", ((32, 32), (32, 64), (64, 32), (64, 64), (32, 128), (128, 32)),
                     MMA_TILES["warp"])
                 add("gemm.mma.k_tile", (16, 32, 64), MMA_TILES["k_tile"])
+                if len(g.stages[0].shape) == 2:  # a plain matmul: Hopper's warpgroup recipe and its tile
+                    add("gemm.wgmma.block", ((128, 128), (128, 192), (128, 256), (64, 256)), WGMMA_TILES["block"])
             else:
                 p = gemm_params("cuda", g.gemm and {k: v for k, v in g.gemm.items() if k in ("block", "thread_tile",
                                                                                              "k_tile")})
@@ -150,8 +153,9 @@ def options(config: Config, default: Config | None = None) -> tuple[dict[str, An
             sched.setdefault("rows", {})[rest] = v
         elif head == "gemm":
             gemm = sched.setdefault("gemm", {})
-            if rest.startswith("mma."):
-                gemm.setdefault("mma", {})[rest[4:]] = v
+            if rest.startswith(("mma.", "wgmma.")):
+                kind, _, key = rest.partition(".")
+                gemm.setdefault(kind, {})[key] = v
                 gemm["tensor_cores"] = True
             else:
                 gemm[rest] = v

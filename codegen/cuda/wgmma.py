@@ -1,0 +1,492 @@
+"""Rendering of a block's GEMM tile marked "gemm.wgmma" (schedules/primitives/wgmma.py) as a Hopper kernel body.
+
+Per block of `rows` x `cols` outputs (a warpgroup of 128 threads per 64 rows; sm_90a):
+
+    a ring of `stages` shared stages, each the A tile (rows x 64 halves) and the B tile (64 x cols, in panels of
+    64 columns), rows of 128 bytes whose 16-byte chunks are XOR-swizzled by (row % 8): the layout wgmma reads
+    with its 128-byte swizzle mode, and bank-conflict-free for the copies
+    prologue: cp.async of the first stages - 2 k tiles (16-byte chunks; zeros past the guards)
+    for each k tile kt:
+        wait for tile kt's copies; fence them into the async proxy; __syncthreads
+        4 x wgmma.mma_async m64n{cols}k16 per warpgroup (A K-major, B MN-major: descriptors below)
+        commit; wait until at most one group is in flight (tile kt - 1's is done)
+        cp.async of tile kt + stages - 2 into the stage tile kt - 2 used: every warpgroup passed this
+        iteration's barrier after finishing tile kt - 2, so no wgmma still reads it (one barrier per tile)
+    the epilogue: each accumulator (row 16 w + lane / 4 + 8 h, column 8 j + 2 (lane % 4) + e of the warpgroup's
+    64 rows) through the pass's own store expressions and guards
+
+Descriptors (matched against a float64 reference on an H200 by benchmarks/wgmma_probe.py): A K-major with the
+128-byte swizzle: start = tile + 64-row block * 8192 + 32 bytes per k16 step, SBO 1024 (8 rows), LBO unused;
+B MN-major (transpose flag): start = tile + 2048 bytes per k16 step (16 rows), LBO = the panel stride (64 rows of
+128 bytes), SBO 1024. Every address is rendered from the pass's own index expressions with the loop variables
+bound to the element the copy or the accumulator holds, so the kernel reads and writes what the reference does.
+A chunk whose global address is not 16-byte aligned, or that a guard cuts, is copied element-wise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loopir import nodes as N
+from loopir.affine import linear_form
+from loopir.errors import CudaCodegenError
+from loopir.visit import walk
+from schedules.primitives.wgmma import (K_TILE, TmaPlan, WgmmaMismatch, WgmmaParts, kernel_tile,
+                                         wgmma_parts)
+
+from .body import BodyEmitter
+from .expr import _FROM_FLOAT
+
+__all__ = ["render_wgmma", "PRELUDE_WGMMA", "PRELUDE_WGMMA_TMA", "wgmma_shape"]
+
+_PTX = {"float16": "f16", "bfloat16": "bf16"}
+GROUP = 8  # rows of tiles per group of the tile order (measured on an H200: 0.343 ms at 4096^3 vs 0.405 without)
+
+PRELUDE_WGMMA = r"""
+__device__ __forceinline__ unsigned long long loopir_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  // start address, leading / stride byte offsets (all >> 4), 128-byte swizzle (mode 1, bits 62-63)
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lbo >> 4) & 0x3FFF) << 16)
+       | ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void loopir_wg_cp16(unsigned dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void loopir_wg_fill16(unsigned dst, const void* any) {
+  // 16 zero bytes through the same async copy path (source size 0: nothing is read from `any`)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, 0;\n" :: "r"(dst), "l"(any) : "memory");
+}
+__device__ __forceinline__ void loopir_wg_zero16(unsigned dst) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" :: "r"(dst), "r"(0) : "memory");
+}
+__device__ __forceinline__ void loopir_wg_st16(unsigned dst, unsigned short v) {
+  asm volatile("st.shared.u16 [%0], %1;\n" :: "r"(dst), "h"(v) : "memory");
+}
+"""
+
+
+PRELUDE_WGMMA_TMA = r"""
+struct __align__(64) loopir_tmap { unsigned long long v[16]; };  // the 128 opaque bytes of a CUtensorMap
+__device__ __forceinline__ void loopir_mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void loopir_mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ bool loopir_mbar_try(unsigned bar, unsigned parity) {
+  unsigned ok;
+  asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+  return ok != 0;
+}
+// Wait for the phase of `parity` of `bar`. A wait that lasts seconds is a bug of this kernel's protocol: trap (the
+// launch fails with an error) instead of hanging the device.
+__device__ __forceinline__ void loopir_mbar_wait(unsigned bar, unsigned parity) {
+  if (loopir_mbar_try(bar, parity)) return;
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  for (unsigned n = 1; !loopir_mbar_try(bar, parity); ++n) {
+    if ((n & 1023u) == 0) {
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      if (t - t0 > 8000000000ull) asm volatile("trap;");
+    }
+  }
+}
+__device__ __forceinline__ void loopir_mbar_expect(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+// a 2-d TMA box into this block's shared memory; its bytes complete the barrier's transaction count
+__device__ __forceinline__ void loopir_tma2d(unsigned dst, const loopir_tmap* map, int x, int y, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];\n"
+               :: "r"(dst), "l"((unsigned long long)map), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+"""
+
+
+def wgmma_shape(f: N.For) -> Any:
+    """The tiling of the marked tile `f` (its WgmmaShape), for the launch and the shared-memory plan."""
+    try:
+        return wgmma_parts(f).shape
+    except WgmmaMismatch as e:
+        raise CudaCodegenError(f"the tile marked gemm.wgmma at loop {f.var.name!r} changed shape before "
+                               f"rendering: {e}") from None
+
+
+def render_wgmma(r: Any, f: N.For) -> None:
+    """Emit the kernel body of the marked tile `f` with renderer `r` (codegen.cuda.kernel's): TMA loads on a
+    persistent grid where `tma_plan` allows (the kernel is the tile alone, A and B 2-d and read whole along k),
+    else the cp.async ring."""
+    try:
+        found = kernel_tile(r.nest)
+    except WgmmaMismatch as e:
+        raise CudaCodegenError(f"the tile marked gemm.wgmma at loop {f.var.name!r} changed shape before "
+                               f"rendering: {e}") from None
+    if found is None or found[0] is not f:
+        raise CudaCodegenError(f"the tile marked gemm.wgmma at loop {f.var.name!r} is not its kernel's tile")
+    r.uses_half = r.uses_wgmma = True
+    if found[2] is not None:
+        r.uses_wgmma_tma = True
+        _EmitTma(r, found[1], found[2]).emit()
+    else:
+        _Emit(r, found[1]).emit()
+
+
+def _cond(r: Any, terms: tuple[N.Expr, ...] | list[N.Expr]) -> str:
+    return " && ".join(f"({r.expr(c)})" for c in terms) or "true"
+
+
+def _slope(c: N.Expr, v: N.Var) -> int | None:
+    """How condition `c` moves as `v` grows: a positive number when it can only turn true, a negative one when it
+    can only turn false, 0 when `v` does not change it (None: not an affine comparison in `v`)."""
+    if not any(x is v for x in walk(c)):
+        return 0
+    if not (isinstance(c, N.Compare) and c.op in ("lt", "le", "gt", "ge")):
+        return None
+    lin = linear_form(N.binary("sub", c.b, c.a))  # b - a: lt / le hold while it is large
+    if lin is None or not isinstance(lin.get(v, 0), int):
+        return None
+    d = lin.get(v, 0)
+    return d if c.op in ("lt", "le") else -d
+
+
+class _Emit(BodyEmitter):
+    def __init__(self, r: Any, p: WgmmaParts) -> None:
+        super().__init__(r)
+        self.p = p
+        sh = p.shape
+        self.rows, self.cols, self.stages, self.threads = sh.rows, sh.cols, sh.stages, sh.threads
+        self.a_bytes = sh.rows * K_TILE * 2
+        self.stage_bytes = sh.stage_bytes
+        self.n = {k: r.names.fresh(f"wg_{k}") for k in (
+            "sm", "base", "t", "g", "w", "l", "lo", "hi", "nk", "load", "kt", "sa", "sb", "c", "row", "ch", "dst",
+            "src", "e", "d", "ks", "da", "db", "i", "h", "q", "k0", "full", "cc", "p", "pid", "grp", "first", "gs",
+            "v0", "v1", "ok0", "ok1", "at0", "at1", "al")}
+
+    def emit(self) -> None:
+        r, p, n = self.r, self.p, self.n
+        self.open(f"{{  // gemm.wgmma: a {self.rows} x {self.cols} tile (rows {p.row.name}, columns {p.col.name}), "
+                  f"k {p.k.var.name} in tiles of {K_TILE} through {self.stages} swizzled shared stages; "
+                  "wgmma.mma_async per warpgroup of 64 rows (codegen.cuda.wgmma)")
+        self.raster()
+        self.line(f"unsigned char* {n['sm']} = (unsigned char*)((((unsigned long long)loopir_dyn_smem) + 1023ull) "
+                  "& ~1023ull);  // the swizzle's 1024-byte atom")
+        self.line(f"const unsigned {n['base']} = (unsigned)__cvta_generic_to_shared({n['sm']});")
+        self.line(f"const int {n['t']} = threadIdx.x, {n['g']} = threadIdx.x >> 7, {n['w']} = (threadIdx.x >> 5) & 3, "
+                  f"{n['l']} = threadIdx.x & 31;")
+        self.line(f"const {self.ix} {n['lo']} = {r.expr(p.k.lo)}, {n['hi']} = {r.expr(p.k.hi)};")
+        self.line(f"const int {n['nk']} = {n['hi']} > {n['lo']} ? (int)(({n['hi']} - {n['lo']} + {K_TILE - 1}) / "
+                  f"{K_TILE}) : 0;")
+        self.line("__syncthreads();  // a serial loop around the tile: every warp is done with the last stages")
+        a, b = (r.buf(x.buffer) for x in (p.a, p.b))
+        self.line(f"const bool {n['al']} = ((((unsigned long long){a}) | ((unsigned long long){b})) & 15ull) == 0ull;"
+                  "  // every chunk then is: the rows' lengths and starts are multiples of 8")
+        self.loader()
+        self.main_loop()
+        self.epilogue()
+        self.close()
+
+    def raster(self) -> None:
+        """Grouped tile order: when the tile's block indices are exactly blockIdx.y / x over the whole grid, the
+        blocks take the tiles in groups of GROUP rows of tiles, so that the blocks running together share B's
+        column tiles in L2 (a permutation of the tiles: each is still computed once)."""
+        r, n = self.r, self.n
+        loops = {f.thread: f for f in walk(r.nest) if isinstance(f, N.For) and f.kind == "thread"
+                 and (f.thread or "").startswith("blockIdx")}
+        bi, bj = loops.get("blockIdx.y"), loops.get("blockIdx.x")
+        if (set(loops) != {"blockIdx.x", "blockIdx.y"} or bi is None or bj is None
+                or any(f.var in r.kern.guarded or not (isinstance(f.lo, N.Const) and f.lo.value == 0)
+                       for f in (bi, bj))
+                or not any(x is self.p.row for x in walk(bj.body)) or not any(x is bj for x in walk(bi.body))):
+            return
+        g = GROUP
+        self.line(f"// grouped tile order: {g} rows of tiles at a time share B's column tiles in L2")
+        self.line(f"const int {n['pid']} = blockIdx.y * gridDim.x + blockIdx.x, {n['grp']} = {g} * gridDim.x;")
+        self.line(f"const int {n['first']} = ({n['pid']} / {n['grp']}) * {g}, {n['gs']} = min((int)gridDim.y - "
+                  f"{n['first']}, {g});")
+        self.line(f"const {self.ix} {r.var(bi.var)} = {n['first']} + ({n['pid']} % {n['grp']}) % {n['gs']};")
+        self.line(f"const {self.ix} {r.var(bj.var)} = ({n['pid']} % {n['grp']}) / {n['gs']};")
+
+    # ------------------------------------------------------------------ copies
+    def chunk(self, ld: N.Load, var: N.Var, first: str, conds: list[N.Expr], dst: str) -> None:
+        """The 8 elements of `ld` at `var` = first .. first + 7 into the shared chunk at `dst` (a shared address),
+        zeros where a condition of `conds` fails. One cp.async when the operands are 16-byte aligned (tested once,
+        at the tile's start: the rows' lengths and starts are multiples of 8) and every condition holds at both
+        ends (they are affine in `var`, so they hold in between; a condition that can only turn false as `var`
+        grows is tested at the last element alone); a zero fill when such a condition fails at the first; else
+        element by element."""
+        r, n = self.r, self.n
+        buf, at = r.buf(ld.buffer), r.expr(r.flat(ld.buffer, ld.indices))
+        slopes = [_slope(c, var) for c in conds]
+        falling = [c for c, d in zip(conds, slopes) if d is not None and d <= 0]
+        rising = [c for c, d in zip(conds, slopes) if d is not None and d > 0]
+        affine = len(falling) + len(rising) == len(conds)
+        self.open("{")
+        self.line(f"bool {n['full']} = {n['al']};")
+        if affine:
+            self.open("{")
+            self.let(var, f"{first} + 7")
+            self.line(f"{n['full']} = {n['full']} && {_cond(r, falling)};")
+            self.close()
+        self.let(var, first)
+        if not affine:
+            self.line(f"{n['full']} = false;")
+        elif rising:
+            self.line(f"{n['full']} = {n['full']} && {_cond(r, rising)};")
+        self.open(f"if ({n['full']}) {{")
+        self.line(f"loopir_wg_cp16({dst}, &{buf}[{at}]);")
+        self.close(f"}} else if (!({_cond(r, falling)})) {{  // past the edge from its first element on: zeros")
+        self.r.ind += 1
+        self.line(f"loopir_wg_fill16({dst}, {buf});")
+        self.close("} else {")
+        self.r.ind += 1
+        self.line(f"loopir_wg_zero16({dst});")
+        self.unrolled(n["e"], 8)
+        self.let(var, f"{first} + {n['e']}")
+        self.line(f"if ({_cond(r, conds)}) loopir_wg_st16({dst} + 2 * {n['e']}, {buf}[{at}]);")
+        self.close()
+        self.close()
+        self.close()
+
+    def loader(self) -> None:
+        """wg_load(kt): the A and B tiles of k tile kt into stage kt % stages, one cp.async group (empty past
+        the reduction's end, so that the group count stays uniform)."""
+        p, n, ix = self.p, self.n, self.ix
+        k, kc = p.k.var, f"{n['lo']} + ({ix}){n['kt']} * {K_TILE}"
+        k_in = N.Compare("lt", k, p.k.hi, "bool")
+        self.open(f"auto {n['load']} = [&](int {n['kt']}) {{")
+        self.open(f"if ({n['kt']} < {n['nk']}) {{")
+        self.line(f"const unsigned {n['sa']} = {n['base']} + ({n['kt']} % {self.stages}) * {self.stage_bytes}u, "
+                  f"{n['sb']} = {n['sa']} + {self.a_bytes}u;")
+        # A: rows x 8 chunks of 8 halves along k
+        self.line("#pragma unroll")
+        self.open(f"for (int {n['c']} = {n['t']}; {n['c']} < {self.rows * 8}; {n['c']} += {self.threads}) {{")
+        self.line(f"const int {n['row']} = {n['c']} >> 3, {n['ch']} = {n['c']} & 7;")
+        self.let(p.row, n["row"])
+        self.chunk(p.a, k, f"{kc} + {n['ch']} * 8", [*p.row_ok, k_in],
+                   f"{n['sa']} + {n['row']} * 128 + (({n['ch']} ^ ({n['row']} & 7)) << 4)")
+        self.close()
+        # B: 64 rows (k) x cols / 8 chunks along the columns, in panels of 64 columns
+        cpr = self.cols // 8
+        self.line("#pragma unroll")
+        self.open(f"for (int {n['c']} = {n['t']}; {n['c']} < {K_TILE * cpr}; {n['c']} += {self.threads}) {{")
+        self.line(f"const int {n['row']} = {n['c']} / {cpr}, {n['cc']} = {n['c']} % {cpr};")
+        self.let(k, f"{kc} + {n['row']}")
+        self.chunk(p.b, p.col, f"{n['cc']} * 8", [*p.col_ok, k_in],
+                   f"{n['sb']} + ({n['cc']} >> 3) * {K_TILE * 128} + {n['row']} * 128 + "
+                   f"((({n['cc']} & 7) ^ ({n['row']} & 7)) << 4)")
+        self.close()
+        self.close()
+        self.line('asm volatile("cp.async.commit_group;\\n" ::: "memory");')
+        self.close("};")
+
+    # ------------------------------------------------------------------ the k loop
+    def main_loop(self) -> None:
+        n, s = self.n, self.stages
+        nacc = self.cols // 2
+        self.line(f"float {n['d']}[{nacc}];")
+        self.unrolled(n["i"], nacc)
+        self.line(f"{n['d']}[{n['i']}] = 0.0f;")
+        self.close()
+        self.line("#pragma unroll")
+        self.open(f"for (int {n['kt']} = 0; {n['kt']} < {s - 2}; ++{n['kt']}) {{")
+        self.line(f"{n['load']}({n['kt']});")
+        self.close()
+        self.open(f"for (int {n['kt']} = 0; {n['kt']} < {n['nk']}; ++{n['kt']}) {{")
+        self.line(f'asm volatile("cp.async.wait_group {s - 3};\\n" ::: "memory");')
+        self.line('asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // the copies, seen by wgmma')
+        self.line("__syncthreads();")
+        self.line(f"const unsigned {n['sa']} = {n['base']} + ({n['kt']} % {s}) * {self.stage_bytes}u, "
+                  f"{n['sb']} = {n['sa']} + {self.a_bytes}u;")
+        self.issue()
+        self.line('asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");')
+        self.line(f"{n['load']}({n['kt']} + {s - 2});")
+        self.close()
+        self.line('asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");')
+        self.line('asm volatile("cp.async.wait_group 0;\\n" ::: "memory");')
+
+    def issue(self) -> None:
+        """The k tile in stage (wg_sa, wg_sb) into the accumulators: 4 wgmma k16 steps of this warpgroup's 64 rows
+        (A K-major: 32 bytes a step inside the swizzled row; B MN-major: 16 rows of 128 bytes a step, panels of
+        64 columns one LBO apart), committed as one group."""
+        n, nacc = self.n, self.cols // 2
+        t = _PTX[self.p.a.buffer.dtype]
+        self.line('asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");')
+        self.unrolled(n["ks"], K_TILE // 16)
+        self.line(f"const unsigned long long {n['da']} = loopir_wg_desc({n['sa']} + {n['g']} * 8192u + {n['ks']} * "
+                  "32u, 16u, 1024u);")
+        self.line(f"const unsigned long long {n['db']} = loopir_wg_desc({n['sb']} + {n['ks']} * 2048u, "
+                  f"{K_TILE * 128}u, 1024u);")
+        regs = ", ".join(f"%{i}" for i in range(nacc))
+        outs = ", ".join(f'"+f"({n["d"]}[{i}])' for i in range(nacc))
+        self.line(f'asm volatile("wgmma.mma_async.sync.aligned.m64n{self.cols}k16.f32.{t}.{t} {{{regs}}}, '
+                  f'%{nacc}, %{nacc + 1}, 1, 1, 1, 0, 1;\\n" : {outs} : "l"({n["da"]}), "l"({n["db"]}));')
+        self.close()
+        self.line('asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");')
+
+    # ------------------------------------------------------------------ the epilogue
+    def epilogue(self) -> None:
+        """Each accumulator through the tile's stores: a lane holds columns 2 (lane % 4) + {0, 1} of a row, so a
+        half-precision store whose two elements are adjacent in memory (and 4-byte aligned) is one 32-bit store."""
+        r, p, n = self.r, self.p, self.n
+        self.unrolled(n["i"], self.cols // 8)
+        self.unrolled(n["h"], 2)
+        for st, idx, val, cond in p.stores:
+            b = st.buffer
+            if b.dtype not in _FROM_FLOAT and b.dtype not in ("float32", "float64"):
+                raise CudaCodegenError(f"gemm.wgmma: the epilogue stores {b.name!r} as {b.dtype}; a float type is "
+                                       "needed")
+            ctype = "unsigned short" if b.dtype in _FROM_FLOAT else "float" if b.dtype == "float32" else "double"
+            self.open("{")
+            for q in (0, 1):
+                v, ok, at = n[f"v{q}"], n[f"ok{q}"], n[f"at{q}"]
+                self.line(f"{ctype} {v} = 0; bool {ok}; {self.ix} {at};")
+                self.open("{")
+                self.let(p.row, f"{n['g']} * 64 + 16 * {n['w']} + ({n['l']} >> 2) + 8 * {n['h']}")
+                self.let(p.col, f"8 * {n['i']} + 2 * ({n['l']} & 3) + {q}")
+                self.line(f"const float {r.var(p.acc)} = {n['d']}[4 * {n['i']} + 2 * {n['h']} + {q}];")
+                self.line(f"{ok} = {'true' if cond is None else r.expr(cond)};")
+                self.line(f"{at} = {r.expr(r.flat(b, idx))};")
+                value = r.expr(val)
+                value = f"{_FROM_FLOAT[b.dtype]}({value})" if b.dtype in _FROM_FLOAT else f"({ctype})({value})"
+                self.line(f"if ({ok}) {v} = {value};")
+                self.close()
+            buf = r.buf(b)
+            if ctype == "unsigned short":
+                self.open(f"if ({n['ok0']} && {n['ok1']} && {n['at1']} == {n['at0']} + 1 && "
+                          f"((((unsigned long long)&{buf}[{n['at0']}]) & 3ull) == 0ull)) {{")
+                self.line(f"*reinterpret_cast<unsigned*>(&{buf}[{n['at0']}]) = (unsigned){n['v0']} | "
+                          f"((unsigned){n['v1']} << 16);")
+                self.close("} else {")
+                self.r.ind += 1
+            self.line(f"if ({n['ok0']}) {buf}[{n['at0']}] = {n['v0']};")
+            self.line(f"if ({n['ok1']}) {buf}[{n['at1']}] = {n['v1']};")
+            if ctype == "unsigned short":
+                self.close()
+            self.close()
+        self.close()
+        self.close()
+
+
+class _EmitTma(_Emit):
+    """The tile with TMA loads, warp-specialized, on a persistent grid (tma_plan's conditions hold):
+
+        warpgroup 0, the producer (40 registers): its thread 0 walks the block's tiles and k tiles; per k tile it
+            waits until the ring stage is free (empty[s]), announces its bytes (full[s], expect_tx) and issues one
+            TMA box of A (64 k x 128 rows) and cols / 64 boxes of B (64 columns x 64 k), 128-byte swizzled
+        warpgroups 1, 2, the consumers (232 registers), 64 rows each: per k tile wait full[s], 4 wgmma, keep one
+            group in flight, release the previous k tile's stage (one arrival per warp: empty[s] counts 8); after
+            the tile, the epilogue from the accumulators while the producer already loads the next tile
+        tiles: blockIdx.x, + gridDim.x, ... in grouped order (GROUP rows of tiles share B's column tiles in L2)
+
+    TMA zero-fills a box past the tensor's edges (tma_plan: the reduction covers A's columns and B's rows exactly,
+    so those zeros are the terms the reference does not add); a box wholly past the rows (or columns) is read from
+    row (column) 0 instead: those rows are never stored. Stage s's u-th use completes phase u of full[s];
+    the producer waits for phase u - 1 of empty[s] (parity u + 1: passes at once for u = 0)."""
+
+    def __init__(self, r: Any, p: WgmmaParts, plan: TmaPlan) -> None:
+        super().__init__(r, p)
+        self.plan = plan
+        self.n.update({k: r.names.fresh(f"wg_{k}") for k in (
+            "full0", "empty0", "tn", "nt", "tile", "s", "ph", "prev", "m0", "n0", "bar", "x", "ing")})
+        self.maps = []
+        for ld, box in ((p.a, (K_TILE, self.rows)), (p.b, (64, K_TILE))):
+            if ld.buffer not in r.tmaps:
+                r.tmaps[ld.buffer] = (r.names.fresh(f"{ld.buffer.name}_tmap"), box)
+            self.maps.append(r.tmaps[ld.buffer][0])
+        if r.tmaps[p.a.buffer][1] != (K_TILE, self.rows) or r.tmaps[p.b.buffer][1] != (64, K_TILE):
+            raise CudaCodegenError(f"gemm.wgmma: {p.a.buffer.name} and {p.b.buffer.name} must be different buffers "
+                                   "for TMA (one tensor map each)")
+
+    def emit(self) -> None:
+        r, p, n, s = self.r, self.p, self.n, self.stages
+        pl = self.plan
+        self.open(f"{{  // gemm.wgmma: {self.rows} x {self.cols} tiles (rows {p.row.name}, columns {p.col.name}) on a "
+                  f"persistent grid, k {p.k.var.name} in tiles of {K_TILE}: TMA into {s} swizzled stages, a producer "
+                  "warpgroup and two wgmma warpgroups (codegen.cuda.wgmma)")
+        self.line(f"unsigned char* {n['sm']} = (unsigned char*)((((unsigned long long)loopir_dyn_smem) + 1023ull) "
+                  "& ~1023ull);  // the swizzle's 1024-byte atom")
+        self.line(f"const unsigned {n['base']} = (unsigned)__cvta_generic_to_shared({n['sm']});")
+        self.line(f"const unsigned {n['full0']} = {n['base']} + {s * self.stage_bytes}u, {n['empty0']} = "
+                  f"{n['full0']} + {8 * s}u;  // mbarriers full[s], empty[s]: 8 bytes each")
+        self.open("if (threadIdx.x == 0) {")
+        self.unrolled(n["s"], s)
+        self.line(f"loopir_mbar_init({n['full0']} + 8 * {n['s']}, 1);")
+        self.line(f"loopir_mbar_init({n['empty0']} + 8 * {n['s']}, 8);  // one arrival per consumer warp")
+        self.close()
+        self.line('asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");')
+        self.close()
+        self.line("__syncthreads();  // the last block-wide barrier: from here the roles meet at the mbarriers")
+        ext = [r.expr(N.binary("sub", f.hi, f.lo)) for f in (pl.bi, pl.bj)]
+        self.line(f"const int {n['tn']} = (int)({ext[1]}), {n['nt']} = (int)({ext[0]}) * {n['tn']};")
+        self.line(f"const {self.ix} {n['hi']} = {r.expr(p.k.hi)};")
+        self.line(f"const int {n['nk']} = (int)(({n['hi']} + {K_TILE - 1}) / {K_TILE});")
+        self.open("if (threadIdx.x < 128) {  // the producer warpgroup")
+        self.line('asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\\n" ::: "memory");')
+        self.open("if (threadIdx.x == 0) {")
+        for m in self.maps:
+            self.line(f'asm volatile("prefetch.tensormap [%0];\\n" :: "l"((unsigned long long)&{m}) : "memory");')
+        self.line(f"int {n['s']} = 0; unsigned {n['ph']} = 0;")
+        self.tiles()
+        self.line(f"const int {n['m0']} = (int)({r.expr(pl.row0)}), {n['n0']} = (int)({r.expr(pl.col0)});")
+        self.open(f"for (int {n['kt']} = 0; {n['kt']} < {n['nk']}; ++{n['kt']}) {{")
+        self.line(f"loopir_mbar_wait({n['empty0']} + 8 * {n['s']}, {n['ph']} ^ 1);")
+        self.line(f"const unsigned {n['sa']} = {n['base']} + {n['s']} * {self.stage_bytes}u, {n['sb']} = {n['sa']} + "
+                  f"{self.a_bytes}u, {n['bar']} = {n['full0']} + 8 * {n['s']};")
+        self.line(f"loopir_mbar_expect({n['bar']}, {self.stage_bytes}u);  // every box counts whole, zeros included")
+        rows_a, cols_b = (r.expr(d) for d in (p.a.buffer.shape[0], p.b.buffer.shape[1]))
+        self.line(f"loopir_tma2d({n['sa']}, &{self.maps[0]}, {n['kt']} * {K_TILE}, "
+                  f"{n['m0']} < {rows_a} ? {n['m0']} : 0, {n['bar']});")
+        self.unrolled(n["c"], self.cols // 64)
+        self.line(f"const int {n['x']} = {n['n0']} + 64 * {n['c']};")
+        self.line(f"loopir_tma2d({n['sb']} + {n['c']} * {K_TILE * 128}u, &{self.maps[1]}, {n['x']} < {cols_b} ? "
+                  f"{n['x']} : 0, {n['kt']} * {K_TILE}, {n['bar']});")
+        self.close()
+        self.line(f"if (++{n['s']} == {s}) {{ {n['s']} = 0; {n['ph']} ^= 1; }}")
+        self.close()
+        self.close()  # tiles
+        self.close()  # thread 0
+        self.close("} else {  // the consumer warpgroups: 64 rows each")
+        self.r.ind += 1
+        self.line('asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\\n" ::: "memory");')
+        self.line(f"const int {n['g']} = (threadIdx.x >> 7) - 1, {n['w']} = (threadIdx.x >> 5) & 3, {n['l']} = "
+                  "threadIdx.x & 31;")
+        self.line(f"int {n['s']} = 0; unsigned {n['ph']} = 0;")
+        self.line(f"float {n['d']}[{self.cols // 2}];")
+        self.tiles()
+        self.unrolled(n["i"], self.cols // 2)
+        self.line(f"{n['d']}[{n['i']}] = 0.0f;")
+        self.close()
+        self.line(f"int {n['prev']} = 0;")
+        self.open(f"for (int {n['kt']} = 0; {n['kt']} < {n['nk']}; ++{n['kt']}) {{")
+        self.line(f"loopir_mbar_wait({n['full0']} + 8 * {n['s']}, {n['ph']});")
+        self.line("__syncwarp();  // the lanes may leave the wait at different tries; wgmma needs the whole warp")
+        self.line(f"const unsigned {n['sa']} = {n['base']} + {n['s']} * {self.stage_bytes}u, {n['sb']} = {n['sa']} + "
+                  f"{self.a_bytes}u;")
+        self.issue()
+        self.line('asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");  // the previous k tile is done')
+        self.open(f"if ({n['kt']} > 0) {{")
+        self.line("__syncwarp();")
+        self.line(f"if ({n['l']} == 0) loopir_mbar_arrive({n['empty0']} + 8 * {n['prev']});")
+        self.close()
+        self.line(f"{n['prev']} = {n['s']};")
+        self.line(f"if (++{n['s']} == {s}) {{ {n['s']} = 0; {n['ph']} ^= 1; }}")
+        self.close()
+        self.line('asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");')
+        self.open(f"if ({n['nk']} > 0) {{  // the last stage too: the producer may be loading the next tile already")
+        self.line("__syncwarp();")
+        self.line(f"if ({n['l']} == 0) loopir_mbar_arrive({n['empty0']} + 8 * {n['prev']});")
+        self.close()
+        self.epilogue()
+        self.close()  # tiles
+        self.close()  # consumers
+        self.close()
+
+    def tiles(self) -> None:
+        """for each tile of this block (blockIdx.x, + gridDim.x, ...): the block loops' variables, in grouped
+        order (GROUP rows of tiles at a time), declared in the loop's scope (they shadow the launch's)."""
+        r, n, pl = self.r, self.n, self.plan
+        self.open(f"for (int {n['tile']} = blockIdx.x; {n['tile']} < {n['nt']}; {n['tile']} += gridDim.x) {{")
+        self.line(f"const int {n['ing']} = {GROUP} * {n['tn']}, {n['first']} = ({n['tile']} / {n['ing']}) * {GROUP};")
+        self.line(f"const int {n['gs']} = min({n['nt']} / {n['tn']} - {n['first']}, {GROUP});")
+        self.line(f"const {self.ix} {r.var(pl.bi.var)} = {n['first']} + ({n['tile']} % {n['ing']}) % {n['gs']};")
+        self.line(f"const {self.ix} {r.var(pl.bj.var)} = ({n['tile']} % {n['ing']}) / {n['gs']};")
