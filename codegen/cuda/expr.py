@@ -61,7 +61,9 @@ def _wrap(dtype: str, text: str) -> str:
 
 class _ExprEmitter:
     """Line output, C names and expression rendering of `_KernelGen` (codegen/cuda/kernel.py), whose `__init__` sets
-    the state used here: names, lines, ind, ix, forward, vec_lanes, cur_sub, pre, uses_half."""
+    the state used here: names, lines, ind, ix, forward, vec_lanes, cur_sub, pre, uses_half, fast_exp."""
+
+    fast_exp = False  # float32 exp as ex2.approx: only where every output of the program is half (kernel.half_outputs)
 
     # ---------------------------------------------------------------- emission helpers
     def line(self, text: str) -> None:
@@ -183,6 +185,8 @@ class _ExprEmitter:
             return f"{_CUDA_MATH2[e.fn]}{'f' if single else ''}({x}, {args[1]})"
         if e.fn in _CUDA_FAST:  # CUDA's fast intrinsics exist for float only: double stays accurate
             return f"{_CUDA_FAST[e.fn]}({x})" if single else f"{e.fn[5:]}({x})"
+        if e.fn == "exp" and single and self.fast_exp:  # the program's outputs are half (kernel.half_outputs)
+            return f"loopir_exp_fast({x})"
         if e.fn == "abs":
             if is_int(e.dtype):
                 return f"llabs({x})" if e.dtype == "int64" else _wrap(e.dtype, f"abs({x})")

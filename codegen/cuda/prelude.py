@@ -85,6 +85,10 @@ __device__ __forceinline__ unsigned loopir_f2h_x2(float lo, float hi) {
   unsigned w; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo)); return w; }
 __device__ __forceinline__ unsigned loopir_f2bf_x2(float lo, float hi) {
   unsigned w; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo)); return w; }
+// exp(x) as 2^(x log2 e) on the special-function unit, subnormal results kept (no .ftz): rendered only in programs
+// whose outputs are all 16-bit floats (codegen.cuda.kernel.half_outputs says why that is exact enough)
+__device__ __forceinline__ float loopir_exp_fast(float x) {
+  float y; asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f)); return y; }
 """
 
 PRELUDE_REDUCE = r"""struct loopir_op_add {

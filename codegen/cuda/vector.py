@@ -66,7 +66,18 @@ class _VectorEmitter:
         if not all(isinstance(st, N.Store) and st.buffer.scope in _VEC_SCOPES for st in stores):
             return None
         dt = stores[0].buffer.dtype  # type: ignore[union-attr]
-        if vector_lanes(dt) != lanes or any(st.buffer.dtype != dt for st in stores):  # type: ignore[union-attr]
+        if any(st.buffer.dtype != dt for st in stores):  # type: ignore[union-attr]
+            return None
+        # 8 float32 lanes from 16-bit loads (a half row widened into shared memory): 128-bit loads of the halves,
+        # two float4 stores per store
+        ldt = dt
+        if dt == "float32" and lanes == 8:
+            halves = {n.buffer.dtype for st in stores for n in walk(st.value) if isinstance(n, N.Load)
+                      and n.buffer.dtype in _UNPACK}
+            if len(halves) != 1:
+                return None
+            ldt = halves.pop()
+        elif vector_lanes(dt) != lanes:
             return None
         v = f.var
         checks: list[str] = []
@@ -91,7 +102,7 @@ class _VectorEmitter:
                     return None  # loads are hoisted above all the stores: none may read what they write
                 if isinstance(n, N.Load) and v in free_vars(n):
                     lflat = self.flat(n.buffer, n.indices)
-                    if n.buffer.dtype != dt or n.buffer.scope not in _VEC_SCOPES:
+                    if n.buffer.dtype != ldt or n.buffer.scope not in _VEC_SCOPES:
                         continue
                     lbase = self._aligned_base(lflat, v, checks, lanes)
                     if lbase is None:
@@ -113,7 +124,9 @@ class _VectorEmitter:
         names = ", ".join(st.name for st in stores)
         self.line(f"if ({cond}) {{  // {names}: 128-bit vector loads/stores over {v.name}")
         self.ind += 1
-        if stores[0].buffer.dtype == "float32":
+        if stores[0].buffer.dtype == "float32" and lanes == 8:
+            self._vector_emit_widen(v, outs, vec_loads)
+        elif stores[0].buffer.dtype == "float32":
             self._vector_emit(v, outs, vec_loads)
         elif stores[0].buffer.dtype in _SMALL:
             self._vector_emit_small(v, outs, vec_loads, stores[0].buffer.dtype)
@@ -154,6 +167,35 @@ class _VectorEmitter:
             self.line(f"LOOPIR_ST4({ptr}, {out});" if st.buffer.scope == "global" else f"*{ptr} = {out};")
             self._invalidate(st.buffer)
 
+    def _vector_emit_widen(self, v: N.Var, outs: list, vec_loads: list) -> None:
+        """8 float32 lanes whose vector loads are 16-bit: one `uint4` per load (each word two lanes), the lanes
+        computed in float, two float4 stores (the alignment proved for 8 lanes covers both)."""
+        self.uses_half = True
+        lane_names = self._uint4_loads(vec_loads)
+        for st, base, value in outs:
+            vals = self._half_lanes(v, st, value, lane_names)
+            for half in (0, 1):
+                at = self.expr(N.binary("add", base, N.const(4 * half)))
+                ptr = f"reinterpret_cast<float4*>(&{self.buf(st.buffer)}[{at}])"
+                four = f"make_float4({', '.join(vals[4 * half:4 * half + 4])})"
+                self.line(f"LOOPIR_ST4({ptr}, {four});" if st.buffer.scope == "global" else f"*{ptr} = {four};")
+            self._invalidate(st.buffer)
+
+    def _half_lanes(self, v: N.Var, st: N.Store, value: N.Expr, lane_names: dict) -> list[str]:
+        """The 8 lanes of `value` as float constants (their names), the vector loads' lanes unpacked from the words
+        of their `uint4` (lane 2k the low half of word k)."""
+        vals = [self.names.fresh(f"{st.name}_{lane}") for lane in range(8)]
+        for lane in range(8):
+            lc, word = N.const(lane), f".{'xyzw'[lane // 2]}"
+            self.vec_lanes = {substitute(ld, {v: lc}): f"{_UNPACK[ld.buffer.dtype][lane % 2]}({nm}{word})"
+                              for ld, nm in lane_names.items()}
+            lane_value = substitute(value, {v: lc})
+            self.sincos(lane_value)
+            self.line(f"const float {vals[lane]} = {self.expr(lane_value)};")
+        self.vec_lanes = {}
+        self.pre = {}
+        return vals
+
     def _uint4_loads(self, vec_loads: list) -> dict:
         """One 128-bit load (a `uint4`) per vector load; the lanes' names by load."""
         lane_names = {}
@@ -182,17 +224,9 @@ class _VectorEmitter:
             ptr = f"reinterpret_cast<uint4*>(&{self.buf(st.buffer)}[{self.expr(base)}])"
             if self._uint4_copy(st, ptr, value, lane_names):  # a copy (a cache_read row): the bits as they are
                 continue
-            vals = [self.names.fresh(f"{st.name}_{lane}") for lane in range(8)]
-            for lane in range(8):
-                lc = N.const(lane)
-                word = f".{'xyzw'[lane // 2]}"
-                self.vec_lanes = {substitute(ld, {v: lc}): f"{_UNPACK[dt][lane % 2]}({nm}{word})"
-                                  for ld, nm in lane_names.items()}
-                lane_value = substitute(value, {v: lc})
-                self.sincos(lane_value)
-                self.line(f"const float {vals[lane]} = {self.expr(lane_value)};")
-            self.vec_lanes = {}
-            self.pre = {}
+            if isinstance(value, N.Cast) and value.dtype == dt:
+                value = value.a  # the pack rounds each lane to dt: rounding first as well changes nothing
+            vals = self._half_lanes(v, st, value, lane_names)
             words = ", ".join(f"{_PACK[dt]}({vals[2 * k]}, {vals[2 * k + 1]})" for k in range(4))
             self.line(f"const uint4 {out} = make_uint4({words});  // {st.name}")
             self.line(f"LOOPIR_ST4({ptr}, {out});" if st.buffer.scope == "global" else f"*{ptr} = {out};")
