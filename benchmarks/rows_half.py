@@ -40,7 +40,8 @@ def _torch_fn(name: str, x: Any, params: list[Any]) -> Any:
     return lambda: F.rms_norm(x, (n,), params[0], RMSNORM_EPS)
 
 
-def case(name: str, m: int, n: int, dtype: str, reps: int, compile_torch: bool) -> dict[str, Any]:
+def case(name: str, m: int, n: int, dtype: str, reps: int, compile_torch: bool,
+         schedule: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
     from codegen import build
@@ -61,7 +62,8 @@ def case(name: str, m: int, n: int, dtype: str, reps: int, compile_torch: bool) 
         torch._dynamo.reset()
         cf = torch.compile(lambda: fn(), dynamic=False)
         row["compile_ms"] = _events_ms(cf, reps)
-    mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
+    mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda", schedule=schedule)
+    row["schedule"] = schedule
     out = torch.full((m, n), float("nan"), device="cuda", dtype=tdt)
     args = [view(x), *(view(p) for p in params), view(out)]
     mod(*args)
@@ -76,7 +78,8 @@ def case(name: str, m: int, n: int, dtype: str, reps: int, compile_torch: bool) 
         row["vs_compile"] = row["compile_ms"] / row["ms"]
     print(f"| {name} | {m}x{n} | {dtype} | {row['ms']:.4f} | {row['floor_pct']:.0f}% | "
           f"{row.get('compile_ms', float('nan')):.4f} | {100 * row['floor_ms'] / row.get('compile_ms', np.inf):.0f}% | "
-          f"{row.get('vs_compile', float('nan')):.2f} | {row['vs_eager']:.2f} | {row['rel_err']:.1e} |", flush=True)
+          f"{row.get('vs_compile', float('nan')):.2f} | {row['vs_eager']:.2f} | {row['rel_err']:.1e} | "
+          f"{json.dumps(schedule) if schedule else 'default'} |", flush=True)
     return row
 
 
@@ -88,6 +91,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--schedule", action="append", default=None,
+                    help='auto_schedule options as JSON, e.g. {"rows": {"warp_lanes": 32, "warp_row_max": 2048}}; '
+                         "repeat to time several (each row says which)")
     a = ap.parse_args()
     print("| workload | shape | dtype | ours ms | ours % floor | compile ms | compile % floor | ours vs compile | "
           "ours vs eager | rel. err |\n|---|---|---|---|---|---|---|---|---|---|", flush=True)
@@ -96,10 +102,11 @@ def main() -> None:
         for name in a.workloads:
             for sh in a.shapes:
                 m, n = (int(v) for v in sh.split("x"))
-                try:
-                    rows.append(case(name, m, n, dtype, a.reps, not a.no_compile))
-                except Exception as e:  # noqa: BLE001 - report, keep the others
-                    print(f"| {name} | {sh} | {dtype} | failed: {type(e).__name__}: {str(e)[:200]} |", flush=True)
+                for sched in [json.loads(x) for x in a.schedule] if a.schedule else [None]:
+                    try:
+                        rows.append(case(name, m, n, dtype, a.reps, not a.no_compile, sched))
+                    except Exception as e:  # noqa: BLE001 - report, keep the others
+                        print(f"| {name} | {sh} | {dtype} | failed: {type(e).__name__}: {str(e)[:200]} |", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -659,7 +659,8 @@ class _Planner:
             row_len = max(C.elements(d, self.ev) for d in inner)
             sym = sorted({n.name for d in inner for e in d for n in walk(e) if isinstance(n, Var)})
             g.strategy = R.choose_row_strategy(row_len, rows, sym, all(v in self.given for v in sym), THREADS,
-                                               self.dev, self.row_params, R.splittable(g.stages, g.depth))
+                                               self.dev, self.row_params, R.splittable(g.stages, g.depth),
+                                               np_dtype(g.stages[-1].dtype).itemsize)
             g.log.append(Decision("note", ("row strategy",), None, f"{g.strategy.name}: {g.strategy.why}"))
             return {"warp": "warp", "split": "split"}.get(g.strategy.name, "row")
         return "thread"

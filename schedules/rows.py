@@ -42,6 +42,11 @@ SPLIT_ROW_MIN = 8192  # rows at least this long, and too few to fill the SMs, ar
 # of up to 32 lanes; 16 by default: two rows share a warp, each load instruction still reading 2 x 64 contiguous
 # bytes (RowParams.warp_lanes = 32: a whole warp per row, unmeasured)
 MAX_LANES = 16
+# 16-bit rows up to this many elements (2 KB) get a whole warp each, 4 rows a block of 128 threads: measured on the
+# H200 (benchmarks/rows_half.py, float16 softmax / layer norm / RMSNorm at 131072x256, 65536x512, 32768x1024) 1.1 to
+# 2.8x faster than a block per row (e.g. softmax 65536x512 0.0794 -> 0.0449 ms, 131072x256 0.1317 -> 0.0470 ms),
+# and faster than 16 lanes per row at 512 and 1024 elements
+HALF_WARP_ROW_MAX = 1024
 RED_SCRATCH_SLOTS = 32  # the block all-reduce's shared scratch: one slot per warp (codegen.cuda.reduce)
 
 
@@ -120,17 +125,25 @@ def _pow2_floor(n: int) -> int:
 
 
 def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: bool, threads: int,
-                        dev: C.Device, params: RowParams | None = None, splittable: bool = True) -> RowStrategy:
+                        dev: C.Device, params: RowParams | None = None, splittable: bool = True,
+                        itemsize: int = 4) -> RowStrategy:
     """The strategy of a row group with rows of `row_len` elements (at the plan's sizes) and `rows` rows.
     `symbolic`: the row length's sizes that are symbolic; `given`: whether the plan was given their values;
     `params`: the thresholds (RowParams); `splittable`: whether the group's shape allows a split (one
-    reduction loop per reduction stage)."""
+    reduction loop per reduction stage); `itemsize`: the bytes of the group's output elements."""
     prm = params or RowParams()
     nums = f"row length {row_len:,}, {rows:,} row{'s' if rows != 1 else ''}"
     if symbolic and not given:
         return RowStrategy("block", threads, 1, f"{nums} at the costed size, but the row length "
                            f"({', '.join(symbolic)}) is symbolic and no sizes were given: a block per row, "
                            "which holds up at every length")
+    if itemsize <= 2 and not prm.warp_row_max and row_len <= HALF_WARP_ROW_MAX:
+        lanes = 32 if prm.warp_lanes == MAX_LANES else prm.warp_lanes
+        lanes = min(lanes, max(2, _pow2_floor(max(1, row_len // 2))))
+        return RowStrategy("warp", lanes, threads // lanes,
+                           f"{nums}: 16-bit rows of up to {HALF_WARP_ROW_MAX} elements get {lanes} lanes each "
+                           f"({threads // lanes} rows per block; shuffle reductions within a row; measured faster "
+                           "than a block per row)")
     if row_len < (prm.warp_row_max or threads):
         # measured on the H200 (benchmarks/rows_gpu.py): a warp-per-row kernel re-reads its row from L1/L2 in
         # each phase and lost to a block per row with the row in shared memory at 768 and 1000 elements

@@ -1,7 +1,8 @@
 """The half-precision memory and math paths of the CUDA renderer: `exp` as ex2.approx only in programs whose
 outputs are all 16-bit floats (codegen.cuda.kernel.half_outputs), a half row cached widened to float32 copied with
-128-bit loads (codegen.cuda.vector._vector_emit_widen), and, on a GPU, both against float64 for both half types,
-with operands at aligned and at unaligned addresses (the scalar fallback)."""
+128-bit loads (codegen.cuda.vector._vector_emit_widen), 16-bit rows of up to 1024 elements on a warp each
+(schedules.rows.HALF_WARP_ROW_MAX), and, on a GPU, all of them against float64 for both half types, with operands
+at aligned and at unaligned addresses (the scalar fallback)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ def test_exp_is_approximate_only_where_every_output_is_half(dtype):
 
 @pytest.mark.parametrize("dtype", HALVES)
 def test_a_widened_half_row_is_copied_with_128_bit_loads(dtype):
-    src = _source(w.rmsnorm(m=64, n=512, dtype=dtype))
-    assert "float x_shared[512]" in src  # cached widened (codegen.passes.accumulate.widen_staged)
+    src = _source(w.rmsnorm(m=64, n=2048, dtype=dtype))  # a block per row, the row cached (shorter: warp rows)
+    assert "float x_shared[2048]" in src  # cached widened (codegen.passes.accumulate.widen_staged)
     assert "const uint4 x_v = LOOPIR_LD4(" in src and src.count("reinterpret_cast<float4*>(&x_shared[") == 2
 
 
@@ -65,6 +66,19 @@ def _run(name, dtype, m, n, offset, seed):
     assert not torch.isnan(out).any()
     err = float((out.double() - ref).abs().max() / ref.abs().max())
     assert err < (1e-2 if dtype == "bfloat16" else 2e-3), err
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_short_half_rows_get_a_warp_each_and_long_ones_a_block(dtype):
+    from schedules import auto_schedule
+
+    for n, want in ((256, "warp: row length 256"), (1024, "warp: row length 1,024"), (2048, "block")):
+        text = auto_schedule(list(w.softmax(m=65536, n=n, dtype=dtype).outputs), "cuda").plan.explain()
+        assert f"row strategy: {want}" in text, text
+    assert "32 lanes each" in auto_schedule(list(w.layernorm(m=65536, n=512, dtype=dtype).outputs),
+                                            "cuda").plan.explain()
+    f32 = auto_schedule(list(w.softmax(m=65536, n=512).outputs), "cuda").plan.explain()
+    assert "row strategy: block" in f32  # float32 rows of 512: unchanged (a warp per row lost at 768 and 1000)
 
 
 @pytest.mark.gpu
