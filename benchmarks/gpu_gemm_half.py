@@ -69,15 +69,16 @@ def _host_us(fn: Any, reps: int = 20) -> float:
 
 
 def entries(shapes: list[tuple[int, int, int]], dtypes: tuple[str, ...], reps: int = 30,
-            compile_torch: bool = True) -> list[dict[str, Any]]:
+            compile_torch: bool = True, schedules: list[dict[str, Any] | None] | None = None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for dtype in dtypes:
         for shape in shapes:
-            rows += _shape_rows(shape, dtype, reps, compile_torch)
+            rows += _shape_rows(shape, dtype, reps, compile_torch, schedules or [None])
     return rows
 
 
-def _shape_rows(shape: tuple[int, int, int], dtype: str, reps: int, compile_torch: bool) -> list[dict[str, Any]]:
+def _shape_rows(shape: tuple[int, int, int], dtype: str, reps: int, compile_torch: bool,
+                schedules: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
     """The baselines, then ours at fixed and at symbolic sizes, for one shape and dtype."""
     import torch
 
@@ -97,11 +98,11 @@ def _shape_rows(shape: tuple[int, int, int], dtype: str, reps: int, compile_torc
         base["compile"] = lambda: f(a, b, bias)
     times = {k: _events_ms(v, reps) for k, v in base.items()}
     rows = []
-    for sizes in ("fixed", "symbolic"):
-        row: dict[str, Any] = {"workload": f"{n}x{m}x{p} {dtype}", "sizes": sizes,
+    for sizes, sched in [(sz, sc) for sc in schedules for sz in ("fixed", "symbolic")]:
+        row: dict[str, Any] = {"workload": f"{n}x{m}x{p} {dtype}", "sizes": sizes, "schedule": sched,
                                **{f"{k}_ms": v for k, v in times.items()}}
         try:
-            row.update(_ours((a, b, bias), ref, sizes, dtype, reps))
+            row.update(_ours((a, b, bias), ref, sizes, dtype, reps, sched))
             row["tflops"] = 2.0 * n * m * p / row["ms"] / 1e9
             for k, v in times.items():
                 row[f"vs_{k}"] = v / row["ms"]
@@ -112,7 +113,8 @@ def _shape_rows(shape: tuple[int, int, int], dtype: str, reps: int, compile_torc
     return rows
 
 
-def _ours(inputs: tuple[Any, ...], ref: Any, sizes: str, dtype: str, reps: int) -> dict[str, Any]:
+def _ours(inputs: tuple[Any, ...], ref: Any, sizes: str, dtype: str, reps: int,
+          schedule: dict[str, Any] | None = None) -> dict[str, Any]:
     """Build through `build(outputs, args)` (fixed or symbolic sizes), check, time; the row's fields."""
     import torch
 
@@ -128,7 +130,7 @@ def _ours(inputs: tuple[Any, ...], ref: Any, sizes: str, dtype: str, reps: int) 
     else:
         wl = w.matmul_bias_relu(n=te.var("n"), m=te.var("m"), p=te.var("p"), dtype=dtype)
     t0 = time.perf_counter()
-    mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
+    mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda", schedule=schedule)
     out = torch.full((n, m), float("nan"), device=a.device, dtype=a.dtype)
     view = (lambda x: x.view(torch.uint16)) if dtype == "bfloat16" else (lambda x: x)
     args = [view(a), view(b), view(bias), view(out)]
@@ -162,7 +164,8 @@ def show(r: dict[str, Any]) -> None:
         return
     print(f"| {r['workload']} | {r['sizes']} | {r['ms']:.4f} | {r['tflops']:.0f} | {r['vs_mm']:.2f} | "
           f"{r['vs_addmm']:.2f} | {r['vs_eager']:.2f} | {r.get('vs_compile', float('nan')):.2f} | "
-          f"{r['rel_err']:.1e} | {r['wgmma']} | {r['call_us']:.0f} |", flush=True)
+          f"{r['rel_err']:.1e} | {r['wgmma']} | {r['call_us']:.0f} |"
+          + (f" {json.dumps(r['schedule'])} |" if r.get("schedule") else ""), flush=True)
 
 
 def main() -> None:
@@ -172,9 +175,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (its compile takes a while)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--schedule", action="append", default=None,
+                    help='auto_schedule options as JSON (repeat: each timed), e.g. {"gemm": {"wgmma": {"block": '
+                         '[128, 64]}}}')
     a = ap.parse_args()
     print(HEADER, flush=True)
-    rows = entries([_parse(t) for t in a.shapes], tuple(a.dtypes), a.reps, not a.no_compile)
+    scheds = [json.loads(x) or None for x in a.schedule] if a.schedule else None
+    rows = entries([_parse(t) for t in a.shapes], tuple(a.dtypes), a.reps, not a.no_compile, scheds)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
