@@ -25,6 +25,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.gpu_suite import time_cuda  # noqa: E402
+
 SHAPES = ["4096x4096x4096", "4000x4000x4000", "2048x2048x2048", "8192x8192x8192", "1000x1000x1000",
           "4096x4096x1024", "1024x4096x4096", "333x776x200"]
 
@@ -34,25 +36,13 @@ def _parse(t: str) -> tuple[int, int, int]:
     return (x[0], x[0], x[0]) if len(x) == 1 else (x[0], x[1], x[2])
 
 
-def _events_ms(fn: Any, reps: int = 30, warmup: int = 5, inner: int = 10) -> float:
-    """Median over `reps` of the mean time of `inner` back-to-back calls between two CUDA events: the GPU's queue
-    stays full, so the figure is the kernels' time, not the host's launch latency (each implementation's host
-    path, ours included, is measured by the `call_us` column instead)."""
+def _events_ms(fn: Any, reps: int = 30) -> float:
+    """Median over `reps` of the mean time of 10 back-to-back calls between two CUDA events (gpu_suite.time_cuda):
+    the GPU's queue stays full, so the figure is the kernels' time, not the host's launch latency (each
+    implementation's host path, ours included, is measured by the `call_us` column instead)."""
     import torch
 
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(inner):
-            fn()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) / inner)
-    return float(np.median(ts))
+    return time_cuda(torch, fn, batch=10, repeat=reps, warmup=5)
 
 
 def _host_us(fn: Any, reps: int = 20) -> float:

@@ -23,8 +23,8 @@ from .dtypes import is_int
 from .nodes import Binary, Cast, Const, Expr, Unary, Var, binary
 from .visit import walk
 
-__all__ = ["access_pattern", "const_diff", "eval_index", "linear_form", "linear_in", "polynomial", "row_major",
-           "same_value", "simplify", "simplify_affine", "simplify_divmod"]
+__all__ = ["access_pattern", "const_diff", "eval_index", "linear_form", "linear_in", "multiple_of", "polynomial",
+           "row_major", "same_value", "simplify", "simplify_affine", "simplify_divmod"]
 
 
 def linear_in(e: Expr, v: Var) -> tuple[int, Expr] | None:
@@ -82,6 +82,13 @@ def const_diff(a: Expr, b: Expr) -> int | None:
     if any(v for k, v in d.items() if k != 1):
         return None
     return d.get(1, 0)
+
+
+def multiple_of(e: Expr, k: int) -> bool:
+    """`e` is provably a multiple of k: affine with every coefficient and the constant divisible by k
+    (`4096`, `16*n16` after call-time specialization substituted a size)."""
+    lin = linear_form(e)
+    return lin is not None and all(isinstance(c, int) and c % k == 0 for c in lin.values())
 
 
 def same_value(a: Expr, b: Expr) -> bool:

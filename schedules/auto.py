@@ -44,7 +44,7 @@ from typing import Any
 import islpy as isl
 
 from loopir import poly
-from loopir.affine import same_value, simplify
+from loopir.affine import multiple_of, same_value, simplify
 from loopir.dtypes import vector_lanes
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.lower import lower
@@ -53,7 +53,6 @@ from loopir.subst import stages_of
 from loopir.te import Tensor
 from loopir.te_scan import is_recurrence, statement_names
 from loopir.visit import deep_recursion, substitute, walk
-from loopir.affine import linear_form
 
 from .attention import (
     KEY_TILE, ROWS_PER_BLOCK, AttentionPlan, apply_online, attention_rewrites, map_online, on_tensor_cores,
@@ -181,13 +180,14 @@ def _map_gemm(s: Schedule, g: FusionGroup, target: str) -> None:
         raise ArgumentError(f"auto_schedule: the plan maps {mm!r} as a GEMM but its lowered update statement is not "
                             "matmul-shaped")
     prm = dict(g.gemm or {})
-    wg = _wgmma_block(s, g, prm) if target == "cuda" and _tensor_cores(s, g, prm) else None
+    tensor_cores = target == "cuda" and _tensor_cores(s, g, prm)
+    wg = _wgmma_block(s, g, prm) if tensor_cores else None
     if wg is not None:
         g.gemm_plan = schedule_gemm_wgmma(s, mm, epilogue=eps, block=wg)
         g.log.append(Decision("note", (mm,), None, "tensor cores: float16/bfloat16 inputs, a plain 2-d matmul whose "
                               "A and B rows are 16-byte aligned (lengths multiples of 8) -> Hopper's warpgroup "
                               f"recipe (wgmma + a cp.async ring, sm_90a; schedules/recipes/gemm_wgmma.py), tile {wg}"))
-    elif target == "cuda" and _tensor_cores(s, g, prm):
+    elif tensor_cores:
         tiles = prm.get("mma") or MMA_TILES
         g.gemm_plan = schedule_gemm_mma(s, mm, epilogue=eps, **tiles)
         why = ("asked for (gemm tensor_cores=True)" if prm.get("tensor_cores") else
@@ -221,7 +221,7 @@ def _tensor_cores(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> bool:
     # a K that is not a known multiple of 8 leaves A's rows off 16-byte boundaries, and its element-wise copies
     # made the tensor-core kernel slower than the SIMT one (H200, float16 1001 x 1003 x 999 at symbolic sizes:
     # 0.71 ms vs 0.48 ms)
-    if not _multiple_of(dims[2], 8):
+    if not multiple_of(dims[2], 8):
         return False
     if forced:
         return True
@@ -246,7 +246,7 @@ def _wgmma_block(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> tuple[int,
         return None
     upd, _ = resolve_stage(s.program, mm.name, [], "auto_schedule")
     ops = [half_load(x) for x in (upd.value.b.a, upd.value.b.b)]  # type: ignore[attr-defined]
-    if not all(isinstance(x, Load) and _multiple_of(x.buffer.shape[-1], 8) for x in ops):
+    if not all(isinstance(x, Load) and multiple_of(x.buffer.shape[-1], 8) for x in ops):
         return None
     if isinstance(wg, dict):
         return wg["block"]
@@ -270,13 +270,6 @@ def _group_root(s: Schedule, g: FusionGroup) -> list[Any]:
 def _is_const(e: Expr, v: int) -> bool:
     e = simplify(e)
     return isinstance(e, Const) and e.value == v
-
-
-def _multiple_of(e: Expr, k: int) -> bool:
-    """`e` is provably a multiple of k: affine with every coefficient and the constant divisible by k
-    (`4096`, `16*n16` after call-time specialization substituted a size)."""
-    lin = linear_form(e)
-    return lin is not None and all(isinstance(c, int) and c % k == 0 for c in lin.values())
 
 
 def _collapse(s: Schedule, loops: list[Any]) -> list[Any]:
@@ -391,7 +384,7 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
                 phase = phase.body  # e.g. the row copy of cache_read: for c0 in 0..1: for c1 in 0..n
             var = phase.var
             lanes = _store_lanes(phase.body)
-            if _is_const(phase.lo, 0) and _multiple_of(phase.hi, lanes) and _single_store(phase.body):
+            if _is_const(phase.lo, 0) and multiple_of(phase.hi, lanes) and _single_store(phase.body):
                 # 128-bit accesses along the row (the row copy into shared memory and the epilogue)
                 var, lane = s.split(var, lanes)
                 s.vectorize(lane)
@@ -449,7 +442,7 @@ def _map_warp_rows(s: Schedule, g: FusionGroup, row: Any) -> None:
         var = phase.var
         n = simplify(phase.hi - phase.lo)
         vl = _store_lanes(phase.body)  # 16 bytes: 4 floats or 8 halves
-        if _is_const(phase.lo, 0) and _multiple_of(n, vl * st.lanes) and _single_store(phase.body):
+        if _is_const(phase.lo, 0) and multiple_of(n, vl * st.lanes) and _single_store(phase.body):
             var, lane = s.split(var, vl)  # 128-bit accesses when every lane gets whole vectors
             s.vectorize(lane)
         _, ti = s.split(var, st.lanes)

@@ -18,7 +18,7 @@ from loopir.nodes import Kernel
 from loopir.subst import substitute_program_sizes, substitute_sizes
 from loopir.visit import walk
 from schedules import auto_schedule
-from schedules.auto import _multiple_of
+from loopir.affine import multiple_of
 
 # a sequence that visits every divisibility key and comes back to the first: a call with a new
 # shape must never run a variant built for another key
@@ -335,8 +335,8 @@ def test_substitute_sizes_leaves_original():
 
 def test_multiple_of_affine():
     n = te.var("n")
-    assert _multiple_of(16 * n, 4) and _multiple_of(16 * n + 8, 4) and _multiple_of(te.const(4096), 16)
-    assert not _multiple_of(n, 4) and not _multiple_of(16 * n + 2, 4) and not _multiple_of(n // 4, 4)
+    assert multiple_of(16 * n, 4) and multiple_of(16 * n + 8, 4) and multiple_of(te.const(4096), 16)
+    assert not multiple_of(n, 4) and not multiple_of(16 * n + 2, 4) and not multiple_of(n // 4, 4)
 
 
 def test_lower_assume_int32():

@@ -182,7 +182,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
     """Emits one kernel for one top-level nest: launch planning and statements here; expressions, float4
     accesses, cross-thread reductions and shared-memory staging in the mixins (see the module docstring)."""
 
-    def __init__(self, program: N.Program, kernel: N.Kernel, name: str, host_vars: tuple[N.Var, ...] = ()):
+    def __init__(self, program: N.Program, kernel: N.Kernel, name: str, host_vars: tuple[N.Var, ...] = (),
+                 fast_exp: bool = False):
         self.program = program
         self.kern = kernel
         self.nest = kernel.body
@@ -191,7 +192,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.names = _Names()
         self.lines: list[str] = []
         self.ind = 1
-        self.fast_exp = half_outputs(program)
+        self.fast_exp = fast_exp  # half_outputs(program), decided once per program by generate_cuda
         self.uses_half = False
         self.uses_reduce = False
         self.uses_subwarp = False
@@ -495,6 +496,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
     names = _Names()
     texts: list[str] = []
     kernels: list[Kernel] = []
+    fast_exp = half_outputs(program)
     flags = {"half": False, "reduce": False, "subwarp": False, "async": False, "flash": False,
              "wgmma": False, "wgmma_tma": False}
 
@@ -502,7 +504,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
         k = len(kernels)
         first = (stmt_names(kn.body) or [f"nest{k}"])[0]
         kname = names.fresh(f"{program.name}_{first}")
-        gen = _KernelGen(program, kn, kname, host_vars=host_vars)
+        gen = _KernelGen(program, kn, kname, host_vars=host_vars, fast_exp=fast_exp)
         text, kern = gen.generate()
         if host_vars:  # say where it runs: the source alone shows the time loop is not inside the kernel
             head, rest = text.split("\n", 1)

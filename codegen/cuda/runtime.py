@@ -334,6 +334,16 @@ class _Plan:
     streams: dict[int | None, Any] = field(default_factory=dict)
 
 
+def _size_arg(k: Kernel, a: Any, env: dict[Var, int]) -> int:
+    """The value of size parameter `a` of kernel `k` at this call; ResourceLimitError when the kernel has 32-bit
+    indices (the variant's int32 key promised them) and the size does not fit."""
+    v = int(env[a.var])
+    if a.int32 and not -2**31 <= v < 2**31:
+        raise ResourceLimitError(f"kernel {k.name!r} has 32-bit indices but size {a.var.name!r} = {v} "
+                                 "does not fit 32 bits; build with specialize=False")
+    return v
+
+
 def _make_plan(p: _Prepared, last_call: tuple[Any, dict[Var, int]] | None) -> _Plan | None:
     mod: CudaModule = p.module
     if p.record is None or len(p.record) > MAX_PLAN_LAUNCHES:
@@ -528,11 +538,7 @@ class CudaModule(Module):
                 values.append(p.ptrs[a.buffer])
                 types.append(ctypes.c_void_p)
             else:
-                v = int(env[a.var])
-                if a.int32 and not -2**31 <= v < 2**31:  # the variant's int32 key promised otherwise
-                    raise ResourceLimitError(f"kernel {k.name!r} has 32-bit indices but size {a.var.name!r} = {v} "
-                                             "does not fit 32 bits; build with specialize=False")
-                values.append(v)
+                values.append(_size_arg(k, a, env))
                 types.append(ctypes.c_int if a.int32 else ctypes.c_longlong)
         smem = self._dynamic_shared(k, env, fns, p)
         if p.record is not None:
@@ -543,7 +549,7 @@ class CudaModule(Module):
     def _launch_maps(self, k: Kernel, grid: tuple[int, ...], block: tuple[int, ...], env: dict[Var, int],
                      fns: dict[str, Any], p: _Prepared) -> None:
         """A launch with TMA tensor maps among its parameters (codegen.cuda.tensor_map): made from this call's
-        pointers and sizes, so such calls take the full path (no recorded plan reuses stale maps). TMA reads from
+        pointers and sizes (a recorded plan remakes them from each later call's pointers: _run_plan). TMA reads from
         16-byte aligned addresses only: an operand that starts elsewhere (a view at an odd offset) is copied to an
         aligned scratch buffer on the call's stream first (codegen.cuda.tensor_map.map_value)."""
         cu = _driver()
@@ -561,7 +567,7 @@ class CudaModule(Module):
             if a.buffer is not None:
                 values.append(ctypes.c_void_p(int(p.ptrs[a.buffer])))
             else:
-                v = int(env[a.var])
+                v = _size_arg(k, a, env)
                 values.append(ctypes.c_int(v) if a.int32 else ctypes.c_longlong(v))
             specs.append(None)
         smem = self._dynamic_shared(k, env, fns, p)

@@ -198,13 +198,18 @@ class _Emit(BodyEmitter):
                        for f in (bi, bj))
                 or not any(x is self.p.row for x in walk(bj.body)) or not any(x is bj for x in walk(bi.body))):
             return
-        g = GROUP
-        self.line(f"// grouped tile order: {g} rows of tiles at a time share B's column tiles in L2")
-        self.line(f"const int {n['pid']} = blockIdx.y * gridDim.x + blockIdx.x, {n['grp']} = {g} * gridDim.x;")
-        self.line(f"const int {n['first']} = ({n['pid']} / {n['grp']}) * {g}, {n['gs']} = min((int)gridDim.y - "
-                  f"{n['first']}, {g});")
-        self.line(f"const {self.ix} {r.var(bi.var)} = {n['first']} + ({n['pid']} % {n['grp']}) % {n['gs']};")
-        self.line(f"const {self.ix} {r.var(bj.var)} = ({n['pid']} % {n['grp']}) / {n['gs']};")
+        self.line(f"// grouped tile order: {GROUP} rows of tiles at a time share B's column tiles in L2")
+        self.line(f"const int {n['pid']} = blockIdx.y * gridDim.x + blockIdx.x;")
+        self.grouped(n["pid"], "(int)gridDim.y", "(int)gridDim.x", bi.var, bj.var)
+
+    def grouped(self, tile: str, tiles_m: str, tiles_n: str, bi: N.Var, bj: N.Var) -> None:
+        """Declare the block loops' variables `bi`, `bj` of tile number `tile` of a tiles_m x tiles_n grid of
+        tiles in grouped order: GROUP rows of tiles walk the columns together (a permutation of the tiles)."""
+        n, r = self.n, self.r
+        self.line(f"const int {n['grp']} = {GROUP} * {tiles_n}, {n['first']} = ({tile} / {n['grp']}) * {GROUP};")
+        self.line(f"const int {n['gs']} = min({tiles_m} - {n['first']}, {GROUP});")
+        self.line(f"const {self.ix} {r.var(bi)} = {n['first']} + ({tile} % {n['grp']}) % {n['gs']};")
+        self.line(f"const {self.ix} {r.var(bj)} = ({tile} % {n['grp']}) / {n['gs']};")
 
     # ------------------------------------------------------------------ copies
     def chunk(self, ld: N.Load, var: N.Var, first: str, conds: list[N.Expr], dst: str) -> None:
@@ -387,7 +392,7 @@ class _EmitTma(_Emit):
         super().__init__(r, p)
         self.plan = plan
         self.n.update({k: r.names.fresh(f"wg_{k}") for k in (
-            "full0", "empty0", "tn", "nt", "tile", "s", "ph", "prev", "m0", "n0", "bar", "x", "ing")})
+            "full0", "empty0", "tn", "nt", "tile", "s", "ph", "prev", "m0", "n0", "bar", "x")})
         self.maps = []
         for ld, box in ((p.a, (K_TILE, self.rows)), (p.b, (64, K_TILE))):
             if ld.buffer not in r.tmaps:
@@ -484,9 +489,6 @@ class _EmitTma(_Emit):
     def tiles(self) -> None:
         """for each tile of this block (blockIdx.x, + gridDim.x, ...): the block loops' variables, in grouped
         order (GROUP rows of tiles at a time), declared in the loop's scope (they shadow the launch's)."""
-        r, n, pl = self.r, self.n, self.plan
+        n, pl = self.n, self.plan
         self.open(f"for (int {n['tile']} = blockIdx.x; {n['tile']} < {n['nt']}; {n['tile']} += gridDim.x) {{")
-        self.line(f"const int {n['ing']} = {GROUP} * {n['tn']}, {n['first']} = ({n['tile']} / {n['ing']}) * {GROUP};")
-        self.line(f"const int {n['gs']} = min({n['nt']} / {n['tn']} - {n['first']}, {GROUP});")
-        self.line(f"const {self.ix} {r.var(pl.bi.var)} = {n['first']} + ({n['tile']} % {n['ing']}) % {n['gs']};")
-        self.line(f"const {self.ix} {r.var(pl.bj.var)} = ({n['tile']} % {n['ing']}) / {n['gs']};")
+        self.grouped(n["tile"], f"{n['nt']} / {n['tn']}", n["tn"], pl.bi.var, pl.bj.var)

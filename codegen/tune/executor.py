@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 from loopir.errors import ArgumentError, ArgumentTypeError
 
-__all__ = ["Outcome", "Executor", "LocalExecutor", "visible_gpus", "core_sets", "run_job", "dump_fn",
+__all__ = ["Outcome", "Executor", "LocalExecutor", "visible_gpus", "core_sets", "run_job", "dump_fn", "stream_args",
            "worker_sys_path", "add_sys_path", "error_text"]
 
 
@@ -90,6 +90,14 @@ def error_text(exc: BaseException, frames: int = 4) -> str:
     """`Type: message` and the last `frames` frames of the traceback (the job's own frames, not the worker's)."""
     tb = "".join(traceback.format_tb(exc.__traceback__)[-frames:]) if frames > 0 else ""
     return f"{type(exc).__name__}: {exc}\n{tb}".rstrip()
+
+
+def stream_args(fn: Callable[[Any], Any], timeout: float) -> bytes:
+    """The arguments of a builds / runs stream checked in the call (not at the first next() of its iterator):
+    ArgumentError for a timeout that is not > 0; `fn` pickled (dump_fn)."""
+    if not timeout > 0:
+        raise ArgumentError(f"timeout must be > 0 seconds, got {timeout}")
+    return dump_fn(fn)
 
 
 def dump_fn(fn: Callable[[Any], Any]) -> bytes:
@@ -303,10 +311,7 @@ class _Pool:
         self.busy = False
 
     def stream(self, fn: Callable[[Any], Any], jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
-        # the arguments are checked here, in the call, not at the first next() of the iterator
-        if not timeout > 0:
-            raise ArgumentError(f"timeout must be > 0 seconds, got {timeout}")
-        return self._stream(dump_fn(fn), jobs, timeout)
+        return self._stream(stream_args(fn, timeout), jobs, timeout)
 
     def _stream(self, fn_bytes: bytes, jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
         if self.busy:

@@ -42,7 +42,7 @@ from typing import Any
 from loopir.errors import ArgumentError
 
 from .executor import (START_FAILURES, START_TIMEOUT, Executor, LocalExecutor, Outcome, add_sys_path, core_sets,
-                       dump_fn, error_text, run_job)
+                       error_text, run_job, stream_args)
 
 try:
     import ray
@@ -189,9 +189,7 @@ class RayExecutor:
 
     def builds(self, fn: Callable[[Any], Any], jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
         """`fn(job)` for each job as a Ray task; (index, Outcome) as each completes."""
-        if not timeout > 0:
-            raise ArgumentError(f"timeout must be > 0 seconds, got {timeout}")
-        return self._builds(dump_fn(fn), jobs, timeout)
+        return self._builds(stream_args(fn, timeout), jobs, timeout)
 
     def _builds(self, fn_bytes: bytes, jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
         if self._building:
@@ -238,9 +236,7 @@ class RayExecutor:
     def runs(self, fn: Callable[[Any], Any], jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
         """`fn(job)` for each job on the run actors (one job per actor at a time); (index, Outcome) as each
         completes."""
-        if not timeout > 0:
-            raise ArgumentError(f"timeout must be > 0 seconds, got {timeout}")
-        return self._runs(dump_fn(fn), jobs, timeout)
+        return self._runs(stream_args(fn, timeout), jobs, timeout)
 
     def _runs(self, fn_bytes: bytes, jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
         if self._running:

@@ -39,8 +39,9 @@ from loopir.visit import Transformer, substitute, subst_coords, walk
 
 from . import const_extent, only_stmt
 
-__all__ = ["FLASH", "FlashParts", "FlashMismatch", "FlashShape", "flash_parts", "shape_for", "ROWS", "ROW_CHOICES",
-           "MT", "THREADS", "KEYS", "MAX_DEPTH", "affine_conjuncts", "loop_indices"]
+__all__ = ["half_operand", "replace_load", "FLASH", "FlashParts", "FlashMismatch", "FlashShape", "flash_parts",
+           "shape_for", "ROWS", "ROW_CHOICES", "MT", "THREADS", "KEYS", "MAX_DEPTH", "affine_conjuncts",
+           "loop_indices"]
 
 FLASH = BLOCK_PASS  # "attention.m16n8k16": the block runs the marked nest once, as one kernel body
 WARPS = 4
@@ -123,7 +124,7 @@ def loop_indices(st: Store) -> tuple[Expr, ...]:
     return tuple(substitute(i, sub) for i in st.indices)
 
 
-def _half(e: Expr) -> Load | None:
+def half_operand(e: Expr) -> Load | None:
     """The half-precision load under an optional cast (the float32-accumulation idiom)."""
     if isinstance(e, Cast) and isinstance(e.a, Load):
         e = e.a
@@ -143,7 +144,7 @@ def _need(cond: bool, why: str) -> None:
         raise FlashMismatch(why)
 
 
-def _replace_load(e: Expr, buf: object, idx: tuple[Expr, ...], by: Var) -> Expr:
+def replace_load(e: Expr, buf: object, idx: tuple[Expr, ...], by: Var) -> Expr:
     """`e` with every load of buf[idx] replaced by `by`."""
     class _R(Transformer):
         def visit_Load(self, n: Load) -> Expr:  # noqa: N802 - the visitor's naming
@@ -211,7 +212,7 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
     _need(isinstance(val, Binary) and val.op == "add" and _same_load(val.a, sbuf, ridx)
           and isinstance(val.b, Binary) and val.b.op == "mul", "the dot product is not S = S + a * b")
     assert isinstance(val, Binary) and isinstance(val.b, Binary)
-    a, b = _half(val.b.a), _half(val.b.b)
+    a, b = half_operand(val.b.a), half_operand(val.b.b)
     _need(a is not None and b is not None, "the dot product's operands are not float16 / bfloat16 loads")
     assert a is not None and b is not None
     kv = kf.var
@@ -231,7 +232,7 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
     assert isinstance(mv, Binary) and isinstance(mv.a, Load)
     mbuf, xbuf, g = mv.a.buffer, mx_new.buffer, mv.b
     dot = Var("dot")
-    score = _replace_load(g, sbuf, ridx, dot)
+    score = replace_load(g, sbuf, ridx, dot)
     _need(score is not g and not any(isinstance(n, Load) and n.buffer in (sbuf, mbuf, xbuf) for n in walk(score)),
           "the score does not read the dot product (or reads the running state)")
     lm, lx = Load(mbuf, ridx), Load(xbuf, ridx)
@@ -272,7 +273,7 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
             assert isinstance(ov, Binary) and isinstance(ov.b, Binary)
             e, vv = (ov.b.a, ov.b.b) if prob(ov.b.a) else (ov.b.b, ov.b.a)
             _need(prob(e), "the vector sum's product is not exp(score - max) * V")
-            v = _half(vv)
+            v = half_operand(vv)
             _need(v is not None, "the vector sum's second factor is not a float16 / bfloat16 load (V)")
             assert v is not None
             _need(access_pattern(v.indices, st.var) == "contig" and not any(n is f.var for i in v.indices

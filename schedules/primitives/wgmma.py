@@ -34,15 +34,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loopir.affine import linear_form
-from loopir.nodes import (Allocate, Binary, Cast, Const, Expr, For, If, Load, Seq, Stmt, Store, Var, conjunction,
+from loopir.affine import linear_form, multiple_of
+from loopir.nodes import (Allocate, Binary, Const, Expr, For, If, Load, Seq, Stmt, Store, Var, conjunction,
                           conjuncts)
-from loopir.visit import Transformer, free_vars, subst_coords, substitute, walk
+from loopir.visit import free_vars, subst_coords, substitute, walk
 
-from . import const_extent
+from . import const_extent, only_stmt
+from .flash import half_operand, replace_load
 
 __all__ = ["WGMMA", "WgmmaShape", "WgmmaParts", "WgmmaMismatch", "wgmma_parts", "shape_for", "BLOCK_ROWS",
-           "BLOCK_COLS", "K_TILE", "SHARED_MAX", "multiple_of", "TmaPlan", "tma_plan", "TMA_THREADS",
+           "BLOCK_COLS", "K_TILE", "SHARED_MAX", "TmaPlan", "tma_plan", "TMA_THREADS",
            "PERSISTENT_BLOCKS", "kernel_tile"]
 
 WGMMA = "gemm.wgmma"
@@ -50,7 +51,6 @@ BLOCK_ROWS = (64, 128)
 BLOCK_COLS = (64, 128, 192, 256)
 K_TILE = 64  # one 128-byte swizzled row of halves per tile row
 SHARED_MAX = 227 * 1024  # the opt-in shared memory of a block on sm_90
-HALF = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -121,19 +121,7 @@ def _need(cond: bool, why: str) -> None:
 
 
 def _uses(e: Expr, v: Var) -> bool:
-    return any(n is v for n in walk(e))
-
-
-def multiple_of(e: Expr, k: int) -> bool:
-    """`e` is provably a multiple of k: affine with every coefficient and the constant divisible by k."""
-    lin = linear_form(e)
-    return lin is not None and all(isinstance(c, int) and c % k == 0 for c in lin.values())
-
-
-def _half(e: Expr) -> Load | None:
-    if isinstance(e, Cast) and isinstance(e.a, Load):
-        e = e.a
-    return e if isinstance(e, Load) and e.buffer.dtype in HALF else None
+    return v in free_vars(e)
 
 
 def _flatten(s: Stmt, guards: tuple[Expr, ...], sub: dict[Var, Expr], out: list) -> None:
@@ -171,9 +159,7 @@ def wgmma_parts(f: For) -> WgmmaParts:
     rows = const_extent(f, from_zero=True)
     _need(rows in BLOCK_ROWS, f"the row loop {f.var.name!r} has extent {rows}, not "
           f"{' or '.join(map(str, BLOCK_ROWS))} (split the rows by the block's rows)")
-    body = f.body
-    while isinstance(body, Seq) and len(body.body) == 1:
-        body = body.body[0]
+    body = only_stmt(f.body)
     _need(isinstance(body, For), "the row loop's body is not the loop over the tile's columns")
     assert isinstance(body, For)
     cl = body
@@ -195,14 +181,10 @@ def wgmma_parts(f: For) -> WgmmaParts:
     acc_buf = init.buffer
     _need(acc_buf.scope == "local" and isinstance(init.value, Const) and float(init.value.value) == 0.0,
           "the reduction does not start its accumulator (a local buffer: cache_write it) at 0")
-    kb = kf.body
+    kb = only_stmt(kf.body)
     kguards: tuple[Expr, ...] = ()
-    while isinstance(kb, Seq) and len(kb.body) == 1:
-        kb = kb.body[0]
     if isinstance(kb, If) and kb.orelse is None:
-        kguards, kb = tuple(conjuncts(kb.cond)), kb.then
-        while isinstance(kb, Seq) and len(kb.body) == 1:
-            kb = kb.body[0]
+        kguards, kb = tuple(conjuncts(kb.cond)), only_stmt(kb.then)
     _need(isinstance(kb, Store) and kb.buffer is acc_buf, "the reduction loop holds not only its update")
     assert isinstance(kb, Store)
     _need(not any(_uses(c, kf.var) for c in kguards), "a condition inside the reduction depends on k")
@@ -212,7 +194,7 @@ def wgmma_parts(f: For) -> WgmmaParts:
           and val.a.indices == acc_idx and isinstance(val.b, Binary) and val.b.op == "mul",
           "the update is not acc = acc + a * b")
     assert isinstance(val, Binary) and isinstance(val.b, Binary)
-    x, y = _half(val.b.a), _half(val.b.b)
+    x, y = half_operand(val.b.a), half_operand(val.b.b)
     _need(x is not None and y is not None and x.buffer.dtype == y.buffer.dtype,
           "the operands are not both float16 or both bfloat16 loads")
     assert x is not None and y is not None
@@ -231,7 +213,7 @@ def wgmma_parts(f: For) -> WgmmaParts:
         _need(multiple_of(ld.buffer.shape[-1], 8) and multiple_of(substitute(last, {inner: Const(0, "int64")}), 8),
               f"{name} ({ld.buffer.name}) rows are not provably 16-byte aligned (row length "
               f"{ld.buffer.shape[-1]} and start {last} at {inner.name} = 0 must be multiples of 8)")
-    _need(_uses(a.indices[-2], k) is False and any(_uses(i, row) for i in a.indices[:-1]),
+    _need(not _uses(a.indices[-2], k) and any(_uses(i, row) for i in a.indices[:-1]),
           f"A ({a.buffer.name}) does not select its row by {row.name!r}")
     _need(any(_uses(i, k) for i in b.indices[:-1]), f"B ({b.buffer.name}) does not select its row by k")
     row_ok, col_ok = _split_guards(rguards + kguards, row, col, "the reduction")
@@ -247,7 +229,7 @@ def wgmma_parts(f: For) -> WgmmaParts:
               f"the store to {st.buffer.name} does not read the accumulator at its element")
         _need(st.buffer is not acc_buf and st.buffer.scope == "global",
               f"the epilogue stores {st.buffer.name}, a {st.buffer.scope} buffer")
-        v = _replace(v, acc_buf, acc)
+        v = replace_load(v, acc_buf, acc_idx, acc)
         _need(not any(_uses(i, k) for i in idx) and not _uses(v, k), "the epilogue depends on k")
         stores.append((st, idx, v, conjunction(list(guards)) if guards else None))
     _need(bool(stores), "no store follows the reduction: the accumulator is never written")
@@ -256,12 +238,6 @@ def wgmma_parts(f: For) -> WgmmaParts:
     return WgmmaParts(row, col, kf, tuple(row_ok), tuple(col_ok), a, b, acc, tuple(stores), shape_for(rows, cols))
 
 
-def _replace(e: Expr, buf: object, by: Var) -> Expr:
-    class _R(Transformer):
-        def visit_Load(self, n: Load) -> Expr:  # noqa: N802 - the visitor's naming
-            return by if n.buffer is buf else n
-
-    return _R().visit(e)
 
 
 # ----------------------------------------------------------------------------- TMA and a persistent grid
@@ -310,19 +286,13 @@ def tma_plan(p: WgmmaParts, kernel_body: Stmt) -> TmaPlan | None:
     if not (isinstance(k.lo, Const) and k.lo.value == 0 and _same(k.hi, a.buffer.shape[1])
             and _same(k.hi, b.buffer.shape[0])):
         return None
-    outer = kernel_body
-    while isinstance(outer, Seq) and len(outer.body) == 1:
-        outer = outer.body[0]
+    outer = only_stmt(kernel_body)
     if not (isinstance(outer, For) and outer.thread == "blockIdx.y"):
         return None
-    inner = outer.body
-    while isinstance(inner, Seq) and len(inner.body) == 1:
-        inner = inner.body[0]
+    inner = only_stmt(outer.body)
     if not (isinstance(inner, For) and inner.thread == "blockIdx.x"):
         return None
-    tile = inner.body
-    while isinstance(tile, Seq) and len(tile.body) == 1:
-        tile = tile.body[0]
+    tile = only_stmt(inner.body)
     if not (isinstance(tile, For) and tile.var is p.row) or any(
             not (isinstance(f.lo, Const) and f.lo.value == 0) for f in (outer, inner)):
         return None
