@@ -19,7 +19,7 @@ from codegen.cuda.nvrtc import compile_cubin
 from codegen.passes import lower as lower_passes
 from loopir import interp, te
 from loopir import workloads as w
-from loopir.errors import LoopirError
+from loopir.errors import ArgumentError, LoopirError
 from loopir.lower import lower
 from loopir.nodes import For
 from loopir.visit import walk
@@ -283,3 +283,28 @@ def test_symbolic_sizes_match_on_the_gpu(size):
     n, m, p = size
     mod, a, b, bias = _torch_case(n, m, p, "bfloat16", sym=True, seed=7)
     _run_check(mod, a, b, bias, "bfloat16")
+
+
+# ----------------------------------------------------------------------------- bad options
+
+
+@pytest.mark.parametrize("gemm, match", [
+    ({"wgmma": True}, "gemm wgmma must be None, False or a dict with 'block', got True"),
+    ({"wgmma": {"tile": (128, 128)}}, "gemm wgmma must be a dict with some of block, got {'tile': (128, 128)}"),
+    ({"wgmma": {"block": (96, 128)}}, "schedule_gemm_wgmma: block (96, 128): rows must be one of (64, 128)"),
+    ({"wgmma": {"block": (128, 100)}}, "schedule_gemm_wgmma: block (128, 100)"),
+])
+def test_bad_wgmma_options_are_refused_by_name(gemm, match):
+    wl = w.matmul_bias_relu(n=256, m=256, p=64, dtype="float16")
+    with pytest.raises(ArgumentError, match=re.escape(match)):
+        auto_schedule(list(wl.outputs), "cuda", gemm=gemm)
+
+
+def test_the_recipe_refuses_a_batched_matmul_by_name():
+    x = te.placeholder((4, 128, 64), "float16", name="x")
+    wt = te.placeholder((64, 128), "float16", name="w")
+    k = te.reduce_axis(64, "k")
+    y = te.compute((4, 128, 128), lambda b, i, j: te.sum(x[b, i, k] * wt[k, j], axis=k), name="y")
+    with pytest.raises(ArgumentError, match=re.escape("schedule_gemm_wgmma: 'y' has 4 loops; the recipe takes a "
+                                                      "plain (i, j, k) matmul")):
+        schedule_gemm_wgmma(Schedule([y]), "y")
