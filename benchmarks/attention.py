@@ -3,7 +3,8 @@ mask, run at every shape; beside it PyTorch eager's naive composition and scaled
 same run. Checks every output against float64 (computed by torch on the GPU), outputs NaN-poisoned first.
 
     python3 benchmarks/attention.py [--dtypes float16,bfloat16,float32] [--masks none,causal]
-                                    [--shapes 64x4096x4096,64x1000x1000,12x333x777] [--out DIR]
+                                    [--shapes 64x4096x4096,64x1000x1000,12x333x777] [--depth 64] [--no-wgmma]
+                                    [--out DIR]
 
 Shapes are (batch x heads) x query rows x keys, head dimension 64. TFLOP/s counts 4 n m d per batch (halved with the
 causal mask). Writes RESULTS_attention.md into --out (default: benchmarks/).
@@ -24,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from codegen import build  # noqa: E402
 from gpu_suite import time_cuda  # noqa: E402
 from loopir import te, workloads  # noqa: E402
-from schedules import auto_schedule  # noqa: E402
+from schedules import attention, auto_schedule  # noqa: E402
 
 H = 16  # heads: the batch x heads dimension is viewed as (batch, H) for SDPA
 
@@ -65,8 +66,9 @@ def _row(mod, dtype: str, causal: bool, B: int, n: int, m: int, D: int, built: f
     err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
     t_ours, t_eager, t_sdpa = (time_cuda(torch, f, batch=3, repeat=9) for f in (ours, eager, sdpa))
     flops = 4.0 * B * n * m * D * (0.5 if causal else 1.0)
-    r = dict(dtype=dtype, mask="causal" if causal else "none", shape=f"{B}x{n}x{m}", d=D, tc="attention.m16n8k16" in
-             mod.source, ours=t_ours, eager=t_eager, sdpa=t_sdpa, tflops=flops / t_ours / 1e9,
+    tc = next((k.split(".")[1] for k in ("attention.wgmma", "attention.m16n8k16") if k in mod.source), "no")
+    r = dict(dtype=dtype, mask="causal" if causal else "none", shape=f"{B}x{n}x{m}", d=D, tc=tc, ours=t_ours,
+             eager=t_eager, sdpa=t_sdpa, tflops=flops / t_ours / 1e9,
              sdpa_tflops=flops / t_sdpa / 1e9, err=err, build=built)
     print(f"{dtype:9s} d{D} {r['mask']:7s} {r['shape']:16s} ours {t_ours:8.3f} ms ({r['tflops']:6.1f} TFLOP/s)  "
           f"eager {t_eager:8.3f}  sdpa {t_sdpa:8.3f} ({r['sdpa_tflops']:6.1f})  ours/sdpa throughput "
@@ -84,7 +86,9 @@ def main() -> None:
     ap.add_argument("--shapes", default="64x4096x4096,64x1000x1000,12x333x777,96x1024x1024")
     ap.add_argument("--depth", type=int, default=64, help="head dimension")
     ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    ap.add_argument("--no-wgmma", action="store_true", help="the mma.sync kernel (attention.m16n8k16) only")
     a = ap.parse_args()
+    attention.WGMMA_ATTENTION = not a.no_wgmma
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     rows = []
     for dtype in a.dtypes.split(","):
@@ -108,7 +112,7 @@ def main() -> None:
     for r in rows:
         lines.append(f"| {r['dtype']} | {r['mask']} | {r['shape']} | {r['ours']:.3f} | {r['tflops']:.1f} | "
                      f"{r['eager']:.3f} | {r['sdpa']:.3f} | {r['sdpa_tflops']:.1f} | {r['sdpa'] / r['ours']:.2f} | "
-                     f"{r['eager'] / r['ours']:.2f} | {r['err']:.1e} | {'yes' if r['tc'] else 'no'} |")
+                     f"{r['eager'] / r['ours']:.2f} | {r['err']:.1e} | {r['tc']} |")
     with open(os.path.join(a.out, "RESULTS_attention.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,6 +1,8 @@
 """Small tensor-core attention runs for compute-sanitizer (racecheck / memcheck / synccheck): the causal float16
 pass at sizes the 128-row blocks and 64-key tiles do not divide, and the bfloat16 pass with unaligned query rows,
-an index-dependent score and a sliding window (tests/test_flash.py's `_custom`), each checked against float64.
+an index-dependent score and a sliding window (tests/test_flash.py's `_custom`), each checked against float64, on
+both kernels: the warpgroup one (attention.wgmma: head dimensions 64 and 128) and mma.sync (attention.m16n8k16:
+head dimension 32, and 64 with the warpgroup kernel turned off).
 
     compute-sanitizer --tool racecheck python benchmarks/flash_racecheck.py
 """
@@ -17,13 +19,15 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 from codegen import build  # noqa: E402
 from loopir import blocks, te, workloads  # noqa: E402
-from schedules import auto_schedule  # noqa: E402
+from schedules import attention, auto_schedule  # noqa: E402
 from test_flash import _custom, _custom_reference  # noqa: E402
 
 
 def _run(args, y, arrays, want, dtype, shape, what):  # noqa: ANN001
     mod = build(auto_schedule([y], "cuda"), args + [y], target="cuda")
-    assert "attention.m16n8k16" in mod.source, "the pass is not on tensor cores"
+    kernel = next((k for k in ("attention.wgmma", "attention.m16n8k16") if k in mod.source), None)
+    assert kernel is not None, "the pass is not on tensor cores"
+    what = f"{what} ({kernel})"
     got = blocks.as_dtype(np.full(shape, np.nan), dtype)
     mod(*arrays, got)
     got = blocks.as_float64(got, dtype)
@@ -49,3 +53,14 @@ q, k, v = (rng.standard_normal((2, 100, 128)).astype(np.float16) for _ in range(
 _run(list(w.inputs), w.outputs[0], (q, k, v),
      workloads.naive_attention_reference(*(x.astype(np.float64) for x in (q, k, v)), False), "float16",
      (2, 100, 128), "float16 d128 2 x 100 x 100")
+args, y = _custom("float16", d=64)
+q = blocks.as_dtype(rng.standard_normal((2, 150, 68)), "float16")
+k, v = (blocks.as_dtype(rng.standard_normal((2, 150, 64)), "float16") for _ in range(2))
+_run(args, y, (q, k, v), _custom_reference(*(blocks.as_float64(x, "float16") for x in (q, k, v)), d=64), "float16",
+     (2, 150, 64), "float16 d64 unaligned rows, window 2 x 150 x 150")
+attention.WGMMA_ATTENTION = False
+w = workloads.naive_attention(te.var("B"), te.var("n"), te.var("m"), 64, "causal", dtype="bfloat16")
+q, k, v = (blocks.as_dtype(rng.standard_normal((2, 200, 64)), "bfloat16") for _ in range(3))
+_run(list(w.inputs), w.outputs[0], (q, k, v),
+     workloads.naive_attention_reference(*(blocks.as_float64(x, "bfloat16") for x in (q, k, v)), "causal"),
+     "bfloat16", (2, 200, 64), "bfloat16 causal 2 x 200 x 200")

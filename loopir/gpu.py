@@ -21,8 +21,9 @@ __all__ = ["REDUCE_OPS", "BLOCK_PASS", "BLOCK_PASSES", "is_fill", "is_block_loop
 
 REDUCE_OPS = ("add", "mul", "max", "min")
 BLOCK_PASS = "attention.m16n8k16"  # tensorize's FlashAttention intrinsic (schedules/primitives/flash.py)
-# every intrinsic of that kind: also a block's GEMM tile on warpgroup tensor cores (schedules/primitives/wgmma.py)
-BLOCK_PASSES = (BLOCK_PASS, "gemm.wgmma")
+# every intrinsic of that kind: the same pass on warpgroup tensor cores, a block's GEMM tile on them
+# (schedules/primitives/flash.py, wgmma.py)
+BLOCK_PASSES = (BLOCK_PASS, "attention.wgmma", "gemm.wgmma")
 
 
 def is_thread_loop(f: For) -> bool:

@@ -4,9 +4,10 @@
 maximum whose readers satisfy the precondition of `online_softmax` (an exponential of the difference,
 consumed by sums of products with it, e.g. softmax(Q K^T) V), the rewrite is applied as a checked
 step and the single pass is mapped:
-  * cuda, float16 / bfloat16 data that tensorize "attention.m16n8k16" accepts (schedules/primitives/flash.py): a
-    block per (batch, 128 query rows) runs the pass as FlashAttention's tensor-core kernel; a division that is not
-    the pass's epilogue reads its sums (a flat grid over rows x columns when the rows are short);
+  * cuda, float16 / bfloat16 data that tensorize "attention.wgmma" (head dimensions 64 or 128) or else
+    "attention.m16n8k16" accepts (schedules/primitives/flash.py): a block per (batch, 128 query rows) runs the pass
+    as FlashAttention's tensor-core kernel; a division that is not the pass's epilogue reads its sums (a flat grid
+    over rows x columns when the rows are short);
   * cuda otherwise: a block per (batch, tile of `rows` query rows), a thread per row (batch loops on blockIdx.y/z,
     the query loop split into blockIdx.x and threadIdx.x: with symbolic sizes collapse would make the
     coordinates non-affine). Then, each a checked step that is skipped (and named in the plan) when
@@ -30,7 +31,7 @@ from loopir.te import Tensor
 from loopir.visit import deep_recursion, statements, walk, walk_stmts
 
 from .primitives import const_extent, find_loop_path
-from .primitives.flash import FLASH, ROW_CHOICES, FlashMismatch, FlashShape, flash_parts
+from .primitives.flash import FLASH, FLASH_KINDS, FLASH_WGMMA, ROW_CHOICES, FlashMismatch, FlashShape, flash_parts
 from .primitives.loops import split as split_loop
 from .primitives.online import OnlineRewrite, find_softmax_max, online_softmax
 from .schedule import Schedule
@@ -43,6 +44,8 @@ KEY_TILE = 32  # keys per shared-memory tile of K and V
 DIVISION_THREADS = 128  # threads across the row of a division that is not the pass's epilogue
 UNROLL_MAX = 128  # constant loops up to this length are unrolled (the head dimension)
 TENSOR_CORES = True  # offer a half-precision pass to the tensor-core kernel (off: the SIMT mapping, for comparison)
+# offer it to the warpgroup kernel first (attention.wgmma, sm_90a: Hopper, the target's architecture; off: mma.sync)
+WGMMA_ATTENTION = True
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,16 @@ class AttentionPlan:
                              "tensor-core kernel skips every tile the mask kills at its four corners)")
         if self.target == "cuda" and self.tensor_cores is not None:
             sh = self.tensor_cores
-            lines.append(f"cuda: a block per {sh.rows} query rows of one batch on tensor cores ({FLASH}: a warp "
-                         f"per {16 * sh.mt} rows, S = Q K^T and O += P V on mma.sync with P in registers, K and V in "
-                         f"tiles of {sh.keys} keys double-buffered in shared memory by cp.async)")
+            if sh.wgmma:
+                lines.append(f"cuda: a block per {sh.rows} query rows of one batch on warpgroup tensor cores "
+                             f"({FLASH_WGMMA}: a warpgroup per 64 rows, S = Q K^T and O += P V on wgmma with P in "
+                             f"registers, K and V in tiles of {sh.keys} keys in {sh.stages} swizzled shared stages "
+                             "filled by cp.async; the softmax of a tile runs while the tensor cores run the "
+                             "previous tile's P V)")
+            else:
+                lines.append(f"cuda: a block per {sh.rows} query rows of one batch on tensor cores ({FLASH}: a warp "
+                             f"per {16 * sh.mt} rows, S = Q K^T and O += P V on mma.sync with P in registers, K and "
+                             f"V in tiles of {sh.keys} keys double-buffered in shared memory by cp.async)")
         elif self.target == "cuda":
             lines.append(f"cuda: a block per {self.rows} query rows of one batch, a thread per row running the pass "
                          f"with its state in registers; K and V staged in shared memory {self.key_tile} keys at a time")
@@ -111,9 +121,9 @@ def schedule_attention(outputs: list[Tensor], target: str, rows: int = ROWS_PER_
 
 
 def on_tensor_cores(program: Program) -> FlashShape | None:
-    """The tiling of the first online pass of `program` that runs as the tensor-core kernel (tensorize
-    "attention.m16n8k16"), or None."""
-    f = next((f for f in walk_stmts(program.body) if isinstance(f, For) and f.kind == FLASH), None)
+    """The tiling of the first online pass of `program` that runs as a tensor-core kernel (tensorize
+    "attention.wgmma" or "attention.m16n8k16"), or None."""
+    f = next((f for f in walk_stmts(program.body) if isinstance(f, For) and f.kind in FLASH_KINDS), None)
     return None if f is None else flash_parts(f).shape
 
 
@@ -215,10 +225,10 @@ def _map(s: Schedule, target: str, rows: int, mine: set[str], tensor_cores: bool
         if is_pass or len(loops) == 1:
             *batch, q = loops[-3:]
             flash = _flash_rows(s, q, notes) if is_pass and tensor_cores and TENSOR_CORES else None
-            bo, ti = s.split(q, flash or rows)
+            bo, ti = s.split(q, flash[1] if flash else rows)
             s.bind(bo, "blockIdx.x")
             if flash is not None:
-                s.tensorize(ti, FLASH)
+                s.tensorize(ti, flash[0])
             else:
                 s.bind(ti, "threadIdx.x")
         else:
@@ -240,18 +250,20 @@ def _map(s: Schedule, target: str, rows: int, mine: set[str], tensor_cores: bool
     return notes
 
 
-def _flash_rows(s: Schedule, q: Any, notes: list[str]) -> int | None:
-    """The rows per block with which the pass, its query loop `q` split by them, is what tensorize
-    "attention.m16n8k16" accepts (tried on the program alone: the schedule is unchanged), or None; the note says
-    why not, for half data."""
+def _flash_rows(s: Schedule, q: Any, notes: list[str]) -> tuple[str, int] | None:
+    """The tensor-core intrinsic and the rows per block with which the pass, its query loop `q` split by them, is
+    what tensorize accepts (attention.wgmma first, then attention.m16n8k16; tried on the program alone: the
+    schedule is unchanged), or None; the note says why not, for half data."""
     whys, half = [], False
-    for rows in ROW_CHOICES:
+    tries = [(FLASH_WGMMA, 128)] if WGMMA_ATTENTION else []
+    for intrinsic, rows in tries + [(FLASH, r) for r in ROW_CHOICES]:
         program, (_, inner) = split_loop(s.program, s._resolve(q, "split"), rows)
         f = find_loop_path(program.body, inner)[0]  # type: ignore[index]
         try:
-            return flash_parts(f, program).shape.rows
+            return intrinsic, flash_parts(f, program, intrinsic).shape.rows
         except FlashMismatch as e:
-            whys.append(str(e))
+            if intrinsic == FLASH:
+                whys.append(str(e))
             half = half or any(isinstance(n, Load) and n.buffer.dtype in ("float16", "bfloat16") for n in walk(f))
     if half:  # the reason that is not about the rows per block, when there is one
         why = next((w for w in whys if "has extent" not in w), whys[0])

@@ -25,7 +25,8 @@ from loopir.nodes import For
 from loopir.visit import walk
 from schedules import Schedule, auto_schedule
 from schedules.attention import apply_online, attention_rewrites
-from schedules.primitives.flash import FLASH, KEYS, ROWS, affine_conjuncts
+from schedules import attention as attention_mod
+from schedules.primitives.flash import FLASH, FLASH_KINDS, FLASH_WGMMA, KEYS, ROWS, affine_conjuncts
 
 HALVES = ("float16", "bfloat16")
 
@@ -77,7 +78,7 @@ def _f32(a: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def _flash_loops(program) -> list[For]:
-    return [f for f in walk(program.body) if isinstance(f, For) and f.kind == FLASH]
+    return [f for f in walk(program.body) if isinstance(f, For) and f.kind in FLASH_KINDS]
 
 
 def _split_pass(dtype: str = "float16", rows: int = ROWS, d: int = 64):
@@ -97,17 +98,36 @@ def _split_pass(dtype: str = "float16", rows: int = ROWS, d: int = 64):
 
 @pytest.mark.parametrize("dtype, d", [("float16", 64), ("bfloat16", 64), ("float16", 128), ("bfloat16", 32)])
 def test_the_planner_puts_half_attention_on_tensor_cores_and_says_so(dtype, d):
+    """Head dimensions 64 and 128 go to the warpgroup kernel (attention.wgmma), others to mma.sync."""
     args, y = _naive(dtype, d=d)
     s = auto_schedule([y], "cuda")
-    assert len(_flash_loops(s.program)) == 1
-    assert any(step["primitive"] == "tensorize" and FLASH in map(str, step["args"]) for step in s.trace)
+    (f,) = _flash_loops(s.program)
+    wg = d in (64, 128)
+    assert f.kind == (FLASH_WGMMA if wg else FLASH)
+    assert any(step["primitive"] == "tensorize" and f.kind in map(str, step["args"]) for step in s.trace)
     text = s.plan.explain()
-    rows = 128 if d <= 64 else 64
-    assert f"a block per {rows} query rows of one batch on tensor cores ({FLASH}" in text and s.plan.notes == ()
+    rows = 128 if d <= 64 or wg else 64
+    what = "warpgroup tensor cores" if wg else "tensor cores"
+    assert f"a block per {rows} query rows of one batch on {what} ({f.kind}" in text and s.plan.notes == ()
     src = cuda_source(lower_passes(s.program, "cuda")).source
-    assert src.count("mma.sync.aligned.m16n8k16") == 4 and "ldmatrix.sync.aligned.m8n8.x4.trans" in src
+    if wg:
+        # S = Q K^T (a tile of keys) in the prologue and the loop, d / 16 steps each; O += P V (d columns), a step
+        # per 16 keys
+        keys = 64 if d == 64 else 128
+        assert src.count("wgmma.mma_async.sync.aligned.m64n") == 2 * d // 16 + keys // 16
+        assert f"wgmma.mma_async.sync.aligned.m64n{keys}k16.f32" in src and f"m64n{d}k16.f32" in src
+        assert "mma.sync" not in src
+    else:
+        assert src.count("mma.sync.aligned.m16n8k16") == 4 and "ldmatrix.sync.aligned.m8n8.x4.trans" in src
     regs, smem = cubin_resources(compile_cubin(src, "sm_90", use_cache=False))["Y_mx_init"]
     assert smem <= 48 * 1024 and regs <= 255
+
+
+def test_the_mma_sync_kernel_stays_available_for_head_dimension_64(monkeypatch):
+    monkeypatch.setattr(attention_mod, "WGMMA_ATTENTION", False)
+    args, y = _naive("float16", d=64)
+    (f,) = _flash_loops(auto_schedule([y], "cuda").program)
+    assert f.kind == FLASH
 
 
 def test_float32_attention_keeps_the_simt_pass():
@@ -137,11 +157,13 @@ def test_the_marked_nest_keeps_its_loops_and_replays_from_the_trace():
     ("threads", "inside a threadIdx loop"),
     ("division", "no single loop over the keys"),
     ("staged", "the pass uses K_shared, a shared buffer"),
+    ("wgmma_d32", "head dimensions 32 (Q K) and 32 (V) are not 64 or 128"),
+    ("wgmma_rows64", "has extent 64, not 128 (head dimension 64: split the rows by 128)"),
 ])
 def test_tensorize_refuses_what_is_not_the_pass_and_says_why(case, match):
     dtype = "float32" if case == "float32" else "float16"
-    s, ii, _ = _split_pass(dtype, rows=32 if case == "rows32" else ROWS,
-                           d={"d192": 192, "d128rows": 128}.get(case, 64))
+    rows = {"rows32": 32, "wgmma_rows64": 64}.get(case, ROWS)
+    s, ii, _ = _split_pass(dtype, rows=rows, d={"d192": 192, "d128rows": 128, "wgmma_d32": 32}.get(case, 64))
     loop = ii
     if case == "threads":
         a, b = s.split(ii, 16)
@@ -154,24 +176,25 @@ def test_tensorize_refuses_what_is_not_the_pass_and_says_why(case, match):
         _, loop = s.split(s.loop(s._ref(s.program.body.body[1].body.var)), ROWS)  # the division's rows, split
     before = s.program
     with pytest.raises(LoopirError, match=re.escape(match)) as e:
-        s.tensorize(loop, FLASH)
+        s.tensorize(loop, FLASH_WGMMA if case.startswith("wgmma") else FLASH)
     assert "tensorize" in str(e.value) and s.program is before
 
 
-@pytest.mark.parametrize("mask", [False, "causal", "late"])
-def test_the_lowered_program_is_right_in_any_thread_order(mask):
-    """The interpreter runs the marked nest once per block (thread 0): the lowering passes kept its meaning."""
-    args, y = _naive("float16", mask, d=16)
+@pytest.mark.parametrize("mask, d", [(False, 16), ("causal", 16), ("late", 16), ("causal", 64)])
+def test_the_lowered_program_is_right_in_any_thread_order(mask, d):
+    """The interpreter runs the marked nest once per block (thread 0): the lowering passes kept its meaning
+    (d 16: mma.sync, d 64: the warpgroup kernel)."""
+    args, y = _naive("float16", mask, d=d)
     s = auto_schedule([y], "cuda")
-    assert _flash_loops(s.program)
+    assert [f.kind for f in _flash_loops(s.program)] == [FLASH_WGMMA if d == 64 else FLASH]
     low = lower_passes(s.program, "cuda")
     rng = np.random.default_rng(41)
     B, n, m = 2, 70, 45
-    q, k, v = (rng.standard_normal((B, x, 16)).astype(np.float16) for x in (n, m, m))
+    q, k, v = (rng.standard_normal((B, x, d)).astype(np.float16) for x in (n, m, m))
     with np.errstate(invalid="ignore"):
         want = workloads.naive_attention_reference(q, k, v, mask)
     for order in ("reversed", 1):
-        got = np.full((B, n, 16), np.nan, np.float16)
+        got = np.full((B, n, d), np.nan, np.float16)
         interp.run(low, q, k, v, got, gpu_order=order, sizes={"B": B, "n": n, "m": m})
         seen = ~np.isnan(want)
         assert (np.isnan(got) == ~seen).all()
@@ -194,11 +217,12 @@ def _check(mod, arrays, want, dtype, shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", HALVES)
 @pytest.mark.parametrize("mask", [False, "causal", "late"])
-@pytest.mark.parametrize("d", [16, 64, 128])
-def test_flash_attention_matches_float64_on_the_gpu(dtype, mask, d):
+@pytest.mark.parametrize("d, wgmma", [(16, False), (64, True), (128, True), (64, False), (128, False)])
+def test_flash_attention_matches_float64_on_the_gpu(dtype, mask, d, wgmma, monkeypatch):
+    monkeypatch.setattr(attention_mod, "WGMMA_ATTENTION", wgmma)
     args, y = _naive(dtype, mask, d=d)
     s = auto_schedule([y], "cuda")
-    assert _flash_loops(s.program)
+    assert [f.kind for f in _flash_loops(s.program)] == [FLASH_WGMMA if wgmma else FLASH]
     mod = build(s, args + [y], target="cuda")
     rng = np.random.default_rng(43)
     for B, n, m in ((3, 70, 45), (2, 130, 130), (1, 128, 200), (2, 300, 300), (2, 1, 1)):
@@ -212,17 +236,18 @@ def test_flash_attention_matches_float64_on_the_gpu(dtype, mask, d):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", HALVES)
-def test_unaligned_rows_an_index_dependent_score_and_a_sliding_window_on_the_gpu(dtype):
-    args, y = _custom(dtype)
+@pytest.mark.parametrize("d", [32, 64])
+def test_unaligned_rows_an_index_dependent_score_and_a_sliding_window_on_the_gpu(dtype, d):
+    args, y = _custom(dtype, d=d)
     s = auto_schedule([y], "cuda")
-    assert _flash_loops(s.program)
+    assert [f.kind for f in _flash_loops(s.program)] == [FLASH_WGMMA if d == 64 else FLASH]
     mod = build(s, args + [y], target="cuda")
     rng = np.random.default_rng(44)
     for B, n in ((2, 200), (1, 63)):
-        q = _half(rng.standard_normal((B, n, 36)), dtype)
-        k, v = (_half(rng.standard_normal((B, n, 32)), dtype) for _ in range(2))
-        want = _custom_reference(*(_f32(x, dtype) for x in (q, k, v)))
-        _check(mod, (q, k, v), want, dtype, (B, n, 32))
+        q = _half(rng.standard_normal((B, n, d + 4)), dtype)
+        k, v = (_half(rng.standard_normal((B, n, d)), dtype) for _ in range(2))
+        want = _custom_reference(*(_f32(x, dtype) for x in (q, k, v)), d=d)
+        _check(mod, (q, k, v), want, dtype, (B, n, d))
 
 
 @pytest.mark.gpu

@@ -30,6 +30,8 @@ from typing import Any
 
 from loopir import nodes as N
 from loopir.errors import CudaCodegenError
+from loopir.affine import linear_form
+from loopir.nodes import conjuncts
 from loopir.visit import free_vars
 from schedules.primitives.flash import THREADS, FlashMismatch, FlashParts, affine_conjuncts, flash_parts, loop_indices
 
@@ -37,7 +39,7 @@ from .body import BodyEmitter
 from .expr import _FROM_FLOAT
 from .mma import _ldmatrix_a, _ldmatrix_b2, _mma
 
-__all__ = ["render_flash", "PRELUDE_FLASH", "THREADS"]
+__all__ = ["render_flash", "checked_parts", "PRELUDE_FLASH", "THREADS"]
 
 _PTX = {"float16": "f16", "bfloat16": "bf16"}
 
@@ -95,17 +97,25 @@ def _store(r: Any, st: N.Store, value: str) -> str:
     return f"{r.buf(b)}[{r.expr(r.flat(b, idx))}] = {value};"
 
 
-def render_flash(r: Any, f: N.For) -> None:
-    """Emit the kernel body of the marked pass `f` with renderer `r` (codegen.cuda.kernel's)."""
+def checked_parts(f: N.For) -> FlashParts:
+    """The parts of the pass marked at `f` (either flash intrinsic), its operands read from global memory."""
     try:
         p = flash_parts(f)
     except FlashMismatch as e:
-        raise CudaCodegenError(f"the pass marked attention.m16n8k16 at loop {f.var.name!r} changed shape before "
+        raise CudaCodegenError(f"the pass marked {f.kind} at loop {f.var.name!r} changed shape before "
                                f"rendering: {e}") from None
     for ld in (p.q, p.k, p.v):
         if ld.buffer.scope != "global":
-            raise CudaCodegenError(f"attention.m16n8k16 reads {ld.buffer.name!r} from {ld.buffer.scope} memory; "
+            raise CudaCodegenError(f"{f.kind} reads {ld.buffer.name!r} from {ld.buffer.scope} memory; "
                                    "it stages global rows itself")
+    if p.k.buffer.dtype != p.q.buffer.dtype:
+        raise CudaCodegenError(f"{f.kind}: Q ({p.q.buffer.dtype}) and K ({p.k.buffer.dtype}) differ")
+    return p
+
+
+def render_flash(r: Any, f: N.For) -> None:
+    """Emit the kernel body of the marked pass `f` with renderer `r` (codegen.cuda.kernel's)."""
+    p = checked_parts(f)
     r.uses_async = r.uses_half = r.uses_flash = True
     _Emit(r, p).emit()
 
@@ -165,25 +175,43 @@ class _Emit(BodyEmitter):
         shared array from `base`; zeros where `ok` fails."""
         r, n = self.r, self.n
         chunks = width // 8
-        self.open(f"for (int {n['c']} = threadIdx.x; {n['c']} < {rows * chunks}; {n['c']} += {THREADS}) {{")
+        self.chunk_loop(rows * chunks)
         self.line(f"const int {n['row']} = {n['c']} / {chunks}, {n['ch']} = {n['c']} % {chunks};")
-        self.line(f"unsigned short* {n['dst']} = &{n['kv']}[{base} + {n['row']} * {stride} + {n['ch']} * 8];")
+        self.line(self.chunk_dest(rows, stride, base))
         self.let(row_var, f"{row0} + {n['row']}")
         self.open(f"if ({ok if isinstance(ok, str) else self.cond(ok)}) {{")
         self.let(chunk_var, f"{n['ch']} * 8")
-        self.line(f"loopir_flash_copy16({n['dst']}, &{r.buf(ld.buffer)}[{r.expr(r.flat(ld.buffer, ld.indices))}]);")
-        self.close(f"}} else {{ loopir_flash_zero16({n['dst']}); }}")
+        self.line(f"{self.COPY}({n['dst']}, &{r.buf(ld.buffer)}[{r.expr(r.flat(ld.buffer, ld.indices))}]);")
+        self.close(f"}} else {{ {self.ZERO}({n['dst']}); }}")
         self.close()
 
+    COPY, ZERO = "loopir_flash_copy16", "loopir_flash_zero16"  # a 16-byte chunk: copied, zeroed
+
+    def chunk_loop(self, chunks: int) -> None:
+        """Open the loop of this thread's chunks `c` of `chunks`."""
+        c = self.n["c"]
+        self.open(f"for (int {c} = threadIdx.x; {c} < {chunks}; {c} += {THREADS}) {{")
+
+    def chunk_dest(self, rows: int, stride: int, base: str) -> str:
+        """The declaration of chunk (row, ch)'s destination `dst`: padded rows of `stride` halves from `base`."""
+        n = self.n
+        return f"unsigned short* {n['dst']} = &{n['kv']}[{base} + {n['row']} * {stride} + {n['ch']} * 8];"
+
+    def stage_at(self, stage: str) -> str:
+        """Where shared stage `stage` (its K tile, then its V tile) starts."""
+        return f"{stage} * {self.stage}"
+
+    def v_at(self, stage_base: str) -> str:
+        return f"{stage_base} + {self.keys * self.KS}"
+
     def loader(self) -> None:
-        """fa_load(k0, stage): the K and V rows of the keys k0 .. k0 + 63 (zeros past the key loop's end)."""
+        """fa_load(k0, stage): the K and V rows of the keys k0 .. k0 + keys - 1 (zeros past the key loop's end)."""
         p, n, ix = self.p, self.n, self.ix
         self.open(f"auto {n['load']} = [&]({ix} {n['k0']}, int {n['stage']}) {{")
         key_ok = f"{self.r.var(p.key.var)} < {n['hi']}"
-        base = f"{n['stage']} * {self.stage}"
+        base = self.stage_at(n["stage"])
         self.copy_rows(self.keys, self.D, self.KS, p.k, p.key.var, n["k0"], p.red, key_ok, base)
-        self.copy_rows(self.keys, self.DV, self.VS, p.v, p.key.var, n["k0"], p.col, key_ok,
-                       f"{base} + {self.keys * self.KS}")
+        self.copy_rows(self.keys, self.DV, self.VS, p.v, p.key.var, n["k0"], p.col, key_ok, self.v_at(base))
         self.close("};")
 
     def tiles(self) -> None:
@@ -225,8 +253,6 @@ class _Emit(BodyEmitter):
         p, n, ix = self.p, self.n, self.ix
         D, DV, KS, VS = self.D, self.DV, self.KS, self.VS
         tq, tv = _PTX[p.q.buffer.dtype], _PTX[p.v.buffer.dtype]
-        if p.k.buffer.dtype != p.q.buffer.dtype:
-            raise CudaCodegenError(f"attention.m16n8k16: Q ({p.q.buffer.dtype}) and K ({p.k.buffer.dtype}) differ")
         pack = "loopir_pack_f16" if tv == "f16" else "loopir_pack_bf16"
         lane, warp, o, s, qf, kv = n["lane"], n["warp"], n["o"], n["s"], n["qf"], n["kv"]
         kk, np_, dp, mt = n["kk"], n["np"], n["dp"], n["mt"]
@@ -297,41 +323,106 @@ class _Emit(BodyEmitter):
         self.line(f"{n['kt']} = {n['nk']};")
         self.close()
 
-    def scores(self) -> None:
-        """s = g(S) per element, the mask, the rows' new maximum, the rescale of l and O, P = exp(s - m). Two
-        copies: a tile inside the key loop whose corners satisfy the mask tests nothing per element."""
+    def declare_factors(self) -> None:
+        """The rows' rescale factors and whether any is not 1 (set by `scores`, read by `rescale_o`)."""
+        self.line(f"bool {self.n['grew']} = false;")
+        self.line(f"float {self.n['sca']}[{self.mt}][2];")
+
+    def scores(self, rescale: bool = True, declare: bool = True) -> None:
+        """s = g(S) per element, the mask, the rows' new maximum, the rescale of l, P = exp(s - m), and (with
+        `rescale`, else by a later `rescale_o`) O's. Two copies: a tile inside the key loop whose corners satisfy
+        the mask tests nothing per element. Without `declare`, `declare_factors` was called before."""
         n = self.n
-        self.line(f"unsigned {n['vis']}[{self.mt}];")
+        self.line(f"{'unsigned long long' if self.keys > 64 else 'unsigned'} {n['vis']}[{self.mt}];  // a bit per "
+                  "element of the lane's scores: the key is visible")
         self.line(f"float {n['mx']}[{self.mt}][2];")
+        if declare:
+            self.declare_factors()
         self.open(f"if ({n['full']}({n['kt']})) {{")
         self.scores_of(True)
         self.close("} else {")
         self.r.ind += 1
         self.scores_of(False)
         self.close()
+        if rescale:
+            self.rescale_o()
+
+    def rescale_o(self) -> None:
+        """O *= the rows' factors, only when some row of the warp saw a larger maximum (a factor of exactly 1
+        changes nothing)."""
+        n, o, mt, e = self.n, self.n["o"], self.n["mt"], self.n["e"]
+        self.open(f"if (__any_sync(0xffffffffu, {n['grew']})) {{")
+        self.unrolled(mt, self.mt)
+        self.unrolled(e, self.DV // 8)
+        self.line(f"{o}[{mt}][{e}][0] *= {n['sca']}[{mt}][0]; {o}[{mt}][{e}][1] *= {n['sca']}[{mt}][0];")
+        self.line(f"{o}[{mt}][{e}][2] *= {n['sca']}[{mt}][1]; {o}[{mt}][{e}][3] *= {n['sca']}[{mt}][1];")
+        self.close()
+        self.close()
+        self.close()
+
+    @property
+    def offset_terms(self) -> list[tuple[N.Expr, N.Expr, int]]:
+        """The mask's conjuncts `a op b` that are affine in (row, key) with a constant key coefficient, as
+        (conjunct, d, c): the conjunct holds iff d > 0 (lt, gt) or d >= 0 (le, ge), d = b - a (lt, le) or a - b,
+        and d grows by c per key."""
+        out = []
+        for cj in affine_conjuncts(self.p.mask, self.p.row, self.p.key.var)[0]:
+            d = N.binary("sub", cj.b, cj.a) if cj.op in ("lt", "le") else N.binary("sub", cj.a, cj.b)
+            lin = linear_form(d)
+            c = None if lin is None else lin.get(self.p.key.var, 0)
+            if isinstance(c, int) and all(isinstance(v, int) or k is not self.p.row for k, v in lin.items()):
+                out.append((cj, d, c))
+        return out
+
+    def mask_offsets(self) -> list[str]:
+        """Per-element tests of a tile that is not whole, in 32-bit arithmetic: each term of `offset_terms` (and
+        the key loop's end) evaluated once per tile at this lane's first key of each of its two rows; an
+        element adds its constant key offset. Values are clamped to +-2^30 (the offsets are below 2^8, so the
+        sign of the sum is the sign of the exact value)."""
+        p, n, r, mt, nt, e = self.p, self.n, self.r, self.n["mt"], self.n["nt"], self.n["e"]
+        key0 = f"{n['kt']} + ({n['lane']} & 3) * 2"
+        off = f"({nt} * 8 + ({e} & 1))"
+        clamp = "(int)loopir_min(loopir_max((long long)({}), -(1LL << 30)), 1LL << 30)"
+        left = clamp.format(f"{n['hi']} - ({key0})")
+        self.line(f"const int {n['fs']} = {left};  // keys left from the lane's first")
+        tests = [f"{off} < {n['fs']}"]
+        for cj, d, c in self.offset_terms:
+            t = r.names.fresh("fa_d")
+            self.line(f"int {t}[2];")
+            self.unrolled(n["h"], 2)
+            self.let(p.row, self.row_of(mt, n["h"]))
+            self.let(p.key.var, key0)
+            self.line(f"{t}[{n['h']}] = {clamp.format(r.expr(d))};")
+            self.close()
+            strict = ">" if cj.op in ("lt", "gt") else ">="
+            tests.append(f"{t}[{e} >> 1] + {c} * {off} {strict} 0")
+        return tests
 
     def scores_of(self, whole: bool) -> None:
         p, n, r = self.p, self.n, self.r
-        s, o, mt = n["s"], n["o"], n["mt"]
+        s, mt = n["s"], n["mt"]
         nt, e, h, pr, vis, mx = n["nt"], n["e"], n["h"], n["pr"], n["vis"], n["mx"]
-        bit = "" if whole else f"(({vis}[{mt}] >> ({nt} * 4 + {e})) & 1u)"
+        one = "1ull" if self.keys > 64 else "1u"
+        bit = "" if whole else f"(({vis}[{mt}] >> ({nt} * 4 + {e})) & {one})"
         m, l_ = n["m"], n["l"]
         uses = {id(v) for v in free_vars(p.score)}
-        self.line(f"bool {n['grew']} = false;")
-        self.line(f"float {n['sca']}[{self.mt}][2], {n['ml']}[{self.mt}][2];")
+        self.line(f"float {n['ml']}[{self.mt}][2];")
         self.unrolled(mt, self.mt)
-        self.line(f"{vis}[{mt}] = 0xffffffffu; {mx}[{mt}][0] = {m}[{mt}][0]; {mx}[{mt}][1] = {m}[{mt}][1];")
+        self.line(f"{vis}[{mt}] = ~0ull; {mx}[{mt}][0] = {m}[{mt}][0]; {mx}[{mt}][1] = {m}[{mt}][1];")
+        tests = [] if whole else self.mask_offsets()
+        rest = [c for c in conjuncts(p.mask)] if p.mask is not None and not whole else []
+        rest = [c for c in rest if not any(c is t for t, _, _ in self.offset_terms)]
         self.unrolled(nt, self.keys // 8)
         self.unrolled(e, 4)
-        if not whole or id(p.row) in uses:
+        if rest or id(p.row) in uses:
             self.let(p.row, self.row_of(mt, f"({e} >> 1)"))
-        if not whole or id(p.key.var) in uses:
+        if rest or id(p.key.var) in uses:
             self.let(p.key.var, f"{n['kt']} + {nt} * 8 + ({n['lane']} & 3) * 2 + ({e} & 1)")
         self.line(f"const float {r.var(p.dot)} = {s}[{mt}][{nt}][{e}];")
         self.line(f"{s}[{mt}][{nt}][{e}] = {r.expr(p.score)};")
         if not whole:
-            mask = "true" if p.mask is None else r.expr(p.mask)
-            self.line(f"if (!({r.var(p.key.var)} < {n['hi']} && {mask})) {vis}[{mt}] &= ~(1u << ({nt} * 4 + {e}));")
+            ok = " && ".join([*tests, *(f"({r.expr(c)})" for c in rest)])
+            self.line(f"if (!({ok})) {vis}[{mt}] &= ~({one} << ({nt} * 4 + {e}));")
         self.line(f"{'if ' + bit + ' ' if bit else ''}{mx}[{mt}][{e} >> 1] = loopir_max({mx}[{mt}][{e} >> 1], "
                   f"{s}[{mt}][{nt}][{e}]);")
         self.close()
@@ -347,15 +438,6 @@ class _Emit(BodyEmitter):
         self.line(f"{l_}[{mt}][{h}] *= {n['sc']};")
         self.line(f"{n['sca']}[{mt}][{h}] = {n['sc']};")
         self.line(f"{n['grew']} |= {n['sc']} != 1.0f;")
-        self.close()
-        self.close()
-        # O is rescaled only when some row of the warp saw a larger maximum (a factor of exactly 1 changes nothing)
-        self.open(f"if (__any_sync(0xffffffffu, {n['grew']})) {{")
-        self.unrolled(mt, self.mt)
-        self.unrolled(e, self.DV // 8)
-        self.line(f"{o}[{mt}][{e}][0] *= {n['sca']}[{mt}][0]; {o}[{mt}][{e}][1] *= {n['sca']}[{mt}][0];")
-        self.line(f"{o}[{mt}][{e}][2] *= {n['sca']}[{mt}][1]; {o}[{mt}][{e}][3] *= {n['sca']}[{mt}][1];")
-        self.close()
         self.close()
         self.close()
         self.unrolled(mt, self.mt)

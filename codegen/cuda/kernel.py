@@ -40,7 +40,7 @@ from loopir.affine import eval_index
 from loopir.printer import expr_str
 from loopir.gpu import reduction_parts
 from loopir.te_extern import extern_nest
-from schedules.primitives.flash import FLASH
+from schedules.primitives.flash import FLASH, FLASH_WGMMA
 from schedules.primitives.wgmma import WGMMA, WgmmaMismatch, kernel_tile
 from loopir.visit import free_vars, loops_of, stmt_names, walk
 
@@ -61,6 +61,7 @@ from .expr import (  # noqa: F401  (re-exported: tests and callers import them f
     _wrap,
 )
 from .flash import PRELUDE_FLASH, render_flash
+from .flash_wgmma import render_flash_wgmma
 from .tensor_map import TMAP_TYPE
 from .wgmma import PRELUDE_WGMMA, PRELUDE_WGMMA_TMA, render_wgmma
 from .mma import render_mma, render_mma_grid
@@ -352,6 +353,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             return None
         if f.kind == FLASH:  # a block's online-softmax pass on tensor cores (codegen.cuda.flash)
             return render_flash(self, f)
+        if f.kind == FLASH_WGMMA:  # the same on warpgroup tensor cores (codegen.cuda.flash_wgmma)
+            return render_flash_wgmma(self, f)
         if f.kind == WGMMA:  # a block's GEMM tile on warpgroup tensor cores (codegen.cuda.wgmma)
             return render_wgmma(self, f)
         if f.kind.startswith("mma."):  # a tensorized nest: tensor-core PTX (codegen.cuda.mma)

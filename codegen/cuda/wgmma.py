@@ -61,6 +61,14 @@ __device__ __forceinline__ void loopir_wg_zero16(unsigned dst) {
 __device__ __forceinline__ void loopir_wg_st16(unsigned dst, unsigned short v) {
   asm volatile("st.shared.u16 [%0], %1;\n" :: "r"(dst), "h"(v) : "memory");
 }
+__device__ __forceinline__ void loopir_wg_copy16(unsigned dst, const unsigned short* src) {
+  // 8 halves: one cp.async when the source is 16-byte aligned, else element by element
+  if ((((unsigned long long)src) & 15ull) == 0ull) { loopir_wg_cp16(dst, src); }
+  else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) loopir_wg_st16(dst + 2 * e, src[e]);
+  }
+}
 """
 
 

@@ -34,7 +34,7 @@ from loopir.isl_conv import NonAffine, aff, aff_to_expr, cond, pw_to_expr
 from loopir.isl_conv import _Names as _IslNames
 from loopir.gpu import is_fill, is_reduction_loop, is_thread_loop, upper_extent
 from loopir.te_extern import extern_nest
-from schedules.primitives.flash import FLASH, THREADS as FLASH_THREADS
+from schedules.primitives.flash import FLASH_KINDS, FlashMismatch, FlashShape, flash_parts
 from schedules.primitives.wgmma import TMA_THREADS, WGMMA, WgmmaMismatch, kernel_tile
 from loopir.visit import free_vars, loops_of, path_to, subst_coords, substitute, walk
 
@@ -86,8 +86,9 @@ def _plan(program: N.Program, nest: N.Stmt, host_vars: frozenset[N.Var], int32_s
     one = N.const(1)
     grid = tuple(launch.get("blockIdx." + a, one) for a in AXES)
     block = tuple(launch.get("threadIdx." + a, one) for a in AXES)
-    if any(f.kind == FLASH for f in walk(nest) if isinstance(f, N.For)):  # the pass's own warps (codegen.cuda.flash)
-        block = (N.const(FLASH_THREADS), one, one)
+    flash = next((f for f in walk(nest) if isinstance(f, N.For) and f.kind in FLASH_KINDS), None)
+    if flash is not None:  # the pass's own warps (codegen.cuda.flash, flash_wgmma)
+        block = (N.const(_flash_shape(flash).threads), one, one)
     try:
         tile = kernel_tile(nest)
     except WgmmaMismatch as e:
@@ -106,6 +107,13 @@ def _plan(program: N.Program, nest: N.Stmt, host_vars: frozenset[N.Var], int32_s
     single = _single_thread(nest)
     return N.Kernel("", nest, grid, block, index, guarded, reductions, coop, frozenset(), single,  # type: ignore[arg-type]
                     subwarp)
+
+
+def _flash_shape(f: N.For) -> FlashShape:
+    try:
+        return flash_parts(f).shape
+    except FlashMismatch as e:
+        raise CudaCodegenError(f"the pass marked {f.kind} at loop {f.var.name!r} changed shape: {e}") from None
 
 
 def size_vars(nest: N.Stmt, host_vars: frozenset[N.Var] = frozenset()) -> set[N.Var]:

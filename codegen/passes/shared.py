@@ -27,6 +27,7 @@ from loopir.dtypes import np_dtype
 from loopir.errors import CudaCodegenError
 from loopir.visit import walk
 
+from schedules.primitives.flash import FLASH_WGMMA, FlashMismatch, flash_parts
 from schedules.primitives.wgmma import WGMMA, WgmmaMismatch, kernel_tile
 
 from .kernels import map_kernels
@@ -75,6 +76,13 @@ def _plan(k: N.Stmt) -> N.Stmt:
         sh = tile[1].shape
         nbytes = sh.shared_bytes if tile[2] is None else sh.tma_shared_bytes
         return dataclasses.replace(k, dynamic_shared=((None, N.const(nbytes)),), min_blocks=1)
+    flash = next((f for f in walk(k.body) if isinstance(f, N.For) and f.kind == FLASH_WGMMA), None)
+    if flash is not None:  # Q and two stages of K and V in swizzled rows (codegen.cuda.flash_wgmma)
+        try:
+            fs = flash_parts(flash).shape
+        except FlashMismatch as e:
+            raise CudaCodegenError(f"the pass marked {FLASH_WGMMA} changed shape: {e}") from None
+        return dataclasses.replace(k, dynamic_shared=((None, N.const(fs.shared_bytes)),), min_blocks=fs.blocks_per_sm)
     bufs: list[N.Buffer] = []
     for n in walk(k.body):
         if isinstance(n, N.Allocate) and n.buffer.scope == "shared" and all(b is not n.buffer for b in bufs):

@@ -20,6 +20,11 @@ sum in registers. The nest it accepts, in the loops' variables (after split, `i 
             sm[.., i] = sm * mx_scale + exp(g(S) - mx_new)
             mx[.., i] = mx_new[.., i]
 
+`tensorize(loop, "attention.wgmma")` marks the same nest, with the same precondition and head dimensions of 64 or
+128 (whole 128-byte shared rows), for Hopper's warpgroup tensor cores (codegen/cuda/flash_wgmma.py, sm_90a): 128
+rows a block, a warpgroup per 64, S = Q K^T and O += P V on wgmma, the softmax of a tile overlapping the previous
+tile's P V. `schedules/attention.py` offers the pass to it first.
+
 What changes is the order of the arithmetic, as for every tensor-core reduction: the products are summed by the
 instruction; the maximum is raised once per tile of 64 keys and the sums rescaled once per tile (equal, by the
 identity exp(a - m1) = exp(a - m2) * exp(m2 - m1) that `online_softmax` rests on); P is rounded to the type of V
@@ -41,12 +46,17 @@ from . import const_extent, only_stmt
 
 __all__ = ["half_operand", "replace_load", "FLASH", "FlashParts", "FlashMismatch", "FlashShape", "flash_parts",
            "shape_for", "ROWS", "ROW_CHOICES", "MT", "THREADS", "KEYS", "MAX_DEPTH", "affine_conjuncts",
-           "loop_indices"]
+           "loop_indices", "FLASH_WGMMA", "FLASH_KINDS", "WGMMA_DEPTHS"]
 
 FLASH = BLOCK_PASS  # "attention.m16n8k16": the block runs the marked nest once, as one kernel body
+# the same pass on Hopper's warpgroup tensor cores (codegen/cuda/flash_wgmma.py, sm_90a): the same precondition, and
+# head dimensions of whole 128-byte rows (the swizzled shared layout wgmma reads)
+FLASH_WGMMA = "attention.wgmma"
+FLASH_KINDS = (FLASH, FLASH_WGMMA)
 WARPS = 4
 THREADS = 32 * WARPS
 MAX_DEPTH = 128
+WGMMA_DEPTHS = (64, 128)
 
 
 @dataclass(frozen=True)
@@ -59,12 +69,32 @@ class FlashShape:
     rows: int
     mt: int
     keys: int
+    threads: int = THREADS
+    depth: int = 64  # Q and K's row length, V's (the shared tiles of the warpgroup kernel)
+    width: int = 64
+    wgmma: bool = False
+    stages: int = 2  # shared stages of K and V
+
+    @property
+    def shared_bytes(self) -> int:
+        """The warpgroup kernel's dynamic shared memory: Q's rows, the stages of K and V, 1024 bytes to align the
+        first to the swizzle's atom."""
+        return 2 * (self.rows * self.depth + self.stages * self.keys * (self.depth + self.width)) + 1024
+
+    @property
+    def blocks_per_sm(self) -> int:
+        """Blocks of the warpgroup kernel resident per multiprocessor (its launch bound: at head dimension 64 the
+        registers of two blocks of 256 threads, 128 each, hold S, O and P)."""
+        return 2 if max(self.depth, self.width) <= 64 else 1
 
 
-def shape_for(depth: int, width: int) -> FlashShape:
-    """64 or fewer: 128 rows (2 m-tiles per warp), 64 keys; up to 128: 64 rows, 32 keys."""
+def shape_for(depth: int, width: int, wgmma: bool = False) -> FlashShape:
+    """mma.sync: 64 or fewer: 128 rows (2 m-tiles per warp), 64 keys; up to 128: 64 rows, 32 keys. wgmma: 128 rows
+    (two warpgroups of 64), 64 keys in three stages, at every head dimension."""
+    if wgmma:
+        return FlashShape(128, 1, 64 if max(depth, width) <= 64 else 128, 256, depth, width, True, 3)
     mt, keys = (2, 64) if max(depth, width) <= 64 else (1, 32)
-    return FlashShape(16 * mt * WARPS, mt, keys)
+    return FlashShape(16 * mt * WARPS, mt, keys, THREADS, depth, width)
 
 
 MT, KEYS = shape_for(64, 64).mt, shape_for(64, 64).keys  # the tiling of head dimensions up to 64
@@ -168,9 +198,11 @@ def affine_conjuncts(mask: Expr | None, row: Var, key: Var) -> tuple[list[Expr],
     return out, every
 
 
-def flash_parts(f: For, program: Program | None = None) -> FlashParts:
+def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = None) -> FlashParts:
     """Check that `f` heads the pass of the module docstring and return its parts; FlashMismatch naming the first
-    part that differs. With `program`, also check that nothing outside `f` reads the per-key state."""
+    part that differs. With `program`, also check that nothing outside `f` reads the per-key state. `intrinsic`
+    (default: f's own kind when it is one of FLASH_KINDS, else FLASH) picks the kernel's tiling."""
+    intrinsic = intrinsic or (f.kind if f.kind in FLASH_KINDS else FLASH)
     ext = const_extent(f, from_zero=True)
     _need(ext in ROW_CHOICES, f"the row loop {f.var.name!r} has extent {ext}, not {' or '.join(map(str, ROW_CHOICES))} "
           "(split the rows by the kernel's rows per block)")
@@ -292,7 +324,11 @@ def flash_parts(f: For, program: Program | None = None) -> FlashParts:
     assert out is not None and v is not None and col is not None
     _need(depth % 16 == 0 and 0 < depth <= MAX_DEPTH and width % 16 == 0 and 0 < width <= MAX_DEPTH,
           f"head dimensions {depth} (Q K) and {width} (V) must be multiples of 16 up to {MAX_DEPTH}")
-    shape = shape_for(depth, width)
+    wg = intrinsic == FLASH_WGMMA
+    _need(not wg or (depth in WGMMA_DEPTHS and width in WGMMA_DEPTHS),
+          f"head dimensions {depth} (Q K) and {width} (V) are not {' or '.join(map(str, WGMMA_DEPTHS))} (rows of whole "
+          "128-byte swizzle atoms, which attention.wgmma reads)")
+    shape = shape_for(depth, width, wg)
     _need(ext == shape.rows, f"the row loop {f.var.name!r} has extent {ext}, not {shape.rows} (head dimension "
           f"{max(depth, width)}: split the rows by {shape.rows})")
     # the state starts empty: mx = -inf, the sums 0 (any order)

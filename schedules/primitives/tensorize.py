@@ -32,15 +32,15 @@ from loopir.nodes import Binary, Cast, Const, Expr, For, If, Load, Program, Stor
 from loopir.visit import free_vars
 
 from . import const_extent, find_loop_path, only_stmt, primitive, replace_loop
-from .flash import FLASH, FlashMismatch, flash_parts
+from .flash import FLASH_KINDS, FlashMismatch, flash_parts
 from .wgmma import WGMMA, WgmmaMismatch, wgmma_parts
 
 __all__ = ["MMA_SHAPES", "INTRINSICS", "TensorizeError", "tensorize", "mma_operands", "is_tensorized"]
 
 MMA_SHAPES = {"mma.m16n8k16": (16, 8, 16)}
-# FLASH: a block's online-softmax pass (schedules/primitives/flash.py); WGMMA: a block's GEMM tile on Hopper's
+# FLASH_KINDS: a block's online-softmax pass (schedules/primitives/flash.py); WGMMA: a block's GEMM tile on Hopper's
 # warpgroup tensor cores (schedules/primitives/wgmma.py)
-INTRINSICS = (*MMA_SHAPES, FLASH, WGMMA)
+INTRINSICS = (*MMA_SHAPES, *FLASH_KINDS, WGMMA)
 HALF = ("float16", "bfloat16")
 
 
@@ -222,6 +222,8 @@ def tensorize(program: Program, loop: Var, intrinsic: str = "mma.m16n8k16") -> P
 
     `intrinsic` "attention.m16n8k16": `loop` runs the 64 query rows of a block through the online-softmax pass,
     as FlashAttention's tensor-core kernel (precondition and change: schedules/primitives/flash.py).
+    `intrinsic` "attention.wgmma": the same pass on Hopper's warpgroup tensor cores (sm_90a; head dimensions 64 or
+    128, 128 rows a block).
 
     `intrinsic` "gemm.wgmma": `loop` runs the rows of a block's GEMM tile (dot products of float16 / bfloat16 rows
     and columns, then an elementwise epilogue) on Hopper's warpgroup tensor cores, sm_90a (precondition and
@@ -235,7 +237,7 @@ def tensorize(program: Program, loop: Var, intrinsic: str = "mma.m16n8k16") -> P
     f, path = found
     if f.kind != "serial":
         raise TensorizeError(f"tensorize: loop {loop.name!r} is already {f.thread or f.kind}")
-    if intrinsic in (FLASH, WGMMA):
+    if intrinsic in (*FLASH_KINDS, WGMMA):
         if any(isinstance(p, For) and p.kind == "thread" and (p.thread or "").startswith("threadIdx") for p, _ in path):
             raise TensorizeError(f"tensorize: loop {loop.name!r} is inside a threadIdx loop; {intrinsic} runs the "
                                  "block's own threads (bind only the blocks around it)")
@@ -245,12 +247,12 @@ def tensorize(program: Program, loop: Var, intrinsic: str = "mma.m16n8k16") -> P
         except WgmmaMismatch as e:
             raise TensorizeError(f"tensorize {WGMMA}: loop {loop.name!r} is not a block's GEMM tile: {e}") from None
         return replace_loop(program, loop, dataclasses.replace(f, kind=intrinsic))
-    if intrinsic == FLASH:
+    if intrinsic in FLASH_KINDS:
         try:
-            flash_parts(f, program)
+            flash_parts(f, program, intrinsic)
         except FlashMismatch as e:
-            raise TensorizeError(f"tensorize {FLASH}: loop {loop.name!r} is not the online-softmax pass of a block: "
-                                 f"{e}") from None
+            raise TensorizeError(f"tensorize {intrinsic}: loop {loop.name!r} is not the online-softmax pass of a "
+                                 f"block: {e}") from None
         return replace_loop(program, loop, dataclasses.replace(f, kind=intrinsic))
     lanes = {p.var: p for p, _ in path if isinstance(p, For) and p.kind == "thread" and p.thread == "threadIdx.x"}
     mma_operands(f, lanes, k_guard=True)
