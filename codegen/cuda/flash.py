@@ -125,6 +125,7 @@ class _Emit(BodyEmitter):
         super().__init__(r)
         self.p = p
         self.rows, self.mt, self.keys = p.shape.rows, p.shape.mt, p.shape.keys
+        self.offset_terms = self._offset_terms()  # the mask's conjuncts tested as 32-bit offsets (mask_offsets)
         self.D, self.DV = p.depth, p.width
         self.KS, self.VS = p.depth + 8, p.width + 8  # shared row strides in halves: 16 bytes of padding
         # one shared array of two stages (K tile, then V tile); Q waits in stage 1 until its fragments are loaded
@@ -360,25 +361,25 @@ class _Emit(BodyEmitter):
         self.close()
         self.close()
 
-    @property
-    def offset_terms(self) -> list[tuple[N.Expr, N.Expr, int]]:
-        """The mask's conjuncts `a op b` that are affine in (row, key) with a constant key coefficient, as
-        (conjunct, d, c): the conjunct holds iff d > 0 (lt, gt) or d >= 0 (le, ge), d = b - a (lt, le) or a - b,
-        and d grows by c per key."""
+    def _offset_terms(self) -> list[tuple[N.Expr, N.Expr, int]]:
+        """The mask's conjuncts `a op b` that are affine in (row, key) with a constant key coefficient c, |c| keys
+        below 2^20, as (conjunct, d, c): the conjunct holds iff d > 0 (lt, gt) or d >= 0 (le, ge), d = b - a
+        (lt, le) or a - b, and d grows by c per key."""
         out = []
         for cj in affine_conjuncts(self.p.mask, self.p.row, self.p.key.var)[0]:
             d = N.binary("sub", cj.b, cj.a) if cj.op in ("lt", "le") else N.binary("sub", cj.a, cj.b)
             lin = linear_form(d)
             c = None if lin is None else lin.get(self.p.key.var, 0)
-            if isinstance(c, int) and all(isinstance(v, int) or k is not self.p.row for k, v in lin.items()):
+            if (isinstance(c, int) and abs(c) * self.keys < 1 << 20
+                    and all(isinstance(v, int) or k is not self.p.row for k, v in lin.items())):
                 out.append((cj, d, c))
         return out
 
     def mask_offsets(self) -> list[str]:
         """Per-element tests of a tile that is not whole, in 32-bit arithmetic: each term of `offset_terms` (and
         the key loop's end) evaluated once per tile at this lane's first key of each of its two rows; an
-        element adds its constant key offset. Values are clamped to +-2^30 (the offsets are below 2^8, so the
-        sign of the sum is the sign of the exact value)."""
+        element adds its constant key offset. Values are clamped to +-2^30 (an element's offset, |c| times less
+        than the keys of a tile, is below 2^20, so the sign of the sum is the sign of the exact value)."""
         p, n, r, mt, nt, e = self.p, self.n, self.r, self.n["mt"], self.n["nt"], self.n["e"]
         key0 = f"{n['kt']} + ({n['lane']} & 3) * 2"
         off = f"({nt} * 8 + ({e} & 1))"
@@ -410,8 +411,8 @@ class _Emit(BodyEmitter):
         self.unrolled(mt, self.mt)
         self.line(f"{vis}[{mt}] = ~0ull; {mx}[{mt}][0] = {m}[{mt}][0]; {mx}[{mt}][1] = {m}[{mt}][1];")
         tests = [] if whole else self.mask_offsets()
-        rest = [c for c in conjuncts(p.mask)] if p.mask is not None and not whole else []
-        rest = [c for c in rest if not any(c is t for t, _, _ in self.offset_terms)]
+        rest = [] if whole or p.mask is None else [
+            c for c in conjuncts(p.mask) if not any(c is t for t, _, _ in self.offset_terms)]
         self.unrolled(nt, self.keys // 8)
         self.unrolled(e, 4)
         if rest or id(p.row) in uses:

@@ -29,6 +29,7 @@ from typing import Any
 from loopir import nodes as N
 
 from .flash import _PTX, _Emit, checked_parts
+from .wgmma import asm_accumulators, asm_regs
 
 __all__ = ["render_flash_wgmma"]
 
@@ -41,9 +42,6 @@ def render_flash_wgmma(r: Any, f: N.For) -> None:
     r.uses_async = r.uses_half = r.uses_flash = r.uses_wgmma = True  # the flash prelude uses cp.async too
     _EmitWgmma(r, p).emit()
 
-
-def _asm_regs(first: int, count: int) -> str:
-    return ", ".join(f"%{i}" for i in range(first, first + count))
 
 
 class _EmitWgmma(_Emit):
@@ -106,7 +104,6 @@ class _EmitWgmma(_Emit):
         o, s, kk, pa, st = n["o"], n["s"], n["kk"], n["pa"], n["stage"]
         tv = _PTX[self.p.v.buffer.dtype]
         pack = "loopir_pack_f16" if tv == "f16" else "loopir_pack_bf16"
-        three = self.p.shape.stages
         self.zeros(o, (1, self.DV // 8, 4))
         self.line(f"float {n['m']}[1][2], {n['l']}[1][2], {s}[1][{self.keys // 8}][4];")
         self.line(f"{n['m']}[0][0] = {n['m']}[0][1] = -LOOPIR_INF_F; {n['l']}[0][0] = {n['l']}[0][1] = 0.0f;")
@@ -140,7 +137,7 @@ class _EmitWgmma(_Emit):
         for j, (nt, e0) in enumerate(((0, 0), (0, 2), (1, 0), (1, 2))):
             self.line(f"{pa}[{kk}][{j}] = {pack}({s}[0][2 * {kk} + {nt}][{e0}], {s}[0][2 * {kk} + {nt}][{e0 + 1}]);")
         self.close()
-        self.line(f"const int {n['np']} = {st} == {three - 1} ? 0 : {st} + 1;  // the stage of tile nk")
+        self.line(f"const int {n['np']} = {self.after(st)};  // the stage of tile nk")
         self.open(f"if ({n['nk']} < {n['hi']}) {{")
         self.line('asm volatile("cp.async.wait_group 0;\\n" ::: "memory");')
         self.arrived()
@@ -150,11 +147,11 @@ class _EmitWgmma(_Emit):
         # O += P V: P's registers are the A fragments of the k16 steps; V MN-major (the transpose flag), its rows
         # of 64 columns a block of keys x 128 bytes apart (LBO), 16 key rows (2048 bytes) per k16 step
         no = self.DV // 2
-        outs = ", ".join(f'"+f"({o}[0][{i // 4}][{i % 4}])' for i in range(no))
+        outs = asm_accumulators(f"{o}[0][{i // 4}][{i % 4}]" for i in range(no))
         for k in range(self.keys // 16):
             ins = ", ".join(f'"r"({pa}[{k}][{j}])' for j in range(4))
             self.line(f'asm volatile("wgmma.mma_async.sync.aligned.m64n{self.DV}k16.f32.{tv}.{tv} '
-                      f'{{{_asm_regs(0, no)}}}, {{{_asm_regs(no, 4)}}}, %{no + 4}, 1, 1, 1, 1;\\n" : {outs} : '
+                      f'{{{asm_regs(0, no)}}}, {{{asm_regs(no, 4)}}}, %{no + 4}, 1, 1, 1, 1;\\n" : {outs} : '
                       f'{ins}, "l"({n["dv"]} + ({st} * {self.stage_bytes // 16}u + {k * 16 * _ROW // 16}u)));')
         self.line('asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");')
         # the copy of the tile after next, its address arithmetic under the running wgmma: into the stage of the
@@ -162,7 +159,7 @@ class _EmitWgmma(_Emit):
         self.line(f"{ix} {n['k1']} = {n['hi']};")
         self.open(f"if ({n['nk']} < {n['hi']}) {{")
         self.line(f"{n['k1']} = {n['next']}({n['nk']} + {self.keys});")
-        self.line(f"if ({n['k1']} < {n['hi']}) {n['load']}({n['k1']}, {n['np']} == {three - 1} ? 0 : {n['np']} + 1);")
+        self.line(f"if ({n['k1']} < {n['hi']}) {n['load']}({n['k1']}, {self.after(n['np'])});")
         self.line('asm volatile("cp.async.commit_group;\\n" ::: "memory");')
         self.close()
         self.line(f"{n['kt']} = {n['nk']}; {n['nk']} = {n['k1']};")
@@ -178,6 +175,10 @@ class _EmitWgmma(_Emit):
         self.line(f"{st} = {n['np']};")
         self.close()
 
+    def after(self, stage: str) -> str:
+        """The stage that follows `stage` in the ring."""
+        return f"({stage} == {self.p.shape.stages - 1} ? 0 : {stage} + 1)"
+
     def arrived(self) -> None:
         self.line('asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // the copies, seen by wgmma')
         self.line("__syncthreads();  // the tile is in shared memory, and every warp is done with the stage the next "
@@ -190,11 +191,11 @@ class _EmitWgmma(_Emit):
         n = self.n
         tq = _PTX[self.p.q.buffer.dtype]
         ns = self.keys // 2
-        outs = ", ".join(f'"+f"({n["s"]}[0][{i // 4}][{i % 4}])' for i in range(ns))
+        outs = asm_accumulators(f"{n['s']}[0][{i // 4}][{i % 4}]" for i in range(ns))
         for ks in range(self.D // 16):
             qa = ((ks >> 2) * self.rows * _ROW + (ks & 3) * 32) // 16
             ka = ((ks >> 2) * self.keys * _ROW + (ks & 3) * 32) // 16
             self.line(f'asm volatile("wgmma.mma_async.sync.aligned.m64n{self.keys}k16.f32.{tq}.{tq} '
-                      f'{{{_asm_regs(0, ns)}}}, %{ns}, %{ns + 1}, {int(ks > 0)}, 1, 1, 0, 0;\\n" : {outs} : '
+                      f'{{{asm_regs(0, ns)}}}, %{ns}, %{ns + 1}, {int(ks > 0)}, 1, 1, 0, 0;\\n" : {outs} : '
                       f'"l"({n["dq"]} + {qa}u), "l"({n["dk"]} + ({stage} * {self.stage_bytes // 16}u + {ka}u)));')
         self.line('asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");')
