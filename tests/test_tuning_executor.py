@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 import time
 
 import numpy as np
@@ -19,6 +20,7 @@ from tuning_jobs import act
 from codegen import build
 from codegen.tune import ray_executor
 from codegen.tune.executor import LocalExecutor, Outcome, core_sets, visible_gpus
+from codegen.tune.feed import Feed, as_feed
 from codegen.tune.measure import TimingPolicy, cpu_timer, cuda_timer, is_stable, median_ci, time_until_stable
 from loopir import workloads
 from loopir.errors import ArgumentError, ArgumentTypeError
@@ -133,6 +135,82 @@ def test_an_abandoned_stream_leaks_nothing(ex):
     t0 = time.monotonic()
     assert [(i, o.value) for i, o in ex.builds(act, [("square", 7)], timeout=60)] == [(0, 49)]
     assert time.monotonic() - t0 < 30
+
+
+def test_a_feed_orders_retries_and_drops():
+    f = Feed([("square", 1)])
+    assert f.put(("square", 2)) == 1 and f.pending == 2 and not f.done
+    assert f.take() == (0, ("square", 1))
+    f.retry(0, ("square", 1))  # given back: taken first
+    assert f.take() == (0, ("square", 1)) and f.take() == (1, ("square", 2)) and f.take() is None
+    f.put(("square", 3))
+    f.close(drop=True)
+    assert f.done and f.pending == 0 and f.take() is None
+    with pytest.raises(RuntimeError, match="closed"):
+        f.put(("square", 4))
+    assert as_feed([1, 2]).done is False and as_feed(f) is f
+
+
+def test_a_feed_refills_when_a_worker_is_free(ex):
+    asked = []
+
+    def more(feed):  # two waves, then the end
+        asked.append(len(asked))
+        if len(asked) <= 2:
+            feed.put(("square", len(asked)))
+            feed.put(("square", 10 + len(asked)))
+        else:
+            feed.close()
+
+    got = dict(ex.builds(act, Feed(refill=more), timeout=60))
+    assert {i: o.value for i, o in got.items()} == {0: 1, 1: 121, 2: 4, 3: 144}
+    assert len(asked) >= 3
+
+
+@pytest.mark.parametrize("how", ["builds", "runs"])
+def test_a_stream_waits_for_jobs_put_later(ex, how):
+    feed = Feed([("square", 3)])
+    put_at = []
+    t0 = time.monotonic()
+
+    def late():
+        time.sleep(1.0)
+        put_at.append(time.monotonic() - t0)
+        feed.put(("square", 4))
+        time.sleep(0.5)
+        feed.close()
+
+    t = threading.Thread(target=late)
+    t.start()
+    got = [(i, o.value, time.monotonic() - t0) for i, o in getattr(ex, how)(act, feed, timeout=60)]
+    t.join()
+    assert [(i, v) for i, v, _ in got] == [(0, 9), (1, 16)]
+    assert got[0][2] < put_at[0] <= got[1][2]  # the first job did not wait for the late one, nor for the close
+
+
+def test_builds_feed_runs_without_waiting_for_the_slowest_build(ex):
+    # the tuner's pipeline: each built job goes to the run workers at once, so no run waits for a batch's
+    # slowest build (here a 3 s one beside two quick ones)
+    builds, runs = Feed([("square", 2), ("sleep", 3.0), ("square", 3)], closed=True), Feed()
+    built_at: dict[int, float] = {}
+    t0 = time.monotonic()
+
+    def build_side():
+        try:
+            for i, o in ex.builds(act, builds, timeout=60):
+                assert o.ok
+                built_at[i] = time.monotonic() - t0
+                runs.put(("square", i + 10))
+        finally:
+            runs.close()
+
+    t = threading.Thread(target=build_side)
+    t.start()
+    ran = [(i, o.value, time.monotonic() - t0) for i, o in ex.runs(act, runs, timeout=60)]
+    t.join()
+    assert sorted(v for _, v, _ in ran) == [100, 121, 144] and len(built_at) == 3
+    assert ran[0][2] < built_at[1]  # a quick candidate ran while the slow one was still building
+    assert built_at[1] >= 3.0
 
 
 def test_bad_arguments_fail_in_the_call(ex):

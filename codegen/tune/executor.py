@@ -10,8 +10,10 @@
 `builds(fn, jobs, timeout)` runs `fn(job)` on CPU build workers, `runs(fn, jobs, timeout)` on the run workers:
 one long-lived process per device that keeps its state (CUDA context, loaded modules, imports, module-level
 caches) from one job to the next. Both yield `(index into jobs, Outcome)` as each job completes, so a caller
-can journal each trial at once. A job that raises, runs past `timeout` (its worker is killed and restarted)
-or kills its worker (segfault, `os._exit`) gives an `Outcome(ok=False)`; the remaining jobs go on.
+can journal each trial at once. `jobs` is a list, or a `Feed` (codegen.tune.feed) that jobs are put into while
+the stream runs, each taken by the next free worker. A job that raises, runs past `timeout` (its worker is
+killed and restarted) or kills its worker (segfault, `os._exit`) gives an `Outcome(ok=False)`; the remaining
+jobs go on.
 
 How a job reaches a worker: `fn` and each job are pickled in the parent (pickle, not cloudpickle: `fn` must be
 a module-level function, taken by reference) and sent as bytes; the worker puts the parent's `sys.path` in
@@ -41,13 +43,14 @@ import threading
 import time
 import traceback
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Protocol
 
 from loopir.errors import ArgumentError, ArgumentTypeError
+
+from .feed import POLL, Feed, as_feed
 
 __all__ = ["Outcome", "Executor", "LocalExecutor", "visible_gpus", "core_sets", "run_job", "dump_fn", "stream_args",
            "worker_sys_path", "add_sys_path", "error_text"]
@@ -69,10 +72,12 @@ class Outcome:
 class Executor(Protocol):
     """The tuner's view of a back end (`LocalExecutor`, `codegen.tune.ray_executor.RayExecutor`)."""
 
-    def builds(self, fn: Callable[[Any], Any], jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
+    def builds(self, fn: Callable[[Any], Any], jobs: Sequence[Any] | Feed,
+               timeout: float) -> Iterator[tuple[int, Outcome]]:
         ...
 
-    def runs(self, fn: Callable[[Any], Any], jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
+    def runs(self, fn: Callable[[Any], Any], jobs: Sequence[Any] | Feed,
+             timeout: float) -> Iterator[tuple[int, Outcome]]:
         ...
 
     @property
@@ -310,58 +315,70 @@ class _Pool:
         self.workers = workers
         self.busy = False
 
-    def stream(self, fn: Callable[[Any], Any], jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
+    def stream(self, fn: Callable[[Any], Any], jobs: Sequence[Any] | Feed,
+               timeout: float) -> Iterator[tuple[int, Outcome]]:
         return self._stream(stream_args(fn, timeout), jobs, timeout)
 
-    def _stream(self, fn_bytes: bytes, jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
+    def _stream(self, fn_bytes: bytes, jobs: Sequence[Any] | Feed, timeout: float) -> Iterator[tuple[int, Outcome]]:
         if self.busy:
             # the results of two streams would mix on the same workers
             raise RuntimeError("these workers are already streaming jobs: finish (or close) the other "
                                "builds()/runs() iterator first")
         self.busy = True
-        use = self.workers[:max(1, min(len(self.workers), len(jobs)))] if jobs else []
+        # a list starts no more workers than it has jobs; a feed may grow, so it gets them all
+        n = len(self.workers) if isinstance(jobs, Feed) else min(len(self.workers), len(jobs))
+        use = self.workers[:max(1, n)] if isinstance(jobs, Feed) or jobs else []
         try:
-            yield from self._loop(use, fn_bytes, jobs, timeout)
+            yield from self._loop(use, fn_bytes, as_feed(jobs), timeout)
         finally:
             self.busy = False
             for w in use:
                 if w.job is not None:  # abandoned by the caller (break, exception): its result must not leak
                     w.kill()
 
-    def _loop(self, use: list[_Worker], fn_bytes: bytes, jobs: Sequence[Any],
-              timeout: float) -> Iterator[tuple[int, Outcome]]:
-        pending = deque(range(len(jobs)))
+    @staticmethod
+    def _dispatch(use: list[_Worker], fn_bytes: bytes, feed: Feed) -> Iterator[tuple[int, Outcome]]:
+        """Give each idle, started worker the feed's next job."""
+        for w in use:
+            while w.ready and w.job is None and (got := feed.take()) is not None:
+                i, job = got
+                try:
+                    job_bytes = pickle.dumps(job)
+                except Exception as e:  # noqa: BLE001 - this job cannot travel; the others can
+                    yield i, Outcome(False, error=f"the job cannot be pickled: {error_text(e)}")
+                    continue
+                try:
+                    w.send(fn_bytes, job_bytes, i)
+                except OSError:  # it died while idle: the job goes to its successor
+                    feed.retry(i, job)
+                    w.kill()
+                    w.start()
+
+    def _loop(self, use: list[_Worker], fn_bytes: bytes, feed: Feed, timeout: float) -> Iterator[tuple[int, Outcome]]:
         for w in use:
             if not w.alive:
                 w.kill()
                 w.start()
-        while pending or any(w.job is not None for w in use):
-            for w in use:
-                while w.ready and w.job is None and pending:
-                    i = pending.popleft()
-                    try:
-                        job_bytes = pickle.dumps(jobs[i])
-                    except Exception as e:  # noqa: BLE001 - this job cannot travel; the others can
-                        yield i, Outcome(False, error=f"the job cannot be pickled: {error_text(e)}")
-                        continue
-                    try:
-                        w.send(fn_bytes, job_bytes, i)
-                    except OSError:  # it died while idle: the job goes to its successor
-                        pending.appendleft(i)
-                        w.kill()
-                        w.start()
+        while True:
+            yield from self._dispatch(use, fn_bytes, feed)
+            if feed.done and not any(w.job is not None for w in use):
+                return
             now = time.monotonic()
             live = [w for w in use if w.proc is not None and (w.job is not None or not w.ready)]
             if not live:
-                if pending:  # every worker failed to start: nothing will run the rest
-                    codes = sorted({w.exit_code for w in use}, key=str)
-                    for i in pending:
-                        yield i, Outcome(False, error=f"no worker could start (exit code {', '.join(map(str, codes))}; "
-                                                      "see the workers' stderr)")
-                    pending.clear()
+                if not any(w.proc is not None for w in use):
+                    # every worker failed to start: nothing will run the jobs, given or to come
+                    codes = ", ".join(map(str, sorted({w.exit_code for w in use}, key=str)))
+                    while (got := feed.take()) is not None:
+                        yield got[0], Outcome(False, error=f"no worker could start (exit code {codes}; see the "
+                                                           "workers' stderr)")
+                if not feed.done:
+                    feed.wait()  # idle workers, and no job yet
                 continue
             due = min(w.since + (timeout if w.ready else START_TIMEOUT) for w in live)
-            wait([w.conn for w in live] + [w.proc.sentinel for w in live], timeout=max(0.0, due - now))
+            # an open feed is looked at every POLL seconds: a job put meanwhile must not wait for a worker's news
+            wait([w.conn for w in live] + [w.proc.sentinel for w in live],
+                 timeout=max(0.0, min(due - now, POLL) if not feed.done else due - now))
             for w in live:
                 yield from self._check(w, timeout)
 
@@ -454,13 +471,15 @@ class LocalExecutor:
                        for k, cpus in enumerate(core_sets(cpu_runs))]
         return workers
 
-    def builds(self, fn: Callable[[Any], Any], jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
-        """`fn(job)` for each job on the build workers; (index, Outcome) as each completes."""
+    def builds(self, fn: Callable[[Any], Any], jobs: Sequence[Any] | Feed,
+               timeout: float) -> Iterator[tuple[int, Outcome]]:
+        """`fn(job)` for each job (a list, or a Feed) on the build workers; (index, Outcome) as each completes."""
         return self._builds.stream(fn, jobs, timeout)
 
-    def runs(self, fn: Callable[[Any], Any], jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
-        """`fn(job)` for each job on the run workers (one per device, long-lived); (index, Outcome) as each
-        completes."""
+    def runs(self, fn: Callable[[Any], Any], jobs: Sequence[Any] | Feed,
+             timeout: float) -> Iterator[tuple[int, Outcome]]:
+        """`fn(job)` for each job (a list, or a Feed) on the run workers (one per device, long-lived); (index,
+        Outcome) as each completes."""
         return self._runs.stream(fn, jobs, timeout)
 
     @property

@@ -35,12 +35,12 @@ import pickle
 import socket
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from loopir.errors import ArgumentError
 
+from .feed import POLL, Feed, as_feed
 from .executor import (START_FAILURES, START_TIMEOUT, Executor, LocalExecutor, Outcome, add_sys_path, core_sets,
                        error_text, run_job, stream_args)
 
@@ -187,29 +187,32 @@ class RayExecutor:
 
     # -- builds: tasks
 
-    def builds(self, fn: Callable[[Any], Any], jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
-        """`fn(job)` for each job as a Ray task; (index, Outcome) as each completes."""
-        return self._builds(stream_args(fn, timeout), jobs, timeout)
+    def builds(self, fn: Callable[[Any], Any], jobs: Sequence[Any] | Feed,
+               timeout: float) -> Iterator[tuple[int, Outcome]]:
+        """`fn(job)` for each job (a list, or a Feed) as a Ray task; (index, Outcome) as each completes."""
+        return self._builds(stream_args(fn, timeout), as_feed(jobs), timeout)
 
-    def _builds(self, fn_bytes: bytes, jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
+    def _builds(self, fn_bytes: bytes, feed: Feed, timeout: float) -> Iterator[tuple[int, Outcome]]:
         if self._building:
             raise RuntimeError("builds() is already streaming: finish (or close) the other iterator first")
         self._building = True
         inflight: dict[Any, tuple[int, float]] = {}
-        pending = deque(range(len(jobs)))
         try:
-            while pending or inflight:
-                while pending and len(inflight) < self._build_workers:
-                    i = pending.popleft()
-                    job = _pickle_job(jobs[i])
+            while True:
+                while len(inflight) < self._build_workers and (got := feed.take()) is not None:
+                    i, job = got[0], _pickle_job(got[1])
                     if isinstance(job, Outcome):
                         yield i, job
                         continue
                     inflight[self._build.remote(fn_bytes, job)] = (i, time.monotonic())
                 if not inflight:
+                    if feed.done:
+                        return
+                    feed.wait()
                     continue
                 due = min(t for _, t in inflight.values()) + timeout
-                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=max(0.0, due - time.monotonic()))
+                wait_s = max(0.0, due - time.monotonic())
+                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=wait_s if feed.done else min(wait_s, POLL))
                 for ref in ready:
                     i, t = inflight.pop(ref)
                     try:
@@ -233,40 +236,44 @@ class RayExecutor:
 
     # -- runs: actors
 
-    def runs(self, fn: Callable[[Any], Any], jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
-        """`fn(job)` for each job on the run actors (one job per actor at a time); (index, Outcome) as each
-        completes."""
-        return self._runs(stream_args(fn, timeout), jobs, timeout)
+    def runs(self, fn: Callable[[Any], Any], jobs: Sequence[Any] | Feed,
+             timeout: float) -> Iterator[tuple[int, Outcome]]:
+        """`fn(job)` for each job (a list, or a Feed) on the run actors (one job per actor at a time); (index,
+        Outcome) as each completes."""
+        return self._runs(stream_args(fn, timeout), as_feed(jobs), timeout)
 
-    def _runs(self, fn_bytes: bytes, jobs: Sequence[Any], timeout: float) -> Iterator[tuple[int, Outcome]]:
+    def _runs(self, fn_bytes: bytes, feed: Feed, timeout: float) -> Iterator[tuple[int, Outcome]]:
         if self._running:
             raise RuntimeError("runs() is already streaming: finish (or close) the other iterator first")
         self._running = True
-        pending = deque(range(len(jobs)))
         try:
-            while pending or any(s.job is not None for s in self._slots):
+            while True:
                 for s in self._slots:
                     if s.dead:
                         continue
                     if not s.ready and s.ping is None:
                         s.ping, s.since = s.actor.ping.remote(), time.monotonic()
                         s.down_since = s.down_since or s.since
-                    while s.ready and s.job is None and pending:
-                        i = pending.popleft()
-                        job = _pickle_job(jobs[i])
+                    while s.ready and s.job is None and (got := feed.take()) is not None:
+                        i, job = got[0], _pickle_job(got[1])
                         if isinstance(job, Outcome):
                             yield i, job
                             continue
                         s.ref, s.job, s.since = s.actor.call.remote(fn_bytes, job), i, time.monotonic()
+                if feed.done and not any(s.job is not None for s in self._slots):
+                    return
                 live = [s for s in self._slots if not s.dead and (s.job is not None or s.ping is not None)]
                 if not live:
-                    for i in pending:
-                        yield i, Outcome(False, error="no run actor could start (see the Ray logs)")
-                    pending.clear()
+                    if all(s.dead for s in self._slots):  # nothing will run the jobs, given or to come
+                        while (got := feed.take()) is not None:
+                            yield got[0], Outcome(False, error="no run actor could start (see the Ray logs)")
+                    if not feed.done:
+                        feed.wait()  # idle actors, and no job yet
                     continue
                 refs = {(s.ref if s.job is not None else s.ping): s for s in live}
                 due = min(s.since + timeout if s.job is not None else s.down_since + START_TIMEOUT for s in live)
-                ready, _ = ray.wait(list(refs), num_returns=1, timeout=max(0.0, due - time.monotonic()))
+                wait_s = max(0.0, due - time.monotonic())
+                ready, _ = ray.wait(list(refs), num_returns=1, timeout=wait_s if feed.done else min(wait_s, POLL))
                 for ref in ready:
                     yield from self._done(refs[ref], ref)
                 now = time.monotonic()

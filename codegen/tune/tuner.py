@@ -5,12 +5,14 @@
     mod = build([C], [A, B, bias, C], target="cuda")   # later, any process: the tuned configuration is used
 
 The loop: the search space is the rules' own decisions (`schedules.tuning.space`); the untuned configuration is
-measured first (the baseline to beat); each round the strategy (`schedules.tuning.search`: evolutionary with a
-learned cost model, or random) proposes a batch of unseen, valid candidates; the executor builds them in
-parallel on the CPUs and runs them on the devices (`codegen.tune.executor`: one long-lived worker per GPU, a
-watchdog); every finished trial, failed ones included, is appended to the database's journal at once
-(`schedules.tuning.database`), so a tuning process killed at any point loses no completed trial and a rerun
-(`resume=True`) measures none twice: it warm-starts the strategy from the journal and continues to `trials`.
+measured first (the baseline to beat); the strategy (`schedules.tuning.search`: evolutionary with a learned cost
+model, or random) proposes a batch of unseen, valid candidates whenever a build worker is free and none is
+queued, having observed every result so far. Builds and runs are one pipeline (`codegen.tune.feed`): a built
+candidate goes to the next free device worker at once (`codegen.tune.executor`: one long-lived worker per GPU, a
+watchdog), so no device waits for a batch's slowest build. Every finished trial, failed ones included, is
+appended to the database's journal at once (`schedules.tuning.database`), so a tuning process killed at any
+point loses no completed trial and a rerun (`resume=True`) measures none twice: it warm-starts the strategy from
+the journal and continues to `trials`.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,7 @@ from schedules.tuning.space import options, space_for
 
 from ..cuda.runtime import gpu_available
 from .executor import Executor, LocalExecutor
+from .feed import Feed
 from .keys import shape_key, target_key, workload_key
 from .measure import TimingPolicy
 from .progress import Progress, plot_png
@@ -108,12 +111,11 @@ def _check_sizes(outs: list[Tensor], args: list[Any], sizes: dict[Any, int] | No
 
 
 @dataclass
-class _Round:
-    """One batch of candidates: each finished trial is journaled at once (`record`)."""
+class _Journal:
+    """Journals each finished trial at once (database, result, progress bar), from the build thread (failed
+    builds) and the run loop alike, and keeps the results the strategy has not observed yet."""
 
-    todo: list[Config]
     default: Config
-    first: int
     wk: str
     tk: str
     shape: str
@@ -123,16 +125,25 @@ class _Round:
     done: dict[str, Trial]
     res: TuneResult
     bar: Progress
-    results: list[tuple[Config, float | None]] = field(default_factory=list)
+    flying: set[str] = field(default_factory=set)  # proposed, not yet journaled
+    unseen: list[tuple[Config, float | None]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, k: int, **kw: Any) -> None:
-        meta = {**self.meta, "options": list(options(self.todo[k], self.default))}  # what build applies
-        t = Trial(self.wk, self.tk, self.shape, self.todo[k], trial=self.first + k, run=self.run, meta=meta, **kw)
-        self.db.append(t)
-        self.done[t.key()] = t
-        self.res.trials.append(t)
-        self.results.append((self.todo[k], t.median if t.ok else None))
-        self.bar.add(t)
+    def record(self, config: Config, trial: int, **kw: Any) -> None:
+        meta = {**self.meta, "options": list(options(config, self.default))}  # what build applies
+        t = Trial(self.wk, self.tk, self.shape, config, trial=trial, run=self.run, meta=meta, **kw)
+        with self.lock:
+            self.db.append(t)
+            self.done[t.key()] = t
+            self.flying.discard(config_key(config))
+            self.res.trials.append(t)
+            self.unseen.append((config, t.median if t.ok else None))
+            self.bar.add(t)
+
+    def take_unseen(self) -> list[tuple[Config, float | None]]:
+        with self.lock:
+            out, self.unseen = self.unseen, []
+        return out
 
 
 def _failed(o: Any, kind: str) -> str:
@@ -153,7 +164,8 @@ def autotune(outputs: Tensor | list[Tensor], args: list[Any] | None = None, targ
     the order the program reads them first, then the outputs, as `lower` orders them) on `target` at
     `sizes` (values of the symbolic sizes, by Var or name) until the database holds `trials` trials of this
     workload, target and shape. `strategy`: "evolutionary" (a learned cost model, XGBoost when installed) or
-    "random"; `batch`: candidates per round (default: the executor's build slots, at least 8 and 4 per device);
+    "random"; `batch`: candidates per proposal (default: the executor's build slots, at least 8 and 4 per device;
+    at most one batch of built candidates waits for the devices);
     `db`: a database directory or object (default `$LOOPIR_TUNING_DB`, else ~/.cache/loopir/tuning);
     `executor`: default a LocalExecutor on
     `gpus` (None: every visible GPU; CPU runs otherwise); `timeout`: seconds per build or run before the
@@ -192,7 +204,7 @@ def autotune(outputs: Tensor | list[Tensor], args: list[Any] | None = None, targ
     own = executor is None
     ex = executor or LocalExecutor(devices=gpus if target == "cuda" else [],
                                    build_workers=max(1, (os.cpu_count() or 2) - 1))
-    # a round's builds fill every build slot once (the round's time is one build's time while the runs keep up)
+    # proposed a batch at a time; the batch fills the build slots, and the devices wait on no batch's slowest build
     nb = batch or max(8, 4 * max(ex.devices, 1), getattr(ex, "build_slots", 0))
     graph = pickle.dumps((outs, args))
     run_id = uuid.uuid4().hex[:12]
@@ -203,59 +215,88 @@ def autotune(outputs: Tensor | list[Tensor], args: list[Any] | None = None, targ
     bar = Progress(trials, len(done), enabled=progress)
     for t in done.values():
         bar.add(t)
-    index = max((t.trial for t in done.values()), default=-1) + 1
+    journal = _Journal(space.default, wk, tk, shape, run_id, meta, base, done, res, bar)
     make = functools.partial(Job, graph, target, named, default=space.default, policy=policy or TimingPolicy(),
                              seed=seed, reference=reference, tolerance=tolerance, arch=tdesc.get("arch"))
-    flying: set[str] = set()  # proposed, not yet journaled
+    index = max((t.trial for t in done.values()), default=-1) + 1
+    cands: dict[int, tuple[Config, int, Job]] = {}  # build-feed index -> the candidate, its trial number, its job
+    built: dict[int, dict[str, Any]] = {}
+    run_of: dict[int, int] = {}  # run-feed index -> build-feed index
+    handoff = threading.Lock()
+    run_feed = Feed()
+    idle = [False]  # the last proposal was empty, and nothing was observed since
 
-    def propose() -> list[Config]:
-        seen = done.keys() | flying
+    def refill(feed: Feed) -> None:
+        # called by the build stream when a build worker is free and nothing is queued: propose with every
+        # result observed so far, unless a batch of built candidates already waits for the devices
+        nonlocal index
+        if run_feed.pending >= nb:
+            return
+        seen_new = journal.take_unseen()
+        if seen_new:
+            strat.observe(seen_new)
+        elif idle[0]:
+            with journal.lock:
+                if not journal.flying:
+                    feed.close()  # nothing proposable, nothing in flight: the search is over
+            return
+        with journal.lock:
+            seen, room = done.keys() | journal.flying, trials - len(done) - len(journal.flying)
         todo = [] if config_key(space.default) in seen else [dict(space.default)]
         todo += [c for c in strat.propose(nb) if config_key(c) not in seen and c != space.default]
-        todo = todo[: max(trials - len(done) - len(flying), 0)]
-        flying.update(config_key(c) for c in todo)
-        return todo
+        todo = todo[: max(room, 0)]
+        idle[0] = not todo
+        if room <= 0:
+            feed.close()
+        with journal.lock:
+            journal.flying.update(config_key(c) for c in todo)
+        for c in todo:
+            job = make(c)
+            cands[feed.put(job)] = (c, index, job)  # read only after this job's build: the entry is in by then
+            index += 1
 
-    def builds(todo: list[Config]) -> tuple[list[Config], list[Job], list[tuple[int, Any]]]:
-        jobs = [make(c) for c in todo]
-        return todo, jobs, list(ex.builds(build_candidate, jobs, timeout))
+    build_feed = Feed(refill=refill)
+    failure: list[BaseException] = []
 
-    # builds of round r + 1 (CPU workers) overlap the runs of round r (device workers): round r + 1 is proposed
-    # before r is observed, the usual one-round staleness of batched search
-    pool = ThreadPoolExecutor(1, thread_name_prefix="tune-builds")
-    first = propose()
-    ahead = pool.submit(builds, first) if first else None
+    def build_side() -> None:
+        try:
+            for i, o in ex.builds(build_candidate, build_feed, timeout):
+                c, trial, job = cands[i]
+                if o.ok:
+                    built[i] = o.value
+                    with handoff:  # the run loop looks the index up under the same lock
+                        run_of[run_feed.put(job)] = i
+                else:
+                    del cands[i]
+                    journal.record(c, trial, status=_failed(o, "build_error"), error=o.error[-2000:],
+                                   build_s=o.seconds)
+        except BaseException as e:  # noqa: BLE001 - raised again in the tuner's thread
+            failure.append(e)
+        finally:
+            run_feed.close()
+
+    builder = threading.Thread(target=build_side, name="tune-builds", daemon=True)
+    builder.start()
     try:
-        while ahead is not None:
-            todo, jobs, outcomes = ahead.result()
-            nxt = propose()
-            ahead = pool.submit(builds, nxt) if nxt else None
-            rnd = _Round(todo, space.default, index, wk, tk, shape, run_id, meta, base, done, res, bar)
-            index += len(todo)
-            built: dict[int, dict[str, Any]] = {}
-            for k, o in outcomes:
-                if o.ok:
-                    built[k] = o.value
-                else:
-                    rnd.record(k, status=_failed(o, "build_error"), error=o.error[-2000:], build_s=o.seconds)
-            order = sorted(built)
-            for i, o in ex.runs(measure_candidate, [jobs[k] for k in order], timeout):
-                k = order[i]
-                b = built[k]
-                trace = (b.get("trace") or "",)
-                if o.ok:
-                    rnd.record(k, status="ok", times=o.value["times"], trace=trace, build_s=b["build_s"],
+        for r, o in ex.runs(measure_candidate, run_feed, timeout):
+            with handoff:
+                i = run_of.pop(r)
+            (c, trial, _), b = cands.pop(i), built.pop(i)
+            trace = (b.get("trace") or "",)
+            if o.ok:
+                journal.record(c, trial, status="ok", times=o.value["times"], trace=trace, build_s=b["build_s"],
                                error=f"rel. error {o.value['error']:.1e}")
-                else:
-                    rnd.record(k, status=_failed(o, "run_error"), error=o.error[-2000:], trace=trace,
+            else:
+                journal.record(c, trial, status=_failed(o, "run_error"), error=o.error[-2000:], trace=trace,
                                build_s=b["build_s"])
-            flying.difference_update(config_key(c) for c in todo)
-            strat.observe(rnd.results)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        build_feed.close(drop=True)  # an interrupted tuner starts no more builds; the running ones finish
+        builder.join()
         bar.close()
         if own:
             ex.close()
+    if failure:
+        raise failure[0]
     res.seconds = time.perf_counter() - t_start
     res.best = base.best(wk, tk, shape)
     res.default = done.get(config_key(space.default))
