@@ -6,7 +6,9 @@ consumed by sums of products with it, e.g. softmax(Q K^T) V), the rewrite is app
 step and the single pass is mapped:
   * cuda, float16 / bfloat16 data that tensorize "attention.wgmma" (head dimensions 64 or 128) or else
     "attention.m16n8k16" accepts (schedules/primitives/flash.py): a block per (batch, 128 query rows) runs the pass
-    as FlashAttention's tensor-core kernel; a division that is not the pass's epilogue reads its sums (a flat grid
+    as FlashAttention's tensor-core kernel. The division after it (Y = O / sm) is fused into the pass's row loops
+    (two checked fuse steps) when tensorize accepts the fused pass, and runs as the kernel's epilogue on the
+    registers; a division that cannot be the epilogue reads the stored sums in a kernel of its own (a flat grid
     over rows x columns when the rows are short);
   * cuda otherwise: a block per (batch, tile of `rows` query rows), a thread per row (batch loops on blockIdx.y/z,
     the query loop split into blockIdx.x and threadIdx.x: with symbolic sizes collapse would make the
@@ -32,6 +34,7 @@ from loopir.visit import deep_recursion, statements, walk, walk_stmts
 
 from .primitives import const_extent, find_loop_path
 from .primitives.flash import FLASH, FLASH_KINDS, FLASH_WGMMA, ROW_CHOICES, FlashMismatch, FlashShape, flash_parts
+from .primitives.loop_fusion import fuse as fuse_loops
 from .primitives.loops import split as split_loop
 from .primitives.online import OnlineRewrite, find_softmax_max, online_softmax
 from .schedule import Schedule
@@ -58,6 +61,7 @@ class AttentionPlan:
     key_tile: int
     notes: tuple[str, ...] = ()
     tensor_cores: FlashShape | None = None  # the pass runs as FlashAttention's tensor-core kernel, so tiled
+    epilogue: str | None = None  # the buffer the tensor-core pass's epilogue writes (the division fused into it)
 
     @property
     def groups(self) -> tuple[()]:
@@ -80,7 +84,8 @@ class AttentionPlan:
                 lines.append(f"masked keys skipped: each key's update runs under `if {r.mask}` (a masked key leaves "
                              "the state unchanged); on cuda, where the mask bounds the keys from above (causal), a "
                              "block stops after the last key tile its rows attend to (codegen.passes.dead_tiles; the "
-                             "tensor-core kernel skips every tile the mask kills at its four corners)")
+                             "tensor-core kernel skips every tile the mask kills at its four corners, and launches "
+                             "the heaviest row blocks first)")
         if self.target == "cuda" and self.tensor_cores is not None:
             sh = self.tensor_cores
             if sh.wgmma:
@@ -93,6 +98,10 @@ class AttentionPlan:
                 lines.append(f"cuda: a block per {sh.rows} query rows of one batch on tensor cores ({FLASH}: a warp "
                              f"per {16 * sh.mt} rows, S = Q K^T and O += P V on mma.sync with P in registers, K and "
                              f"V in tiles of {sh.keys} keys double-buffered in shared memory by cp.async)")
+            if self.epilogue:
+                lines.append(f"cuda: {self.epilogue} (the division by the sums) is the pass's epilogue, on the "
+                             "registers (its loops fused with the pass's rows): one kernel, O and the sums never "
+                             "stored")
         elif self.target == "cuda":
             lines.append(f"cuda: a block per {self.rows} query rows of one batch, a thread per row running the pass "
                          f"with its state in registers; K and V staged in shared memory {self.key_tile} keys at a time")
@@ -116,7 +125,7 @@ def schedule_attention(outputs: list[Tensor], target: str, rows: int = ROWS_PER_
     rewrites = apply_online(s, found)
     notes = map_online(s, rewrites, target, rows, key_tile, every_nest=True)
     s.plan = AttentionPlan(tuple(rewrites), target, rows, key_tile, tuple(notes),  # type: ignore[attr-defined]
-                           on_tensor_cores(s.program))
+                           on_tensor_cores(s.program), pass_epilogue(s.program))
     return s
 
 
@@ -125,6 +134,13 @@ def on_tensor_cores(program: Program) -> FlashShape | None:
     "attention.wgmma" or "attention.m16n8k16"), or None."""
     f = next((f for f in walk_stmts(program.body) if isinstance(f, For) and f.kind in FLASH_KINDS), None)
     return None if f is None else flash_parts(f).shape
+
+
+def pass_epilogue(program: Program) -> str | None:
+    """The buffer the epilogue of the first tensor-core pass of `program` writes, or None."""
+    f = next((f for f in walk_stmts(program.body) if isinstance(f, For) and f.kind in FLASH_KINDS), None)
+    ep = None if f is None else flash_parts(f).epilogue
+    return None if ep is None else ep.buffer.name
 
 
 def online_rewrites(outputs: list[Tensor]) -> tuple[list[OnlineRewrite], bool]:
@@ -210,6 +226,8 @@ def _map(s: Schedule, target: str, rows: int, mine: set[str], tensor_cores: bool
     notes: list[str] = []
     first = True
     for k in range(len(_top(s.program))):
+        if k >= len(_top(s.program)):  # the division was fused into the pass: one nest less
+            break
         if not _nest_writes(_top(s.program)[k]) & mine:
             continue
         is_pass, first = first, False
@@ -223,6 +241,8 @@ def _map(s: Schedule, target: str, rows: int, mine: set[str], tensor_cores: bool
         # when it is not the pass's epilogue) is elementwise: a block per row, its innermost loop across the threads
         # (consecutive threads, consecutive elements)
         if is_pass or len(loops) == 1:
+            if is_pass and tensor_cores and TENSOR_CORES and _division_into_pass(s, k, mine, notes):
+                loops = _rows(s, _top(s.program)[k])
             *batch, q = loops[-3:]
             flash = _flash_rows(s, q, notes) if is_pass and tensor_cores and TENSOR_CORES else None
             bo, ti = s.split(q, flash[1] if flash else rows)
@@ -250,17 +270,42 @@ def _map(s: Schedule, target: str, rows: int, mine: set[str], tensor_cores: bool
     return notes
 
 
-def _flash_rows(s: Schedule, q: Any, notes: list[str]) -> tuple[str, int] | None:
+def _division_into_pass(s: Schedule, k: int, mine: set[str], notes: list[str]) -> bool:
+    """Fuse the nest after the pass (the division Y = O / sm) into the pass's row loops, when the fused pass is what
+    tensorize accepts (tried on the program alone first): the division becomes the kernel's epilogue, on the
+    registers, and O and sm are never stored. Each fuse is a checked step."""
+    top = _top(s.program)
+    if k + 1 >= len(top) or not _nest_writes(top[k + 1]) & mine:  # a nest this mapping owns
+        return False
+    rows, div = _rows(s, top[k]), _rows(s, top[k + 1])
+    if not rows or len(div) != len(rows) + 1:  # the division: the pass's row loops, then one over the columns
+        return False
+    program = s.program
+    try:
+        for a, b in zip(rows, div):
+            program, _ = fuse_loops(program, s._resolve(a, "fuse"), s._resolve(b, "fuse"))
+    except LoopirError:
+        return False
+    if _flash_rows(s, rows[-1], [], program) is None:
+        return False
+    for a, b in zip(rows, div):
+        if _try(s, notes, "the division as the pass's epilogue", "fuse", a, b) is None:
+            return False
+    return True
+
+
+def _flash_rows(s: Schedule, q: Any, notes: list[str], program: Program | None = None) -> tuple[str, int] | None:
     """The tensor-core intrinsic and the rows per block with which the pass, its query loop `q` split by them, is
-    what tensorize accepts (attention.wgmma first, then attention.m16n8k16; tried on the program alone: the
-    schedule is unchanged), or None; the note says why not, for half data."""
+    what tensorize accepts (attention.wgmma first, then attention.m16n8k16; tried on the program alone, `program`
+    or the schedule's: the schedule is unchanged), or None; the note says why not, for half data."""
     whys, half = [], False
     tries = [(FLASH_WGMMA, 128)] if WGMMA_ATTENTION else []
+    base = program or s.program
     for intrinsic, rows in tries + [(FLASH, r) for r in ROW_CHOICES]:
-        program, (_, inner) = split_loop(s.program, s._resolve(q, "split"), rows)
-        f = find_loop_path(program.body, inner)[0]  # type: ignore[index]
+        split, (_, inner) = split_loop(base, s._resolve(q, "split"), rows)
+        f = find_loop_path(split.body, inner)[0]  # type: ignore[index]
         try:
-            return intrinsic, flash_parts(f, program, intrinsic).shape.rows
+            return intrinsic, flash_parts(f, split, intrinsic).shape.rows
         except FlashMismatch as e:
             if intrinsic == FLASH:
                 whys.append(str(e))

@@ -26,7 +26,7 @@ from loopir.visit import walk
 from schedules import Schedule, auto_schedule
 from schedules.attention import apply_online, attention_rewrites
 from schedules import attention as attention_mod
-from schedules.primitives.flash import FLASH, FLASH_KINDS, FLASH_WGMMA, KEYS, ROWS, affine_conjuncts
+from schedules.primitives.flash import FLASH, FLASH_KINDS, FLASH_WGMMA, KEYS, ROWS, affine_conjuncts, flash_parts
 
 HALVES = ("float16", "bfloat16")
 
@@ -121,6 +121,97 @@ def test_the_planner_puts_half_attention_on_tensor_cores_and_says_so(dtype, d):
         assert src.count("mma.sync.aligned.m16n8k16") == 4 and "ldmatrix.sync.aligned.m8n8.x4.trans" in src
     regs, smem = cubin_resources(compile_cubin(src, "sm_90", use_cache=False))["Y_mx_init"]
     assert smem <= 48 * 1024 and regs <= 255
+
+
+@pytest.mark.parametrize("mask, d, heavy", [("causal", 64, True), ("causal", 128, True), ("causal", 32, True),
+                                            (False, 64, False)])
+def test_a_causal_pass_launches_its_heaviest_row_blocks_first(mask, d, heavy):
+    """Under a causal mask the last row blocks see the most keys: the pass's blocks are launched in groups of
+    batches, row blocks descending (codegen.cuda.flash.heavy_first); without a mask, or with a sliding window (every
+    block sees as many keys), the hardware's order stays."""
+    args, y = _naive("float16", mask, d=d)
+    src = cuda_source(lower_passes(auto_schedule([y], "cuda").program, "cuda")).source
+    per_wave = 2 * 132 * (2 if d <= 64 else 1)  # FlashShape.blocks_per_sm
+    assert (f"i_o = (long long)loopir_heavy_row({per_wave}u);" in src) == heavy
+    assert (f"b = (long long)loopir_heavy_batch({per_wave}u);" in src) == heavy
+    args, y = _custom("float16", d=64)  # a sliding window
+    window = cuda_source(lower_passes(auto_schedule([y], "cuda").program, "cuda")).source
+    assert "(long long)loopir_heavy_row(" not in window
+
+
+def _heavy(gx: int, gy: int, per_wave: int, bx: int, by: int) -> tuple[int, int]:
+    """loopir_heavy_row / loopir_heavy_batch of codegen/cuda/flash.py's prelude, in Python (unsigned arithmetic)."""
+    g = (per_wave + gx - 1) // gx
+    v = bx + gx * by
+    first = v // (g * gx) * g
+    k = min(g, gy - first)
+    return gx - 1 - (v - first * gx) // k, first + (v - first * gx) % k
+
+
+@pytest.mark.parametrize("gx, gy, per_wave", [(32, 64, 528), (8, 4, 528), (1, 7, 264), (300, 3, 264), (33, 65, 528),
+                                               (16, 128, 528), (5, 1, 528)])
+def test_the_heavy_first_order_is_a_permutation_of_the_grid(gx, gy, per_wave):
+    order = [_heavy(gx, gy, per_wave, bx, by) for by in range(gy) for bx in range(gx)]  # the launch order
+    assert sorted(order) == [(x, y) for x in range(gx) for y in range(gy)]  # every block once
+    g = -(-per_wave // gx)
+    for start in range(0, gy, g):  # each group of batches: its row blocks descending, every batch of it in turn
+        part = [o for o in order if start <= o[1] < start + g]
+        assert [x for x, _ in part] == sorted((x for x, _ in part), reverse=True)
+        assert part == order[start * gx:start * gx + len(part)]
+
+
+def _attention_then(final, dtype: str = "float16", d: int = 64):
+    """naive attention up to O and sm, then Y = final(O, sm, b, i, c) (the step after the softmax's sums)."""
+    B, n, m = te.var("B"), te.var("n"), te.var("m")
+    Q, K, V = (te.placeholder((B, x, d), dtype, name=nm) for x, nm in ((n, "Q"), (m, "K"), (m, "V")))
+    r, r2, r3, r4 = (te.reduce_axis(x, nm) for x, nm in ((d, "r"), (m, "r2"), (m, "r3"), (m, "r4")))
+    S = te.compute((B, n, m), lambda b, i, j: te.sum(Q[b, i, r] * K[b, j, r], axis=r) * (1.0 / math.sqrt(d)),
+                   name="S")
+    mx = te.compute((B, n), lambda b, i: te.max(S[b, i, r2], axis=r2), name="mx")
+    P = te.compute((B, n, m), lambda b, i, j: te.exp(S[b, i, j] - mx[b, i]), name="P")
+    sm = te.compute((B, n), lambda b, i: te.sum(P[b, i, r3], axis=r3), name="sm")
+    o = te.compute((B, n, d), lambda b, i, c: te.sum(P[b, i, r4] * V[b, r4, c], axis=r4), name="O")
+    Y = te.compute((B, n, d), lambda b, i, c: final(o, sm, b, i, c), name="Y")
+    return [Q, K, V], Y
+
+
+@pytest.mark.parametrize("mask", ["causal", False])
+def test_the_division_is_the_tensor_core_passs_epilogue(mask):
+    """Y = O / sm after the pass: fused into the pass's row loops (two checked fuse steps), rendered on the
+    registers; O, sm and mx, read by nothing else, are not stored: one kernel."""
+    args, y = _naive("float16", mask, d=64)
+    s = auto_schedule([y], "cuda")
+    steps = [st["primitive"] for st in s.trace]
+    assert steps[:3] == ["online_softmax", "fuse", "fuse"] and "tensorize" in steps
+    (f,) = _flash_loops(s.program)
+    p = flash_parts(f, s.program)
+    assert p.epilogue is not None and p.epilogue.buffer.name == "Y" and p.dead == {"O", "sm", "mx"}
+    assert "cuda: Y (the division by the sums) is the pass's epilogue" in s.plan.explain()
+    src = cuda_source(lower_passes(s.program, "cuda")).source
+    assert src.count("__global__") == 1
+    assert re.search(r"Y\[.*\] = loopir_f2h\(\(fa_ov / fa_lv\)\);", src)
+    assert not re.search(r"\b(O|sm|mx)\[[^\]]*\] = ", src)  # never stored
+    # the values: test_the_lowered_program_is_right_in_any_thread_order runs this program on the interpreter
+
+
+def test_an_epilogue_that_reads_o_elsewhere_stays_a_kernel_of_its_own():
+    """Y = O[.., 63 - c] / sm reads another column than the thread holds: not the pass's epilogue (flash_parts
+    says why), so the division stays a second kernel and the pass stores O and sm."""
+    args, y = _attention_then(lambda o, sm, b, i, c: o[b, i, 63 - c] / sm[b, i])
+    s = auto_schedule([y], "cuda")
+    assert "fuse" not in [st["primitive"] for st in s.trace]
+    (f,) = _flash_loops(s.program)
+    assert flash_parts(f, s.program).epilogue is None and "pass's epilogue" not in s.plan.explain()
+    src = cuda_source(lower_passes(s.program, "cuda")).source
+    assert src.count("__global__") == 2 and re.search(r"\bO\[[^\]]*\] = ", src)
+    # the same nest fused by hand: tensorize's precondition names the read
+    s2 = Schedule([y])
+    apply_online(s2, attention_rewrites(s2.program))
+    s2.fuse(s2.loop("b#0"), s2.loop("b#1"))  # the pass's rows, then the division's
+    s2.fuse(s2.loop("i#0"), s2.loop("i#1"))
+    _, ti = s2.split(s2.loop("i"), 128)
+    with pytest.raises(LoopirError, match="the epilogue reads O other than as the row's final O and sum"):
+        s2.tensorize(ti, FLASH_WGMMA)
 
 
 def test_the_mma_sync_kernel_stays_available_for_head_dimension_64(monkeypatch):

@@ -32,8 +32,9 @@ from loopir import nodes as N
 from loopir.errors import CudaCodegenError
 from loopir.affine import linear_form
 from loopir.nodes import conjuncts
-from loopir.visit import free_vars
-from schedules.primitives.flash import THREADS, FlashMismatch, FlashParts, affine_conjuncts, flash_parts, loop_indices
+from loopir.visit import free_vars, subst_coords, substitute, walk_stmts
+from schedules.primitives.flash import (FLASH_KINDS, THREADS, FlashMismatch, FlashParts, affine_conjuncts,
+                                       flash_parts, loop_indices, replace_load)
 
 from .body import BodyEmitter
 from .expr import _FROM_FLOAT
@@ -44,6 +45,18 @@ __all__ = ["render_flash", "checked_parts", "PRELUDE_FLASH", "THREADS"]
 _PTX = {"float16": "f16", "bfloat16": "bf16"}
 
 PRELUDE_FLASH = r"""
+// heavy_first's launch order: launch index v (x fastest) -> (row block, batch) of a grid of gx row blocks x gy
+// batches, walked in groups of g = ceil(per_wave / gx) batches, each group's row blocks from the last to the first
+__device__ __forceinline__ unsigned loopir_heavy_group(unsigned per_wave) {
+  return (per_wave + gridDim.x - 1u) / gridDim.x; }
+__device__ __forceinline__ unsigned loopir_heavy_row(unsigned per_wave) {
+  const unsigned g = loopir_heavy_group(per_wave), v = blockIdx.x + gridDim.x * blockIdx.y;
+  const unsigned first = v / (g * gridDim.x) * g, k = min(g, gridDim.y - first);
+  return gridDim.x - 1u - (v - first * gridDim.x) / k; }
+__device__ __forceinline__ unsigned loopir_heavy_batch(unsigned per_wave) {
+  const unsigned g = loopir_heavy_group(per_wave), v = blockIdx.x + gridDim.x * blockIdx.y;
+  const unsigned first = v / (g * gridDim.x) * g, k = min(g, gridDim.y - first);
+  return first + (v - first * gridDim.x) % k; }
 __device__ __forceinline__ void loopir_flash_copy16(unsigned short* dst, const unsigned short* src) {
   if ((((unsigned long long)src) & 15ULL) == 0ULL) { loopir_cp_async16(dst, src); }
   else {
@@ -84,6 +97,14 @@ def _acc(tile: str) -> list[str]:
     return [f"{tile}[{e}]" for e in range(4)]
 
 
+_ROUND = {"float16": "loopir_round_half", "bfloat16": "loopir_round_bf16"}
+
+
+def _value_of(st: N.Store) -> N.Expr:
+    """The stored value in the loops' variables (its iteration variables replaced by their coordinates)."""
+    return substitute(st.value, subst_coords(st))
+
+
 def _store(r: Any, st: N.Store, value: str) -> str:
     b = st.buffer
     idx = loop_indices(st)
@@ -97,10 +118,11 @@ def _store(r: Any, st: N.Store, value: str) -> str:
     return f"{r.buf(b)}[{r.expr(r.flat(b, idx))}] = {value};"
 
 
-def checked_parts(f: N.For) -> FlashParts:
-    """The parts of the pass marked at `f` (either flash intrinsic), its operands read from global memory."""
+def checked_parts(f: N.For, program: N.Program | None = None) -> FlashParts:
+    """The parts of the pass marked at `f` (either flash intrinsic), its operands read from global memory; with
+    `program` (the lowered one), which of O, sm and mx nothing outside the pass reads."""
     try:
-        p = flash_parts(f)
+        p = flash_parts(f, program)
     except FlashMismatch as e:
         raise CudaCodegenError(f"the pass marked {f.kind} at loop {f.var.name!r} changed shape before "
                                f"rendering: {e}") from None
@@ -115,10 +137,49 @@ def checked_parts(f: N.For) -> FlashParts:
 
 def render_flash(r: Any, f: N.For) -> None:
     """Emit the kernel body of the marked pass `f` with renderer `r` (codegen.cuda.kernel's)."""
-    p = checked_parts(f)
+    p = checked_parts(f, r.program)
     r.uses_async = r.uses_half = r.uses_flash = True
     _Emit(r, p).emit()
 
+
+
+def heavy_first(body: N.Stmt, program: N.Program) -> dict[str, str]:
+    """The block indices with which a kernel holding one attention pass launches its heaviest blocks first, or {}.
+
+    A block's work is the keys its rows see. When a conjunct of the mask bounds the keys from above by a bound that
+    grows with the row block bound to blockIdx.x (causal: key <= row), and none bounds them from below by one
+    that grows too (a sliding window: every block sees about as many keys), the last row blocks are the heaviest.
+    In the hardware's launch order (x fastest, then y) each batch's heaviest blocks then start last, and the grid
+    ends on a tail of long blocks: a model of 264 slots over 64 heads x 32 row blocks gives a makespan of 1.15x
+    the work spread evenly. Launched in groups of batches, each group's row blocks descending, the long blocks go
+    first and the short ones fill in (1.003x). A group holds about two waves of blocks (PER_WAVE), so the K and V
+    rows it reads stay in L2 (~17 MB at d 64). Blocks bound to blockIdx are independent (bind checked it), so any
+    order is legal; the mapping from the launch index is a bijection onto the same grid."""
+    loops = [f for f in walk_stmts(body) if isinstance(f, N.For)]
+    passes = [f for f in loops if f.kind in FLASH_KINDS]
+    axes = {f.thread: f for f in loops if f.thread and f.thread.startswith("blockIdx")}
+    if len(passes) != 1 or "blockIdx.x" not in axes or "blockIdx.z" in axes:
+        return {}
+    try:
+        p = flash_parts(passes[0], program, passes[0].kind)
+    except FlashMismatch:
+        return {}
+    rows = axes["blockIdx.x"].var
+    upper = lower = False
+    for cj in affine_conjuncts(p.mask, p.row, p.key.var)[0]:
+        d = N.binary("sub", cj.b, cj.a) if cj.op in ("lt", "le") else N.binary("sub", cj.a, cj.b)
+        lin = linear_form(d) or {}
+        key, row = lin.get(p.key.var, 0), lin.get(rows, 0)
+        if isinstance(key, int) and isinstance(row, int):
+            upper |= key < 0 < row  # d = A(row) + c key >= 0 with c < 0: key <= A / -c, growing with the row
+            lower |= row < 0 < key  # key >= -A / c, growing with the row
+    if not upper or lower:
+        return {}
+    per_wave = 2 * PER_WAVE * p.shape.blocks_per_sm
+    return {"blockIdx.x": f"loopir_heavy_row({per_wave}u)", "blockIdx.y": f"loopir_heavy_batch({per_wave}u)"}
+
+
+PER_WAVE = 132  # blocks a wave holds per block an SM holds (the H200's and H100 SXM's multiprocessors)
 
 class _Emit(BodyEmitter):
     def __init__(self, r: Any, p: FlashParts) -> None:
@@ -453,6 +514,9 @@ class _Emit(BodyEmitter):
         self.close()
 
     def epilogue(self) -> None:
+        """The row's final O, sum and maximum, stored where something outside the pass reads them; and the
+        epilogue (the division fused into the pass) on the registers: O and the sum as the program holds them
+        (rounded to their buffers' types), the store per column."""
         p, n, r = self.p, self.n, self.r
         lane, h, e, o, mt, l_ = n["lane"], n["h"], n["e"], n["o"], n["mt"], n["l"]
         self.unrolled(mt, self.mt)
@@ -461,17 +525,27 @@ class _Emit(BodyEmitter):
             self.line(f"{l_}[{mt}][{h}] += __shfl_xor_sync(0xffffffffu, {l_}[{mt}][{h}], {d});")
         self.let(p.row, self.row_of(mt, h))
         self.open(f"if ({self.cond(p.guard)}) {{")
+        epi, sum_var = self.epilogue_value()
+        if epi is not None and p.total is not None:
+            self.line(f"const float {r.var(sum_var)} = {self.rounded(p.total.buffer, f'{l_}[{mt}][{h}]')};")
         self.unrolled(e, self.DV // 8)
         for el in (0, 1):
             self.open("{")
             self.let(p.col, f"{e} * 8 + ({lane} & 3) * 2 + {el}")
-            self.line(_store(r, p.out, f"{o}[{mt}][{e}][2 * {h} + {el}]"))
+            value = f"{o}[{mt}][{e}][2 * {h} + {el}]"
+            if p.out.buffer.name not in p.dead:
+                self.line(_store(r, p.out, value))
+            if epi is not None:
+                self.let(p.epi_col, self.r.var(p.col))
+                self.line(f"const float {r.var(self.o_var)} = {self.rounded(p.out.buffer, value)};")
+                self.line(_store(r, p.epilogue, r.expr(epi)))
             self.close()
         self.close()
         self.open(f"if (({lane} & 3) == 0) {{")
-        if p.total is not None:
+        if p.total is not None and p.total.buffer.name not in p.dead:
             self.line(_store(r, p.total, f"{l_}[{mt}][{h}]"))
-        self.line(_store(r, p.maximum, f"{n['m']}[{mt}][{h}]"))
+        if p.maximum.buffer.name not in p.dead:
+            self.line(_store(r, p.maximum, f"{n['m']}[{mt}][{h}]"))
         self.close()
         self.close()
         self.close()
@@ -479,3 +553,25 @@ class _Emit(BodyEmitter):
         for st in (p.out, p.total, p.maximum):
             if st is not None:
                 r._invalidate(st.buffer)
+
+    def epilogue_value(self) -> tuple[N.Expr | None, N.Var | None]:
+        """The epilogue's value with its loads of the row's final O and sum replaced by two float variables (O's
+        is `o_var`), or (None, None) without an epilogue."""
+        p = self.p
+        if p.epilogue is None:
+            return None, None
+        self.o_var, sum_var = N.Var("fa_ov", "float32"), N.Var("fa_lv", "float32")
+        value = _value_of(p.epilogue)
+        ridx = loop_indices(p.out)[:-1]
+        value = replace_load(value, p.out.buffer, (*ridx, p.epi_col), self.o_var)
+        if p.total is not None:
+            value = replace_load(value, p.total.buffer, ridx, sum_var)
+        return value, sum_var
+
+    def rounded(self, b: N.Buffer, value: str) -> str:
+        """`value` (a float) as buffer `b` holds it: rounded to 16 bits for a half buffer."""
+        if b.dtype in _ROUND:
+            self.r.uses_half = True
+            return f"{_ROUND[b.dtype]}({value})"
+        return value
+

@@ -38,7 +38,7 @@ _ROW = 128  # bytes per shared row: one 128-byte swizzle atom row (64 halves)
 
 def render_flash_wgmma(r: Any, f: N.For) -> None:
     """Emit the kernel body of the pass `f` marked attention.wgmma with renderer `r` (codegen.cuda.kernel's)."""
-    p = checked_parts(f)
+    p = checked_parts(f, r.program)
     r.uses_async = r.uses_half = r.uses_flash = r.uses_wgmma = True  # the flash prelude uses cp.async too
     _EmitWgmma(r, p).emit()
 

@@ -60,7 +60,7 @@ from .expr import (  # noqa: F401  (re-exported: tests and callers import them f
     _sanitize,
     _wrap,
 )
-from .flash import PRELUDE_FLASH, render_flash
+from .flash import PRELUDE_FLASH, heavy_first, render_flash
 from .flash_wgmma import render_flash_wgmma
 from .tensor_map import TMAP_TYPE
 from .wgmma import PRELUDE_WGMMA, PRELUDE_WGMMA_TMA, render_wgmma
@@ -198,6 +198,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.uses_reduce = False
         self.uses_subwarp = False
         self.subwarp = kernel.subwarp  # > 0: cross-thread reductions are within segments of this many lanes
+        self.block_order: dict[str, str] = {}  # blockIdx axis -> its index in another launch order (analyse)
         self.red_smem: dict[str, str] = {}  # C type -> shared array name
         self.forward: list[dict[tuple, str]] = [{}]  # scoped: (buffer id, flat index expr) -> register
         self.vec_lanes: dict[N.Load, str] = {}
@@ -221,6 +222,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         k = self.kern
         self.launch = {f"{kind}.{a}": e for kind, dims in (("blockIdx", k.grid), ("threadIdx", k.block))
                        for a, e in zip(_AXES, dims)}
+        self.block_order = heavy_first(k.body, self.program)
         try:
             tile = kernel_tile(k.body)
         except WgmmaMismatch as e:
@@ -381,8 +383,9 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
     def bound_loop(self, f: N.For, body) -> None:
         v = self.var(f.var)
         axis = f.thread
-        idx = f"({self.ix}){axis}"
-        self.line(f"{{  // loop {f.var.name} bound to {axis}")
+        order = self.block_order.get(axis)
+        idx = f"({self.ix}){order or axis}"
+        self.line(f"{{  // loop {f.var.name} bound to {axis}" + (" (heaviest blocks launched first)" if order else ""))
         self.ind += 1
         zero_lo = isinstance(f.lo, N.Const) and f.lo.value == 0
         self.line(f"const {self.ix} {v} = {idx}" + ("" if zero_lo else f" + {self.expr(f.lo)}") + ";")

@@ -19,6 +19,12 @@ sum in registers. The nest it accepts, in the loops' variables (after split, `i 
             for c in range(0, Dv): O[.., i, c] = O * mx_scale + exp(g(S) - mx_new) * V[.., j, c]
             sm[.., i] = sm * mx_scale + exp(g(S) - mx_new)
             mx[.., i] = mx_new[.., i]
+        for c in range(0, Dv): Y[.., i, c] = f(O[.., i, c], sm[.., i], ...)     (optional: the epilogue)
+
+The epilogue, a loop over the columns after the keys (the division of softmax(S) V, its loops fused with the
+pass's), reads the row's final O and sum at its own row and column only, and otherwise buffers the pass does not
+write; the kernel computes it on the registers. Of O, sm and mx, what nothing outside the pass reads is never
+stored (`FlashParts.dead`).
 
 `tensorize(loop, "attention.wgmma")` marks the same nest, with the same precondition and head dimensions of 64 or
 128 (whole 128-byte shared rows), for Hopper's warpgroup tensor cores (codegen/cuda/flash_wgmma.py, sm_90a): 128
@@ -111,7 +117,9 @@ class FlashParts:
     loop; mask: the per-key condition (or None); q, k: the dot product's loads, `red` its variable, `depth` its
     extent; score: g with the dot product as the variable `dot`; v: V's load, `col` its column variable, `width`
     its extent; out / total / maximum: the stores of O (indices in `col`), of the scalar sum (or None) and of the
-    running maximum (the advance)."""
+    running maximum (the advance); epilogue: a store after the key loop, per column `epi_col`, of the row's final O
+    and sum (the division of a softmax fused into the pass), or None; dead: which of O, sm and mx no statement
+    outside the pass reads, so the kernel need not store them."""
 
     row: Var
     guard: Expr | None
@@ -131,6 +139,9 @@ class FlashParts:
     maximum: Store
     state: tuple[str, ...]  # the per-key buffers that stay in registers (S, mx_new, mx_scale)
     shape: FlashShape = FlashShape(128, 2, 64)
+    epilogue: Store | None = None  # after the keys: Y[.., i, c] = f(O[.., i, c], sm[.., i]) (its column: epi_col)
+    epi_col: Var | None = None
+    dead: frozenset[str] = frozenset()  # of O, sm, mx: the buffers nothing outside the pass reads (not stored)
 
 
 class FlashMismatch(Exception):
@@ -219,9 +230,11 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
             and any(isinstance(n, Store) and isinstance(_value(n), Binary) and _value(n).op == "max" for n in walk(s))]
     _need(len(keys) == 1, "the row's body holds no single loop over the keys with a running maximum")
     kf = keys[0]
-    _need(top[-1] is kf, "statements follow the loop over the keys inside the row's body")
+    after = top[top.index(kf) + 1:]
+    _need(len(after) <= 1, "statements follow the loop over the keys inside the row's body (beyond one epilogue "
+          "loop over the columns)")
     _need(kf.kind == "serial", f"the key loop {kf.var.name!r} is {kf.kind}")
-    inits = top[:-1]
+    inits = top[:top.index(kf)]
     kb = only_stmt(kf.body)
     mask = None
     if isinstance(kb, If) and kb.orelse is None:
@@ -346,12 +359,42 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
     _need(set(started) <= {mbuf, out.buffer, *([total.buffer] if total else [])},
           "the row's body initialises buffers other than the running state")
     state = (sbuf.name, xbuf.name, zbuf.name)
+    epilogue, epi_col = _epilogue(after[0], ridx, out, total, width, f) if after else (None, None)
+    dead: frozenset[str] = frozenset()
     if program is not None:
         outside = [n for n in _walk_outside(program.body, f) if isinstance(n, Load) and n.buffer.name in state]
         _need(not outside, f"{outside[0].buffer.name} is read outside the pass" if outside else "")
         _need(all(b.name not in state for b in program.args), "the per-key state is an argument of the program")
+        read = {n.buffer for n in _walk_outside(program.body, f) if isinstance(n, Load)}
+        dead = frozenset(b.name for b in (out.buffer, mbuf, *([total.buffer] if total else []))
+                         if b not in read and b not in program.args)
     return FlashParts(f.var, guard, kf, mask, q, k, red.var, depth, dot, score, v, col, width, out, total, advance,
-                      state, shape)
+                      state, shape, epilogue, epi_col, dead)
+
+
+def _epilogue(st: Stmt, ridx: tuple[Expr, ...], out: Store, total: Store | None, width: int,
+              f: For) -> tuple[Store, Var]:
+    """The epilogue after the key loop: `for c in 0..width: Y[.., i, c] = f(O[.., i, c], sm[.., i], inputs)`,
+    reading the row's final O and sum at its own row and column only, and otherwise buffers the pass does not
+    write (the division of softmax(S) V, fused into the pass's row loops)."""
+    _need(isinstance(st, For) and const_extent(st, from_zero=True) == width,
+          f"the statement after the key loop is not a loop over the {width} columns of O")
+    assert isinstance(st, For)
+    inner = only_stmt(st.body)
+    _need(isinstance(inner, Store), "the epilogue loop holds more than one store")
+    assert isinstance(inner, Store)
+    written = {n.buffer for n in walk(f) if isinstance(n, Store)} - {inner.buffer}
+    _need(loop_indices(inner) == (*ridx, st.var) and inner.buffer not in written,
+          f"the epilogue store {inner.buffer.name} is not indexed by the row, then its column")
+    value = _value(inner)
+    for n in walk(value):
+        if isinstance(n, Load) and n.buffer in written:
+            at = (*ridx, st.var) if n.buffer is out.buffer else ridx
+            _need((n.buffer is out.buffer or (total is not None and n.buffer is total.buffer)) and n.indices == at,
+                  f"the epilogue reads {n.buffer.name} other than as the row's final O and sum")
+    _need(any(isinstance(n, Load) and n.buffer is out.buffer for n in walk(value)),
+          f"the epilogue does not read {out.buffer.name}")
+    return inner, st.var
 
 
 def _walk_outside(s: Stmt, skip: Stmt):  # noqa: ANN202 - a generator of nodes
