@@ -132,15 +132,19 @@ def schedule_attention(outputs: list[Tensor], target: str, rows: int = ROWS_PER_
 def on_tensor_cores(program: Program) -> FlashShape | None:
     """The tiling of the first online pass of `program` that runs as a tensor-core kernel (tensorize
     "attention.wgmma" or "attention.m16n8k16"), or None."""
-    f = next((f for f in walk_stmts(program.body) if isinstance(f, For) and f.kind in FLASH_KINDS), None)
+    f = _flash_loop(program)
     return None if f is None else flash_parts(f).shape
 
 
 def pass_epilogue(program: Program) -> str | None:
     """The buffer the epilogue of the first tensor-core pass of `program` writes, or None."""
-    f = next((f for f in walk_stmts(program.body) if isinstance(f, For) and f.kind in FLASH_KINDS), None)
+    f = _flash_loop(program)
     ep = None if f is None else flash_parts(f).epilogue
     return None if ep is None else ep.buffer.name
+
+
+def _flash_loop(program: Program) -> For | None:
+    return next((f for f in walk_stmts(program.body) if isinstance(f, For) and f.kind in FLASH_KINDS), None)
 
 
 def online_rewrites(outputs: list[Tensor]) -> tuple[list[OnlineRewrite], bool]:
