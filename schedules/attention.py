@@ -84,8 +84,9 @@ class AttentionPlan:
                 lines.append(f"masked keys skipped: each key's update runs under `if {r.mask}` (a masked key leaves "
                              "the state unchanged); on cuda, where the mask bounds the keys from above (causal), a "
                              "block stops after the last key tile its rows attend to (codegen.passes.dead_tiles; the "
-                             "tensor-core kernel skips every tile the mask kills at its four corners, and launches "
-                             "the heaviest row blocks first)")
+                             "tensor-core kernel skips every tile the mask kills at its four corners, and, when "
+                             "no conjunct also bounds them from below (a window), launches the heaviest row blocks "
+                             "first)")
         if self.target == "cuda" and self.tensor_cores is not None:
             sh = self.tensor_cores
             if sh.wgmma:
