@@ -32,12 +32,12 @@ from loopir import nodes as N
 from loopir.errors import CudaCodegenError
 from loopir.affine import linear_form
 from loopir.nodes import conjuncts
-from loopir.visit import free_vars, subst_coords, substitute, walk_stmts
+from loopir.visit import free_vars, walk_stmts
 from schedules.primitives.flash import (FLASH_KINDS, THREADS, FlashMismatch, FlashParts, affine_conjuncts,
-                                       flash_parts, loop_indices, replace_load)
+                                       flash_parts, loop_indices, replace_load, slack, stored_value)
 
 from .body import BodyEmitter
-from .expr import _FROM_FLOAT
+from .expr import _FROM_FLOAT, _ROUND
 from .mma import _ldmatrix_a, _ldmatrix_b2, _mma
 
 __all__ = ["render_flash", "checked_parts", "PRELUDE_FLASH", "THREADS"]
@@ -47,16 +47,19 @@ _PTX = {"float16": "f16", "bfloat16": "bf16"}
 PRELUDE_FLASH = r"""
 // heavy_first's launch order: launch index v (x fastest) -> (row block, batch) of a grid of gx row blocks x gy
 // batches, walked in groups of g = ceil(per_wave / gx) batches, each group's row blocks from the last to the first
-__device__ __forceinline__ unsigned loopir_heavy_group(unsigned per_wave) {
-  return (per_wave + gridDim.x - 1u) / gridDim.x; }
+// (the block's index within its group; the group's first batch and its number of batches k)
+__device__ __forceinline__ unsigned loopir_heavy_in(unsigned per_wave, unsigned& first, unsigned& k) {
+  const unsigned g = (per_wave + gridDim.x - 1u) / gridDim.x, v = blockIdx.x + gridDim.x * blockIdx.y;
+  first = v / (g * gridDim.x) * g;
+  k = min(g, gridDim.y - first);
+  return v - first * gridDim.x; }
 __device__ __forceinline__ unsigned loopir_heavy_row(unsigned per_wave) {
-  const unsigned g = loopir_heavy_group(per_wave), v = blockIdx.x + gridDim.x * blockIdx.y;
-  const unsigned first = v / (g * gridDim.x) * g, k = min(g, gridDim.y - first);
-  return gridDim.x - 1u - (v - first * gridDim.x) / k; }
+  unsigned first, k;
+  return gridDim.x - 1u - loopir_heavy_in(per_wave, first, k) / k; }
 __device__ __forceinline__ unsigned loopir_heavy_batch(unsigned per_wave) {
-  const unsigned g = loopir_heavy_group(per_wave), v = blockIdx.x + gridDim.x * blockIdx.y;
-  const unsigned first = v / (g * gridDim.x) * g, k = min(g, gridDim.y - first);
-  return first + (v - first * gridDim.x) % k; }
+  unsigned first, k;
+  const unsigned in = loopir_heavy_in(per_wave, first, k);
+  return first + in % k; }
 __device__ __forceinline__ void loopir_flash_copy16(unsigned short* dst, const unsigned short* src) {
   if ((((unsigned long long)src) & 15ULL) == 0ULL) { loopir_cp_async16(dst, src); }
   else {
@@ -95,14 +98,6 @@ def _shared(address: str) -> str:
 def _acc(tile: str) -> list[str]:
     """The four accumulator registers of an m16n8 tile held as `tile[0..3]`."""
     return [f"{tile}[{e}]" for e in range(4)]
-
-
-_ROUND = {"float16": "loopir_round_half", "bfloat16": "loopir_round_bf16"}
-
-
-def _value_of(st: N.Store) -> N.Expr:
-    """The stored value in the loops' variables (its iteration variables replaced by their coordinates)."""
-    return substitute(st.value, subst_coords(st))
 
 
 def _store(r: Any, st: N.Store, value: str) -> str:
@@ -167,8 +162,7 @@ def heavy_first(body: N.Stmt, program: N.Program) -> dict[str, str]:
     rows = axes["blockIdx.x"].var
     upper = lower = False
     for cj in affine_conjuncts(p.mask, p.row, p.key.var)[0]:
-        d = N.binary("sub", cj.b, cj.a) if cj.op in ("lt", "le") else N.binary("sub", cj.a, cj.b)
-        lin = linear_form(d) or {}
+        lin = linear_form(slack(cj)) or {}
         key, row = lin.get(p.key.var, 0), lin.get(rows, 0)
         if isinstance(key, int) and isinstance(row, int):
             upper |= key < 0 < row  # d = A(row) + c key >= 0 with c < 0: key <= A / -c, growing with the row
@@ -180,6 +174,7 @@ def heavy_first(body: N.Stmt, program: N.Program) -> dict[str, str]:
 
 
 PER_WAVE = 132  # blocks a wave holds per block an SM holds (the H200's and H100 SXM's multiprocessors)
+
 
 class _Emit(BodyEmitter):
     def __init__(self, r: Any, p: FlashParts) -> None:
@@ -428,7 +423,7 @@ class _Emit(BodyEmitter):
         (lt, le) or a - b, and d grows by c per key."""
         out = []
         for cj in affine_conjuncts(self.p.mask, self.p.row, self.p.key.var)[0]:
-            d = N.binary("sub", cj.b, cj.a) if cj.op in ("lt", "le") else N.binary("sub", cj.a, cj.b)
+            d = slack(cj)
             lin = linear_form(d)
             c = None if lin is None else lin.get(self.p.key.var, 0)
             if (isinstance(c, int) and abs(c) * self.keys < 1 << 20
@@ -525,7 +520,7 @@ class _Emit(BodyEmitter):
             self.line(f"{l_}[{mt}][{h}] += __shfl_xor_sync(0xffffffffu, {l_}[{mt}][{h}], {d});")
         self.let(p.row, self.row_of(mt, h))
         self.open(f"if ({self.cond(p.guard)}) {{")
-        epi, sum_var = self.epilogue_value()
+        epi, o_var, sum_var = self.epilogue_value()
         if epi is not None and p.total is not None:
             self.line(f"const float {r.var(sum_var)} = {self.rounded(p.total.buffer, f'{l_}[{mt}][{h}]')};")
         self.unrolled(e, self.DV // 8)
@@ -537,7 +532,7 @@ class _Emit(BodyEmitter):
                 self.line(_store(r, p.out, value))
             if epi is not None:
                 self.let(p.epi_col, self.r.var(p.col))
-                self.line(f"const float {r.var(self.o_var)} = {self.rounded(p.out.buffer, value)};")
+                self.line(f"const float {r.var(o_var)} = {self.rounded(p.out.buffer, value)};")
                 self.line(_store(r, p.epilogue, r.expr(epi)))
             self.close()
         self.close()
@@ -554,19 +549,18 @@ class _Emit(BodyEmitter):
             if st is not None:
                 r._invalidate(st.buffer)
 
-    def epilogue_value(self) -> tuple[N.Expr | None, N.Var | None]:
-        """The epilogue's value with its loads of the row's final O and sum replaced by two float variables (O's
-        is `o_var`), or (None, None) without an epilogue."""
+    def epilogue_value(self) -> tuple[N.Expr | None, N.Var | None, N.Var | None]:
+        """The epilogue's value with its loads of the row's final O and sum replaced by two float variables, and
+        those variables, or Nones without an epilogue."""
         p = self.p
         if p.epilogue is None:
-            return None, None
-        self.o_var, sum_var = N.Var("fa_ov", "float32"), N.Var("fa_lv", "float32")
-        value = _value_of(p.epilogue)
+            return None, None, None
+        o_var, sum_var = N.Var("fa_ov", "float32"), N.Var("fa_lv", "float32")
         ridx = loop_indices(p.out)[:-1]
-        value = replace_load(value, p.out.buffer, (*ridx, p.epi_col), self.o_var)
+        value = replace_load(stored_value(p.epilogue), p.out.buffer, (*ridx, p.epi_col), o_var)
         if p.total is not None:
             value = replace_load(value, p.total.buffer, ridx, sum_var)
-        return value, sum_var
+        return value, o_var, sum_var
 
     def rounded(self, b: N.Buffer, value: str) -> str:
         """`value` (a float) as buffer `b` holds it: rounded to 16 bits for a half buffer."""

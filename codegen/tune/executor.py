@@ -50,7 +50,7 @@ from typing import Any, Protocol
 
 from loopir.errors import ArgumentError, ArgumentTypeError
 
-from .feed import POLL, Feed, as_feed
+from .feed import Feed, as_feed
 
 __all__ = ["Outcome", "Executor", "LocalExecutor", "visible_gpus", "core_sets", "run_job", "dump_fn", "stream_args",
            "worker_sys_path", "add_sys_path", "error_text"]
@@ -326,8 +326,7 @@ class _Pool:
                                "builds()/runs() iterator first")
         self.busy = True
         # a list starts no more workers than it has jobs; a feed may grow, so it gets them all
-        n = len(self.workers) if isinstance(jobs, Feed) else min(len(self.workers), len(jobs))
-        use = self.workers[:max(1, n)] if isinstance(jobs, Feed) or jobs else []
+        use = self.workers if isinstance(jobs, Feed) else self.workers[:len(jobs)]
         try:
             yield from self._loop(use, fn_bytes, as_feed(jobs), timeout)
         finally:
@@ -376,9 +375,7 @@ class _Pool:
                     feed.wait()  # idle workers, and no job yet
                 continue
             due = min(w.since + (timeout if w.ready else START_TIMEOUT) for w in live)
-            # an open feed is looked at every POLL seconds: a job put meanwhile must not wait for a worker's news
-            wait([w.conn for w in live] + [w.proc.sentinel for w in live],
-                 timeout=max(0.0, min(due - now, POLL) if not feed.done else due - now))
+            wait([w.conn for w in live] + [w.proc.sentinel for w in live], timeout=feed.patience(max(0.0, due - now)))
             for w in live:
                 yield from self._check(w, timeout)
 

@@ -86,6 +86,11 @@ class Feed:
         with self._lock:
             return self._closed and not self._queue
 
+    def patience(self, seconds: float) -> float:
+        """How long a stream may wait for its workers: `seconds`, at most POLL while jobs may still be put (one put
+        meanwhile must not wait for a worker's news)."""
+        return seconds if self.done else min(seconds, POLL)
+
     def wait(self, timeout: float = POLL) -> None:
         """Until a job is put or the feed is closed, at most `timeout` seconds."""
         self._arrived.wait(timeout)

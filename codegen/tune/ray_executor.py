@@ -40,7 +40,7 @@ from typing import Any
 
 from loopir.errors import ArgumentError
 
-from .feed import POLL, Feed, as_feed
+from .feed import Feed, as_feed
 from .executor import (START_FAILURES, START_TIMEOUT, Executor, LocalExecutor, Outcome, add_sys_path, core_sets,
                        error_text, run_job, stream_args)
 
@@ -211,8 +211,8 @@ class RayExecutor:
                     feed.wait()
                     continue
                 due = min(t for _, t in inflight.values()) + timeout
-                wait_s = max(0.0, due - time.monotonic())
-                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=wait_s if feed.done else min(wait_s, POLL))
+                ready, _ = ray.wait(list(inflight), num_returns=1,
+                                    timeout=feed.patience(max(0.0, due - time.monotonic())))
                 for ref in ready:
                     i, t = inflight.pop(ref)
                     try:
@@ -272,8 +272,7 @@ class RayExecutor:
                     continue
                 refs = {(s.ref if s.job is not None else s.ping): s for s in live}
                 due = min(s.since + timeout if s.job is not None else s.down_since + START_TIMEOUT for s in live)
-                wait_s = max(0.0, due - time.monotonic())
-                ready, _ = ray.wait(list(refs), num_returns=1, timeout=wait_s if feed.done else min(wait_s, POLL))
+                ready, _ = ray.wait(list(refs), num_returns=1, timeout=feed.patience(max(0.0, due - time.monotonic())))
                 for ref in ready:
                     yield from self._done(refs[ref], ref)
                 now = time.monotonic()

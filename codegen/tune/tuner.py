@@ -224,18 +224,18 @@ def autotune(outputs: Tensor | list[Tensor], args: list[Any] | None = None, targ
     run_of: dict[int, int] = {}  # run-feed index -> build-feed index
     handoff = threading.Lock()
     run_feed = Feed()
-    idle = [False]  # the last proposal was empty, and nothing was observed since
+    idle = False  # the last proposal was empty, and nothing was observed since
 
     def refill(feed: Feed) -> None:
         # called by the build stream when a build worker is free and nothing is queued: propose with every
         # result observed so far, unless a batch of built candidates already waits for the devices
-        nonlocal index
+        nonlocal index, idle
         if run_feed.pending >= nb:
             return
         seen_new = journal.take_unseen()
         if seen_new:
             strat.observe(seen_new)
-        elif idle[0]:
+        elif idle:
             with journal.lock:
                 if not journal.flying:
                     feed.close()  # nothing proposable, nothing in flight: the search is over
@@ -245,7 +245,7 @@ def autotune(outputs: Tensor | list[Tensor], args: list[Any] | None = None, targ
         todo = [] if config_key(space.default) in seen else [dict(space.default)]
         todo += [c for c in strat.propose(nb) if config_key(c) not in seen and c != space.default]
         todo = todo[: max(room, 0)]
-        idle[0] = not todo
+        idle = not todo
         if room <= 0:
             feed.close()
         with journal.lock:

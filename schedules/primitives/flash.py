@@ -45,14 +45,14 @@ from dataclasses import dataclass
 from loopir.affine import access_pattern, linear_form
 from loopir.gpu import BLOCK_PASS
 from loopir.nodes import (Binary, Call, Cast, Compare, Const, Expr, For, If, Load, Program, Select, Seq, Stmt, Store,
-                          Var, conjuncts)
+                          Var, binary, conjuncts)
 from loopir.visit import Transformer, substitute, subst_coords, walk
 
 from . import const_extent, only_stmt
 
 __all__ = ["half_operand", "replace_load", "FLASH", "FlashParts", "FlashMismatch", "FlashShape", "flash_parts",
            "shape_for", "ROWS", "ROW_CHOICES", "MT", "THREADS", "KEYS", "MAX_DEPTH", "affine_conjuncts",
-           "loop_indices", "FLASH_WGMMA", "FLASH_KINDS", "WGMMA_DEPTHS"]
+           "loop_indices", "FLASH_WGMMA", "FLASH_KINDS", "WGMMA_DEPTHS", "slack", "stored_value"]
 
 FLASH = BLOCK_PASS  # "attention.m16n8k16": the block runs the marked nest once, as one kernel body
 # the same pass on Hopper's warpgroup tensor cores (codegen/cuda/flash_wgmma.py, sm_90a): the same precondition, and
@@ -155,7 +155,8 @@ def _stmts(s: Stmt) -> list[Stmt]:
 
 
 
-def _value(st: Store) -> Expr:
+def stored_value(st: Store) -> Expr:
+    """The value `st` stores, in the loops' variables (its iteration variables replaced by their coordinates)."""
     return substitute(st.value, subst_coords(st))
 
 
@@ -194,6 +195,11 @@ def replace_load(e: Expr, buf: object, idx: tuple[Expr, ...], by: Var) -> Expr:
     return _R().visit(e)
 
 
+def slack(c: Compare) -> Expr:
+    """d of the comparison `a op b`: it holds iff d > 0 (lt, gt) or d >= 0 (le, ge); d = b - a (lt, le) or a - b."""
+    return binary("sub", c.b, c.a) if c.op in ("lt", "le") else binary("sub", c.a, c.b)
+
+
 def affine_conjuncts(mask: Expr | None, row: Var, key: Var) -> tuple[list[Expr], bool]:
     """The conjuncts of `mask` that are affine inequalities in (row, key) (a box's corners decide them) and
     whether every conjunct is one."""
@@ -227,7 +233,8 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
         guard, body = body.cond, body.then
     top = _stmts(body)
     keys = [s for s in top if isinstance(s, For)
-            and any(isinstance(n, Store) and isinstance(_value(n), Binary) and _value(n).op == "max" for n in walk(s))]
+            and any(isinstance(n, Store) and isinstance(stored_value(n), Binary) and stored_value(n).op == "max"
+                    for n in walk(s))]
     _need(len(keys) == 1, "the row's body holds no single loop over the keys with a running maximum")
     kf = keys[0]
     after = top[top.index(kf) + 1:]
@@ -253,7 +260,7 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
     upd_s = only_stmt(red.body)
     _need(isinstance(upd_s, Store) and upd_s.buffer is sbuf, "the dot product's loop holds not only its update")
     assert isinstance(upd_s, Store)
-    val = _value(upd_s)
+    val = stored_value(upd_s)
     _need(isinstance(val, Binary) and val.op == "add" and _same_load(val.a, sbuf, ridx)
           and isinstance(val.b, Binary) and val.b.op == "mul", "the dot product is not S = S + a * b")
     assert isinstance(val, Binary) and isinstance(val.b, Binary)
@@ -271,7 +278,7 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
     # the running maximum: mx_new = max(mx, g(S))
     _need(isinstance(mx_new, Store) and loop_indices(mx_new) == ridx, "no running maximum after the dot product")
     assert isinstance(mx_new, Store)
-    mv = _value(mx_new)
+    mv = stored_value(mx_new)
     _need(isinstance(mv, Binary) and mv.op == "max" and isinstance(mv.a, Load) and mv.a.indices == ridx,
           "the running maximum is not max(mx, score)")
     assert isinstance(mv, Binary) and isinstance(mv.a, Load)
@@ -284,7 +291,7 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
     # the rescale factor: where(mx == mx_new, 1, exp(mx - mx_new))
     _need(isinstance(rescale, Store) and loop_indices(rescale) == ridx, "no rescale factor after the running maximum")
     assert isinstance(rescale, Store)
-    rv = _value(rescale)
+    rv = stored_value(rescale)
     _need(isinstance(rv, Select) and isinstance(rv.cond, Compare) and rv.cond.op == "eq"
           and (rv.cond.a, rv.cond.b) == (lm, lx) and _is(rv.a, 1.0) and isinstance(rv.b, Call) and rv.b.fn == "exp"
           and isinstance(rv.b.args[0], Binary) and rv.b.args[0].op == "sub" and rv.b.args[0].a == lm
@@ -293,7 +300,7 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
     zbuf = rescale.buffer
     lz = Load(zbuf, ridx)
     _need(isinstance(advance, Store) and advance.buffer is mbuf and loop_indices(advance) == ridx
-          and _value(advance) == lx, "the key's update does not end with mx = mx_new")
+          and stored_value(advance) == lx, "the key's update does not end with mx = mx_new")
     assert isinstance(advance, Store)
 
     def prob(e: Expr) -> bool:  # exp(g - mx_new)
@@ -309,7 +316,7 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
             inner = only_stmt(st.body)
             _need(isinstance(inner, Store) and width > 0, "the vector sum's loop holds not only its update")
             assert isinstance(inner, Store)
-            oi, ov = loop_indices(inner), _value(inner)
+            oi, ov = loop_indices(inner), stored_value(inner)
             _need(oi[:-1] == ridx and oi[-1] is st.var, "the vector sum is not indexed by the row, then its column")
             ok = (isinstance(ov, Binary) and ov.op == "add" and isinstance(ov.a, Binary) and ov.a.op == "mul"
                   and _same_load(ov.a.a, inner.buffer, oi) and ov.a.b == lz and isinstance(ov.b, Binary)
@@ -328,7 +335,7 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
         else:
             _need(total is None and isinstance(st, Store) and loop_indices(st) == ridx, "a rolling sum is not per row")
             assert isinstance(st, Store)
-            tv = _value(st)
+            tv = stored_value(st)
             _need(isinstance(tv, Binary) and tv.op == "add" and isinstance(tv.a, Binary) and tv.a.op == "mul"
                   and _same_load(tv.a.a, st.buffer, ridx) and tv.a.b == lz and prob(tv.b),
                   "the scalar sum is not sm = sm * rescale + exp(score - max)")
@@ -351,10 +358,11 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
         _need(isinstance(inner, Store), "the row's body starts with more than the state's initialisation")
         assert isinstance(inner, Store)
         started[inner.buffer] = inner
-    _need(mbuf in started and _is(_value(started[mbuf]), float("-inf")), "the running maximum does not start at -inf")
+    _need(mbuf in started and _is(stored_value(started[mbuf]), float("-inf")),
+          "the running maximum does not start at -inf")
     for st in (out, total):
         if st is not None:
-            _need(st.buffer in started and _is(_value(started[st.buffer]), 0.0),
+            _need(st.buffer in started and _is(stored_value(started[st.buffer]), 0.0),
                   f"{st.buffer.name} does not start at 0")
     _need(set(started) <= {mbuf, out.buffer, *([total.buffer] if total else [])},
           "the row's body initialises buffers other than the running state")
@@ -362,10 +370,11 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
     epilogue, epi_col = _epilogue(after[0], ridx, out, total, width, f) if after else (None, None)
     dead: frozenset[str] = frozenset()
     if program is not None:
-        outside = [n for n in _walk_outside(program.body, f) if isinstance(n, Load) and n.buffer.name in state]
+        loads = [n for n in _walk_outside(program.body, f) if isinstance(n, Load)]
+        outside = [n for n in loads if n.buffer.name in state]
         _need(not outside, f"{outside[0].buffer.name} is read outside the pass" if outside else "")
         _need(all(b.name not in state for b in program.args), "the per-key state is an argument of the program")
-        read = {n.buffer for n in _walk_outside(program.body, f) if isinstance(n, Load)}
+        read = {n.buffer for n in loads}
         dead = frozenset(b.name for b in (out.buffer, mbuf, *([total.buffer] if total else []))
                          if b not in read and b not in program.args)
     return FlashParts(f.var, guard, kf, mask, q, k, red.var, depth, dot, score, v, col, width, out, total, advance,
@@ -386,7 +395,7 @@ def _epilogue(st: Stmt, ridx: tuple[Expr, ...], out: Store, total: Store | None,
     written = {n.buffer for n in walk(f) if isinstance(n, Store)} - {inner.buffer}
     _need(loop_indices(inner) == (*ridx, st.var) and inner.buffer not in written,
           f"the epilogue store {inner.buffer.name} is not indexed by the row, then its column")
-    value = _value(inner)
+    value = stored_value(inner)
     for n in walk(value):
         if isinstance(n, Load) and n.buffer in written:
             at = (*ridx, st.var) if n.buffer is out.buffer else ridx
