@@ -27,6 +27,7 @@ from schedules import Schedule, auto_schedule
 from schedules.attention import apply_online, attention_rewrites
 from schedules import attention as attention_mod
 from schedules.primitives.flash import FLASH, FLASH_KINDS, FLASH_WGMMA, KEYS, ROWS, affine_conjuncts, flash_parts
+from schedules.primitives.tensorize import TensorizeError
 
 HALVES = ("float16", "bfloat16")
 
@@ -160,8 +161,9 @@ def test_the_heavy_first_order_is_a_permutation_of_the_grid(gx, gy, per_wave):
         assert part == order[start * gx:start * gx + len(part)]
 
 
-def _attention_then(final, dtype: str = "float16", d: int = 64):
-    """naive attention up to O and sm, then Y = final(O, sm, b, i, c) (the step after the softmax's sums)."""
+def _attention_then(final, dtype: str = "float16", d: int = 64, width: int | None = None):
+    """naive attention up to O and sm, then Y (`width` columns, default d) = final(O, sm, b, i, c) (the step after
+    the softmax's sums)."""
     B, n, m = te.var("B"), te.var("n"), te.var("m")
     Q, K, V = (te.placeholder((B, x, d), dtype, name=nm) for x, nm in ((n, "Q"), (m, "K"), (m, "V")))
     r, r2, r3, r4 = (te.reduce_axis(x, nm) for x, nm in ((d, "r"), (m, "r2"), (m, "r3"), (m, "r4")))
@@ -171,7 +173,7 @@ def _attention_then(final, dtype: str = "float16", d: int = 64):
     P = te.compute((B, n, m), lambda b, i, j: te.exp(S[b, i, j] - mx[b, i]), name="P")
     sm = te.compute((B, n), lambda b, i: te.sum(P[b, i, r3], axis=r3), name="sm")
     o = te.compute((B, n, d), lambda b, i, c: te.sum(P[b, i, r4] * V[b, r4, c], axis=r4), name="O")
-    Y = te.compute((B, n, d), lambda b, i, c: final(o, sm, b, i, c), name="Y")
+    Y = te.compute((B, n, width or d), lambda b, i, c: final(o, sm, b, i, c), name="Y")
     return [Q, K, V], Y
 
 
@@ -194,24 +196,55 @@ def test_the_division_is_the_tensor_core_passs_epilogue(mask):
     # the values: test_the_lowered_program_is_right_in_any_thread_order runs this program on the interpreter
 
 
-def test_an_epilogue_that_reads_o_elsewhere_stays_a_kernel_of_its_own():
-    """Y = O[.., 63 - c] / sm reads another column than the thread holds: not the pass's epilogue (flash_parts
-    says why), so the division stays a second kernel and the pass stores O and sm."""
-    args, y = _attention_then(lambda o, sm, b, i, c: o[b, i, 63 - c] / sm[b, i])
+@pytest.mark.parametrize("final, width, match", [
+    (lambda o, sm, b, i, c: o[b, i, 63 - c] / sm[b, i], None,
+     "the epilogue reads O other than as the row's final O and sum"),
+    (lambda o, sm, b, i, c: o[b, i, c] / sm[b, i], 32, "the statement after the key loop is not a loop over the 64 "
+                                                       "columns of O"),
+])
+def test_an_epilogue_that_is_not_per_column_stays_a_kernel_of_its_own(final, width, match):
+    """Y = O[.., 63 - c] / sm reads another column than the thread holds; Y over 32 of O's 64 columns is not a loop
+    over O's columns: neither is the pass's epilogue, so the division stays a second kernel and the pass stores O
+    and sm; fused by hand, tensorize refuses the nest and its message names O."""
+    args, y = _attention_then(final, width=width)
     s = auto_schedule([y], "cuda")
     assert "fuse" not in [st["primitive"] for st in s.trace]
     (f,) = _flash_loops(s.program)
     assert flash_parts(f, s.program).epilogue is None and "pass's epilogue" not in s.plan.explain()
     src = cuda_source(lower_passes(s.program, "cuda")).source
     assert src.count("__global__") == 2 and re.search(r"\bO\[[^\]]*\] = ", src)
-    # the same nest fused by hand: tensorize's precondition names the read
     s2 = Schedule([y])
     apply_online(s2, attention_rewrites(s2.program))
     s2.fuse(s2.loop("b#0"), s2.loop("b#1"))  # the pass's rows, then the division's
     s2.fuse(s2.loop("i#0"), s2.loop("i#1"))
     _, ti = s2.split(s2.loop("i"), 128)
-    with pytest.raises(LoopirError, match="the epilogue reads O other than as the row's final O and sum"):
+    before = s2.program
+    with pytest.raises(TensorizeError, match=re.escape(match)):
         s2.tensorize(ti, FLASH_WGMMA)
+    assert s2.program is before
+
+
+def test_an_epilogue_may_read_inputs_the_pass_does_not_write():
+    """Y = O / sm * w[c]: the weights are read in the epilogue (the pass does not write them)."""
+    w = te.placeholder((64,), "float16", name="w")
+    args, y = _attention_then(lambda o, sm, b, i, c: o[b, i, c] / sm[b, i] * w[c])
+    s = auto_schedule([y], "cuda")
+    (f,) = _flash_loops(s.program)
+    assert flash_parts(f, s.program).epilogue is not None
+    src = cuda_source(lower_passes(s.program, "cuda")).source
+    assert src.count("__global__") == 1
+    assert re.search(r"Y\[.*\] = loopir_f2h\(\(\(fa_ov / fa_lv\) \* loopir_h2f\(w\[", src)
+    # the scheduled program, in adversarial thread orders, against float64
+    rng = np.random.default_rng(43)
+    B, n, m = 2, 70, 45
+    q, k, v = (rng.standard_normal((B, x, 64)).astype(np.float16) for x in (n, m, m))
+    wv = rng.standard_normal(64).astype(np.float16)
+    want = workloads.naive_attention_reference(q, k, v, False, 1.0 / math.sqrt(64)) * wv.astype(np.float64)
+    low = lower_passes(s.program, "cuda")
+    for order in ("reversed", 1):
+        got = np.full((B, n, 64), np.nan, np.float16)
+        interp.run(low, q, k, v, wv, got, gpu_order=order, sizes={"B": B, "n": n, "m": m})
+        assert np.abs(got - want).max() < 1e-2 * np.abs(want).max()
 
 
 def test_the_mma_sync_kernel_stays_available_for_head_dimension_64(monkeypatch):
@@ -298,6 +331,9 @@ def test_the_lowered_program_is_right_in_any_thread_order(mask, d):
 def _check(mod, arrays, want, dtype, shape):
     got = _half(np.full(shape, np.nan), dtype)
     mod(*arrays, got)
+    again = _half(np.full(shape, np.nan), dtype)  # a second call, on a freshly poisoned output: the same bits
+    mod(*arrays, again)
+    assert np.array_equal(got.view(np.uint16), again.view(np.uint16))
     got = _f32(got, dtype)
     seen = ~np.isnan(want)
     assert (np.isnan(got) == ~seen).all(), "rows that see no key are NaN (0 / 0), the others are written"
