@@ -20,11 +20,11 @@ from typing import Any, Literal
 
 from .args import eval_expr
 from .dtypes import is_int
-from .nodes import Binary, Cast, Const, Expr, Unary, Var, binary
+from .nodes import Binary, Cast, Const, Expr, Unary, Var, binary, const
 from .visit import walk
 
 __all__ = ["access_pattern", "const_diff", "eval_index", "linear_form", "linear_in", "multiple_of", "polynomial",
-           "row_major", "same_value", "simplify", "simplify_affine", "simplify_divmod"]
+           "row_major", "same_value", "simplify", "ceil_div", "simplify_affine", "simplify_divmod"]
 
 
 def linear_in(e: Expr, v: Var) -> tuple[int, Expr] | None:
@@ -89,6 +89,13 @@ def multiple_of(e: Expr, k: int) -> bool:
     (`4096`, `16*n16` after call-time specialization substituted a size)."""
     lin = linear_form(e)
     return lin is not None and all(isinstance(c, int) and c % k == 0 for c in lin.values())
+
+
+def ceil_div(e: Expr, k: int) -> Expr:
+    """The trip count ceil(e / k) of a loop split by k: `(e + k - 1) // k`, folded to the exact quotient when
+    `e` is provably a multiple of k (`16*n16` split by 16 runs `n16` times: a bound the target compiler can
+    unroll and reason with, not a division per test)."""
+    return simplify_divmod(binary("floordiv", binary("add", e, const(k - 1)), const(k)), {})
 
 
 def same_value(a: Expr, b: Expr) -> bool:

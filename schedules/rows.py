@@ -115,6 +115,7 @@ class RowStrategy:
     rows: int
     why: str
     chunk: int = 0
+    row_len: int = 0  # the row length it was chosen for (at the plan's sizes: a call-time class's upper bound)
 
 
 def _pow2_floor(n: int) -> int:
@@ -143,7 +144,7 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
         return RowStrategy("warp", lanes, threads // lanes,
                            f"{nums}: 16-bit rows of up to {HALF_WARP_ROW_MAX} elements get {lanes} lanes each "
                            f"({threads // lanes} rows per block; shuffle reductions within a row; measured faster "
-                           "than a block per row)")
+                           "than a block per row)", row_len=row_len)
     if row_len < (prm.warp_row_max or threads):
         # measured on the H200 (benchmarks/rows_gpu.py): a warp-per-row kernel re-reads its row from L1/L2 in
         # each phase and lost to a block per row with the row in shared memory at 768 and 1000 elements
@@ -152,7 +153,7 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
         per_block = threads // lanes
         return RowStrategy("warp", lanes, per_block,
                            f"{nums}: rows shorter than {prm.warp_row_max or threads} elements get {lanes} lanes each "
-                           f"({per_block} rows per block; shuffle reductions within a row)")
+                           f"({per_block} rows per block; shuffle reductions within a row)", row_len=row_len)
     few = rows < prm.split_rows_per_sm * dev.sm_count
     if row_len >= prm.split_row_min and few and splittable:
         # a block per row would leave most SMs idle: each row's reductions are split over chunks of blocks

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from codegen import build
-from loopir import interp, ir, workloads
+from loopir import interp, ir, te, workloads
 from schedules import Schedule, ScheduleError
 from schedules.primitives.cache import bind_reduction, cache_read
 
@@ -45,6 +45,22 @@ def test_bind_reduction_golden_nest_and_numerics():
     assert "if ks * 32 + kt < n:" in text
     assert "row_max[i] = max(row_max[i], x[i, k])  # row_max (k = ks * 32 + kt)" in text
     _run(w, s.program, {"m": 3, "n": 70})
+
+
+def test_bind_reduction_over_a_multiple_of_the_threads_runs_unguarded():
+    # a row of 16*n16 (a call-time specialization's key n%16) over 16 threads: n16 steps each, no thread past the row
+    w = workloads.softmax(n=16 * te.var("n16"))
+    s = Schedule(list(w.outputs))
+    _, k = s.loops("row_max")
+    s.bind_reduction(k, threads=16)
+    text = str(s)
+    assert "for ks in range(0, n16):" in text and "if ks * 16 + kt" not in text
+    rng = np.random.default_rng()
+    for n16 in (1, 3):
+        x = rng.standard_normal((3, 16 * n16)).astype(np.float32)
+        y = np.full_like(x, np.nan)
+        interp.run(s.program, x, y)
+        np.testing.assert_allclose(y, w.reference(x)[0], rtol=1e-5, atol=1e-6)
 
 
 def test_bind_reduction_without_threads_binds_the_loop_itself():

@@ -16,7 +16,7 @@ import pytest
 from codegen import build
 from codegen.cuda.runtime import SharedMemoryError, dynamic_shared_bytes
 from codegen.passes import lower
-from loopir import interp, te
+from loopir import interp, te, workloads
 from loopir.errors import ArgumentError, ArgumentTypeError, CudaCodegenError, LoopirError
 from schedules import Schedule, ScheduleError, auto_schedule, plan_fusion
 from schedules.rows import choose_row_strategy, fit_shared, operands_split
@@ -185,6 +185,33 @@ def test_every_strategy_compiles_with_nvrtc(wl, m, n):
     assert mod.cubin[:4] == b"\x7fELF"
     if _strategy(s) == "warp":
         assert "= loopir_subwarp_allreduce<" in mod.source and "= loopir_block_allreduce(" not in mod.source
+
+
+@pytest.mark.parametrize("wl", sorted(WORKLOADS))
+def test_symbolic_warp_rows_move_whole_vectors_guarded_per_vector(wl):
+    # n = 16*n16 (a call-time specialization's key n%16): 16 lanes x 4 floats do not tile a row of unknown length,
+    # but every float4 is whole; the row's elementwise phase runs 128-bit accesses, guarded per vector, and the
+    # reductions split over the 16 lanes exactly (n16 steps each, no guard)
+    n16 = te.var("n16")
+    ins, y, ref = WORKLOADS[wl](te.var("m"), n16 * 16)
+    s = auto_schedule([y], "cuda", sizes={"n16": 4, "m": 65536})
+    assert _strategy(s) == "warp"
+    src = build(s, [*ins, y], target="cuda").source
+    assert "// y: 128-bit vector loads/stores over j_i" in src
+    assert "for (int ks = 0; ks < n16; ++ks) {" in src and "if ((((ks * 16) + kt) <" not in src
+    for m, n in ((3, 16), (5, 48), (2, 112)):
+        _check_interp(s, ins, ref, m, n, seed=n)
+
+
+@pytest.mark.parametrize("n16, vector", [(48, True), (4, False)])
+def test_symbolic_half_warp_rows_vectorize_only_rows_that_give_every_lane_a_vector(n16, vector):
+    # float16 warp rows of 32 lanes x 8 halves: a row planned at 768 gets guarded 16-byte vectors, one planned at
+    # 64 keeps scalars (a vector per lane would leave three lanes in four idle)
+    w = workloads.softmax_mixed(te.var("m"), te.var("n16") * 16, "float16")
+    s = auto_schedule(list(w.outputs), "cuda", sizes={"n16": n16, "m": 65536})
+    assert _strategy(s) == "warp"
+    src = build(s, list(w.inputs) + list(w.outputs), target="cuda").source
+    assert ("128-bit vector loads/stores over j_i" in src) is vector
 
 
 def test_warp_rows_use_shuffles_only():

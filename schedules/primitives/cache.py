@@ -34,7 +34,7 @@ from typing import Any
 import islpy as isl
 
 from loopir import poly
-from loopir.affine import simplify
+from loopir.affine import ceil_div, multiple_of, simplify
 from loopir.dtypes import INDEX
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.isl_conv import NonAffine, _conj, _exists, _Names, aff, loop_constraints, prefix, pw_to_expr
@@ -177,8 +177,8 @@ def bind_reduction(program: Program, loop: Var, axis: str = "threadIdx.x",
     ext = binary("sub", f.hi, f.lo)
     offset = binary("add", binary("mul", ks, const(threads)), kt)
     body = subst_loops(f.body, {loop: binary("add", f.lo, offset)})
-    n_chunks = binary("floordiv", binary("add", ext, const(threads - 1)), const(threads))
-    if not (isinstance(ext, Const) and ext.value % threads == 0):
+    n_chunks = ceil_div(simplify(ext), threads)
+    if not multiple_of(simplify(ext), threads):  # 16*n16 over 16 threads: no thread runs past the row
         body = If(offset < ext, body)
     new = For(kt, const(0), const(threads), For(ks, const(0), n_chunks, body), "thread", axis)
     return replace_loop(program, loop, new), (kt, ks)
