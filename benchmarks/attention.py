@@ -4,6 +4,7 @@ same run. Checks every output against float64 (computed by torch on the GPU), ou
 
     python3 benchmarks/attention.py [--dtypes float16,bfloat16,float32] [--masks none,causal]
                                     [--shapes 64x4096x4096,64x1000x1000,12x333x777] [--depth 64] [--no-wgmma]
+                                    [--form naive|triton]
                                     [--out DIR]
 
 Shapes are (batch x heads) x query rows x keys, head dimension 64. TFLOP/s counts 4 n m d per batch (halved with the
@@ -87,6 +88,9 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=64, help="head dimension")
     ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     ap.add_argument("--no-wgmma", action="store_true", help="the mma.sync kernel (attention.m16n8k16) only")
+    ap.add_argument("--form", choices=("naive", "triton"), default="naive",
+                    help="the te program: naive_attention (O = P V, Y = O / sum) or triton_attention (the torch "
+                         "reference of Triton's fused-attention tutorial: softmax(S.float()).half() @ V)")
     a = ap.parse_args()
     attention.WGMMA_ATTENTION = not a.no_wgmma
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
@@ -94,7 +98,8 @@ def main() -> None:
     for dtype in a.dtypes.split(","):
         for mask in a.masks.split(","):
             causal = mask != "none"
-            w = workloads.naive_attention(te.var("B"), te.var("n"), te.var("m"), a.depth, causal, dtype=dtype)
+            make = workloads.naive_attention if a.form == "naive" else workloads.triton_attention
+            w = make(te.var("B"), te.var("n"), te.var("m"), a.depth, causal, dtype=dtype)
             t0 = time.perf_counter()
             s = auto_schedule(list(w.outputs), target="cuda")
             mod = build(s, list(w.inputs) + list(w.outputs), target="cuda")
@@ -104,7 +109,7 @@ def main() -> None:
                     rows.append(_row(mod, dtype, causal, B, n, m, a.depth, built))
     head = (f"| dtype | mask | B·H x n x m (d {a.depth}) | ours ms | TFLOP/s | eager ms | SDPA ms | SDPA TFLOP/s | "
             "ours / SDPA throughput | eager / ours | rel. error | tensor cores |")
-    lines = ["# Attention from plain te on the GPU (benchmarks/attention.py)", "",
+    lines = [f"# Attention from plain te on the GPU (benchmarks/attention.py --form {a.form})", "",
              f"{torch.cuda.get_device_name()}; one symbolic build (B, n, m as te.var) per dtype and mask; medians "
              "(gpu_suite.time_cuda: CUDA events around 3 calls, 9 times); error against float64, relative to max "
              "|ref|.", "", head,

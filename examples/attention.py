@@ -1,6 +1,6 @@
 """Attention written naively in te, built by auto_schedule into one FlashAttention-style kernel.
 
-    python examples/attention.py [--cpu] [--small] [--causal] [--half]
+    python examples/attention.py [--cpu] [--small] [--causal] [--half] [--triton-form]
 
 The program below materializes nothing special: scores S = Q K^T, a scaled (optionally causally
 masked) copy, the row max, exp, the row sum, P V and the division — as a user would write it.
@@ -12,7 +12,9 @@ memory 32 keys at a time (cooperative, double-buffered copies); with --half (flo
 FlashAttention's tensor-core kernel instead (tensorize "attention.m16n8k16": S = Q K^T and O += P V on
 mma.sync, P in registers, 128 rows per block). The example prints the plan, the
 nest, checks against numpy (float64), and on a GPU times the kernel against PyTorch eager's naive
-composition (softmax(Q K^T * scale) V) when torch is importable.
+composition (softmax(Q K^T * scale) V) when torch is importable. --triton-form writes the chain as the torch
+reference of Triton's fused-attention tutorial does instead (softmax(S.float()).half() @ V: the probabilities
+divided by their sum before the product with V; loopir.workloads.triton_attention): the same kernel results.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ from schedules import auto_schedule  # noqa: E402
 def naive_attention(d: int, causal: bool, dtype: str = "float32") -> tuple[list, te.Tensor]:
     """softmax(Q K^T / sqrt(d) [causal]) V over (batch x heads, rows, d); sizes symbolic except d."""
     w = workloads.naive_attention(te.var("B"), te.var("n"), te.var("m"), d, causal, dtype=dtype)
+    return list(w.inputs), w.outputs[0]
+
+
+def triton_form(d: int, causal: bool, dtype: str = "float32") -> tuple[list, te.Tensor]:
+    """The same attention as Triton's tutorial's torch reference computes it (casts around the softmax)."""
+    w = workloads.triton_attention(te.var("B"), te.var("n"), te.var("m"), d, causal, dtype=dtype)
     return list(w.inputs), w.outputs[0]
 
 
@@ -85,13 +93,15 @@ def _time_torch(mod, q, k, v, causal: bool) -> None:
 
 def main() -> None:
     causal = "--causal" in sys.argv
+    triton = "--triton-form" in sys.argv
     dtype = "float16" if "--half" in sys.argv else "float32"
     target = "cuda" if gpu_available() and "--cpu" not in sys.argv else "cpu"
     d = 64
     B, n, m = (2, 77, 130) if "--small" in sys.argv or target == "cpu" else (64, 4096, 4096)
-    print(f"== attention (naive te, {'causal' if causal else 'no mask'}, {dtype}) on {target}, B*H={B} n={n} m={m} "
+    form = "Triton tutorial form" if triton else "naive te"
+    print(f"== attention ({form}, {'causal' if causal else 'no mask'}, {dtype}) on {target}, B*H={B} n={n} m={m} "
           f"d={d}")
-    args, Y = naive_attention(d, causal, dtype)
+    args, Y = (triton_form if triton else naive_attention)(d, causal, dtype)
     s = auto_schedule([Y], target=target)
     print(s.plan.explain())
     print()
@@ -114,8 +124,8 @@ def main() -> None:
     want = reference(q, k, v, causal)
     tol = (1e-4, 1e-5) if dtype == "float32" else (1e-2, 1e-2)
     ok = np.allclose(y, want, rtol=tol[0], atol=tol[1])
-    print(f"check Y against numpy (float64): {'ok' if ok else 'MISMATCH'} (max abs error {np.abs(y - want).max():.2e});"
-          f" first call {1e3 * (t1 - t0):.1f} ms")
+    print(f"check {Y.name} against numpy (float64): {'ok' if ok else 'MISMATCH'} "
+          f"(max abs error {np.abs(y - want).max():.2e}); first call {1e3 * (t1 - t0):.1f} ms")
     if not ok:
         raise SystemExit(1)
     if target == "cuda":

@@ -306,6 +306,56 @@ def naive_attention(B: Size | None = None, n: Size | None = None, m: Size | None
     return Workload("naive_attention", (Q, K, V), (Y,), ref, _vars(B, n, m), tolerance=1e-4)
 
 
+def triton_attention(B: Size | None = None, n: Size | None = None, m: Size | None = None, d: int = 64,
+                     causal: bool | str = False, dtype: str = "float16", casts: bool = True,
+                     scale: float | None = None) -> Workload:
+    """The torch reference of Triton's fused-attention tutorial, ported to te:
+
+        p = q @ k^T * sm_scale;  p[~mask] = -inf;  p = softmax(p.float()).half();  out = p @ v
+
+    S = Q K^T * scale (the product accumulated in float32 and rounded to `dtype`, as a half matmul does), the
+    masked copy Sm (`causal`: a mask of MASKS, as naive_attention's), Sf = float32(Sm), the row max mx,
+    E = exp(Sf - mx), the row sum sm, the probabilities Pf = E / sm, P = Pf cast back to `dtype`, and the output
+    O = P V (accumulated in float32, rounded to `dtype`). Unlike naive_attention, the probabilities are divided
+    before the product with V. `casts=False`: no conversion anywhere, every stage in `dtype` (Sf and P absent).
+    `scale` defaults to 1/sqrt(d); the reference is naive_attention_reference's (the same function)."""
+    B, n, m = _size(B, "B"), _size(n, "n"), _size(m, "m")
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    acc = "float32" if casts else dtype
+
+    def f(x: Expr) -> Expr:
+        return te.cast(acc, x)
+
+    Q = te.placeholder((B, n, d), dtype, name="Q")
+    K = te.placeholder((B, m, d), dtype, name="K")
+    V = te.placeholder((B, m, d), dtype, name="V")
+    r = te.reduce_axis(d, "r")
+    S = te.compute((B, n, m), lambda b, i, j: te.cast(dtype, te.sum(f(Q[b, i, r]) * f(K[b, j, r]), axis=r)) * scale,
+                   name="S")
+    if causal:
+        vis = MASKS["causal" if causal is True else causal]
+        S = te.compute((B, n, m), lambda b, i, j: te.where(vis(i, j), S[b, i, j], float("-inf")), name="Sm")
+    if casts:
+        S = te.compute((B, n, m), lambda b, i, j: te.cast("float32", S[b, i, j]), name="Sf")
+    r2 = te.reduce_axis(m, "r2")
+    mx = te.compute((B, n), lambda b, i: te.max(S[b, i, r2], axis=r2), name="mx")
+    E = te.compute((B, n, m), lambda b, i, j: te.exp(S[b, i, j] - mx[b, i]), name="E")
+    r3 = te.reduce_axis(m, "r3")
+    sm = te.compute((B, n), lambda b, i: te.sum(E[b, i, r3], axis=r3), name="sm")
+    P = te.compute((B, n, m), lambda b, i, j: E[b, i, j] / sm[b, i], name="Pf" if casts else "P")
+    if casts:
+        P = te.compute((B, n, m), lambda b, i, j: te.cast(dtype, P[b, i, j]), name="P")
+    r4 = te.reduce_axis(m, "r4")
+    O = te.compute((B, n, d), lambda b, i, c: te.cast(dtype, te.sum(f(P[b, i, r4]) * f(V[b, r4, c]), axis=r4)),  # noqa: E741
+                   name="O")
+
+    def ref(q: Array, k: Array, v: Array) -> tuple[Array, ...]:
+        return (naive_attention_reference(q, k, v, causal, scale),)
+
+    half = dtype in ("float16", "bfloat16")
+    return Workload("triton_attention", (Q, K, V), (O,), ref, _vars(B, n, m), tolerance=1e-2 if half else 1e-4)
+
+
 def naive_attention_reference(q: Array, k: Array, v: Array, causal: bool | str = False,
                               scale: float | None = None) -> Array:
     """`naive_attention`'s output in float64 (scale defaults to 1/sqrt(d); a row that sees no key is NaN)."""
@@ -392,6 +442,7 @@ __all__ = [
     "sincos",
     "softmax",
     "stencil5",
+    "triton_attention",
 ]
 
 

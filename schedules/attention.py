@@ -79,7 +79,8 @@ class AttentionPlan:
                 f"{', '.join(r.rolling)} by exp(m_old - m_new) in one pass over the keys ({r.key}); "
                 + (f"{', '.join(r.prepared + r.inlined)} folded into them; " if r.inlined else "")
                 + (f"{r.scores} computed one key at a time (no n x m temporary)" if r.scores else
-                   "the maximized values stay materialized"))
+                   "the maximized values stay materialized")
+                + (f"; {', '.join(r.divided)} divided by a sum of the pass once it is over" if r.divided else ""))
             if r.mask:
                 lines.append(f"masked keys skipped: each key's update runs under `if {r.mask}` (a masked key leaves "
                              "the state unchanged); on cuda, where the mask bounds the keys from above (causal), a "
@@ -200,7 +201,7 @@ def map_online(s: Schedule, rewrites: list[OnlineRewrite], target: str, rows: in
     """Map the nests of the online passes of `rewrites` for `target` (`every_nest`: every nest of the program,
     the passes first, then the divisions reading them); the notes say which optional steps were refused."""
     mine = ({st.store.buffer.name for st in statements(s.program)} if every_nest
-            else {b for r in rewrites for b in (r.max_stage, *r.rolling, *r.state)})
+            else {b for r in rewrites for b in (r.max_stage, *r.rolling, *r.sums, *r.state)})
     notes = _map(s, target, rows, mine, tensor_cores=len(rewrites) == 1)
     if target == "cuda" and len(rewrites) == 1 and on_tensor_cores(s.program) is None:
         notes += _registers_and_tiles(s, rewrites[0], key_tile)
@@ -354,7 +355,11 @@ def _registers_and_tiles(s: Schedule, info: OnlineRewrite, key_tile: int) -> lis
         _try(s, notes, f"{name} in registers", "cache_write", name, "local", ti,
              hoist_init=not (info.scores is not None and name == info.state[0]))
     done: set[str] = set()
-    for name in info.rolling:  # the sums: the consumers that write an output become the epilogue
+    # the sums: the consumers that write an output become the epilogue. The widest first: an epilogue reads it
+    # elementwise (O / sm reads O[b, i, c]), which cache_write's epilogue needs; the row sums it also reads then
+    # stay in registers beside it
+    rank = {b.name: len(b.shape) for b in s.program.temps + s.program.args}
+    for name in sorted(info.sums, key=lambda nm: -rank.get(nm, 0)):
         epi = [st.store.name for st in statements(s.program)
                if st.store.buffer in s.program.args and st.store.name not in done
                and any(isinstance(n, Load) and n.buffer.name == name for n in walk(st.store.value))

@@ -6,6 +6,7 @@ program in the adversarial GPU interpreter; a device run when there is one), no 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -194,7 +195,7 @@ def test_probabilities_divided_by_their_row_sum_are_divided_after_the_pass() -> 
     w = workloads.attention()
     s = Schedule(list(w.outputs))
     s.online_softmax("row_max")
-    assert "out[i, c] = out[i, c] / row_sum[i]  # out_divide" in str(s)
+    assert "out[i, c] = out_acc[i, c] / row_sum[i]  # out_divide" in str(s)
     sizes = {"n": 9, "m": 37, "d": 8}
     ins = w.random_inputs(sizes, np.random.default_rng(4))
     ref = w.reference(*ins)[0]
@@ -303,7 +304,7 @@ def test_errors_are_typed() -> None:
     assert issubclass(ScheduleError, LoopirError)
 
 
-@pytest.mark.parametrize("flags", [["--causal"], []])
+@pytest.mark.parametrize("flags", [["--causal"], [], ["--triton-form", "--causal"]])
 def test_example_runs_and_shows_the_rewrite(flags: list[str], tmp_path: Any) -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, LOOPIR_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=root)
@@ -312,4 +313,213 @@ def test_example_runs_and_shows_the_rewrite(flags: list[str], tmp_path: Any) -> 
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "online_softmax(mx)" in out and "mx_rescale" in out and "__global__" in out
-    assert "check Y against numpy (float64): ok" in out and "MISMATCH" not in out
+    output = "O" if "--triton-form" in flags else "Y"
+    assert f"check {output} against numpy (float64): ok" in out and "MISMATCH" not in out
+
+
+# ----------------------------------------------------------------------------- Triton's tutorial form
+# softmax(s.float()).half() @ V (loopir.workloads.triton_attention): the probabilities E / sm and their casts are
+# elementwise stages between the exponential and the product with V; the rewrite inlines them and divides after
+# the pass.
+
+HALF_TOL = 1e-2  # float16 data against float64: relative to the largest output
+
+
+def _triton(casts: bool, mask: bool | str, dtype: str = "float16", d: int = 64) -> Any:
+    return workloads.triton_attention(te.var("B"), te.var("n"), te.var("m"), d, mask, dtype, casts)
+
+
+def _close(got: np.ndarray, want: np.ndarray, dtype: str) -> None:
+    """`got` (NaN-poisoned before the run) matches the float64 reference: NaN exactly on the rows that see no key
+    (0 / 0), within float16's or float32's tolerance elsewhere."""
+    got = got.astype(np.float64)
+    seen = ~np.isnan(want)
+    assert (np.isnan(got) == ~seen).all(), "rows that see no key are NaN, the others are written"
+    if dtype == "float16":
+        err = np.abs(got[seen] - want[seen]).max() / np.abs(want[seen]).max()
+        assert err < HALF_TOL, err
+    else:
+        np.testing.assert_allclose(got[seen], want[seen], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("casts", [True, False])
+@pytest.mark.parametrize("mask", [False, True])
+def test_triton_form_is_rewritten_with_the_division_after_the_pass(casts: bool, mask: bool) -> None:
+    w = _triton(casts, mask)
+    s = Schedule(list(w.outputs))
+    n, m = w.sizes[1:]
+    assert temps_nm(s.program, n, m)
+    s.online_softmax("mx")
+    assert temps_nm(s.program, n, m) == []
+    lines = str(s).splitlines()
+    if casts:  # O.sum0 (float32) is a temporary: its reader, the cast to O, divides
+        update = ("O.sum0[b, i, c] = O.sum0[b, i, c] * mx_scale[b, i] + float32(float16(exp(float32(float16("
+                  "S.sum0_key[b, i]) * 0.125) - mx_new[b, i]))) * float32(V[b, r2, c])  # O.sum0")
+        division = "O[b, i, c] = float16(O.sum0[b, i, c] / sm[b, i])  # O"
+    else:  # O is the output: accumulated in O_acc, written from it after the pass
+        update = ("O_acc[b, i, c] = O_acc[b, i, c] * mx_scale[b, i] + exp(S.sum0_key[b, i] * 0.125 - mx_new[b, i]) "
+                  "* V[b, r2, c]  # O")
+        division = "O[b, i, c] = O_acc[b, i, c] / sm[b, i]  # O_divide"
+    at = {key: next(k for k, line in enumerate(lines) if line.strip() == key) for key in (update, division)}
+    advance = next(k for k, line in enumerate(lines) if line.strip().endswith("# mx_advance"))
+    assert at[update] < advance < at[division]
+    # the division comes after the pass, in a nest of its own: nothing in the pass divides by the sum
+    assert not any("/ sm[" in line for line in lines[:advance])
+    assert (" " * 16 + "if r2 <= i:" in lines) == mask  # the mask seen through the cast to float32
+    info = online_softmax(Schedule(list(w.outputs)).program, "mx")[1]
+    assert info.rolling == ("sm", "O.sum0" if casts else "O") and info.scores == "S.sum0"
+    assert info.inlined == (("E", "Pf", "P") if casts else ("E", "P"))
+    assert info.divided == info.rolling[1:] and info.sums == ("sm", "O.sum0" if casts else "O_acc")
+
+
+TRITON_CASES = [(True, False, "float16"), (True, "causal", "float16"), (False, False, "float16"),
+                (False, "causal", "float16"), (True, "late", "float16"), (True, "causal", "float32"),
+                (False, False, "float32")]
+
+
+@pytest.mark.parametrize("casts, mask, dtype", TRITON_CASES)
+def test_triton_form_matches_float64_on_the_cpu_and_in_adversarial_gpu_orders(casts: bool, mask: bool | str,
+                                                                               dtype: str) -> None:
+    """70 rows, 45 keys: neither the tensor-core kernel's 128 rows and 64 keys nor the SIMT mapping's 64 rows and
+    32 keys divide them; "late" masks the first keys of every row (its last rows see none: NaN)."""
+    w = _triton(casts, mask, dtype)
+    sizes = {"B": 2, "n": 70, "m": 45}
+    rng = np.random.default_rng([7, int(casts), len(str(mask)), len(dtype)])  # fresh data per case
+    ins = w.random_inputs(sizes, rng)
+    with np.errstate(invalid="ignore"):
+        want = w.reference(*ins)[0]
+    cpu = auto_schedule(list(w.outputs), target="cpu")
+    assert "online_softmax(mx)" in cpu.explain()
+    outs = w.empty_outputs(sizes)
+    build(cpu, list(w.args), target="cpu")(*w.call_args(ins, outs))
+    _close(outs[0], want, dtype)
+    cuda = auto_schedule(list(w.outputs), target="cuda")
+    assert "online_softmax(mx)" in cuda.explain()
+    low = lower_for(cuda.program, "cuda")
+    for order in ("reversed", "forward", 5):
+        outs = w.empty_outputs(sizes)
+        interp.run(low, *w.call_args(ins, outs), gpu_order=order, sizes=sizes)
+        _close(outs[0], want, dtype)
+
+
+@pytest.mark.parametrize("casts", [True, False])
+@pytest.mark.parametrize("mask", [False, True])
+def test_triton_form_takes_naive_attentions_tensor_core_path_and_keeps_no_score_matrix(casts: bool,
+                                                                                       mask: bool) -> None:
+    """auto_schedule and build as a user calls them: the same steps, kernel and epilogue as naive_attention's
+    (float16, d = 64, symbolic sizes), one kernel, no n x m temporary in the built module."""
+    w = _triton(casts, mask)
+    naive = auto_schedule(list(workloads.naive_attention(te.var("B"), te.var("n"), te.var("m"), 64, mask,
+                                                         "float16").outputs), target="cuda")
+    s = auto_schedule(list(w.outputs), target="cuda")
+    assert [t["primitive"] for t in s.trace] == [t["primitive"] for t in naive.trace]
+    text, ref = s.plan.explain().splitlines(), naive.plan.explain().splitlines()
+    assert text[0].startswith("online_softmax(mx): the running maximum mx rescales the sums sm, O")
+    assert text[0].endswith("divided by a sum of the pass once it is over")
+    kernel = next(line for line in ref if line.startswith("cuda: a block per 128 query rows"))
+    assert "(attention.wgmma: a warpgroup per 64 rows" in kernel and kernel in text
+    assert "cuda: O (the division by the sums) is the pass's epilogue" in s.plan.explain()
+    assert s.plan.notes == ()
+    mod = build(list(w.outputs), list(w.args), target="cuda")
+    src = mod.source
+    assert src.count("__global__") == 1 and "wgmma.mma_async" in src
+    low = mod.program
+    params = {p.name: p for p in low.params}
+    assert temps_nm(low, params["n"], params["m"]) == []
+    assert re.search(r"\bO\[[^\]]*\] = loopir_f2h\(", src)  # the output written once, from the registers
+
+
+@pytest.mark.parametrize("casts", [True, False])
+def test_triton_form_in_float32_keeps_its_state_in_registers_as_naive_attention_does(casts: bool) -> None:
+    """The SIMT pass (float32: no tensor cores): the same steps as naive_attention's, every one applied, one kernel
+    and no temporary in global memory (the division after the pass is the epilogue of the vector sum)."""
+    w = _triton(casts, True, "float32")
+    naive = auto_schedule(list(workloads.naive_attention(te.var("B"), te.var("n"), te.var("m"), 64, True,
+                                                         "float32").outputs), target="cuda")
+    s = auto_schedule(list(w.outputs), target="cuda")
+    assert [t["primitive"] for t in s.trace] == [t["primitive"] for t in naive.trace] and s.plan.notes == ()
+    assert "a thread per row running the pass with its state in registers" in s.plan.explain()
+    mod = build(s, list(w.args), target="cuda")
+    assert mod.source.count("__global__") == 1 and mod.program.temps == ()
+
+
+def test_triton_form_refusals_name_the_stage() -> None:
+    """The probabilities divided by the sum of another row; returned as an output; read by a max."""
+    B, n, m = te.var("B"), te.var("n"), te.var("m")
+    Q, K, V = (te.placeholder((B, x, 16), "float32", name=nm) for x, nm in ((n, "Q"), (m, "K"), (m, "V")))
+    r, r2, r3 = (te.reduce_axis(x, nm) for x, nm in ((16, "r"), (m, "r2"), (m, "r3")))
+    S = te.compute((B, n, m), lambda b, i, j: te.sum(Q[b, i, r] * K[b, j, r], axis=r), name="S")
+    mx = te.compute((B, n), lambda b, i: te.max(S[b, i, r2], axis=r2), name="mx")
+    E = te.compute((B, n, m), lambda b, i, j: te.exp(S[b, i, j] - mx[b, i]), name="E")
+    sm = te.compute((B, n), lambda b, i: te.sum(E[b, i, r3], axis=r3), name="sm")
+
+    def chain(P: Any, last: str = "sum") -> list[Any]:
+        P16 = te.compute((B, n, m), lambda b, i, j: te.cast("float16", P[b, i, j]), name="P16")
+        r4 = te.reduce_axis(m, "r4")
+        if last == "max":
+            return [te.compute((B, n), lambda b, i: te.max(P16[b, i, r4], axis=r4), name="Z")]
+        out = te.compute((B, n, 16), lambda b, i, c: te.sum(te.cast("float32", P16[b, i, r4]) * V[b, r4, c],
+                                                            axis=r4), name="O")
+        return [out, P16] if last == "output" else [out]
+
+    other_row = te.compute((B, n, m), lambda b, i, j: E[b, i, j] / sm[b, n - 1 - i], name="Pf")
+    right = te.compute((B, n, m), lambda b, i, j: E[b, i, j] / sm[b, i], name="Pf")
+    for outs, message in [
+        (chain(other_row), r"online_softmax\(mx\): the sum 'O' reads another running sum of the chain inside its "
+                           r"terms other than as a divisor of the whole term"),
+        (chain(right, "output"), r"online_softmax\(mx\): stage 'P16' reads 'mx' \(through 'Pf'\) and is an output"),
+        (chain(right, "max"), r"online_softmax\(mx\): the softmax 'P16' is read by stage 'Z', which is not a sum "
+                              r"over the keys; its consumer is not rescalable"),
+    ]:
+        s = Schedule(outs)
+        before = s.program
+        with pytest.raises(ArgumentError, match=message):
+            s.online_softmax("mx")
+        assert s.program is before and s.trace == []
+        assert "online_softmax" not in auto_schedule(outs, target="cpu").explain()
+    assert online_softmax(Schedule(chain(right)).program, "mx")[1].divided == ("O",)
+
+
+def test_probabilities_cast_to_another_half_type_than_v_stay_off_the_tensor_cores() -> None:
+    """P rounded to bfloat16 while V is float16: the kernel would round P to float16 instead, so tensorize refuses
+    the pass and the plan says why; the online pass runs on the SIMT mapping."""
+    B, n, m, d = te.var("B"), te.var("n"), te.var("m"), 64
+    Q, K, V = (te.placeholder((B, x, d), "float16", name=nm) for x, nm in ((n, "Q"), (m, "K"), (m, "V")))
+    r, r2, r3, r4 = (te.reduce_axis(x, nm) for x, nm in ((d, "r"), (m, "r2"), (m, "r3"), (m, "r4")))
+    f32 = lambda x: te.cast("float32", x)  # noqa: E731
+    S = te.compute((B, n, m), lambda b, i, j: te.sum(f32(Q[b, i, r]) * f32(K[b, j, r]), axis=r), name="S")
+    mx = te.compute((B, n), lambda b, i: te.max(S[b, i, r2], axis=r2), name="mx")
+    E = te.compute((B, n, m), lambda b, i, j: te.exp(S[b, i, j] - mx[b, i]), name="E")
+    sm = te.compute((B, n), lambda b, i: te.sum(E[b, i, r3], axis=r3), name="sm")
+    P = te.compute((B, n, m), lambda b, i, j: te.cast("bfloat16", E[b, i, j] / sm[b, i]), name="P")
+    O = te.compute((B, n, d), lambda b, i, c: te.cast("float16", te.sum(f32(P[b, i, r4]) * f32(V[b, r4, c]),  # noqa: E741
+                                                                        axis=r4)), name="O")
+    s = auto_schedule([O], target="cuda")
+    assert "online_softmax(mx)" in s.explain() and "a thread per row" in s.plan.explain()
+    assert ("note: tensor cores (attention.m16n8k16): not applied (the vector sum's probabilities are cast to "
+            "bfloat16, neither float32 nor V's type float16") in s.plan.explain()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("casts, mask, dtype", [(True, False, "float16"), (True, "causal", "float16"),
+                                                (False, False, "float16"), (False, "causal", "float16"),
+                                                (True, "causal", "float32")])
+def test_triton_form_matches_float64_on_the_gpu(casts: bool, mask: bool | str, dtype: str) -> None:
+    """float16 on the tensor-core kernel (float32: the SIMT pass), built from the te tensors as a user does
+    (call-time specialization included), against float64, at sizes the tiles divide and do not; a second call on a
+    freshly poisoned output gives the same bits."""
+    w = _triton(casts, mask, dtype)
+    mod = build(list(w.outputs), list(w.args), target="cuda")
+    assert ("wgmma.mma_async" in mod.source) == (dtype == "float16")
+    rng = np.random.default_rng([11, int(casts), int(bool(mask)), len(dtype)])
+    for B, n, m in ((3, 70, 45), (2, 128, 256), (2, 300, 300), (1, 1, 1)):
+        sizes = {"B": B, "n": n, "m": m}
+        ins = w.random_inputs(sizes, rng)
+        with np.errstate(invalid="ignore"):
+            want = w.reference(*ins)[0]
+        got = w.empty_outputs(sizes)
+        mod(*w.call_args(ins, got))
+        again = w.empty_outputs(sizes)
+        mod(*w.call_args(ins, again))
+        assert np.array_equal(got[0].view(np.uint8), again[0].view(np.uint8))
+        _close(got[0], want, dtype)

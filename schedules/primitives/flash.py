@@ -34,8 +34,10 @@ tile's P V. `schedules/attention.py` offers the pass to it first.
 What changes is the order of the arithmetic, as for every tensor-core reduction: the products are summed by the
 instruction; the maximum is raised once per tile of 64 keys and the sums rescaled once per tile (equal, by the
 identity exp(a - m1) = exp(a - m2) * exp(m2 - m1) that `online_softmax` rests on); P is rounded to the type of V
-for the P V product (FlashAttention's choice); the per-key state (S, mx_new, mx_scale) lives in registers, so its
-buffers are not written: tensorize refuses when anything outside the pass reads them.
+for the P V product (FlashAttention's choice; the vector sum's factor exp(g(S) - mx_new) may be cast to that type or
+to float32 in the program, as PyTorch's `softmax(s.float()).half()` does, and to no other); the per-key state (S,
+mx_new, mx_scale) lives in registers, so its buffers are not written: tensorize refuses when anything outside the pass
+reads them.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ MT, KEYS = shape_for(64, 64).mt, shape_for(64, 64).keys  # the tiling of head di
 ROWS = shape_for(64, 64).rows
 ROW_CHOICES = tuple(sorted({shape_for(d, d).rows for d in (64, MAX_DEPTH)}, reverse=True))
 HALF = ("float16", "bfloat16")
+FLOATS = (*HALF, "float32")
 
 
 @dataclass(frozen=True)
@@ -323,11 +326,16 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
                   and ov.b.op == "mul")
             _need(ok, "the vector sum is not O = O * rescale + exp(score - max) * V")
             assert isinstance(ov, Binary) and isinstance(ov.b, Binary)
-            e, vv = (ov.b.a, ov.b.b) if prob(ov.b.a) else (ov.b.b, ov.b.a)
+            e, vv = (ov.b.a, ov.b.b) if prob(_uncast(ov.b.a)[0]) else (ov.b.b, ov.b.a)
+            e, casts = _uncast(e)
             _need(prob(e), "the vector sum's product is not exp(score - max) * V")
             v = half_operand(vv)
             _need(v is not None, "the vector sum's second factor is not a float16 / bfloat16 load (V)")
             assert v is not None
+            # the kernel rounds P to V's type for the P V product whether or not the program does
+            odd = [t for t in casts if t not in ("float32", v.buffer.dtype)]
+            _need(not odd, f"the vector sum's probabilities are cast to {odd[0] if odd else ''}, neither float32 nor "
+                  f"V's type {v.buffer.dtype} (the kernel rounds them to V's type)")
             _need(access_pattern(v.indices, st.var) == "contig" and not any(n is f.var for i in v.indices
                                                                              for n in walk(i)),
                   f"V ({v.buffer.name}) is not read contiguously along the column, at the key only")
@@ -379,6 +387,15 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
                          if b not in read and b not in program.args)
     return FlashParts(f.var, guard, kf, mask, q, k, red.var, depth, dot, score, v, col, width, out, total, advance,
                       state, shape, epilogue, epi_col, dead)
+
+
+def _uncast(e: Expr) -> tuple[Expr, tuple[str, ...]]:
+    """`e` without the conversions between float types around it, and their types (outermost first)."""
+    casts: list[str] = []
+    while isinstance(e, Cast) and e.dtype in FLOATS and e.a.dtype in FLOATS:
+        casts.append(e.dtype)
+        e = e.a
+    return e, tuple(casts)
 
 
 def _epilogue(st: Stmt, ridx: tuple[Expr, ...], out: Store, total: Store | None, width: int,
