@@ -17,6 +17,13 @@ constant instead of reading C[idx] back from global memory. The all-reduce is pe
 (threadIdx.y, threadIdx.z), so T may sit inside loops bound to threadIdx.y / threadIdx.z (TVM's
 reduction layout: rows on threadIdx.y, the reduction on threadIdx.x).
 
+A float sum's term divided by a value the same at every iteration of T and the loops inside it (`x / n` in a
+mean, `(x - mean)^2 / n` in a variance) is computed as `x * (1 / n)` (`reciprocal_terms`): the sum is
+reassociated already, so one more rounding per term (half an ulp) is below the error it has anyway, and an
+IEEE division per element doubled the instructions of a row kernel (H200, float16 layer norm 65536 x 768: 0.143
+-> 0.061 ms, 61.7 -> 29.2 M instructions). The reciprocal of a constant is folded (correctly rounded); of a
+size it is one division the compiler hoists out of the loop.
+
 Every thread of the block must reach the shuffles and barriers of the all-reduce. A guard that
 depends on a thread index around T (the guard of a threadIdx.y loop shorter than the block, the
 `if i < n` of a split row loop) is therefore not emitted as an `if` around it but as a predicate
@@ -33,11 +40,14 @@ reduces each row by shuffles within its W lanes, with no shared memory and no ba
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 
 from loopir import nodes as N
 from loopir.dtypes import INT_RANGE, is_int
 from loopir.gpu import REDUCE_OPS, reduction_parts, reduction_stores
-from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
+from loopir.visit import Transformer, free_vars, loops_of, subst_coords, substitute, walk
 
 from .expr import _CTYPE, _FROM_FLOAT, _TO_FLOAT, CudaCodegenError, _wrap
 
@@ -127,6 +137,7 @@ class _ReductionEmitter:
 
     # ---------------------------------------------------------------- cross-thread reduction
     def reduction_loop(self, f: N.For, last: bool) -> None:
+        f, recip = reciprocal_terms(f)
         reds = reduction_stores(f)
         for st in reds:
             if reduction_parts(st) is None:
@@ -141,7 +152,8 @@ class _ReductionEmitter:
             ct = _CTYPE[st.buffer.dtype]
             acc = self.names.fresh(f"{st.name}_acc")
             accs[id(st)] = acc
-            self.line(f"{ct} {acc} = {_identity(op, st.buffer.dtype)};  // {st.name}: this thread's share")
+            note = " (its terms' invariant divisor as a reciprocal)" if st.name in recip else ""
+            self.line(f"{ct} {acc} = {_identity(op, st.buffer.dtype)};  // {st.name}: this thread's share{note}")
         saved = self.red_targets
         self.red_targets = {**saved, **accs}
         self.bound_loop(f, lambda: self.stmt(f.body, last))
@@ -182,3 +194,52 @@ class _ReductionEmitter:
             self.forward[-1][key] = total
         # the barrier that makes the total visible to other threads is placed by codegen.passes.barriers
         return None
+
+
+# ----------------------------------------------------------------------------- reciprocal terms
+
+_FLOAT_DIV = ("float32", "float64")
+
+
+def reciprocal_terms(f: N.For) -> tuple[N.For, set[str]]:
+    """`f` (a loop bound to threadIdx.x holding cross-thread reductions) with each float sum's term `a / d`, `d`
+    free of loads and of the variables of `f` and the loops inside it, computed as `a * (1 / d)` (the module
+    docstring says why), and the names of the statements so changed (`f` itself when none)."""
+    inside = {lp.var for lp in walk(f) if isinstance(lp, N.For)}
+
+    def invariant(d: N.Expr, sub: dict) -> bool:
+        return not any(isinstance(n, N.Load) for n in walk(d)) and not (free_vars(substitute(d, sub)) & inside)
+
+    def rewrite(e: N.Expr, sub: dict) -> N.Expr:
+        if isinstance(e, N.Binary):
+            a, b = rewrite(e.a, sub), rewrite(e.b, sub)
+            if e.op == "div" and e.dtype in _FLOAT_DIV and invariant(b, sub):
+                if isinstance(b, N.Const) and b.value:
+                    one = np.float32(1) / np.float32(b.value) if e.dtype == "float32" else 1.0 / float(b.value)
+                    return N.binary("mul", a, N.Const(float(one), e.dtype))
+                return N.binary("mul", a, N.binary("div", N.Const(1.0, e.dtype), b))
+            return e if (a is e.a and b is e.b) else N.Binary(e.op, a, b, e.dtype)
+        if isinstance(e, N.Cast):
+            a = rewrite(e.a, sub)
+            return e if a is e.a else N.Cast(e.dtype, a)
+        if isinstance(e, N.Unary):
+            a = rewrite(e.a, sub)
+            return e if a is e.a else N.Unary(e.op, a, e.dtype)
+        return e
+
+    new: dict[int, N.Store] = {}
+    for st in reduction_stores(f):
+        parts = reduction_parts(st)
+        if parts is None or parts[0] != "add" or st.buffer.dtype not in _FLOAT_DIV:
+            continue
+        term = rewrite(parts[1], subst_coords(st))
+        if term is not parts[1]:
+            new[id(st)] = dataclasses.replace(st, value=N.binary("add", N.Load(st.buffer, st.indices), term))
+    if not new:
+        return f, set()
+
+    class _R(Transformer):
+        def visit_Store(self, st: N.Store) -> N.Store:
+            return new.get(id(st), st)
+
+    return _R().visit(f), {st.name for st in new.values()}
