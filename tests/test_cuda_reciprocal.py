@@ -72,3 +72,51 @@ def test_reciprocal_terms_on_the_device(name: str, sizes: dict[str, int]) -> Non
     w = getattr(workloads, name)(te.var("m"), te.var("n"), "float16")
     mod = build(list(w.outputs), list(w.inputs) + list(w.outputs), target="cuda")
     _ln_check(w, sizes, mod)
+
+
+# ----------------------------------------------------------------------------- half outputs: every division
+
+
+def _half_div(divisor: float | None = None) -> tuple[list, te.Tensor]:
+    n = te.var("n")
+    a = te.placeholder((n,), "float32", name="a")
+    b = te.placeholder((n,), "float32", name="b")
+    y = te.compute((n,), lambda i: te.cast("float16", a[i] / (b[i] if divisor is None else divisor)), name="y")
+    return [a, b, y], y
+
+
+def test_a_program_with_half_outputs_divides_by_reciprocals() -> None:
+    args, y = _half_div()
+    assert "loopir_div_half(" in _body(build([y], args, target="cuda").source)
+    args, y = _half_div(3.0)  # a constant: its reciprocal folded, correctly rounded
+    body = _body(build([y], args, target="cuda").source)
+    assert "* 0.3333333432674408f)" in body  # float32(1 / 3), correctly rounded
+    assert "loopir_div_half(" not in body and " / 3.0f" not in body
+    # a float32 output keeps IEEE division
+    n = te.var("n")
+    a, b = te.placeholder((n,), "float32", name="a"), te.placeholder((n,), "float32", name="b")
+    z = te.compute((n,), lambda i: a[i] / b[i], name="z")
+    assert "loopir_div_half(" not in _body(build([z], [a, b, z], target="cuda").source)
+
+
+@pytest.mark.gpu
+def test_half_output_division_on_the_device() -> None:
+    rng = np.random.default_rng()
+    n = 200_003
+    a = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(np.float32)
+    b = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(np.float32)
+    b[:40] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 1e-45, 3e38, -3e38] * 4  # specials, subnormals
+    a[:40:3] = 0.0
+    a[1:40:7] = np.inf
+    args, y = _half_div()
+    out = np.full(n, np.nan, np.float16)
+    build([y], args, target="cuda")(a, b, out)
+    with np.errstate(all="ignore"):
+        ref = (a.astype(np.float64) / b.astype(np.float64)).astype(np.float16)
+    special = ~np.isfinite(ref) | (ref == 0)
+    np.testing.assert_array_equal(out[special], ref[special])  # infinities, NaNs and zeros exactly
+    signed = special & ~np.isnan(ref)  # a NaN's sign is not specified (x86 makes 0/0 negative, CUDA positive)
+    np.testing.assert_array_equal(np.signbit(out[signed]), np.signbit(ref[signed]))
+    fin = ~special
+    np.testing.assert_allclose(out[fin].astype(np.float64), ref[fin].astype(np.float64), rtol=2.0 ** -10, atol=0)
+    assert (out[fin] == ref[fin]).mean() > 0.999  # a float16 ulp apart only next to a rounding boundary

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 
 from loopir import nodes as N
 from loopir.affine import row_major
@@ -51,6 +53,11 @@ _Names = Namer
 
 def _is_const(e: N.Expr) -> bool:
     return isinstance(e, N.Const)
+
+
+def _is_one(e: N.Expr) -> bool:
+    """The constant 1: a reciprocal `1 / b`, computed as it is (once per loop where b is invariant)."""
+    return isinstance(e, N.Const) and e.value == 1
 
 
 def _wrap(dtype: str, text: str) -> str:
@@ -118,6 +125,12 @@ class _ExprEmitter:
             return ref
         if isinstance(e, N.Binary):
             a, b = self.expr(e.a), self.expr(e.b)
+            if e.op == "div" and self.fast_exp and e.dtype == "float32" and not _is_one(e.a):  # half outputs
+                if not isinstance(e.b, N.Const):
+                    return f"loopir_div_half({a}, {b})"
+                r = np.float32(1) / np.float32(e.b.value) if e.b.value else np.float32(np.inf)
+                if np.isfinite(r) and abs(float(e.b.value)) >= 2.0 ** -126:
+                    return f"({a} * {self.const(N.Const(float(r), 'float32'))})"
             if e.op in ("add", "sub", "mul", "div"):
                 return _wrap(e.dtype, f"({a} {dict(add='+', sub='-', mul='*', div='/')[e.op]} {b})")
             if e.dtype in _SMALL and e.op in ("floordiv", "mod") and not (_is_const(e.b) and e.b.value > 0):  # type: ignore[attr-defined]

@@ -89,6 +89,11 @@ __device__ __forceinline__ unsigned loopir_f2bf_x2(float lo, float hi) {
 // whose outputs are all 16-bit floats (codegen.cuda.kernel.half_outputs says why that is exact enough)
 __device__ __forceinline__ float loopir_exp_fast(float x) {
   float y; asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f)); return y; }
+// a / b as a times b's reciprocal (within 1.5 float32 ulps of the quotient), the reciprocal one division per loop
+// where b is invariant in it (a row's sum); '/' itself where the reciprocal is infinite (b zero or below 2^-126).
+// Rendered, like loopir_exp_fast, only in programs whose outputs are all 16-bit floats
+__device__ __forceinline__ float loopir_div_half(float a, float b) {
+  const float r = 1.0f / b; return isinf(r) ? a / b : a * r; }
 """
 
 PRELUDE_REDUCE = r"""struct loopir_op_add {
