@@ -12,7 +12,7 @@ scheduler proves 4-wide vector lanes and tiles exact), `%8` (8 halves: one 16-by
 likewise, `*` otherwise;
 on CUDA whether every buffer's padded element count (launch.fits_int32: prod(d + INT32_SLACK)) stays below
 2**31 at these sizes (the variant is lowered with `Assume(index_int32=True)`: 32-bit index arithmetic);
-and for each size a row length depends on (the bounds of a reduction) a coarse class, <= 2**10, 2**13,
+and for each size a row length depends on (the bounds of a reduction) a coarse class, <= 2**10, 2**12, 2**13,
 2**16 or larger, whose upper bound is handed to `auto_schedule(sizes=...)` (a plan for rows <= S is
 correct for every row <= S). A key that asks for nothing is the generic module itself.
 
@@ -41,8 +41,11 @@ from loopir.visit import free_vars
 from .passes.launch import INT32_SLACK
 
 # upper bounds of the row-length classes; above the last: unbounded. 127: rows shorter than a block of 128
-# threads, which the planner maps as warp rows (schedules/rows.py)
-ROW_CLASSES = (127, 2**10, 2**13, 2**16)
+# threads, which the planner maps as warp rows (schedules/rows.py). 2**12 apart from 2**13: a class is planned at
+# its bound, and rows planned at 8192 get 512 threads (rows.WIDE_ROW), which a row of 2048 or 4096 leaves with one
+# 16-byte load per thread and a quarter of the blocks per SM (H200, symbolic 16384 x 2048: 0.46-0.65x the time
+# with 128 threads; 8192 itself keeps 512: 128 measured 1.08-1.39x slower there)
+ROW_CLASSES = (127, 2**10, 2**12, 2**13, 2**16)
 _DIV_WHY = {"1": "is 1 -> scheduled with the constant 1 (loops over it vanish)",
             "%16": "divisible by 16 -> scheduled with {v} = 16*{v}16 (vector lanes along it provably whole)",
             "%8": "divisible by 8, not 16 -> scheduled with {v} = 8*{v}8 (16-byte half lanes along it provably whole)",
