@@ -428,8 +428,9 @@ def _store_lanes(body: Any) -> int:
 def _map_warp_rows(s: Schedule, g: FusionGroup, row: Any) -> None:
     """Rows of `g.strategy.lanes` threads (threadIdx.x), `g.strategy.rows` rows per block (threadIdx.y):
     the (collapsed) row loop `split` by the rows per block, each reduction phase
-    `bind_reduction(threads=lanes)`, each spatial phase `split` by the lanes (and by 4, vectorized, when
-    every lane gets whole float4s)."""
+    `bind_reduction(threads=lanes)`, each spatial phase `split` by the lanes (and first by a 16-byte vector,
+    vectorized, when the lanes' vectors tile the row, or when the row is whole vectors (a symbolic n = 16*n16)
+    and a row of the planned length gives every lane one: then each vector is guarded, not each element)."""
     st = g.strategy
     assert st is not None
     bo, bi = s.split(row, st.rows)
