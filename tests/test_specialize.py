@@ -5,6 +5,8 @@ the variant the real dispatch picks, `gpu_order="reversed"`); the `gpu` test run
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -117,9 +119,9 @@ def test_cpu_explain_names_key_and_reason():
 def test_cpu_tiny_and_wide_rows():
     w = workloads.softmax()
     mod = build(list(w.outputs), list(w.args), target="cpu")
-    for sizes in ({"m": 1, "n": 1}, {"m": 5, "n": 2}, {"m": 2, "n": 3000}, {"m": 1, "n": 70001}):
+    for sizes in ({"m": 1, "n": 1}, {"m": 5, "n": 2}, {"m": 2, "n": 3000}, {"m": 2, "n": 5000}, {"m": 1, "n": 70001}):
         _call_cpu(mod, w, sizes)
-    assert any("n<=4096" in k for k in mod.specializations)
+    assert any("n<=4096" in k for k in mod.specializations) and any("n<=8192" in k for k in mod.specializations)
 
 
 def test_variant_program_is_specialized():
@@ -205,6 +207,18 @@ def test_cuda_layernorm_variant_interp():
     for sizes in ({"m": 2, "n": 48}, {"m": 3, "n": 5}, {"m": 1, "n": 1}):
         _call_cuda_interp(mod, w, sizes)
     assert len(mod.specializations) == 3
+
+
+def test_cuda_row_classes_around_4096_plan_their_own_blocks_interp():
+    # rows of 1025..4096 are planned at 4096 (128 threads), 4097..8192 at 8192 (512 threads); each variant's
+    # lowered program matches numpy in the adversarial interpreter at a length inside its class
+    w = workloads.layernorm()
+    mod = build(list(w.outputs), list(w.args), target="cuda")
+    small = _call_cuda_interp(mod, w, {"m": 2, "n": 3008})
+    big = _call_cuda_interp(mod, w, {"m": 2, "n": 4112})
+    assert sorted(mod.specializations) == ["m* n%16 int32 n<=4096", "m* n%16 int32 n<=8192"]
+    threads = {v: math.prod(int(str(e)) for e in v.gen.kernels[0].launch.block) for v in (small, big)}
+    assert threads == {small: 128, big: 512}
 
 
 def test_cuda_divisible_variant_drops_vector_size_check():
