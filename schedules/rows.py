@@ -137,7 +137,7 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
     if symbolic and not given:
         return RowStrategy("block", threads, 1, f"{nums} at the costed size, but the row length "
                            f"({', '.join(symbolic)}) is symbolic and no sizes were given: a block per row, "
-                           "which holds up at every length")
+                           "which holds up at every length", row_len=row_len)
     if itemsize <= 2 and not prm.warp_row_max and row_len <= HALF_WARP_ROW_MAX:
         lanes = 32 if prm.warp_lanes == MAX_LANES else prm.warp_lanes
         lanes = min(lanes, max(2, _pow2_floor(max(1, row_len // 2))))
@@ -170,7 +170,7 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
                            f"({rows * n_chunks:,} blocks of {sp} threads, aiming at {prm.split_waves:g} waves of "
                            f"{dev.sm_count} SMs); the fusions above are left apart: per reduction a partials "
                            "kernel (rfactor) and a combine kernel, the elementwise phases as flat kernels (the "
-                           "prediction below is the fused kernel's, not the split's)", chunk)
+                           "prediction below is the fused kernel's, not the split's)", chunk, row_len)
     wide = row_len >= prm.wide_row
     per_row = prm.wide_threads if wide and threads < prm.wide_threads else threads
     why = f"{nums}: rows of {threads} elements or more get a block of {per_row} threads each"
@@ -180,7 +180,7 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
     if row_len >= prm.split_row_min and few:
         why += (f"; only {rows} block{'s' if rows != 1 else ''} for {dev.sm_count} SMs, but the group's shape "
                 "does not allow a split of its rows (a reduction over several loops)")
-    return RowStrategy("block", per_row, 1, why)
+    return RowStrategy("block", per_row, 1, why, row_len=row_len)
 
 
 def splittable(stages: list[Tensor], depth: int) -> bool:

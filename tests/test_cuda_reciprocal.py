@@ -1,7 +1,8 @@
 """A cross-thread float sum whose terms divide by a value invariant in the reduction (`x / n` in a mean) computes
 them as `x * (1 / n)` on CUDA (codegen/cuda/reduce.py `reciprocal_terms`): which divisions change (the rendered
 source), that the rest keep their division, and the numerics of layer norm and RMSNorm (the seeds' `sum(x / n)`)
-against float64 on a GPU."""
+against float64 on a GPU; a constant whose reciprocal is not a normal number keeps its division; and PolyBench's
+covariance, ported, on both targets."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 
 from codegen import build
-from loopir import te, workloads
+from codegen.passes import lower
+from loopir import interp, te, workloads
 from schedules import auto_schedule
 
 
@@ -53,6 +55,22 @@ def test_divisions_by_what_changes_in_the_sum_or_outside_a_sum_stay() -> None:
         (line,) = _share_lines(src, out.name) if out is not b else [
             ln for ln in _body(src).splitlines() if "b_acc = loopir_max(b_acc" in ln]
         assert " / " in line and "reciprocal" not in src, line
+
+
+@pytest.mark.parametrize("divisor", [1e-40, 0.0])
+def test_a_constant_whose_reciprocal_is_not_normal_keeps_the_division(divisor: float) -> None:
+    # 1 / 1e-40 overflows float32 (x * inf is not x / 1e-40); 1 / 0 has no reciprocal: both stay divisions, in a
+    # sum and in a program with half outputs
+    m, n = te.var("m"), te.var("n")
+    x = te.placeholder((m, n), "float32", name="x")
+    k = te.reduce_axis(n, "k")
+    a = te.compute((m,), lambda i: te.sum(x[i, k] / divisor, axis=k), name="a")
+    src = build(auto_schedule([a], target="cuda"), [x, a], target="cuda").source
+    (line,) = _share_lines(src, "a")
+    assert re.search(r"\] / [0-9.e+-]+f\);$", line) and "as a reciprocal" not in src, line
+    args, y = _half_div(divisor)
+    body = _body(build([y], args, target="cuda").source)
+    assert " / " in body and "loopir_div_half(" not in body
 
 
 def _ln_check(w, sizes: dict[str, int], run) -> None:
@@ -120,3 +138,50 @@ def test_half_output_division_on_the_device() -> None:
     fin = ~special
     np.testing.assert_allclose(out[fin].astype(np.float64), ref[fin].astype(np.float64), rtol=2.0 ** -10, atol=0)
     assert (out[fin] == ref[fin]).mean() > 0.999  # a float16 ulp apart only next to a rounding boundary
+
+
+# ----------------------------------------------------------------------------- a program we did not write
+
+
+def _covariance() -> tuple[te.Tensor, te.Tensor]:
+    """PolyBench/C 4.2 `covariance`: mean[j] = sum_i data[i][j] / float_n; data[i][j] -= mean[j];
+    cov[i][j] = sum_k data[k][i] * data[k][j] / (float_n - 1) (the full matrix, not its mirrored half)."""
+    n, m = te.var("N"), te.var("M")
+    data = te.placeholder((n, m), "float32", name="data")
+    fn = te.cast("float32", n)
+    i = te.reduce_axis(n, "i")
+    mean = te.compute((m,), lambda j: te.sum(data[i, j] / fn, axis=i), name="mean")
+    cen = te.compute((n, m), lambda a, j: data[a, j] - mean[j], name="cen")
+    k = te.reduce_axis(n, "k")
+    cov = te.compute((m, m), lambda a, b: te.sum(cen[k, a] * cen[k, b] / (fn - 1.0), axis=k), name="cov")
+    return data, cov
+
+
+def test_polybench_covariance_on_both_targets() -> None:
+    data, cov = _covariance()
+    rng = np.random.default_rng()
+    x = rng.standard_normal((37, 23)).astype(np.float32)
+    ref = np.cov(x.astype(np.float64), rowvar=False)
+    for target in ("cpu", "cuda"):
+        s = auto_schedule([cov], target=target)
+        out = np.full((23, 23), np.nan, np.float32)
+        if target == "cpu":
+            build(s, [data, cov], target="cpu")(x, out)
+        else:  # the sums' divisors (N, N - 1) as reciprocals in the source; the lowered program in adversarial order
+            assert "as a reciprocal" in build(s, [data, cov], target="cuda").source
+            interp.run(lower(s.program, "cuda"), x, out, gpu_order="reversed")
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_polybench_covariance_on_the_device() -> None:
+    data, cov = _covariance()
+    mod = build([cov], [data, cov], target="cuda")
+    rng = np.random.default_rng()
+    for n, m in ((37, 23), (1000, 130)):
+        x = rng.standard_normal((n, m)).astype(np.float32)
+        out = np.full((m, m), np.nan, np.float32)
+        for _ in range(2):
+            mod(x, out)
+            np.testing.assert_allclose(out, np.cov(x.astype(np.float64), rowvar=False), rtol=1e-4, atol=1e-4)
+

@@ -60,6 +60,18 @@ def _is_one(e: N.Expr) -> bool:
     return isinstance(e, N.Const) and e.value == 1
 
 
+def reciprocal_const(value: float, dtype: str) -> float | None:
+    """1 / value correctly rounded to `dtype` (float32 or float64), or None where that is not a normal finite
+    number (value zero, or so large or small that its reciprocal overflows or is subnormal): a multiply by it is
+    then no longer within an ulp of the division, which the divisions rendered as multiplies rely on."""
+    if not value:
+        return None
+    with np.errstate(over="ignore"):  # an overflow is the answer None below, not a warning
+        r = float(np.float32(1) / np.float32(value)) if dtype == "float32" else 1.0 / float(value)
+    tiny = 2.0 ** -126 if dtype == "float32" else 2.0 ** -1022
+    return r if math.isfinite(r) and abs(r) >= tiny and abs(float(value)) >= tiny else None
+
+
 def _wrap(dtype: str, text: str) -> str:
     """A small integer's `int` value narrowed to its type (wraps modulo 2**bits, as numpy); others unchanged."""
     return f"((int)({_SMALL[dtype]})({text}))" if dtype in _SMALL else text
@@ -128,9 +140,9 @@ class _ExprEmitter:
             if e.op == "div" and self.fast_exp and e.dtype == "float32" and not _is_one(e.a):  # half outputs
                 if not isinstance(e.b, N.Const):
                     return f"loopir_div_half({a}, {b})"
-                r = np.float32(1) / np.float32(e.b.value) if e.b.value else np.float32(np.inf)
-                if np.isfinite(r) and abs(float(e.b.value)) >= 2.0 ** -126:
-                    return f"({a} * {self.const(N.Const(float(r), 'float32'))})"
+                r = reciprocal_const(e.b.value, "float32")
+                if r is not None:
+                    return f"({a} * {self.const(N.Const(r, 'float32'))})"
             if e.op in ("add", "sub", "mul", "div"):
                 return _wrap(e.dtype, f"({a} {dict(add='+', sub='-', mul='*', div='/')[e.op]} {b})")
             if e.dtype in _SMALL and e.op in ("floordiv", "mod") and not (_is_const(e.b) and e.b.value > 0):  # type: ignore[attr-defined]

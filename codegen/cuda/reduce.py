@@ -42,14 +42,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from loopir import nodes as N
 from loopir.dtypes import INT_RANGE, is_int
 from loopir.gpu import REDUCE_OPS, reduction_parts, reduction_stores
 from loopir.visit import Transformer, free_vars, loops_of, subst_coords, substitute, walk
 
-from .expr import _CTYPE, _FROM_FLOAT, _TO_FLOAT, CudaCodegenError, _wrap
+from .expr import _CTYPE, _FROM_FLOAT, _TO_FLOAT, CudaCodegenError, _wrap, reciprocal_const
 
 
 
@@ -214,10 +212,11 @@ def reciprocal_terms(f: N.For) -> tuple[N.For, set[str]]:
         if isinstance(e, N.Binary):
             a, b = rewrite(e.a, sub), rewrite(e.b, sub)
             if e.op == "div" and e.dtype in _FLOAT_DIV and invariant(b, sub):
-                if isinstance(b, N.Const) and b.value:
-                    one = np.float32(1) / np.float32(b.value) if e.dtype == "float32" else 1.0 / float(b.value)
-                    return N.binary("mul", a, N.Const(float(one), e.dtype))
-                return N.binary("mul", a, N.binary("div", N.Const(1.0, e.dtype), b))
+                if not isinstance(b, N.Const):
+                    return N.binary("mul", a, N.binary("div", N.Const(1.0, e.dtype), b))
+                r = reciprocal_const(b.value, e.dtype)
+                if r is not None:
+                    return N.binary("mul", a, N.Const(r, e.dtype))
             return e if (a is e.a and b is e.b) else N.Binary(e.op, a, b, e.dtype)
         if isinstance(e, N.Cast):
             a = rewrite(e.a, sub)

@@ -177,8 +177,9 @@ def bind_reduction(program: Program, loop: Var, axis: str = "threadIdx.x",
     ext = binary("sub", f.hi, f.lo)
     offset = binary("add", binary("mul", ks, const(threads)), kt)
     body = subst_loops(f.body, {loop: binary("add", f.lo, offset)})
-    n_chunks = ceil_div(simplify(ext), threads)
-    if not multiple_of(simplify(ext), threads):  # 16*n16 over 16 threads: no thread runs past the row
+    extent = simplify(ext)
+    n_chunks = ceil_div(extent, threads)
+    if not multiple_of(extent, threads):  # 16*n16 over 16 threads: no thread runs past the row
         body = If(offset < ext, body)
     new = For(kt, const(0), const(threads), For(ks, const(0), n_chunks, body), "thread", axis)
     return replace_loop(program, loop, new), (kt, ks)
