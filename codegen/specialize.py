@@ -10,8 +10,9 @@ The key, per size variable (in the order the arguments' shapes name them): `1` w
 substitutes the constant), `%16` when 16 divides it (n -> 16*n16 with a fresh size variable, so the
 scheduler proves 4-wide vector lanes and tiles exact), `%8` (8 halves: one 16-byte access) and `%4`
 likewise, `*` otherwise;
-on CUDA whether every buffer's padded element count (launch.fits_int32: prod(d + INT32_SLACK)) stays below
-2**31 at these sizes (the variant is lowered with `Assume(index_int32=True)`: 32-bit index arithmetic);
+on CUDA whether every buffer's padded reach (launch.padded_reach: its flat index with every index SLACK past
+its dimension's end) stays below 2**31 at these sizes (the variant is lowered with `Assume(index_int32=True)`:
+32-bit index arithmetic);
 and for each size a row length depends on (the bounds of a reduction) a coarse class, <= 2**10, 2**12, 2**13,
 2**16 or larger, whose upper bound is handed to `auto_schedule(sizes=...)` (a plan for rows <= S is
 correct for every row <= S). A key that asks for nothing is the generic module itself.
@@ -26,7 +27,6 @@ Schedule) is not rescheduled: the key's sizes are substituted in its scheduled p
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,7 +38,7 @@ from loopir.names import fresh as fresh_name
 from loopir.nodes import Buffer, Program, Var, binary, const
 from loopir.visit import free_vars
 
-from .passes.launch import INT32_SLACK
+from .passes.launch import padded_reach
 
 # upper bounds of the row-length classes; above the last: unbounded. 127: rows shorter than a block of 128
 # threads, which the planner maps as warp rows (schedules/rows.py). 2**12 apart from 2**13: a class is planned at
@@ -56,7 +56,7 @@ _DIV_WHY = {"1": "is 1 -> scheduled with the constant 1 (loops over it vanish)",
 @dataclass(frozen=True, slots=True)
 class Key:
     """What a variant may rely on. `div` per size variable ("1", "%16", "%8", "%4", "*"), `int32` (CUDA: every
-    buffer's padded element count below 2**31), `rows` per row-length size variable its class's upper
+    buffer's padded reach below 2**31), `rows` per row-length size variable its class's upper
     bound (0: unbounded)."""
 
     names: tuple[str, ...]
@@ -95,7 +95,7 @@ def row_class(value: int) -> int:
 
 
 def fits_int32_at(buffers: Sequence[Buffer], sizes: dict[Var, int]) -> bool:
-    """Every buffer's padded element count prod(d + INT32_SLACK) at `sizes` stays below 2**31."""
+    """Every buffer's padded reach (launch.padded_reach) at `sizes` stays below 2**31."""
     return _shapes_fit_int32([b.shape for b in buffers], sizes)
 
 
@@ -106,7 +106,7 @@ def _shapes_fit_int32(shapes: Sequence[tuple[Any, ...]], sizes: dict[Var, int]) 
             dims = [int(sizes[d]) if type(d) is Var and d in sizes else int(eval_expr(d, sizes)) for d in shape]
         except (ValueError, KeyError, TypeError, ZeroDivisionError):
             return False
-        if math.prod(max(d, 0) + INT32_SLACK for d in dims) >= 2**31:
+        if padded_reach(dims) >= 2**31:
             return False
     return True
 

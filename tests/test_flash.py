@@ -7,6 +7,7 @@ rows whose global address is not 16-byte aligned, and a score and mask that read
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -16,12 +17,14 @@ import pytest
 from codegen import build
 from codegen.cuda.build import cuda_source
 from codegen.cuda.cubin_info import cubin_resources
+from codegen.cuda.flash import scale_of
 from codegen.cuda.nvrtc import compile_cubin
 from codegen.passes import lower as lower_passes
+from codegen.passes.launch import INT32_SLACK, padded_reach
 from loopir import blocks, interp, te, workloads
 from loopir.args import eval_expr
 from loopir.errors import LoopirError
-from loopir.nodes import For
+from loopir.nodes import Binary, For, Var, const
 from loopir.visit import walk
 from schedules import Schedule, auto_schedule
 from schedules.attention import apply_online, attention_rewrites
@@ -435,3 +438,102 @@ def test_tiles_skipped_or_taken_whole_by_their_corners_match_brute_force(name, m
     if name in ("causal", "late"):  # the test sees both kinds of tile (a 50-key window holds no whole 64-key tile)
         assert n_dead and n_full
     assert n_dead or name == "diagonal"
+
+
+# ----------------------------------------------------------------------------- what a tile issues
+
+
+def test_a_positive_constant_scale_is_folded_into_the_exponent():
+    """`dot * c`, c > 0 (the renderer computes half arithmetic in float): the maximum is taken over the raw dot
+    products and scaled once per row, P = 2^(dot (c log2e) - m log2e); anything else keeps the score as written."""
+    dot, c = Var("dot"), const(0.125, "float16")
+    t, x, g, k = scale_of(Binary("mul", dot, c, "float16"), dot)
+    assert t is dot and k is c and g.a is x and g.b is c
+    assert scale_of(Binary("mul", c, dot, "float16"), dot)[0] is dot
+    for refused in (Binary("mul", dot, const(-0.125, "float16"), "float16"),  # a negative scale flips the max
+                    Binary("mul", dot, const(0.0, "float32"), "float32"),
+                    Binary("div", dot, const(8.0, "float32"), "float32"),  # the renderer may turn it into a product
+                    Binary("mul", dot, Var("s", "float32"), "float32"),
+                    Binary("add", dot, const(1.0, "float32"), "float32")):
+        assert scale_of(refused, dot) is None
+    args, y = _naive("float16", "causal")
+    src = build(auto_schedule([y], "cuda"), args + [y], target="cuda").source
+    k = np.float32(np.float32(0.125) * 1.4426950408889634)
+    assert f"fmaf(fa_s[fa_mt][fa_nt][fa_e], {float(k)!r}f," in src and "(fa_tmax * 0.125f)" in src
+    assert "(dot * 0.125f)" not in src
+
+
+def test_aligned_rows_are_copied_without_a_per_chunk_test_and_misaligned_ones_keep_it():
+    """K and V rows of 64 halves: every chunk is 16-byte aligned once the pointers are (a test at the kernel's
+    entry), so the copies branch once to cp.async alone; Q rows 4 elements into a wider row do not show it and
+    keep the per-chunk test with its element-wise fallback."""
+    args, y = _naive("float16", "causal")
+    src = build(auto_schedule([y], "cuda"), args + [y], target="cuda").source
+    for b in ("Q", "K", "V"):
+        assert f"const bool {b}_aligned16 = (((unsigned long long){b}) & 15) == 0;" in src
+        assert f"if ({b}_aligned16) {{" in src
+    assert src.count("loopir_wg_cp16(fa_dst") == 3 and src.count("loopir_wg_copy16(fa_dst") == 3
+    args, y = _custom("float16", d=64)
+    src = build(auto_schedule([y], "cuda"), args + [y], target="cuda").source
+    assert "if (Q_aligned16)" not in src and "if (K_aligned16)" in src
+
+
+def test_the_padded_reach_bounds_every_flat_index():
+    """padded_reach(dims, slack): no flat index of a row-major buffer, each index up to `slack` past either end of
+    its dimension, reaches it (brute force over small shapes); and attention's tensors at 64 x 4096 x 64 now take
+    32-bit indices (the old bound, prod(d + 2048), was 2.7e10 there)."""
+    for dims in ((5,), (3, 4), (2, 3, 5), (1, 6, 2), (4, 1, 3, 2)):
+        for slack in (0, 1, 3):
+            strides = [math.prod(dims[k + 1:]) for k in range(len(dims))]
+            most = max(abs(sum(i * s for i, s in zip(idx, strides)))
+                       for idx in itertools.product(*(range(-slack, d + slack) for d in dims)))
+            assert most < padded_reach(dims, slack), (dims, slack)
+    assert padded_reach((64, 4096, 64)) < 2**31 <= math.prod(d + INT32_SLACK for d in (64, 4096, 64))
+    args, y = _naive("float16", "causal")
+    spec = build(auto_schedule([y], "cuda"), args + [y], target="cuda").specializer
+    key = spec.key({v: {"B": 64, "n": 4096, "m": 4096}[v.name] for v in spec.vars})
+    assert key.int32 and not spec.key({v: {"B": 64, "n": 2**20, "m": 2**20}[v.name] for v in spec.vars}).int32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("scale", [0.3, -0.2])
+def test_a_scale_folded_or_kept_matches_float64_on_the_gpu(dtype, scale):
+    """0.3 is folded into the exponent (not a power of two: c log2e rounds); -0.2 keeps the score as written."""
+    w = workloads.naive_attention(te.var("B"), te.var("n"), te.var("m"), 64, "causal", dtype=dtype, scale=scale)
+    args, y = list(w.inputs), w.outputs[0]
+    mod = build(auto_schedule([y], "cuda"), args + [y], target="cuda")
+    assert ("fa_tmax" in mod.source) == (scale > 0)
+    rng = np.random.default_rng(46)
+    for B, n in ((2, 130), (1, 300)):
+        q, k, v = (_half(rng.standard_normal((B, n, 64)), dtype) for _ in range(3))
+        want = workloads.naive_attention_reference(*(_f32(x, dtype) for x in (q, k, v)), "causal", scale)
+        _check(mod, (q, k, v), want, dtype, (B, n, 64))
+
+
+@pytest.mark.gpu
+def test_pointers_not_16_byte_aligned_take_the_element_wise_copies_on_the_gpu():
+    """Q, K and V as CUDA tensors one element into their storage: the entry test fails, the copies go element by
+    element, and the result is the same bits as from aligned copies of the same values."""
+    torch = pytest.importorskip("torch")
+    args, y = _naive("float16", "causal")
+    mod = build(auto_schedule([y], "cuda"), args + [y], target="cuda")
+    rng = np.random.default_rng(47)
+    B, n, d = 2, 200, 64
+    host = [_half(rng.standard_normal((B, n, d)), "float16") for _ in range(3)]
+    aligned = [torch.from_numpy(x.view(np.int16)).cuda().view(torch.float16) for x in host]
+    shifted = []
+    for x in aligned:
+        flat = torch.empty(x.numel() + 1, dtype=torch.float16, device="cuda")
+        flat[1:] = x.reshape(-1)
+        shifted.append(flat[1:].view(B, n, d))
+        assert shifted[-1].data_ptr() % 16 == 2
+    outs = []
+    for ins in (aligned, shifted):
+        out = torch.full((B, n, d), float("nan"), dtype=torch.float16, device="cuda")
+        mod(*ins, out)
+        outs.append(out.cpu().numpy())
+    assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
+    want = workloads.naive_attention_reference(*(_f32(x, "float16") for x in host), "causal")
+    err = np.abs(_f32(outs[0], "float16") - want).max() / np.abs(want).max()
+    assert err < 1e-2, err

@@ -74,9 +74,12 @@ def test_key_int32_and_rows_without_allocating():
     assert str(small) == "m%16 n%16 int32 n<=4096"
     huge = spec.key({m: 2**16, n: 2**16 + 16})  # 2^32 elements: 64-bit indices, and rows past every class
     assert not huge.int32 and huge.rows == (("n", 0),)
-    # padded counts: (m + 2048) * (n + 2048) just below / at 2**31
-    assert spec.key({m: 2**15 - 2048, n: 2**16 - 2048 - 1}).int32
-    assert not spec.key({m: 2**15 - 2048, n: 2**16 - 2048}).int32
+    # padded reach of an (m, n) buffer, each index 2048 past its end: (m + 2048) * n + (n + 2048), just below / at
+    # 2**31 (the old bound, (m + 2048) * (n + 2048), refused n from 2**16 - 2048 on at this m)
+    edge = (2**31 - 1 - 2048) // (2**15 + 1)
+    assert (2**15 + 1) * edge + 2048 < 2**31 <= (2**15 + 1) * (edge + 1) + 2048
+    assert spec.key({m: 2**15 - 2048, n: edge}).int32
+    assert not spec.key({m: 2**15 - 2048, n: edge + 1}).int32
     assert spec.key({m: 3, n: 7}).div == ("*", "*")
     assert mod.specializations == []  # asking for keys compiles nothing
 

@@ -20,13 +20,19 @@ fragment read from shared memory feeds two instructions):
 
 Every address and condition is rendered from the pass's own expressions, with the loop variables bound to the
 element this lane holds, so the kernel reads what the reference reads. Shared rows are padded by 16 bytes
-(conflict-free ldmatrix); a 16-byte chunk whose global address is not 16-byte aligned is copied element-wise.
+(conflict-free ldmatrix). Rows whose every 16-byte chunk is provably aligned (sizes and pointers tested once at the
+kernel's entry) are copied by one cp.async per chunk; otherwise each chunk tests its address and a misaligned one is
+copied element-wise. A score `dot * c` (c > 0) is not scaled per element: the maximum is scaled once per row and c
+joins the exponent's FMA (`scale_of`).
 Q waits in the second K/V stage until its fragments are in registers (36 KB of static shared memory at d = 64).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import numpy as np
 
 from loopir import nodes as N
 from loopir.errors import CudaCodegenError
@@ -176,6 +182,30 @@ def heavy_first(body: N.Stmt, program: N.Program) -> dict[str, str]:
 PER_WAVE = 132  # blocks a wave holds per block an SM holds (the H200's and H100 SXM's multiprocessors)
 
 
+LOG2E = 1.4426950408889634
+
+
+def scale_of(score: N.Expr, dot: N.Var) -> tuple[N.Expr, N.Var, N.Expr, N.Const] | None:
+    """(t, a float variable x, the score of x, c) when `score` is t * c with c a finite constant > 0 and the
+    product computed in float (the renderer computes float16 and bfloat16 arithmetic in float and rounds at casts
+    and stores; a cast to float32 renders as nothing; `dot`, the float dot product, is a plain variable), else
+    None."""
+    e = score
+    while isinstance(e, N.Cast) and e.dtype == "float32" and e.a.dtype in _IN_FLOAT:
+        e = e.a
+    if not (isinstance(e, N.Binary) and e.op == "mul" and e.dtype in _IN_FLOAT):
+        return None
+    for t, c in ((e.a, e.b), (e.b, e.a)):
+        if (isinstance(c, N.Const) and (t is dot or t.dtype in _IN_FLOAT) and c.dtype in _IN_FLOAT
+                and isinstance(c.value, (int, float)) and 0 < c.value < math.inf):
+            x = N.Var("fa_tmax", "float32")
+            return t, x, N.Binary("mul", *((x, c) if t is e.a else (c, x)), "float32"), c
+    return None
+
+
+_IN_FLOAT = ("float16", "bfloat16", "float32")
+
+
 class _Emit(BodyEmitter):
     def __init__(self, r: Any, p: FlashParts) -> None:
         super().__init__(r)
@@ -230,6 +260,30 @@ class _Emit(BodyEmitter):
                   chunk_var: N.Var, ok: N.Expr | str | None, base: str) -> None:
         """Rows `rows` x `width` of `ld` (row r: `row_var` = row0 + r, `chunk_var` the 8-element chunk) into the
         shared array from `base`; zeros where `ok` fails."""
+        aligned = self.aligned(ld, chunk_var)
+        if aligned:
+            # every chunk 16-byte aligned (a test of sizes and the pointer, once at the kernel's entry): a uniform
+            # branch to copies without the per-chunk test and its element-wise fallback, which issue even when
+            # predicated off (a quarter of a tile's instructions at d 64)
+            self.open(f"if ({aligned}) {{")
+            self.copy_chunks(rows, width, stride, ld, row_var, row0, chunk_var, ok, base, self.COPY_ALIGNED)
+            self.close("} else {")
+            self.r.ind += 1
+        self.copy_chunks(rows, width, stride, ld, row_var, row0, chunk_var, ok, base, self.COPY)
+        if aligned:
+            self.close()
+
+    def aligned(self, ld: N.Load, chunk_var: N.Var) -> str | None:
+        """A condition computed at the kernel's entry under which every chunk `ld` reads (8 elements from
+        `chunk_var` = 8 ch) starts 16 bytes aligned, or None when the index does not show it (the renderer's proof:
+        every other term a multiple of 8 elements, sizes tested at run time, and the pointer)."""
+        r, checks = self.r, []
+        if r._aligned_base(r.flat(ld.buffer, ld.indices), chunk_var, checks, lanes=8) is None:
+            return None
+        return " && ".join(dict.fromkeys([*r._pointer_check(ld.buffer), *checks]))
+
+    def copy_chunks(self, rows: int, width: int, stride: int, ld: N.Load, row_var: N.Var, row0: str,
+                    chunk_var: N.Var, ok: N.Expr | str | None, base: str, copy: str) -> None:
         r, n = self.r, self.n
         chunks = width // 8
         self.chunk_loop(rows * chunks)
@@ -238,11 +292,12 @@ class _Emit(BodyEmitter):
         self.let(row_var, f"{row0} + {n['row']}")
         self.open(f"if ({ok if isinstance(ok, str) else self.cond(ok)}) {{")
         self.let(chunk_var, f"{n['ch']} * 8")
-        self.line(f"{self.COPY}({n['dst']}, &{r.buf(ld.buffer)}[{r.expr(r.flat(ld.buffer, ld.indices))}]);")
+        self.line(f"{copy}({n['dst']}, &{r.buf(ld.buffer)}[{r.expr(r.flat(ld.buffer, ld.indices))}]);")
         self.close(f"}} else {{ {self.ZERO}({n['dst']}); }}")
         self.close()
 
-    COPY, ZERO = "loopir_flash_copy16", "loopir_flash_zero16"  # a 16-byte chunk: copied, zeroed
+    # a 16-byte chunk: copied (cp.async when aligned, else element-wise), copied when known aligned, zeroed
+    COPY, COPY_ALIGNED, ZERO = "loopir_flash_copy16", "loopir_cp_async16", "loopir_flash_zero16"
 
     def chunk_loop(self, chunks: int) -> None:
         """Open the loop of this thread's chunks `c` of `chunks`."""
@@ -456,6 +511,9 @@ class _Emit(BodyEmitter):
         return tests
 
     def scores_of(self, whole: bool) -> None:
+        """With a score t * c (or t / c), c > 0, the maximum is taken over t and scaled once per row (rounding is
+        monotone, so max fl(t c) = fl(max t * c)), and P = 2^(t (c log2e) - m log2e): one multiply per element
+        fewer (rows issue about 470 instructions per warp and tile at d 64, 190 of them here)."""
         p, n, r = self.p, self.n, self.r
         s, mt = n["s"], n["mt"]
         nt, e, h, pr, vis, mx = n["nt"], n["e"], n["h"], n["pr"], n["vis"], n["mx"]
@@ -463,9 +521,15 @@ class _Emit(BodyEmitter):
         bit = "" if whole else f"(({vis}[{mt}] >> ({nt} * 4 + {e})) & {one})"
         m, l_ = n["m"], n["l"]
         uses = {id(v) for v in free_vars(p.score)}
+        scaled = scale_of(p.score, p.dot)
+        score, log2e = p.score, f"{LOG2E!r}f"
+        if scaled is not None:  # c log2e from the literal the kernel multiplies by
+            k = np.float32(float(np.float32(float(r.const(scaled[3]).rstrip("f")))) * LOG2E)
+            score, log2e = scaled[0], f"{float(k)!r}f"
         self.line(f"float {n['ml']}[{self.mt}][2];")
         self.unrolled(mt, self.mt)
-        self.line(f"{vis}[{mt}] = ~0ull; {mx}[{mt}][0] = {m}[{mt}][0]; {mx}[{mt}][1] = {m}[{mt}][1];")
+        first = ("-LOOPIR_INF_F", "-LOOPIR_INF_F") if scaled else (f"{m}[{mt}][0]", f"{m}[{mt}][1]")
+        self.line(f"{vis}[{mt}] = ~0ull; {mx}[{mt}][0] = {first[0]}; {mx}[{mt}][1] = {first[1]};")
         tests = [] if whole else self.mask_offsets()
         rest = [] if whole or p.mask is None else [
             c for c in conjuncts(p.mask) if not any(c is t for t, _, _ in self.offset_terms)]
@@ -476,7 +540,7 @@ class _Emit(BodyEmitter):
         if rest or id(p.key.var) in uses:
             self.let(p.key.var, f"{n['kt']} + {nt} * 8 + ({n['lane']} & 3) * 2 + ({e} & 1)")
         self.line(f"const float {r.var(p.dot)} = {s}[{mt}][{nt}][{e}];")
-        self.line(f"{s}[{mt}][{nt}][{e}] = {r.expr(p.score)};")
+        self.line(f"{s}[{mt}][{nt}][{e}] = {r.expr(score)};")
         if not whole:
             ok = " && ".join([*tests, *(f"({r.expr(c)})" for c in rest)])
             self.line(f"if (!({ok})) {vis}[{mt}] &= ~({one} << ({nt} * 4 + {e}));")
@@ -488,6 +552,9 @@ class _Emit(BodyEmitter):
         for d in (1, 2):
             self.line(f"{mx}[{mt}][{h}] = loopir_max({mx}[{mt}][{h}], __shfl_xor_sync(0xffffffffu, {mx}[{mt}][{h}], "
                       f"{d}));")
+        if scaled is not None:
+            self.line(f"const float {r.var(scaled[1])} = {mx}[{mt}][{h}];  // the row's largest t")
+            self.line(f"{mx}[{mt}][{h}] = loopir_max({m}[{mt}][{h}], {r.expr(scaled[2])});")
         self.line(f"const float {n['sc']} = {m}[{mt}][{h}] == {mx}[{mt}][{h}] ? 1.0f : "
                   f"loopir_flash_exp({m}[{mt}][{h}] - {mx}[{mt}][{h}]);")
         self.line(f"{m}[{mt}][{h}] = {mx}[{mt}][{h}];")
@@ -500,7 +567,7 @@ class _Emit(BodyEmitter):
         self.unrolled(mt, self.mt)
         self.unrolled(nt, self.keys // 8)
         self.unrolled(e, 4)
-        val = f"loopir_flash_exp2(fmaf({s}[{mt}][{nt}][{e}], 1.4426950408889634f, -{n['ml']}[{mt}][{e} >> 1]))"
+        val = f"loopir_flash_exp2(fmaf({s}[{mt}][{nt}][{e}], {log2e}, -{n['ml']}[{mt}][{e} >> 1]))"
         self.line(f"const float {pr} = {f'{bit} ? {val} : 0.0f' if bit else val};")
         self.line(f"{s}[{mt}][{nt}][{e}] = {pr};")
         self.line(f"{l_}[{mt}][{e} >> 1] += {pr};")

@@ -58,7 +58,7 @@ class Assume:
     """Facts about the sizes a program will run with that the caller guarantees (call-time shape
     specialization, codegen.specialize, checks them before every call of the module built so).
 
-    index_int32: every buffer's padded element count stays below 2**31 (see launch.fits_int32), so
+    index_int32: every buffer's padded reach stays below 2**31 (see launch.fits_int32), so
     kernels may use 32-bit index arithmetic even with symbolic sizes."""
 
     index_int32: bool = False
