@@ -24,7 +24,7 @@ from .nodes import Binary, Cast, Const, Expr, Unary, Var, binary, const
 from .visit import walk
 
 __all__ = ["access_pattern", "const_diff", "eval_index", "linear_form", "linear_in", "multiple_of", "polynomial",
-           "row_major", "same_value", "simplify", "ceil_div", "simplify_affine", "simplify_divmod"]
+           "row_major", "fold_divmod", "same_value", "simplify", "ceil_div", "simplify_affine", "simplify_divmod"]
 
 
 def linear_in(e: Expr, v: Var) -> tuple[int, Expr] | None:
@@ -151,7 +151,75 @@ def row_major(shape: tuple[Expr, ...], indices: tuple[Expr, ...]) -> Expr:
             e = e.a
         else:
             e = binary("add", binary("mul", e, s), i)
+    n = _divmods(e)
+    if n:  # a pair written apart (an exact region's origin names the row as isl does): `fold_divmod` may cancel it
+        folded = fold_divmod(e)
+        if _divmods(folded) < n:
+            return folded
     return e
+
+
+def _divmods(e: Expr) -> int:
+    return sum(1 for x in walk(e) if isinstance(x, Binary) and x.op in ("floordiv", "mod"))
+
+
+def fold_divmod(e: Expr) -> Expr:
+    """`e` (an integer index) with each `x // d` and `x % d` (d a positive constant) in a normal form in which
+    one quotient is one atom, so that sums of them cancel: `x % d` is `x - d * (x // d)`, and `x // d` is
+    `q + r // d` where x = d*q + r and every coefficient and the constant of r lie in [0, d) (floor semantics:
+    (d*q + r) // d = q + r // d for all integers). `(f // T) * T + f % T` is then `f` (T a constant), and so is
+    `(2*o + (i - 16*o) // 40) * 40 + 24*o + i - 40 * ((24*o + i) // 40)` with f = 64*o + i: the same row of a
+    collapsed (B, 40) nest as an exact region (isl) names it. The value is unchanged; a non-affine part (a
+    product of variables, min, max, a division by a non-constant) stays an atom, unfolded."""
+    r = _fold_linear(e)
+    if r is None:
+        return e
+    return _rebuild(_collect(r[0]), r[1], e.dtype)
+
+
+def _fold_linear(e: Expr) -> tuple[list[tuple[Expr, int]], int] | None:
+    """`e` as (terms, constant) over atoms with quotients normalized (`fold_divmod`), None when not integer."""
+    if not _is_int_expr(e):
+        return None
+    c = _const_int(e)
+    if c is not None:
+        return [], c
+    if isinstance(e, Cast) and _is_int_expr(e.a):
+        return _fold_linear(e.a)
+    if isinstance(e, Unary) and e.op == "neg":
+        r = _fold_linear(e.a)
+        return None if r is None else ([(t, -k) for t, k in r[0]], -r[1])
+    if not isinstance(e, Binary):
+        return [(e, 1)], 0
+    d = _const_int(e.b)
+    if e.op == "mul":
+        ca = _const_int(e.a)
+        k, other = (ca, e.b) if ca is not None else (d, e.a)
+        if k is None:
+            return [(e, 1)], 0
+        r = _fold_linear(other)
+        return None if r is None else ([(t, k * x) for t, x in r[0]], k * r[1])
+    if e.op in ("add", "sub"):
+        ra, rb = _fold_linear(e.a), _fold_linear(e.b)
+        if ra is None or rb is None:
+            return None
+        sign = 1 if e.op == "add" else -1
+        return _collect(ra[0] + [(t, sign * k) for t, k in rb[0]]), ra[1] + sign * rb[1]
+    if e.op in ("floordiv", "mod") and d is not None and d > 0:
+        ra = _fold_linear(e.a)
+        if ra is None:
+            return [(e, 1)], 0
+        terms, c = _collect(ra[0]), ra[1]
+        q_terms = [(t, k // d) for t, k in terms if k // d]
+        r_terms = sorted(((t, k % d) for t, k in terms if k % d), key=lambda tk: str(tk[0]))  # one order: one atom
+        quot = (q_terms, c // d)
+        if r_terms:  # else 0 <= c % d < d: no remainder term
+            quot = ([(Binary("floordiv", _rebuild(r_terms, c % d, e.dtype), Const(d, e.dtype), e.dtype), 1)]
+                    + q_terms, c // d)
+        if e.op == "floordiv":
+            return quot
+        return _collect(terms + [(t, -d * k) for t, k in quot[0]]), c - d * quot[1]
+    return [(e, 1)], 0
 
 
 def polynomial(e: Expr) -> dict[tuple, int] | None:

@@ -39,6 +39,7 @@ Per kernel of the plan (`schedules.fusion`):
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import islpy as isl
@@ -52,7 +53,7 @@ from loopir.nodes import Allocate, Const, Expr, For, If, Load, Seq, Store, Var
 from loopir.subst import stages_of
 from loopir.te import Tensor
 from loopir.te_scan import is_recurrence, statement_names
-from loopir.visit import deep_recursion, substitute, walk
+from loopir.visit import deep_recursion, free_vars, substitute, walk
 
 from .attention import (
     KEY_TILE, ROWS_PER_BLOCK, AttentionPlan, apply_online, attention_rewrites, map_online, on_tensor_cores,
@@ -183,10 +184,29 @@ def _map_gemm(s: Schedule, g: FusionGroup, target: str) -> None:
     tensor_cores = target == "cuda" and _tensor_cores(s, g, prm)
     wg = _wgmma_block(s, g, prm) if tensor_cores else None
     if wg is not None:
-        g.gemm_plan = schedule_gemm_wgmma(s, mm, epilogue=eps, block=wg)
-        g.log.append(Decision("note", (mm,), None, "tensor cores: float16/bfloat16 inputs, a plain 2-d matmul whose "
-                              "A and B rows are 16-byte aligned (lengths multiples of 8) -> Hopper's warpgroup "
-                              f"recipe (wgmma + a cp.async ring, sm_90a; schedules/recipes/gemm_wgmma.py), tile {wg}"))
+        block, collapse = wg
+        loops = s.loops(mm)
+        nb = len(loops) - 3
+        shape = "a plain 2-d matmul"
+        if collapse:  # checked: quasi-affine (constant inner extents), recorded in the trace
+            row = loops[0]
+            try:
+                for h in loops[1:nb + 1]:
+                    row = s.collapse(row, h)
+            except (ScheduleError, InexactCheckError, ArgumentError):
+                collapse = False  # not expected (collapse keeps the order); the recipe takes the batch loops apart
+        if collapse:
+            shape = (f"a linear layer (the weight not read by the batch loops), batch loops collapsed into the rows "
+                     f"({row.name}: one 2-d row-major A, addresses folded)")
+        elif nb:
+            shape = "a linear layer (the weight not read by the batch loop), the batch loop on blockIdx.z"
+        g.gemm_plan = schedule_gemm_wgmma(s, mm, epilogue=eps, block=block)
+        if collapse:
+            g.gemm_plan.steps.insert(0, f"collapse the batch loops into the row loop: {row.name}")
+        g.log.append(Decision("note", (mm,), None, f"tensor cores: float16/bfloat16 inputs, {shape}, whose A and B "
+                              "rows are 16-byte aligned (lengths multiples of 8) -> Hopper's warpgroup recipe (wgmma "
+                              "+ TMA or a cp.async ring, sm_90a; schedules/recipes/gemm_wgmma.py), tile "
+                              f"{block}"))
     elif tensor_cores:
         tiles = prm.get("mma") or MMA_TILES
         g.gemm_plan = schedule_gemm_mma(s, mm, epilogue=eps, **tiles)
@@ -231,32 +251,89 @@ def _tensor_cores(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> bool:
     return all(not isinstance(d, Const) or int(d.value) >= t for d, t in zip(dims, tiles["block"]))
 
 
-def _wgmma_block(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> tuple[int, int] | None:
-    """The tile of Hopper's warpgroup recipe when it applies to a matmul `_tensor_cores` took, else None: not
-    turned off (gemm wgmma=False), no mma.sync tiles chosen by the caller, a plain (i, j, k) matmul (batched ones
-    keep mma.sync on blockIdx.z), rows of A and B of a length that is a known multiple of 8 (16-byte cp.async
-    chunks), and rows and columns at least 64 where known. The tile: 128 x 256 (measured fastest, H200), fewer
-    rows or columns where the matrix has fewer."""
+def _wgmma_block(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> tuple[tuple[int, int], bool] | None:
+    """The tile of Hopper's warpgroup recipe when it applies to a matmul `_tensor_cores` took, and whether its batch
+    loops are first collapsed into its rows (`_rows_collapse`); else None: not turned off (gemm wgmma=False), no
+    mma.sync tiles chosen by the caller, a plain (i, j, k) matmul or a linear layer (batch loops around it that the
+    weight, the operand read along j, does not read: X[b, t, k] @ W[k, j]; a true batched matmul keeps mma.sync),
+    rows of A and B of a length that is a known multiple of 8 (16-byte cp.async chunks), and rows and columns at
+    least 64 where known. Batch loops that are not collapsed stay apart, one loop (the recipe's blockIdx.z); more
+    than one that cannot be collapsed: None. The tile: 128 x 256 (measured fastest, H200), fewer rows or columns
+    where the matrix has fewer (the rows of a collapsed nest: all batches')."""
     wg = prm.get("wgmma")
     if wg is False or (wg is None and prm.get("mma") not in (None, MMA_TILES)):
         return None
     mm = g.stages[0]
     loops = s.loops(mm.name)
-    if len(loops) != 3:
-        return None
+    nb = len(loops) - 3
     upd, _ = resolve_stage(s.program, mm.name, [], "auto_schedule")
     ops = [half_load(x) for x in (upd.value.b.a, upd.value.b.b)]  # type: ignore[attr-defined]
-    if not all(isinstance(x, Load) and multiple_of(x.buffer.shape[-1], 8) for x in ops):
+    if nb < 0 or not all(isinstance(x, Load) and multiple_of(x.buffer.shape[-1], 8) for x in ops):
         return None
+    lead = set(upd.iters[:nb])
+    weight = [x for x in ops if upd.iters[nb] not in free_vars(x)]  # type: ignore[arg-type]
+    if nb and (len(weight) != 1 or lead & free_vars(weight[0])):
+        return None  # a weight read at b: a batched matmul (each batch its own B), mma.sync on blockIdx.z
+    collapse = nb > 0 and _rows_collapse(s, g, upd, nb)
+    if nb > 1 and not collapse:
+        return None
+    fors = [_find(s, h.var) for h in loops]
+    row_ext = [simplify(f.hi - f.lo) for f in fors[:nb + 1]]
+    rows = row_ext[-1]
+    if collapse:  # all batches' rows (the inner extents are constants; a symbolic B leaves them symbolic)
+        rows = Const(math.prod(int(e.value) for e in row_ext), "int64") if all(
+            isinstance(e, Const) for e in row_ext) else row_ext[0]
     if isinstance(wg, dict):
-        return wg["block"]
-    rows, cols = [simplify(f.hi - f.lo) for f in (_find(s, h.var) for h in loops[:2])]
+        return wg["block"], collapse
+    cols = simplify(fors[nb + 1].hi - fors[nb + 1].lo)
     r = 128 if not isinstance(rows, Const) or int(rows.value) >= 128 else 64 if int(rows.value) >= 64 else 0
     c = 256 if not isinstance(cols, Const) else max((x for x in BLOCK_COLS if x <= int(cols.value)), default=0)
-    if c == 256 and isinstance(rows, Const) and isinstance(cols, Const) and \
-            -(-int(rows.value) // r) * -(-int(cols.value) // 256) < PERSISTENT_BLOCKS:
+    batches = Const(1, "int64") if collapse or nb == 0 else row_ext[0]  # the batch loop on blockIdx.z
+    if c == 256 and isinstance(rows, Const) and isinstance(cols, Const) and isinstance(batches, Const) and \
+            int(batches.value) * -(-int(rows.value) // r) * -(-int(cols.value) // 256) < PERSISTENT_BLOCKS:
         c = 128  # fewer 128 x 256 tiles than multiprocessors: narrower tiles keep more of them busy
-    return (r, c) if r and c else None
+    return ((r, c), collapse) if r and c else None
+
+
+def _rows_collapse(s: Schedule, g: FusionGroup, upd: Store, nb: int) -> bool:
+    """The `nb` batch loops of a linear layer fold into its row loop: one (B*T) x K matrix A, its tiles across
+    batches. Precondition for each loop after the first (the divisors of the collapsed index): a constant extent,
+    so that `collapse` is quasi-affine and checked exactly (with a symbolic T it refuses a nest with dependences;
+    the batch loop then stays apart). And every use of the batch and row iterators in the group's statements (the
+    matmul's, its epilogue's) is as the leading indices, in order, of an access to a buffer whose following extents
+    are those loops' extents, so that each address `((f // T) * T + f % T) * C + c` folds back to `f * C + c`
+    (loopir.affine.row_major) and no element pays a division or a modulo (a guard or a value using t, a table
+    read at [t, c], would)."""
+    loops = s.loops(upd.name)[:nb + 1]
+    fors = [_find(s, h.var) for h in loops]
+    ext = [simplify(f.hi - f.lo) for f in fors]
+    if any(not _is_const(f.lo, 0) for f in fors) or not all(isinstance(e, Const) for e in ext[1:]):
+        return False
+    names = [t.name for t in g.stages[1:]]
+    nests = [fors[0]] + [_find(s, s.loops(n)[0].var) for n in names if s.loops(n)]
+    stores = [n for nest in nests for n in walk(nest) if isinstance(n, Store)]
+    return bool(stores) and all(_leading_rows(st, nb + 1, ext) for st in stores)
+
+
+def _leading_rows(st: Store, n: int, ext: list[Expr]) -> bool:
+    """Every occurrence of the first `n` iterators of the unscheduled statement `st` (coordinates = iterators) is
+    as the leading indices, in order, of a load or of the store, into a buffer whose extents after the first are
+    `ext[1:]` (the access folds to a 2-d one: `_rows_collapse`)."""
+    lead = st.iters[:n]
+    if len(st.iters) <= n or any(c is not v for c, v in zip(st.coords, lead)):
+        return False
+
+    def leading(buf: Any, idx: tuple[Expr, ...]) -> bool:  # the iterators lead idx, in order, and only there
+        return (len(idx) > n and all(a is v for a, v in zip(idx, lead))
+                and not any(set(lead) & free_vars(i) for i in idx[n:])
+                and len(buf.shape) > n and all(same_value(a, b) for a, b in zip(buf.shape[1:n], ext[1:])))
+
+    if not leading(st.buffer, st.indices):
+        return False
+    loads = [x for x in walk(st.value) if isinstance(x, Load) and set(lead) & free_vars(x)]
+    # no other use: each iterator occurs once in each load that reads it, nowhere else in the value
+    return all(leading(x.buffer, x.indices) for x in loads) and all(
+        sum(1 for x in walk(st.value) if x is v) == len(loads) for v in lead)
 
 
 # ----------------------------------------------------------------------------- CUDA

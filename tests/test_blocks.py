@@ -135,7 +135,8 @@ def test_batched_matmul_is_a_gemm_kernel_on_both_targets():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_batched_half_matmul_runs_on_tensor_cores(dtype):
     """A linear layer over (B, T, C) activations in half precision (float32 accumulation, B and T symbolic): the
-    tensor-core recipe with the batch on blockIdx.z, right in any thread order at sizes the tiles do not divide."""
+    mma.sync tensor-core recipe (the warpgroup one turned off: tests/test_wgmma_batched.py has it) with the batch on
+    blockIdx.z, right in any thread order at sizes the tiles do not divide."""
     B, T = te.var("B"), te.var("T")
     x = te.placeholder((B, T, 32), dtype, name="x")
     wt = te.placeholder((32, 136), dtype, name="w")
@@ -146,7 +147,7 @@ def test_batched_half_matmul_runs_on_tensor_cores(dtype):
     rng = np.random.default_rng(8)
     xa, wa = (blocks.as_dtype(rng.standard_normal(sh), dtype) for sh in ((2, 19, 32), (32, 136)))
     want = np.maximum(blocks.as_float64(xa, dtype) @ blocks.as_float64(wa, dtype), 0)
-    s = auto_schedule([y], "cuda")
+    s = auto_schedule([y], "cuda", gemm={"wgmma": False})
     assert [g.mapping for g in s.plan.groups] == ["gemm"] and "tensor cores" in s.plan.explain()
     assert "mma.m16n8k16" in str(s) and "blockIdx.z" in str(s)
     low = lower_passes(s.program, "cuda")
@@ -249,11 +250,12 @@ def test_block_on_the_gpu_matches_float64_and_times_each_kernel():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name, dtype", [("gpt2", "float16"), ("llama", "bfloat16")])
 def test_half_blocks_on_the_gpu_take_tensor_cores_and_match_float64(name, dtype):
-    """Width 256 (the linear layers at least one 128-wide tile: tensor cores, batch on blockIdx.z), B and T
-    symbolic, T = 77 (no tile divides it), the causal pass's dead key tiles skipped; two sizes, one module."""
+    """Width 256 (the linear layers on Hopper's warpgroup recipe with TMA, the batch loop on blockIdx.z), B and T
+    symbolic, T = 77 (no tile divides it: a batch's last row tile reads rows of the next batch and stores none of
+    them), the causal pass's dead key tiles skipped; two sizes, one module."""
     w = blocks.BLOCKS[name](C=256, H=4, dtype=dtype)
     mod = build(list(w.outputs), list(w.args), target="cuda")
-    assert "mma.sync.aligned.m16n8k16" in mod.source and "loopir_min(" in mod.source
+    assert "wgmma.mma_async" in mod.source and "cp.async.bulk.tensor" in mod.source and "loopir_min(" in mod.source
     for sizes, rng in (({"B": 2, "T": 77}, 10), ({"B": 1, "T": 128}, 11)):
         for _ in range(2):  # repeated calls stay right
             _check(w, mod, sizes, rng=rng, dtype=dtype)

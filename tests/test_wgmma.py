@@ -103,11 +103,12 @@ def test_symbolic_sizes_take_it_per_call_where_the_rows_are_aligned():
 
 
 def test_a_batched_matmul_keeps_the_mma_sync_recipe():
+    # each batch its own B (read at b): not a linear layer (tests/test_wgmma_batched.py has those)
     B, n = te.var("B"), te.var("n")
     x = te.placeholder((B, n, 256), "float16", name="x")
-    wt = te.placeholder((256, 512), "float16", name="w")
+    wt = te.placeholder((B, 256, 512), "float16", name="w")
     k = te.reduce_axis(256, "k")
-    y = te.compute((B, n, 512), lambda b, i, j: te.sum(x[b, i, k] * wt[k, j], axis=k), name="y")
+    y = te.compute((B, n, 512), lambda b, i, j: te.sum(x[b, i, k] * wt[b, k, j], axis=k), name="y")
     s = auto_schedule([y], "cuda")
     assert not _tiles(s.program) and "mma.sync m16n8k16" in s.plan.explain()
 
@@ -300,11 +301,12 @@ def test_bad_wgmma_options_are_refused_by_name(gemm, match):
         auto_schedule(list(wl.outputs), "cuda", gemm=gemm)
 
 
-def test_the_recipe_refuses_a_batched_matmul_by_name():
-    x = te.placeholder((4, 128, 64), "float16", name="x")
+def test_the_recipe_refuses_batch_loops_it_cannot_collapse_by_name():
+    # batch loops go on blockIdx.z collapsed into one; a symbolic inner one makes the collapse non-affine
+    x = te.placeholder((4, te.var("H"), 128, 64), "float16", name="x")
     wt = te.placeholder((64, 128), "float16", name="w")
     k = te.reduce_axis(64, "k")
-    y = te.compute((4, 128, 128), lambda b, i, j: te.sum(x[b, i, k] * wt[k, j], axis=k), name="y")
-    with pytest.raises(ArgumentError, match=re.escape("schedule_gemm_wgmma: 'y' has 4 loops; the recipe takes a "
-                                                      "plain (i, j, k) matmul")):
+    y = te.compute(x.shape[:3] + (128,), lambda b, h, i, j: te.sum(x[b, h, i, k] * wt[k, j], axis=k), name="y")
+    with pytest.raises(ArgumentError, match=re.escape("schedule_gemm_wgmma: the batch loops of 'y' (b, h) cannot "
+                                                      "be collapsed into one grid dimension")):
         schedule_gemm_wgmma(Schedule([y]), "y")

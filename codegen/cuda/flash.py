@@ -511,9 +511,9 @@ class _Emit(BodyEmitter):
         return tests
 
     def scores_of(self, whole: bool) -> None:
-        """With a score t * c (or t / c), c > 0, the maximum is taken over t and scaled once per row (rounding is
-        monotone, so max fl(t c) = fl(max t * c)), and P = 2^(t (c log2e) - m log2e): one multiply per element
-        fewer (rows issue about 470 instructions per warp and tile at d 64, 190 of them here)."""
+        """With a score t * c, c > 0 a constant (`scale_of`), the maximum is taken over t and scaled once per row
+        (rounding is monotone, so max fl(t c) = fl(max t * c)), and P = 2^(t (c log2e) - m log2e): one multiply per
+        element fewer (a warp issued about 470 instructions per tile at d 64, 190 of them here)."""
         p, n, r = self.p, self.n, self.r
         s, mt = n["s"], n["mt"]
         nt, e, h, pr, vis, mx = n["nt"], n["e"], n["h"], n["pr"], n["vis"], n["mx"]

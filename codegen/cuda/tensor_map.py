@@ -1,8 +1,9 @@
 """TMA tensor maps (CUtensorMap) of kernel arguments, made on the host per call (codegen.cuda.wgmma's loads).
 
 A kernel parameter `const __grid_constant__ loopir_tmap X` is the 128 opaque bytes the driver's
-`cuTensorMapEncodeTiled` writes for a 2-d row-major tensor: its address, its extents and row stride (evaluated at
-the call's sizes), a box of `box` elements (inner, outer) and the 128-byte swizzle that the wgmma descriptors read.
+`cuTensorMapEncodeTiled` writes for a 2-d row-major tensor (one of higher rank as its 2-d view: `view_extents`): its
+address, its extents and row stride (evaluated at the call's sizes), a box of `box` elements (inner, outer) and the
+128-byte swizzle that the wgmma descriptors read.
 The bytes depend on the pointer, so they are made for each call; the last ones made are kept by (pointer, shape,
 box), so that a program called again on the same arrays does not encode them again.
 
@@ -20,13 +21,24 @@ from typing import Any
 
 from loopir.errors import RuntimeLaunchError
 
-__all__ = ["tensor_map", "map_value", "free_scratch", "launch_with_maps", "MapSpecs", "TMAP_TYPE"]
+__all__ = ["tensor_map", "view_extents", "map_value", "free_scratch", "launch_with_maps", "MapSpecs", "TMAP_TYPE"]
 
 # the parameter's C type (kernel.py declares it in the prelude of a kernel that takes one)
 TMAP_TYPE = "loopir_tmap"
 _CACHE: OrderedDict[tuple, Any] = OrderedDict()
 _LOCK = threading.Lock()
 _KEEP = 64
+
+
+def view_extents(extents: list[int] | tuple[int, ...]) -> tuple[int, int]:
+    """The (rows, cols) of the 2-d row-major view of a tensor of these extents (rank >= 2): its leading extents
+    multiplied into rows (an activation (B, T, C) is a (B*T) x C matrix: schedules.primitives.wgmma.a_view)."""
+    if len(extents) < 2:
+        raise RuntimeLaunchError(f"a TMA tensor map needs a tensor of rank 2 or more, got extents {tuple(extents)}")
+    rows = 1
+    for e in extents[:-1]:
+        rows *= int(e)
+    return rows, int(extents[-1])
 
 
 def _encode(cu: Any, ptr: int, dtype: str, rows: int, cols: int, itemsize: int, box: tuple[int, int]) -> Any:

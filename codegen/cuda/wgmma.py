@@ -133,8 +133,8 @@ def wgmma_shape(f: N.For) -> Any:
 
 def render_wgmma(r: Any, f: N.For) -> None:
     """Emit the kernel body of the marked tile `f` with renderer `r` (codegen.cuda.kernel's): TMA loads on a
-    persistent grid where `tma_plan` allows (the kernel is the tile alone, A and B 2-d and read whole along k),
-    else the cp.async ring."""
+    persistent grid where `tma_plan` allows (the kernel is the tile alone, B 2-d, A 2-d or read as its 2-d view,
+    both read whole along k), else the cp.async ring."""
     try:
         found = kernel_tile(r.nest)
     except WgmmaMismatch as e:
@@ -221,13 +221,15 @@ class _Emit(BodyEmitter):
         self.line(f"const int {n['pid']} = blockIdx.y * gridDim.x + blockIdx.x;")
         self.grouped(n["pid"], "(int)gridDim.y", "(int)gridDim.x", bi.var, bj.var)
 
-    def grouped(self, tile: str, tiles_m: str, tiles_n: str, bi: N.Var, bj: N.Var) -> None:
+    def grouped(self, tile: str, tiles_m: str, tiles_n: str, bi: N.Var | None, bj: N.Var, row: str = "") -> None:
         """Declare the block loops' variables `bi`, `bj` of tile number `tile` of a tiles_m x tiles_n grid of
-        tiles in grouped order: GROUP rows of tiles walk the columns together (a permutation of the tiles)."""
+        tiles in grouped order: GROUP rows of tiles walk the columns together (a permutation of the tiles). With
+        `bi` None the row of tiles is declared as the int `row` instead (the caller splits it)."""
         n, r = self.n, self.r
         self.line(f"const int {n['grp']} = {GROUP} * {tiles_n}, {n['first']} = ({tile} / {n['grp']}) * {GROUP};")
         self.line(f"const int {n['gs']} = min({tiles_m} - {n['first']}, {GROUP});")
-        self.line(f"const {self.ix} {r.var(bi)} = {n['first']} + ({tile} % {n['grp']}) % {n['gs']};")
+        lhs = f"const int {row}" if bi is None else f"const {self.ix} {r.var(bi)}"
+        self.line(f"{lhs} = {n['first']} + ({tile} % {n['grp']}) % {n['gs']};")
         self.line(f"const {self.ix} {r.var(bj)} = ({tile} % {n['grp']}) / {n['gs']};")
 
     # ------------------------------------------------------------------ copies
@@ -400,18 +402,22 @@ class _EmitTma(_Emit):
         warpgroups 1, 2, the consumers (232 registers), 64 rows each: per k tile wait full[s], 4 wgmma, keep one
             group in flight, release the previous k tile's stage (one arrival per warp: empty[s] counts 8); after
             the tile, the epilogue from the accumulators while the producer already loads the next tile
-        tiles: blockIdx.x, + gridDim.x, ... in grouped order (GROUP rows of tiles share B's column tiles in L2)
+        tiles: blockIdx.x, + gridDim.x, ... in grouped order (GROUP rows of tiles share B's column tiles in L2); with
+            a batch loop (blockIdx.z in the IR) the rows of tiles of all batches are one sequence, batch-major
 
     TMA zero-fills a box past the tensor's edges (tma_plan: the reduction covers A's columns and B's rows exactly,
     so those zeros are the terms the reference does not add); a box wholly past the rows (or columns) is read from
-    row (column) 0 instead: those rows are never stored. Stage s's u-th use completes phase u of full[s];
-    the producer waits for phase u - 1 of empty[s] (parity u + 1: passes at once for u = 0)."""
+    row (column) 0 instead: those rows are never stored. A of rank 3 or more is mapped as its 2-d view (rows: the
+    product of its leading extents; codegen.cuda.tensor_map.view_extents): a box's rows past a batch's T are the
+    next batch's, multiplied but never stored (the epilogue keeps the tile's row guards). Stage s's u-th use
+    completes phase u of full[s]; the producer waits for phase u - 1 of empty[s] (parity u + 1: passes at once for
+    u = 0)."""
 
     def __init__(self, r: Any, p: WgmmaParts, plan: TmaPlan) -> None:
         super().__init__(r, p)
         self.plan = plan
         self.n.update({k: r.names.fresh(f"wg_{k}") for k in (
-            "full0", "empty0", "tn", "nt", "tile", "s", "ph", "prev", "m0", "n0", "bar", "x")})
+            "full0", "empty0", "tm", "tn", "nt", "tile", "s", "ph", "prev", "m0", "n0", "bar", "x", "rt")})
         self.maps = []
         for ld, box in ((p.a, (K_TILE, self.rows)), (p.b, (64, K_TILE))):
             if ld.buffer not in r.tmaps:
@@ -441,7 +447,8 @@ class _EmitTma(_Emit):
         self.close()
         self.line("__syncthreads();  // the last block-wide barrier: from here the roles meet at the mbarriers")
         ext = [r.expr(N.binary("sub", f.hi, f.lo)) for f in (pl.bi, pl.bj)]
-        self.line(f"const int {n['tn']} = (int)({ext[1]}), {n['nt']} = (int)({ext[0]}) * {n['tn']};")
+        self.line(f"const int {n['tm']} = (int)({ext[0]}), {n['tn']} = (int)({ext[1]}), {n['nt']} = "
+                  f"{self.batches()}{n['tm']} * {n['tn']};")
         self.line(f"const {self.ix} {n['hi']} = {r.expr(p.k.hi)};")
         self.line(f"const int {n['nk']} = (int)(({n['hi']} + {K_TILE - 1}) / {K_TILE});")
         self.open("if (threadIdx.x < 128) {  // the producer warpgroup")
@@ -457,7 +464,7 @@ class _EmitTma(_Emit):
         self.line(f"const unsigned {n['sa']} = {n['base']} + {n['s']} * {self.stage_bytes}u, {n['sb']} = {n['sa']} + "
                   f"{self.a_bytes}u, {n['bar']} = {n['full0']} + 8 * {n['s']};")
         self.line(f"loopir_mbar_expect({n['bar']}, {self.stage_bytes}u);  // every box counts whole, zeros included")
-        rows_a, cols_b = (r.expr(d) for d in (p.a.buffer.shape[0], p.b.buffer.shape[1]))
+        rows_a, cols_b = (r.expr(d) for d in (pl.a_rows, p.b.buffer.shape[1]))  # A: rows of its 2-d view
         self.line(f"loopir_tma2d({n['sa']}, &{self.maps[0]}, {n['kt']} * {K_TILE}, "
                   f"{n['m0']} < {rows_a} ? {n['m0']} : 0, {n['bar']});")
         self.unrolled(n["c"], self.cols // 64)
@@ -508,6 +515,18 @@ class _EmitTma(_Emit):
     def tiles(self) -> None:
         """for each tile of this block (blockIdx.x, + gridDim.x, ...): the block loops' variables, in grouped
         order (GROUP rows of tiles at a time), declared in the loop's scope (they shadow the launch's)."""
-        n, pl = self.n, self.plan
+        n, pl, r = self.n, self.plan, self.r
         self.open(f"for (int {n['tile']} = blockIdx.x; {n['tile']} < {n['nt']}; {n['tile']} += gridDim.x) {{")
-        self.grouped(n["tile"], f"{n['nt']} / {n['tn']}", n["tn"], pl.bi.var, pl.bj.var)
+        if pl.bz is None:
+            self.grouped(n["tile"], n["tm"], n["tn"], pl.bi.var, pl.bj.var)
+            return
+        # a batch loop: the rows of tiles of every batch in one sequence (batch-major), so that the groups of rows
+        # share B's column tiles across batches too; one division per tile, not per element
+        self.grouped(n["tile"], f"{n['nt']} / {n['tn']}", n["tn"], None, pl.bj.var, n["rt"])
+        self.line(f"const {self.ix} {r.var(pl.bz.var)} = {n['rt']} / {n['tm']};")
+        self.line(f"const {self.ix} {r.var(pl.bi.var)} = {n['rt']} % {n['tm']};")
+
+    def batches(self) -> str:
+        """The batch loop's extent as a factor of the number of tiles ("" without one)."""
+        bz = self.plan.bz
+        return "" if bz is None else f"(int)({self.r.expr(N.binary('sub', bz.hi, bz.lo))}) * "

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loopir.affine import linear_form, multiple_of
+from loopir.affine import linear_form, multiple_of, polynomial, row_major
 from loopir.nodes import (Allocate, Binary, Const, Expr, For, If, Load, Seq, Stmt, Store, Var, conjunction,
                           conjuncts)
 from loopir.visit import free_vars, subst_coords, substitute, walk
@@ -44,7 +44,7 @@ from .flash import half_operand, replace_load
 
 __all__ = ["WGMMA", "WgmmaShape", "WgmmaParts", "WgmmaMismatch", "wgmma_parts", "shape_for", "BLOCK_ROWS",
            "BLOCK_COLS", "K_TILE", "SHARED_MAX", "TmaPlan", "tma_plan", "TMA_THREADS",
-           "PERSISTENT_BLOCKS", "kernel_tile"]
+           "PERSISTENT_BLOCKS", "kernel_tile", "a_view"]
 
 WGMMA = "gemm.wgmma"
 BLOCK_ROWS = (64, 128)
@@ -249,55 +249,95 @@ PERSISTENT_BLOCKS = 132  # the multiprocessors of an H100 SXM / H200: one reside
 @dataclass(frozen=True)
 class TmaPlan:
     """How a marked tile runs with TMA loads on a persistent grid: the block loops over the tiles' rows (`bi`,
-    blockIdx.y) and columns (`bj`, blockIdx.x), the first row of A and the first column of B that a tile reads
-    (A's row index at row 0, B's column index at column 0, in the block loops' variables)."""
+    blockIdx.y) and columns (`bj`, blockIdx.x), and over the batch (`bz`, blockIdx.z; None: none), the first
+    row of A's 2-d view and the first column of B that a tile reads (at row 0 and column 0, in the block loops'
+    variables) and the rows of A's 2-d view (`a_rows`, the product of its leading extents: `a_view`)."""
 
     bi: For
     bj: For
     row0: Expr
     col0: Expr
+    bz: For | None
+    a_rows: Expr
 
     @property
     def tiles(self) -> Expr:
-        return Binary("mul", Binary("sub", self.bi.hi, self.bi.lo, "int64"),
-                      Binary("sub", self.bj.hi, self.bj.lo, "int64"), "int64")
+        n = Binary("mul", Binary("sub", self.bi.hi, self.bi.lo, "int64"),
+                   Binary("sub", self.bj.hi, self.bj.lo, "int64"), "int64")
+        if self.bz is not None:
+            n = Binary("mul", Binary("sub", self.bz.hi, self.bz.lo, "int64"), n, "int64")
+        return n
 
     @property
     def grid(self) -> Expr:
         return Binary("min", self.tiles, Const(PERSISTENT_BLOCKS, "int64"), "int64")
 
 
+def a_view(ld: Load) -> tuple[Expr, Expr]:
+    """A load of a row-major buffer of rank >= 2 as a load of its 2-d view: (the view's row index, its number of
+    rows). The view of X[d0, .., dn-1, c] is the (d0 * .. * dn-1) x c matrix whose row i0 * d1 * .. + in-1 is
+    X[i0, .., in-1, :] (the same bytes); a collapsed row index `(f // d) * d + f % d` folds back to `f`
+    (loopir.affine.row_major)."""
+    shape = ld.buffer.shape
+    rows: Expr = shape[0]
+    for d in shape[1:-1]:
+        rows = Binary("mul", rows, d, "int64")
+    return row_major(shape[:-1], ld.indices[:-1]), rows
+
+
+def _unit_in(e: Expr, v: Var, others: tuple[Var, ...]) -> bool:
+    """`e` is a polynomial (sizes may multiply loop variables: `b * T + i`) in which `v` appears only as the
+    term `v` itself (coefficient 1) and none of `others` appears."""
+    poly = polynomial(e)
+    if poly is None:
+        return False
+    banned = {id(x) for x in others}
+    for mono, c in poly.items():
+        if banned & set(mono) or (id(v) in mono and (mono != (id(v),) or c != 1)):
+            return False
+    return poly.get((id(v),)) == 1
+
+
 def tma_plan(p: WgmmaParts, kernel_body: Stmt) -> TmaPlan | None:
     """The TMA plan of tile `p` when the kernel `kernel_body` allows it, else None (the cp.async kernel runs).
 
-    TMA copies boxes of a 2-d tensor and zero-fills past its edges, so: A and B are 2-d, A read at (row0 + row,
-    k) and B at (k, col0 + col), the reduction runs over all of A's columns and B's rows (k from 0 to both
-    lengths: a zero past the tensor is then a zero the reference never adds); 128 rows a tile (two consumer
-    warpgroups). A persistent grid takes over the block indices, so the kernel is exactly the two block loops
-    (rows on blockIdx.y, columns on blockIdx.x, from 0) around the tile."""
+    TMA copies boxes of a 2-d tensor and zero-fills past its edges, so: B is 2-d and read at (k, col0 + col); A is
+    read at k in its last index and, as its 2-d view (`a_view`: an activation X[b, t, k] of a linear layer is the
+    (B*T) x K matrix), at row0 + row of the view, the row index a polynomial in which the tile's row appears with
+    coefficient 1 (`b * T + i_o * 128 + i_i`); the reduction runs over all of A's columns and B's rows (k from 0
+    to both lengths: a zero past the tensor is then a zero the reference never adds). Rows of a box past the
+    tile's own rows (past T, into the next batch's rows of the view) are loaded and multiplied but never stored:
+    a row of the product depends on that row of A alone, and the epilogue's stores keep the tile's row guards.
+    128 rows a tile (two consumer warpgroups). A persistent grid takes over the block indices, so the kernel is
+    exactly the block loops (optionally a batch loop on blockIdx.z outermost, then rows on blockIdx.y, columns on
+    blockIdx.x, all from 0) around the tile."""
     if p.shape.rows != 128:
         return None
     a, b, k = p.a, p.b, p.k
-    if len(a.buffer.shape) != 2 or len(b.buffer.shape) != 2 or a.indices[1] is not k.var or b.indices[0] is not k.var:
+    if len(a.buffer.shape) < 2 or len(b.buffer.shape) != 2 or a.indices[-1] is not k.var or b.indices[0] is not k.var:
         return None
-    lin_a, lin_b = linear_form(a.indices[0]), linear_form(b.indices[1])
-    if lin_a is None or lin_a.get(p.row) != 1 or lin_b is None or lin_b.get(p.col) != 1:
+    row, rows = a_view(a)
+    lin_b = linear_form(b.indices[1])
+    if not _unit_in(row, p.row, (p.col, k.var)) or lin_b is None or lin_b.get(p.col) != 1:
         return None
-    if not (isinstance(k.lo, Const) and k.lo.value == 0 and _same(k.hi, a.buffer.shape[1])
+    if not (isinstance(k.lo, Const) and k.lo.value == 0 and _same(k.hi, a.buffer.shape[-1])
             and _same(k.hi, b.buffer.shape[0])):
         return None
-    outer = only_stmt(kernel_body)
-    if not (isinstance(outer, For) and outer.thread == "blockIdx.y"):
+    loops = []
+    node = only_stmt(kernel_body)
+    while isinstance(node, For) and node.kind == "thread" and node.var is not p.row:
+        loops.append(node)
+        node = only_stmt(node.body)
+    if not (isinstance(node, For) and node.var is p.row):
         return None
-    inner = only_stmt(outer.body)
-    if not (isinstance(inner, For) and inner.thread == "blockIdx.x"):
-        return None
-    tile = only_stmt(inner.body)
-    if not (isinstance(tile, For) and tile.var is p.row) or any(
-            not (isinstance(f.lo, Const) and f.lo.value == 0) for f in (outer, inner)):
+    axes = [f.thread for f in loops]
+    if axes not in (["blockIdx.y", "blockIdx.x"], ["blockIdx.z", "blockIdx.y", "blockIdx.x"]) or any(
+            not (isinstance(f.lo, Const) and f.lo.value == 0) for f in loops):
         return None
     zero = Const(0, "int64")
-    return TmaPlan(outer, inner, substitute(a.indices[0], {p.row: zero}), substitute(b.indices[1], {p.col: zero}))
+    bz = loops[0] if len(loops) == 3 else None
+    return TmaPlan(loops[-2], loops[-1], substitute(row, {p.row: zero}), substitute(b.indices[1], {p.col: zero}),
+                   bz, rows)
 
 
 def _same(x: Expr, y: Expr) -> bool:

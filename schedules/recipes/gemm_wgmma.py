@@ -15,14 +15,21 @@ wgmma.mma_async, the epilogue applied to the float32 accumulators before the one
               for k: C_local += A[bi*128 + ii, k] * B[k, bj*256 + jj]
             C[bi*128 + ii, bj*256 + jj] = relu(C_local + bias[bj*256 + jj])    # the epilogue, guarded
 
+A linear layer over (B, T, C) activations, X[b, t, k] @ W[k, j]: auto_schedule collapses b into the rows first
+where the collapse is checkable (T a constant) and every access of the matmul and its epilogue reads (b, t) as its
+leading indices: one (B*T) x K matrix, tiles across batches, the addresses `(f // T) * T + f % T` folded back to
+`f` (loopir.affine.row_major, fold_divmod); otherwise (a symbolic T) the batch loop stays and goes on blockIdx.z
+(each batch its own row tiles, the last one guarded at T).
+
 Every step is a Schedule primitive; tensorize checks the tile (schedules/primitives/wgmma.py: rows and columns
 16-byte aligned, A read along k, B along the columns). Rows, columns and reductions the tiles do not divide (or
 symbolic ones) are fine: the copies zero-fill past the guards and the epilogue's store is guarded.
 
-The renderer prints one of two kernels for the marked tile: where the kernel is the tile alone, A and B are 2-d
-and the reduction covers their whole rows (codegen passes: `tma_plan`), TMA loads by a producer warpgroup into a
-ring of swizzled stages, two consumer warpgroups, a persistent grid of at most 132 blocks walking the tiles in
-grouped order; else (64-row tiles, a reduction over part of a row) every thread copies with cp.async.
+The renderer prints one of two kernels for the marked tile: where the kernel is the tile alone (a batch loop on
+blockIdx.z included), B is 2-d, A is 2-d or read as its 2-d view, and the reduction covers their whole rows (codegen
+passes: `tma_plan`), TMA loads by a producer warpgroup into a ring of swizzled stages, two consumer warpgroups, a
+persistent grid of at most 132 blocks walking the tiles in grouped order; else (64-row tiles, a reduction over part
+of a row) every thread copies with cp.async.
 
 Measured (H200, through `build(outputs, args)`, same run as cuBLAS through torch; benchmarks/RESULTS_gemm_half.md):
 4096^3 float16 0.207 ms = 664 TFLOP/s = 1.00 x cuBLAS's matmul alone (bfloat16 0.92 x), 8192^3 0.95-1.00 x,
@@ -40,7 +47,7 @@ import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache
 import schedules.primitives.tensorize  # noqa: F401  (registers Schedule.tensorize)
 from schedules.primitives.wgmma import BLOCK_COLS, BLOCK_ROWS, WGMMA
 
-from .gemm import GemmPlan, resolve_stage
+from .gemm import GemmPlan, collapse_batch, resolve_stage
 
 __all__ = ["schedule_gemm_wgmma", "WGMMA_TILES", "check_wgmma_tiles"]
 
@@ -58,23 +65,26 @@ def check_wgmma_tiles(block: tuple[int, int]) -> None:
 def schedule_gemm_wgmma(s: Any, stage: str | Any = None, epilogue: Any = "auto",
                         block: tuple[int, int] = (128, 256)) -> GemmPlan:
     """Apply the warpgroup tensor-core GEMM recipe to the matmul-shaped reduction `stage` of Schedule `s` (float16
-    or bfloat16 inputs, no batch loops). `epilogue` as in schedule_gemm_cuda. Returns a GemmPlan; `s` is modified
-    in place. TensorizeError (an ArgumentError) when the tile does not fit the instruction (dtypes, layout,
-    alignment: the message names the part)."""
+    or bfloat16 inputs): a plain (i, j, k) matmul, or one with batch loops around it (b, i, j, k), collapsed into
+    one (`collapse_batch`: inner batch extents constant) that goes on blockIdx.z (a linear layer over (B, T, C)
+    activations whose batch loop was not collapsed into its rows; a weight read at b runs too, in the cp.async form:
+    TMA takes a 2-d B only). `epilogue` as in schedule_gemm_cuda. Returns a GemmPlan; `s` is modified in place.
+    ArgumentError naming the batch loops when they cannot be collapsed; TensorizeError (an ArgumentError) when the
+    tile does not fit the instruction (dtypes, layout, alignment: the message names the part)."""
     block = tuple(block)  # type: ignore[assignment]
     check_wgmma_tiles(block)
     upd, eps = resolve_stage(s.program, stage, epilogue, "schedule_gemm_wgmma")
     plan = GemmPlan(upd.name, list(eps), "cuda (warpgroup tensor cores, sm_90a)")
-    loops = s.loops(upd.name)
-    if len(loops) != 3:
-        raise ArgumentError(f"schedule_gemm_wgmma: {upd.name!r} has {len(loops)} loops; the recipe takes a plain "
-                            "(i, j, k) matmul (batched ones run on the mma.sync recipe)")
-    i, j, _ = loops
+    batch = collapse_batch(s, upd.name, "schedule_gemm_wgmma")
+    i, j, _ = s.loops(upd.name)[-3:]
     bi, ii = s.split(i, block[0])
     bj, jj = s.split(j, block[1])
     s.reorder(bi, bj, ii, jj)
     s.bind(bi, "blockIdx.y").bind(bj, "blockIdx.x")
     plan.steps.append(f"split i by {block[0]} and j by {block[1]}; bind the tiles to blockIdx.y/x")
+    if batch is not None:
+        s.bind(batch, "blockIdx.z")
+        plan.steps.append(f"bind the batch loop {batch.name} to blockIdx.z (each batch its own row tiles)")
     s.cache_write(upd.buffer.name, "local", jj, epilogue=eps)
     plan.steps.append(f"cache_write({upd.buffer.name}, 'local', {jj.name}, epilogue={eps}): the accumulator in "
                       "registers, the epilogue on it before the one store")
