@@ -77,6 +77,9 @@ class Namer:
     reserved: Collection[str] = C_RESERVED
     used: set[str] = field(default_factory=set)
     of: dict[int, str] = field(default_factory=dict)
+    # the objects named, kept alive: a temporary Var a renderer makes and drops would otherwise free its id for
+    # the next one, which then got the dead one's name (the attention epilogue's `fa_lv` came out `fa_tmax`)
+    kept: list[object] = field(default_factory=list)
 
     def fresh(self, base: str) -> str:
         """A new identifier from `base` that nothing in this scope has yet."""
@@ -86,4 +89,5 @@ class Namer:
         """The identifier of `obj` (a Var, a Buffer), made from `base` on first sight."""
         if id(obj) not in self.of:
             self.of[id(obj)] = self.fresh(base)
+            self.kept.append(obj)
         return self.of[id(obj)]

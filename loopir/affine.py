@@ -171,55 +171,10 @@ def fold_divmod(e: Expr) -> Expr:
     `(2*o + (i - 16*o) // 40) * 40 + 24*o + i - 40 * ((24*o + i) // 40)` with f = 64*o + i: the same row of a
     collapsed (B, 40) nest as an exact region (isl) names it. The value is unchanged; a non-affine part (a
     product of variables, min, max, a division by a non-constant) stays an atom, unfolded."""
-    r = _fold_linear(e)
+    r = _linear(e, fold=True)
     if r is None:
         return e
     return _rebuild(_collect(r[0]), r[1], e.dtype)
-
-
-def _fold_linear(e: Expr) -> tuple[list[tuple[Expr, int]], int] | None:
-    """`e` as (terms, constant) over atoms with quotients normalized (`fold_divmod`), None when not integer."""
-    if not _is_int_expr(e):
-        return None
-    c = _const_int(e)
-    if c is not None:
-        return [], c
-    if isinstance(e, Cast) and _is_int_expr(e.a):
-        return _fold_linear(e.a)
-    if isinstance(e, Unary) and e.op == "neg":
-        r = _fold_linear(e.a)
-        return None if r is None else ([(t, -k) for t, k in r[0]], -r[1])
-    if not isinstance(e, Binary):
-        return [(e, 1)], 0
-    d = _const_int(e.b)
-    if e.op == "mul":
-        ca = _const_int(e.a)
-        k, other = (ca, e.b) if ca is not None else (d, e.a)
-        if k is None:
-            return [(e, 1)], 0
-        r = _fold_linear(other)
-        return None if r is None else ([(t, k * x) for t, x in r[0]], k * r[1])
-    if e.op in ("add", "sub"):
-        ra, rb = _fold_linear(e.a), _fold_linear(e.b)
-        if ra is None or rb is None:
-            return None
-        sign = 1 if e.op == "add" else -1
-        return _collect(ra[0] + [(t, sign * k) for t, k in rb[0]]), ra[1] + sign * rb[1]
-    if e.op in ("floordiv", "mod") and d is not None and d > 0:
-        ra = _fold_linear(e.a)
-        if ra is None:
-            return [(e, 1)], 0
-        terms, c = _collect(ra[0]), ra[1]
-        q_terms = [(t, k // d) for t, k in terms if k // d]
-        r_terms = sorted(((t, k % d) for t, k in terms if k % d), key=lambda tk: str(tk[0]))  # one order: one atom
-        quot = (q_terms, c // d)
-        if r_terms:  # else 0 <= c % d < d: no remainder term
-            quot = ([(Binary("floordiv", _rebuild(r_terms, c % d, e.dtype), Const(d, e.dtype), e.dtype), 1)]
-                    + q_terms, c // d)
-        if e.op == "floordiv":
-            return quot
-        return _collect(terms + [(t, -d * k) for t, k in quot[0]]), c - d * quot[1]
-    return [(e, 1)], 0
 
 
 def polynomial(e: Expr) -> dict[tuple, int] | None:
@@ -282,10 +237,11 @@ def _const_int(e: Expr) -> int | None:
 # ----------------------------------------------------------------------------- affine normal form
 
 
-def _linear(e: Expr) -> tuple[list[tuple[Expr, int]], int] | None:
+def _linear(e: Expr, fold: bool = False) -> tuple[list[tuple[Expr, int]], int] | None:
     """`e` as (terms, constant) with terms [(atom, coefficient)] in first-seen order, or None when
     `e` is not a sum of integer multiples of atoms (an atom: a Var, or a floordiv/mod/min/max/other
-    integer subexpression, itself normalized)."""
+    integer subexpression, itself normalized). With `fold`, `x // d` and `x % d` (d a positive constant)
+    are expanded in the quotient normal form of `fold_divmod`, and every other such atom stays as written."""
     if not _is_int_expr(e):
         return None
     c = _const_int(e)
@@ -294,9 +250,9 @@ def _linear(e: Expr) -> tuple[list[tuple[Expr, int]], int] | None:
     if isinstance(e, Var):
         return [(e, 1)], 0
     if isinstance(e, Cast) and _is_int_expr(e.a):
-        return _linear(e.a)
+        return _linear(e.a, fold)
     if isinstance(e, Unary) and e.op == "neg":
-        r = _linear(e.a)
+        r = _linear(e.a, fold)
         return None if r is None else ([(t, -k) for t, k in r[0]], -r[1])
     if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
         if e.op == "mul":
@@ -304,16 +260,37 @@ def _linear(e: Expr) -> tuple[list[tuple[Expr, int]], int] | None:
             if ca is None and cb is None:
                 return [(e, 1)], 0
             k, other = (ca, e.b) if ca is not None else (cb, e.a)
-            r = _linear(other)
+            r = _linear(other, fold)
             return None if r is None else ([(t, k * x) for t, x in r[0]], k * r[1])
-        ra, rb = _linear(e.a), _linear(e.b)
+        ra, rb = _linear(e.a, fold), _linear(e.b, fold)
         if ra is None or rb is None:
             return None
         sign = 1 if e.op == "add" else -1
         return _collect(ra[0] + [(t, sign * k) for t, k in rb[0]]), ra[1] + sign * rb[1]
     if isinstance(e, Binary) and e.op in ("floordiv", "mod", "min", "max"):
+        if fold:
+            return _fold_quotient(e)
         return [(binary(e.op, simplify_affine(e.a), simplify_affine(e.b)), 1)], 0
     return [(e, 1)], 0
+
+
+def _fold_quotient(e: Binary) -> tuple[list[tuple[Expr, int]], int]:
+    """`x // d` as q + r // d and `x % d` as x - d * (x // d), x = d*q + r with every coefficient and the
+    constant of r in [0, d) (`fold_divmod`); any other atom as it is."""
+    d = _const_int(e.b)
+    ra = _linear(e.a, fold=True) if e.op in ("floordiv", "mod") and d is not None and d > 0 else None
+    if ra is None or d is None:
+        return [(e, 1)], 0
+    terms, c = _collect(ra[0]), ra[1]
+    q_terms = [(t, k // d) for t, k in terms if k // d]
+    r_terms = sorted(((t, k % d) for t, k in terms if k % d), key=lambda tk: str(tk[0]))  # one order: one atom
+    quot = (q_terms, c // d)
+    if r_terms:  # else 0 <= c % d < d: no remainder term
+        quot = ([(Binary("floordiv", _rebuild(r_terms, c % d, e.dtype), Const(d, e.dtype), e.dtype), 1)]
+                + q_terms, c // d)
+    if e.op == "floordiv":
+        return quot
+    return _collect(terms + [(t, -d * k) for t, k in quot[0]]), c - d * quot[1]
 
 
 def _collect(terms: list[tuple[Expr, int]]) -> list[tuple[Expr, int]]:

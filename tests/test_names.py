@@ -373,3 +373,15 @@ def _assert_kernel_names_safe(src: str) -> None:
         body = re.sub(r'"[^"\n]*"', '""', re.sub(r"//[^\n]*", "", k))  # comments and PTX strings are not C
         for name in set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", body)) - own:
             assert name in C_RESERVED or name.startswith(C_RESERVED_PREFIXES), name
+
+
+def test_an_object_named_and_dropped_does_not_pass_its_name_on():
+    """Namer keys objects by id: a temporary a renderer names and drops frees its id, and the next object often
+    gets the same one. It must still get a name of its own (the attention kernel's epilogue once declared its row
+    sum under the name of a dropped variable of the softmax)."""
+    n = Namer()
+    first = n.get(Var("x", "float32"), "x")
+    names = [n.get(Var(f"y{k}", "float32"), "y") for k in range(50)]
+    assert len({first, *names}) == 51
+    kept = Var("z", "float32")
+    assert n.get(kept, "z") == n.get(kept, "z")  # one object, one name

@@ -183,6 +183,7 @@ PER_WAVE = 132  # blocks a wave holds per block an SM holds (the H200's and H100
 
 
 LOG2E = 1.4426950408889634
+_IN_FLOAT = ("float16", "bfloat16", "float32")  # the types the renderer computes in float
 
 
 def scale_of(score: N.Expr, dot: N.Var) -> tuple[N.Expr, N.Var, N.Expr, N.Const] | None:
@@ -201,9 +202,6 @@ def scale_of(score: N.Expr, dot: N.Var) -> tuple[N.Expr, N.Var, N.Expr, N.Const]
             x = N.Var("fa_tmax", "float32")
             return t, x, N.Binary("mul", *((x, c) if t is e.a else (c, x)), "float32"), c
     return None
-
-
-_IN_FLOAT = ("float16", "bfloat16", "float32")
 
 
 class _Emit(BodyEmitter):
@@ -523,9 +521,9 @@ class _Emit(BodyEmitter):
         uses = {id(v) for v in free_vars(p.score)}
         scaled = scale_of(p.score, p.dot)
         score, log2e = p.score, f"{LOG2E!r}f"
-        if scaled is not None:  # c log2e from the literal the kernel multiplies by
-            k = np.float32(float(np.float32(float(r.const(scaled[3]).rstrip("f")))) * LOG2E)
-            score, log2e = scaled[0], f"{float(k)!r}f"
+        if scaled is not None:
+            c = float(np.float32(float(r.const(scaled[3]).rstrip("f"))))  # the literal the kernel multiplies by
+            score, log2e = scaled[0], f"{float(np.float32(c * LOG2E))!r}f"
         self.line(f"float {n['ml']}[{self.mt}][2];")
         self.unrolled(mt, self.mt)
         first = ("-LOOPIR_INF_F", "-LOOPIR_INF_F") if scaled else (f"{m}[{mt}][0]", f"{m}[{mt}][1]")
@@ -558,7 +556,7 @@ class _Emit(BodyEmitter):
         self.line(f"const float {n['sc']} = {m}[{mt}][{h}] == {mx}[{mt}][{h}] ? 1.0f : "
                   f"loopir_flash_exp({m}[{mt}][{h}] - {mx}[{mt}][{h}]);")
         self.line(f"{m}[{mt}][{h}] = {mx}[{mt}][{h}];")
-        self.line(f"{n['ml']}[{mt}][{h}] = {m}[{mt}][{h}] * 1.4426950408889634f;  // exp(s - m) = 2^(s L - m L)")
+        self.line(f"{n['ml']}[{mt}][{h}] = {m}[{mt}][{h}] * {LOG2E!r}f;  // exp(s - m) = 2^(s L - m L)")
         self.line(f"{l_}[{mt}][{h}] *= {n['sc']};")
         self.line(f"{n['sca']}[{mt}][{h}] = {n['sc']};")
         self.line(f"{n['grew']} |= {n['sc']} != 1.0f;")
