@@ -21,9 +21,9 @@ __all__ = ["REDUCE_OPS", "BLOCK_PASS", "BLOCK_PASSES", "is_fill", "is_block_loop
 
 REDUCE_OPS = ("add", "mul", "max", "min")
 BLOCK_PASS = "attention.m16n8k16"  # tensorize's FlashAttention intrinsic (schedules/primitives/flash.py)
-# every intrinsic of that kind: the same pass on warpgroup tensor cores, a block's GEMM tile on them
-# (schedules/primitives/flash.py, wgmma.py)
-BLOCK_PASSES = (BLOCK_PASS, "attention.wgmma", "gemm.wgmma")
+# every intrinsic of that kind: the same pass on warpgroup tensor cores and on float32 data (TF32), a block's GEMM
+# tile on warpgroup tensor cores (schedules/primitives/flash.py, wgmma.py)
+BLOCK_PASSES = (BLOCK_PASS, "attention.wgmma", "attention.tf32x3", "gemm.wgmma")
 
 
 def is_thread_loop(f: For) -> bool:

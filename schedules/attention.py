@@ -33,7 +33,8 @@ from loopir.te import Tensor
 from loopir.visit import deep_recursion, statements, walk, walk_stmts
 
 from .primitives import const_extent, find_loop_path
-from .primitives.flash import FLASH, FLASH_KINDS, FLASH_WGMMA, ROW_CHOICES, FlashMismatch, FlashShape, flash_parts
+from .primitives.flash import (FLASH, FLASH_KINDS, FLASH_TF32, FLASH_WGMMA, ROW_CHOICES, FlashMismatch, FlashShape,
+                               flash_parts)
 from .primitives.loop_fusion import fuse as fuse_loops
 from .primitives.loops import split as split_loop
 from .primitives.online import OnlineRewrite, find_softmax_max, online_softmax
@@ -49,6 +50,9 @@ UNROLL_MAX = 128  # constant loops up to this length are unrolled (the head dime
 TENSOR_CORES = True  # offer a half-precision pass to the tensor-core kernel (off: the SIMT mapping, for comparison)
 # offer it to the warpgroup kernel first (attention.wgmma, sm_90a: Hopper, the target's architecture; off: mma.sync)
 WGMMA_ATTENTION = True
+# offer a float32 pass to the TF32 kernel with three products per product (attention.tf32x3: float32-class accuracy;
+# off: the SIMT mapping)
+TF32_ATTENTION = True
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,13 @@ class AttentionPlan:
                              "first)")
         if self.target == "cuda" and self.tensor_cores is not None:
             sh = self.tensor_cores
-            if sh.wgmma:
+            if sh.tf32:
+                lines.append(f"cuda: a block per {sh.rows} query rows of one batch on TF32 tensor cores ({FLASH_TF32}: "
+                             "a warp per 16 rows, S = Q K^T and O += P V on mma.sync m16n8k8 with each float32 "
+                             "operand split in a TF32 high part and the rest, three products per product (float32-"
+                             f"class accuracy), P in registers, K and V in tiles of {sh.keys} keys double-buffered in "
+                             "shared memory by cp.async)")
+            elif sh.wgmma:
                 lines.append(f"cuda: a block per {sh.rows} query rows of one batch on warpgroup tensor cores "
                              f"({FLASH_WGMMA}: a warpgroup per 64 rows, S = Q K^T and O += P V on wgmma with P in "
                              f"registers, K and V in tiles of {sh.keys} keys in {sh.stages} swizzled shared stages "
@@ -302,23 +312,29 @@ def _division_into_pass(s: Schedule, k: int, mine: set[str], notes: list[str]) -
 
 def _flash_rows(s: Schedule, q: Any, notes: list[str], program: Program | None = None) -> tuple[str, int] | None:
     """The tensor-core intrinsic and the rows per block with which the pass, its query loop `q` split by them, is
-    what tensorize accepts (attention.wgmma first, then attention.m16n8k16; tried on the program alone, `program`
-    or the schedule's: the schedule is unchanged), or None; the note says why not, for half data."""
-    whys, half = [], False
+    what tensorize accepts (attention.wgmma first, then attention.m16n8k16, then attention.tf32x3; tried on the
+    program alone, `program` or the schedule's: the schedule is unchanged), or None; the note says why not, for
+    half data and float32 data."""
+    whys, half, single = [], False, False
     tries = [(FLASH_WGMMA, 128)] if WGMMA_ATTENTION else []
+    tf32 = [(FLASH_TF32, 64)] if TF32_ATTENTION else []
     base = program or s.program
-    for intrinsic, rows in tries + [(FLASH, r) for r in ROW_CHOICES]:
+    for intrinsic, rows in tries + [(FLASH, r) for r in ROW_CHOICES] + tf32:
         split, (_, inner) = split_loop(base, s._resolve(q, "split"), rows)
         f = find_loop_path(split.body, inner)[0]  # type: ignore[index]
         try:
             return intrinsic, flash_parts(f, split, intrinsic).shape.rows
         except FlashMismatch as e:
-            if intrinsic == FLASH:
+            types = {n.buffer.dtype for n in walk(f) if isinstance(n, Load)}
+            if intrinsic == FLASH and types & {"float16", "bfloat16"}:
                 whys.append(str(e))
-            half = half or any(isinstance(n, Load) and n.buffer.dtype in ("float16", "bfloat16") for n in walk(f))
-    if half:  # the reason that is not about the rows per block, when there is one
+                half = True
+            if intrinsic == FLASH_TF32 and "float32" in types and not types & {"float16", "bfloat16"}:
+                whys.append(str(e))
+                single = True
+    if half or single:  # the reason that is not about the rows per block, when there is one
         why = next((w for w in whys if "has extent" not in w), whys[0])
-        notes.append(f"tensor cores ({FLASH}): not applied ({why})")
+        notes.append(f"tensor cores ({FLASH if half else FLASH_TF32}): not applied ({why})")
     return None
 
 

@@ -49,7 +49,7 @@ from . import cost as C
 from . import rows as R
 from .fusion_plan import THREADS, Decision, FusionGroup, FusionPlan, RowCache
 from .primitives.tensorize import half_load
-from .primitives.flash import MAX_DEPTH as FLASH_MAX_DEPTH
+from .primitives.flash import MAX_DEPTH as FLASH_MAX_DEPTH, TF32_MAX_DEPTH
 from .recipes import gemm_params, gemm_resources, is_matmul_tensor, simt_default, skinny_params
 
 ROW_MIN_EXTENT = 1024  # a reduction at least this long gets a block per row (else a thread per row)
@@ -257,14 +257,14 @@ def _tensor_bytes(t: Tensor, ev: dict) -> int:
     return C.buffer_bytes(t.shape, t.dtype, ev)
 
 
-def _half_operands(t: Tensor) -> tuple[Load, Load, int | None] | None:
-    """A matmul-shaped stage's two operand loads when both are float16 (or both bfloat16; plain, or under the
-    float32-accumulation casts), with its reduction's extent when constant; else None."""
+def _half_operands(t: Tensor, types: tuple[str, ...] = HALVES) -> tuple[Load, Load, int | None] | None:
+    """A matmul-shaped stage's two operand loads when both are float16 (or both bfloat16, or both of `types`;
+    plain, or under the float32-accumulation casts), with its reduction's extent when constant; else None."""
     if not is_matmul_tensor(t):
         return None
     op = t.op
     a, b = (half_load(x) for x in (op.body.body.a, op.body.body.b))
-    if not (isinstance(a, Load) and isinstance(b, Load) and a.dtype in HALVES and b.dtype == a.dtype):
+    if not (isinstance(a, Load) and isinstance(b, Load) and a.dtype in types and b.dtype == a.dtype):
         return None
     lo, hi = op.reduce_dom[0]
     ext = simplify(hi - lo)
@@ -287,12 +287,17 @@ def _half_matmul(t: Tensor) -> bool:
     return all(not isinstance(d, Const) or int(d.value) >= 128 for d in t.shape[-2:])
 
 
-def _half_dot(t: Tensor) -> bool:
-    """A dot product of two half rows (`_half_operands`) over a constant extent that is a multiple of 16 up to the
-    tensor-core pass's largest head dimension: the scores of an online pass that tensorize "attention.m16n8k16" runs on
-    tensor cores (the te mirror of schedules/primitives/flash.py's condition on them)."""
-    ops = _half_operands(t)
-    return ops is not None and ops[2] is not None and 0 < ops[2] <= FLASH_MAX_DEPTH and ops[2] % 16 == 0
+def _tensor_dot(t: Tensor) -> int:
+    """The tensor-core cost of a flop of `t` when it is the dot product of an online pass's scores that tensorize
+    runs on tensor cores (the te mirror of schedules/primitives/flash.py's condition on them), else 0: 1 for two
+    half rows (`_half_operands`) over a constant extent that is a multiple of 16 up to the largest head dimension
+    (attention.m16n8k16 / wgmma); 6 for two float32 rows up to TF32_MAX_DEPTH (attention.tf32x3: three TF32 products
+    per product, at half the half-precision rate)."""
+    for types, most, weight in ((HALVES, FLASH_MAX_DEPTH, 1), (("float32",), TF32_MAX_DEPTH, 6)):
+        ops = _half_operands(t, types)
+        if ops is not None and ops[2] is not None and 0 < ops[2] <= most and ops[2] % 16 == 0:
+            return weight
+    return 0
 
 
 def _unfused_cost(t: Tensor, ev: dict) -> C.KernelCost:
@@ -733,15 +738,16 @@ class _Planner:
         if g.mapping == "online":  # the pass keeps scores, maxima and probabilities per key in registers
             read_outside = {id(u) for t in self.order if id(t) not in ids for u in t.op.inputs}
             kept = {id(t) for t in g.stages if id(t) not in read_outside and not any(t is o for o in self.outs)}
-        # a pass whose scores are a half-precision matmul runs on tensor cores (schedules/primitives/flash.py)
-        half_pass = g.mapping == "online" and any(_half_dot(t) for t in g.stages)
+        # a pass whose scores are a half-precision or float32 matmul runs on tensor cores
+        # (schedules/primitives/flash.py); each of its flops costs `weight` half-precision tensor-core flops
+        weight = max((_tensor_dot(t) for t in g.stages), default=0) if g.mapping == "online" else 0
         for t in g.stages:
             if id(t) not in kept:
                 c.add_write(t.name, _tensor_bytes(t, self.ev))
             fl = _flops_per_point(t, self.inlined) * C.elements(_domain(t), self.ev)
-            on_mma = (g.mapping == "gemm" and _half_matmul(t)) or (half_pass and is_matmul_tensor(t))
+            on_mma = (g.mapping == "gemm" and _half_matmul(t)) or (weight and is_matmul_tensor(t))
             if self.target == "cuda" and on_mma:
-                c.tensor_flops += fl
+                c.tensor_flops += fl * (weight or 1)
             else:
                 c.flops += fl
         return c

@@ -19,6 +19,14 @@ from loopir.affine import eval_index
 from loopir.nodes import For, If
 from loopir.visit import walk
 from schedules import Schedule, auto_schedule
+from schedules import attention as attention_mod
+
+
+@pytest.fixture(autouse=True)
+def _simt_pass_for_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """skip_dead_tiles acts on the SIMT pass's key-tile loop, which float32 data takes with the TF32 tensor-core
+    kernel off (that kernel skips dead tiles itself: tests/test_flash_tf32.py, test_flash.py)."""
+    monkeypatch.setattr(attention_mod, "TF32_ATTENTION", False)
 
 
 def _attention(mask: str):

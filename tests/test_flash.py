@@ -29,7 +29,8 @@ from loopir.visit import walk
 from schedules import Schedule, auto_schedule
 from schedules.attention import apply_online, attention_rewrites
 from schedules import attention as attention_mod
-from schedules.primitives.flash import FLASH, FLASH_KINDS, FLASH_WGMMA, KEYS, ROWS, affine_conjuncts, flash_parts
+from schedules.primitives.flash import (FLASH, FLASH_KINDS, FLASH_TF32, FLASH_WGMMA, KEYS, ROWS, affine_conjuncts,
+                                       flash_parts)
 from schedules.primitives.tensorize import TensorizeError
 
 HALVES = ("float16", "bfloat16")
@@ -257,10 +258,16 @@ def test_the_mma_sync_kernel_stays_available_for_head_dimension_64(monkeypatch):
     assert f.kind == FLASH
 
 
-def test_float32_attention_keeps_the_simt_pass():
-    args, y = _naive("float32")
+@pytest.mark.parametrize("d, tf32", [(64, False), (128, True)])
+def test_float32_attention_keeps_the_simt_pass_off_the_tf32_kernel(d, tf32, monkeypatch):
+    """With the TF32 kernel turned off, or a head dimension above the 64 it holds: the SIMT pass, and the plan
+    says why not tensor cores."""
+    monkeypatch.setattr(attention_mod, "TF32_ATTENTION", tf32)
+    args, y = _naive("float32", d=d)
     s = auto_schedule([y], "cuda")
     assert not _flash_loops(s.program) and "a thread per row" in s.plan.explain()
+    assert ("note: tensor cores (attention.tf32x3): not applied (head dimensions 128 (Q K) and 128 (V) are above 64, "
+            "the most attention.tf32x3 holds)" in s.plan.explain()) == tf32
 
 
 def test_the_marked_nest_keeps_its_loops_and_replays_from_the_trace():
@@ -278,6 +285,9 @@ def test_the_marked_nest_keeps_its_loops_and_replays_from_the_trace():
 
 @pytest.mark.parametrize("case, match", [
     ("float32", "the dot product's operands are not float16 / bfloat16 loads"),
+    ("tf32_half", "the dot product's operands are not float32 loads"),
+    ("tf32_d128", "head dimensions 128 (Q K) and 128 (V) are above 64, the most attention.tf32x3 holds"),
+    ("tf32_rows128", "has extent 128, not 64 (head dimension 64: split the rows by 64)"),
     ("rows32", "has extent 32, not 128 or 64"),
     ("d192", "head dimensions 192 (Q K) and 192 (V) must be multiples of 16 up to 128"),
     ("d128rows", "has extent 128, not 64 (head dimension 128: split the rows by 64)"),
@@ -288,9 +298,10 @@ def test_the_marked_nest_keeps_its_loops_and_replays_from_the_trace():
     ("wgmma_rows64", "has extent 64, not 128 (head dimension 64: split the rows by 128)"),
 ])
 def test_tensorize_refuses_what_is_not_the_pass_and_says_why(case, match):
-    dtype = "float32" if case == "float32" else "float16"
-    rows = {"rows32": 32, "wgmma_rows64": 64}.get(case, ROWS)
-    s, ii, _ = _split_pass(dtype, rows=rows, d={"d192": 192, "d128rows": 128, "wgmma_d32": 32}.get(case, 64))
+    dtype = "float32" if case in ("float32", "tf32_d128", "tf32_rows128") else "float16"
+    rows = {"rows32": 32, "wgmma_rows64": 64, "tf32_half": 64, "tf32_d128": 64}.get(case, ROWS)
+    s, ii, _ = _split_pass(dtype, rows=rows, d={"d192": 192, "d128rows": 128, "wgmma_d32": 32,
+                                                "tf32_d128": 128}.get(case, 64))
     loop = ii
     if case == "threads":
         a, b = s.split(ii, 16)
@@ -303,29 +314,32 @@ def test_tensorize_refuses_what_is_not_the_pass_and_says_why(case, match):
         _, loop = s.split(s.loop(s._ref(s.program.body.body[1].body.var)), ROWS)  # the division's rows, split
     before = s.program
     with pytest.raises(LoopirError, match=re.escape(match)) as e:
-        s.tensorize(loop, FLASH_WGMMA if case.startswith("wgmma") else FLASH)
+        s.tensorize(loop, FLASH_WGMMA if case.startswith("wgmma") else FLASH_TF32 if case.startswith("tf32") else FLASH)
     assert "tensorize" in str(e.value) and s.program is before
 
 
-@pytest.mark.parametrize("mask, d", [(False, 16), ("causal", 16), ("late", 16), ("causal", 64)])
-def test_the_lowered_program_is_right_in_any_thread_order(mask, d):
+@pytest.mark.parametrize("mask, d, dtype", [(False, 16, "float16"), ("causal", 16, "float16"), ("late", 16, "float16"),
+                                           ("causal", 64, "float16"), (False, 16, "float32"),
+                                           ("causal", 64, "float32"), ("late", 32, "float32")])
+def test_the_lowered_program_is_right_in_any_thread_order(mask, d, dtype):
     """The interpreter runs the marked nest once per block (thread 0): the lowering passes kept its meaning
-    (d 16: mma.sync, d 64: the warpgroup kernel)."""
-    args, y = _naive("float16", mask, d=d)
+    (float16 d 16: mma.sync, d 64: the warpgroup kernel; float32: the TF32 kernel)."""
+    args, y = _naive(dtype, mask, d=d)
     s = auto_schedule([y], "cuda")
-    assert [f.kind for f in _flash_loops(s.program)] == [FLASH_WGMMA if d == 64 else FLASH]
+    kind = FLASH_TF32 if dtype == "float32" else FLASH_WGMMA if d == 64 else FLASH
+    assert [f.kind for f in _flash_loops(s.program)] == [kind]
     low = lower_passes(s.program, "cuda")
     rng = np.random.default_rng(41)
     B, n, m = 2, 70, 45
-    q, k, v = (rng.standard_normal((B, x, d)).astype(np.float16) for x in (n, m, m))
+    q, k, v = (rng.standard_normal((B, x, d)).astype(dtype) for x in (n, m, m))
     with np.errstate(invalid="ignore"):
         want = workloads.naive_attention_reference(q, k, v, mask)
     for order in ("reversed", 1):
-        got = np.full((B, n, d), np.nan, np.float16)
+        got = np.full((B, n, d), np.nan, dtype)
         interp.run(low, q, k, v, got, gpu_order=order, sizes={"B": B, "n": n, "m": m})
         seen = ~np.isnan(want)
         assert (np.isnan(got) == ~seen).all()
-        assert np.abs(got[seen] - want[seen]).max() < 1e-2 * np.abs(want[seen]).max()
+        assert np.abs(got[seen] - want[seen]).max() < (1e-4 if dtype == "float32" else 1e-2) * np.abs(want[seen]).max()
 
 
 # ----------------------------------------------------------------------------- on the GPU
@@ -392,15 +406,19 @@ def test_a_long_causal_sequence_matches_torch_scale():
     _check(mod, (q, k, v), want, "float16", (4, 1000, 64))
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_the_cost_model_prices_a_half_pass_on_tensor_cores(dtype):
-    """The plan's online group counts its two matmuls (Q K^T, P V) at the tensor-core peak when the kernel will run
-    them there (half data), and everything on the CUDA cores otherwise."""
-    w = blocks.gpt2(C=64, H=1, dtype=dtype)
-    s = auto_schedule(list(w.outputs), "cuda")
-    (g,) = [g for g in s.plan.groups if g.mapping == "online"]
-    assert (g.cost.tensor_flops > 0) == (dtype == "float16") and g.cost.flops > 0  # exp, max, rescale: CUDA cores
-    assert bool(_flash_loops(s.program)) == (dtype == "float16")
+def test_the_cost_model_prices_the_pass_on_tensor_cores():
+    """The plan's online group counts its two matmuls (Q K^T, P V) on tensor cores when the kernel runs them
+    there: half data at the half-precision peak, float32 (attention.tf32x3: three TF32 products at half that rate)
+    six times over; the rest (exp, max, rescale) on the CUDA cores; a head dimension of 128 in float32 (the SIMT pass)
+    all on the CUDA cores."""
+    cost = {}
+    for dtype, C, H in (("float16", 64, 1), ("float32", 64, 1), ("float32", 128, 1)):
+        s = auto_schedule(list(blocks.gpt2(C=C, H=H, dtype=dtype).outputs), "cuda")
+        (g,) = [g for g in s.plan.groups if g.mapping == "online"]
+        cost[dtype, C] = g.cost
+        assert g.cost.flops > 0 and bool(_flash_loops(s.program)) == (C == 64)
+    assert cost["float16", 64].tensor_flops > 0 and cost["float32", 128].tensor_flops == 0
+    assert cost["float32", 64].tensor_flops == 6 * cost["float16", 64].tensor_flops
 
 
 @pytest.mark.parametrize("name, mask", [

@@ -22,11 +22,19 @@ from loopir.lower import lower
 from loopir.nodes import Const, For, Program, Seq, Store, Var
 from loopir.visit import map_stmts, walk
 from schedules import Schedule, ScheduleError, auto_schedule
+from schedules import attention as attention_mod
 from schedules.attention import KEY_TILE, ROWS_PER_BLOCK
 from schedules.primitives import CheckContext
 from schedules.primitives.online import ROW_SAMPLE, _sample_rows, check_online, online_softmax
 
 SCALE = 0.25
+
+
+@pytest.fixture(autouse=True)
+def _simt_pass_for_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check the online rewrite and the SIMT mapping of its pass, which float32 data takes with the
+    TF32 tensor-core kernel off (that kernel: tests/test_flash_tf32.py)."""
+    monkeypatch.setattr(attention_mod, "TF32_ATTENTION", False)
 
 
 def attention(B: Any, n: Any, m: Any, d: int, causal: bool = False, dtype: str = "float32") -> tuple[list, Any]:

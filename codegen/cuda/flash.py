@@ -73,7 +73,14 @@ __device__ __forceinline__ void loopir_flash_copy16(unsigned short* dst, const u
     for (int e = 0; e < 8; ++e) dst[e] = src[e];
   }
 }
-__device__ __forceinline__ void loopir_flash_zero16(unsigned short* dst) {
+__device__ __forceinline__ void loopir_flash_copy16f(float* dst, const float* src) {
+  if ((((unsigned long long)src) & 15ULL) == 0ULL) { loopir_cp_async16(dst, src); }
+  else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dst[e] = src[e];
+  }
+}
+__device__ __forceinline__ void loopir_flash_zero16(void* dst) {
   *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
 }
 __device__ __forceinline__ void loopir_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -82,6 +89,14 @@ __device__ __forceinline__ float loopir_flash_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+// x = hi + lo: hi is x rounded to TF32 (the 19 bits a TF32 tensor-core operand holds; to nearest, ties away, on
+// the bits: two integer instructions where cvt.rna.tf32.f32 takes four, its guard for inf and NaN left out: a NaN
+// stays a NaN or becomes an infinity whose lo is NaN, and only |x| within 2^-11 of FLT_MAX rounds to inf), lo the
+// exact rest, which the instruction truncates to TF32 in turn (codegen.cuda.flash_tf32's three-product split)
+__device__ __forceinline__ void loopir_tf32_split(float x, unsigned& hi, unsigned& lo) {
+  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
 }
 __device__ __forceinline__ float loopir_flash_exp(float x) { return loopir_flash_exp2(x * 1.4426950408889634f); }
 __device__ __forceinline__ unsigned loopir_pack_f16(float lo, float hi) {
@@ -239,10 +254,8 @@ class _Emit(BodyEmitter):
     def emit(self) -> None:
         r, p, n, ix = self.r, self.p, self.n, self.ix
         total = self.stage + max(self.stage, self.rows * self.KS)
-        self.open(f"{{  // attention.m16n8k16: rows {p.row.name} ({self.rows} per block, a warp per {16 * self.mt}), "
-                  f"keys {p.key.var.name} in tiles of {self.keys}; S = Q K^T and O += P V on tensor cores "
-                  "(codegen.cuda.flash)")
-        self.line(f"__shared__ __align__(16) unsigned short {n['kv']}[{total}];  // two stages of K and V; Q in the "
+        self.open(f"{{  // {self.header()}")
+        self.line(f"__shared__ __align__(16) {self.ELEM} {n['kv']}[{total}];  // two stages of K and V; Q in the "
                   "second until its fragments are in registers")
         self.line(f"const int {n['lane']} = threadIdx.x & 31, {n['warp']} = threadIdx.x >> 5;")
         self.line(f"const {ix} {n['lo']} = {r.expr(p.key.lo)}, {n['hi']} = {r.expr(p.key.hi)};")
@@ -253,6 +266,12 @@ class _Emit(BodyEmitter):
         self.main_loop()
         self.epilogue()
         self.close()
+
+    def header(self) -> str:
+        p = self.p
+        return (f"attention.m16n8k16: rows {p.row.name} ({self.rows} per block, a warp per {16 * self.mt}), keys "
+                f"{p.key.var.name} in tiles of {self.keys}; S = Q K^T and O += P V on tensor cores "
+                "(codegen.cuda.flash)")
 
     def copy_rows(self, rows: int, width: int, stride: int, ld: N.Load, row_var: N.Var, row0: str,
                   chunk_var: N.Var, ok: N.Expr | str | None, base: str) -> None:
@@ -276,26 +295,27 @@ class _Emit(BodyEmitter):
         `chunk_var` = 8 ch) starts 16 bytes aligned, or None when the index does not show it (the renderer's proof:
         every other term a multiple of 8 elements, sizes tested at run time, and the pointer)."""
         r, checks = self.r, []
-        if r._aligned_base(r.flat(ld.buffer, ld.indices), chunk_var, checks, lanes=8) is None:
+        if r._aligned_base(r.flat(ld.buffer, ld.indices), chunk_var, checks, lanes=self.PER_CHUNK) is None:
             return None
         return " && ".join(dict.fromkeys([*r._pointer_check(ld.buffer), *checks]))
 
     def copy_chunks(self, rows: int, width: int, stride: int, ld: N.Load, row_var: N.Var, row0: str,
                     chunk_var: N.Var, ok: N.Expr | str | None, base: str, copy: str) -> None:
         r, n = self.r, self.n
-        chunks = width // 8
+        chunks = width // self.PER_CHUNK
         self.chunk_loop(rows * chunks)
         self.line(f"const int {n['row']} = {n['c']} / {chunks}, {n['ch']} = {n['c']} % {chunks};")
         self.line(self.chunk_dest(rows, stride, base))
         self.let(row_var, f"{row0} + {n['row']}")
         self.open(f"if ({ok if isinstance(ok, str) else self.cond(ok)}) {{")
-        self.let(chunk_var, f"{n['ch']} * 8")
+        self.let(chunk_var, f"{n['ch']} * {self.PER_CHUNK}")
         self.line(f"{copy}({n['dst']}, &{r.buf(ld.buffer)}[{r.expr(r.flat(ld.buffer, ld.indices))}]);")
         self.close(f"}} else {{ {self.ZERO}({n['dst']}); }}")
         self.close()
 
     # a 16-byte chunk: copied (cp.async when aligned, else element-wise), copied when known aligned, zeroed
     COPY, COPY_ALIGNED, ZERO = "loopir_flash_copy16", "loopir_cp_async16", "loopir_flash_zero16"
+    ELEM, PER_CHUNK = "unsigned short", 8  # the shared array's element type, elements per 16-byte chunk
 
     def chunk_loop(self, chunks: int) -> None:
         """Open the loop of this thread's chunks `c` of `chunks`."""
@@ -305,7 +325,7 @@ class _Emit(BodyEmitter):
     def chunk_dest(self, rows: int, stride: int, base: str) -> str:
         """The declaration of chunk (row, ch)'s destination `dst`: padded rows of `stride` halves from `base`."""
         n = self.n
-        return f"unsigned short* {n['dst']} = &{n['kv']}[{base} + {n['row']} * {stride} + {n['ch']} * 8];"
+        return f"{self.ELEM}* {n['dst']} = &{n['kv']}[{base} + {n['row']} * {stride} + {n['ch']} * {self.PER_CHUNK}];"
 
     def stage_at(self, stage: str) -> str:
         """Where shared stage `stage` (its K tile, then its V tile) starts."""
@@ -360,7 +380,7 @@ class _Emit(BodyEmitter):
         self.close(f"return {n['k0']}; }};")
 
     def main_loop(self) -> None:
-        p, n, ix = self.p, self.n, self.ix
+        p, n = self.p, self.n
         D, DV, KS, VS = self.D, self.DV, self.KS, self.VS
         tq, tv = _PTX[p.q.buffer.dtype], _PTX[p.v.buffer.dtype]
         pack = "loopir_pack_f16" if tv == "f16" else "loopir_pack_bf16"
@@ -375,17 +395,7 @@ class _Emit(BodyEmitter):
                   "0.0f;")
         self.close()
         self.line(f"unsigned {qf}[{self.mt}][{D // 16}][4];")
-        self.line(f"{ix} {n['kt']} = {n['next']}({n['lo']});")
-        self.line(f"if ({n['kt']} < {n['hi']}) {n['load']}({n['kt']}, 0);")
-        self.line("loopir_cp_async_commit();")
-        self.line(f"int {n['stage']} = 0;")
-        self.line(f"bool {n['first']} = true;")
-        self.open(f"while ({n['kt']} < {n['hi']}) {{")
-        self.line("loopir_cp_async_wait_all();")
-        self.line("__syncthreads();  // this tile's K and V (and, the first time, Q) are in shared memory; every "
-                  "thread is done with the other stage")
-        self.open(f"if ({n['first']}) {{  // Q's fragments into registers, then stage 1 is free for the next tile")
-        self.line(f"{n['first']} = false;")
+        self.open_tiles()
         self.unrolled(mt, self.mt)
         self.unrolled(kk, D // 16)
         _ldmatrix_a(self.r, [f"{qf}[{mt}][{kk}][{j}]" for j in range(4)],
@@ -393,11 +403,7 @@ class _Emit(BodyEmitter):
                             f"{kk} * 16 + ({lane} >> 4) * 8]"))
         self.close()
         self.close()
-        self.line("__syncthreads();")
-        self.close()
-        self.line(f"const {ix} {n['nk']} = {n['next']}({n['kt']} + {self.keys});")
-        self.line(f"if ({n['nk']} < {n['hi']}) {n['load']}({n['nk']}, {n['stage']} ^ 1);")
-        self.line("loopir_cp_async_commit();")
+        self.prefetch()
         ks, vs = f"{kv}[{n['stage']} * {self.stage}", f"{kv}[{n['stage']} * {self.stage} + {self.keys * KS}"
         # S = Q K^T: key rows are B's columns (ldmatrix without .trans); each K fragment serves the warp's m-tiles
         self.zeros(s, (self.mt, self.keys // 8, 4))
@@ -432,6 +438,32 @@ class _Emit(BodyEmitter):
         self.line(f"{n['stage']} ^= 1;")
         self.line(f"{n['kt']} = {n['nk']};")
         self.close()
+
+    def open_tiles(self) -> None:
+        """The first live tile's copy, then open the loop over the live tiles (kt, in shared stage `stage`) and,
+        inside it, the block run on the first tile only (Q's fragments into registers), closed by `prefetch`."""
+        n, ix = self.n, self.ix
+        self.line(f"{ix} {n['kt']} = {n['next']}({n['lo']});")
+        self.line(f"if ({n['kt']} < {n['hi']}) {n['load']}({n['kt']}, 0);")
+        self.line("loopir_cp_async_commit();")
+        self.line(f"int {n['stage']} = 0;")
+        self.line(f"bool {n['first']} = true;")
+        self.open(f"while ({n['kt']} < {n['hi']}) {{")
+        self.line("loopir_cp_async_wait_all();")
+        self.line("__syncthreads();  // this tile's K and V (and, the first time, Q) are in shared memory; every "
+                  "thread is done with the other stage")
+        self.open(f"if ({n['first']}) {{  // Q's fragments into registers, then stage 1 is free for the next tile")
+        self.line(f"{n['first']} = false;")
+
+    def prefetch(self) -> None:
+        """Close the first tile's block (stage 1, where Q waited, is then free) and start the copy of the next live
+        tile (nk) into the other stage."""
+        n, ix = self.n, self.ix
+        self.line("__syncthreads();")
+        self.close()
+        self.line(f"const {ix} {n['nk']} = {n['next']}({n['kt']} + {self.keys});")
+        self.line(f"if ({n['nk']} < {n['hi']}) {n['load']}({n['nk']}, {n['stage']} ^ 1);")
+        self.line("loopir_cp_async_commit();")
 
     def declare_factors(self) -> None:
         """The rows' rescale factors and whether any is not 1 (set by `scores`, read by `rescale_o`)."""

@@ -40,7 +40,7 @@ from loopir.affine import eval_index
 from loopir.printer import expr_str
 from loopir.gpu import reduction_parts
 from loopir.te_extern import extern_nest
-from schedules.primitives.flash import FLASH, FLASH_WGMMA
+from schedules.primitives.flash import FLASH, FLASH_TF32, FLASH_WGMMA
 from schedules.primitives.wgmma import WGMMA, WgmmaMismatch, kernel_tile
 from loopir.visit import free_vars, loops_of, stmt_names, walk
 
@@ -61,6 +61,7 @@ from .expr import (  # noqa: F401  (re-exported: tests and callers import them f
     _wrap,
 )
 from .flash import PRELUDE_FLASH, heavy_first, render_flash
+from .flash_tf32 import render_flash_tf32
 from .flash_wgmma import render_flash_wgmma
 from .tensor_map import TMAP_TYPE
 from .wgmma import PRELUDE_WGMMA, PRELUDE_WGMMA_TMA, render_wgmma
@@ -357,6 +358,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             return render_flash(self, f)
         if f.kind == FLASH_WGMMA:  # the same on warpgroup tensor cores (codegen.cuda.flash_wgmma)
             return render_flash_wgmma(self, f)
+        if f.kind == FLASH_TF32:  # the same over float32 data on TF32 tensor cores (codegen.cuda.flash_tf32)
+            return render_flash_tf32(self, f)
         if f.kind == WGMMA:  # a block's GEMM tile on warpgroup tensor cores (codegen.cuda.wgmma)
             return render_wgmma(self, f)
         if f.kind.startswith("mma."):  # a tensorized nest: tensor-core PTX (codegen.cuda.mma)

@@ -31,6 +31,13 @@ stored (`FlashParts.dead`).
 rows a block, a warpgroup per 64, S = Q K^T and O += P V on wgmma, the softmax of a tile overlapping the previous
 tile's P V. `schedules/attention.py` offers the pass to it first.
 
+`tensorize(loop, "attention.tf32x3")` marks the same nest over float32 Q, K and V (head dimensions multiples of 16
+up to 64), for mma.sync m16n8k8 on TF32 operands (codegen/cuda/flash_tf32.py): 64 rows a block, a warp per 16.
+Each product a b is computed in three: a = a_hi + a_lo with a_hi = a rounded to TF32 (10 mantissa bits) and a_lo
+the exact remainder, a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi (the dropped a_lo b_lo and a_lo's own truncation to TF32
+are below 2^-20 of |a b|): float32-class accuracy at tensor-core speed, the split CUTLASS calls 3xTF32. P is not
+rounded (V is float32).
+
 What changes is the order of the arithmetic, as for every tensor-core reduction: the products are summed by the
 instruction; the maximum is raised once per tile of 64 keys and the sums rescaled once per tile (equal, by the
 identity exp(a - m1) = exp(a - m2) * exp(m2 - m1) that `online_softmax` rests on); P is rounded to the type of V
@@ -54,17 +61,21 @@ from . import const_extent, only_stmt
 
 __all__ = ["half_operand", "replace_load", "FLASH", "FlashParts", "FlashMismatch", "FlashShape", "flash_parts",
            "shape_for", "ROWS", "ROW_CHOICES", "MT", "THREADS", "KEYS", "MAX_DEPTH", "affine_conjuncts",
-           "loop_indices", "FLASH_WGMMA", "FLASH_KINDS", "WGMMA_DEPTHS", "slack", "stored_value"]
+           "loop_indices", "FLASH_WGMMA", "FLASH_TF32", "FLASH_KINDS", "WGMMA_DEPTHS", "TF32_MAX_DEPTH", "slack",
+           "stored_value"]
 
 FLASH = BLOCK_PASS  # "attention.m16n8k16": the block runs the marked nest once, as one kernel body
 # the same pass on Hopper's warpgroup tensor cores (codegen/cuda/flash_wgmma.py, sm_90a): the same precondition, and
 # head dimensions of whole 128-byte rows (the swizzled shared layout wgmma reads)
 FLASH_WGMMA = "attention.wgmma"
-FLASH_KINDS = (FLASH, FLASH_WGMMA)
+# float32 data on TF32 tensor cores, three products per product (codegen/cuda/flash_tf32.py)
+FLASH_TF32 = "attention.tf32x3"
+FLASH_KINDS = (FLASH, FLASH_WGMMA, FLASH_TF32)
 WARPS = 4
 THREADS = 32 * WARPS
 MAX_DEPTH = 128
 WGMMA_DEPTHS = (64, 128)
+TF32_MAX_DEPTH = 64  # Q's split fragments (64 registers at 64) and the 32-key shared tiles fit
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,7 @@ class FlashShape:
     width: int = 64
     wgmma: bool = False
     stages: int = 2  # shared stages of K and V
+    tf32: bool = False  # float32 operands, three TF32 products each (attention.tf32x3)
 
     @property
     def shared_bytes(self) -> int:
@@ -92,13 +104,21 @@ class FlashShape:
     @property
     def blocks_per_sm(self) -> int:
         """Blocks of the warpgroup kernel resident per multiprocessor (its launch bound: at head dimension 64 the
-        registers of two blocks of 256 threads, 128 each, hold S, O and P)."""
+        registers of two blocks of 256 threads, 128 each, hold S, O and P); of the TF32 kernel, three (167 registers
+        a thread at d 64: Q's split fragments, O, the tile's P V and S; no launch bound, which spilled and was
+        slower)."""
+        if self.tf32:
+            return 3
         return 2 if max(self.depth, self.width) <= 64 else 1
 
 
-def shape_for(depth: int, width: int, wgmma: bool = False) -> FlashShape:
+def shape_for(depth: int, width: int, wgmma: bool = False, tf32: bool = False) -> FlashShape:
     """mma.sync: 64 or fewer: 128 rows (2 m-tiles per warp), 64 keys; up to 128: 64 rows, 32 keys. wgmma: 128 rows
-    (two warpgroups of 64), 64 keys in three stages, at every head dimension."""
+    (two warpgroups of 64), 64 keys in three stages, at every head dimension. tf32: 64 rows (a warp per 16: Q's
+    fragments, split in two, take 64 registers), 32 keys (two stages of float32 rows in 48 KB of static shared
+    memory)."""
+    if tf32:
+        return FlashShape(16 * WARPS, 1, 32, THREADS, depth, width, tf32=True)
     if wgmma:
         return FlashShape(128, 1, 64 if max(depth, width) <= 64 else 128, 256, depth, width, True, 3)
     mt, keys = (2, 64) if max(depth, width) <= 64 else (1, 32)
@@ -110,6 +130,7 @@ ROWS = shape_for(64, 64).rows
 ROW_CHOICES = tuple(sorted({shape_for(d, d).rows for d in (64, MAX_DEPTH)}, reverse=True))
 HALF = ("float16", "bfloat16")
 FLOATS = (*HALF, "float32")
+_OPERANDS = {FLASH: "float16 / bfloat16", FLASH_WGMMA: "float16 / bfloat16", FLASH_TF32: "float32"}
 
 
 @dataclass(frozen=True)
@@ -169,11 +190,12 @@ def loop_indices(st: Store) -> tuple[Expr, ...]:
     return tuple(substitute(i, sub) for i in st.indices)
 
 
-def half_operand(e: Expr) -> Load | None:
-    """The half-precision load under an optional cast (the float32-accumulation idiom)."""
+def half_operand(e: Expr, types: tuple[str, ...] = HALF) -> Load | None:
+    """The load of one of `types` (default: half precision) under an optional cast (the float32-accumulation
+    idiom)."""
     if isinstance(e, Cast) and isinstance(e.a, Load):
         e = e.a
-    return e if isinstance(e, Load) and e.buffer.dtype in HALF else None
+    return e if isinstance(e, Load) and e.buffer.dtype in types else None
 
 
 def _is(e: Expr, v: float) -> bool:
@@ -267,8 +289,10 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
     _need(isinstance(val, Binary) and val.op == "add" and _same_load(val.a, sbuf, ridx)
           and isinstance(val.b, Binary) and val.b.op == "mul", "the dot product is not S = S + a * b")
     assert isinstance(val, Binary) and isinstance(val.b, Binary)
-    a, b = half_operand(val.b.a), half_operand(val.b.b)
-    _need(a is not None and b is not None, "the dot product's operands are not float16 / bfloat16 loads")
+    tf32 = intrinsic == FLASH_TF32
+    types = ("float32",) if tf32 else HALF
+    a, b = half_operand(val.b.a, types), half_operand(val.b.b, types)
+    _need(a is not None and b is not None, f"the dot product's operands are not {_OPERANDS[intrinsic]} loads")
     assert a is not None and b is not None
     kv = kf.var
     uses_key = [any(isinstance(n, Var) and n is kv for i in ld.indices for n in walk(i)) for ld in (a, b)]
@@ -329,8 +353,8 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
             e, vv = (ov.b.a, ov.b.b) if prob(_uncast(ov.b.a)[0]) else (ov.b.b, ov.b.a)
             e, casts = _uncast(e)
             _need(prob(e), "the vector sum's product is not exp(score - max) * V")
-            v = half_operand(vv)
-            _need(v is not None, "the vector sum's second factor is not a float16 / bfloat16 load (V)")
+            v = half_operand(vv, types)
+            _need(v is not None, f"the vector sum's second factor is not a {_OPERANDS[intrinsic]} load (V)")
             assert v is not None
             # the kernel rounds P to V's type for the P V product whether or not the program does
             odd = [t for t in casts if t not in ("float32", v.buffer.dtype)]
@@ -356,7 +380,9 @@ def flash_parts(f: For, program: Program | None = None, intrinsic: str | None = 
     _need(not wg or (depth in WGMMA_DEPTHS and width in WGMMA_DEPTHS),
           f"head dimensions {depth} (Q K) and {width} (V) are not {' or '.join(map(str, WGMMA_DEPTHS))} (rows of whole "
           "128-byte swizzle atoms, which attention.wgmma reads)")
-    shape = shape_for(depth, width, wg)
+    _need(not tf32 or max(depth, width) <= TF32_MAX_DEPTH,
+          f"head dimensions {depth} (Q K) and {width} (V) are above {TF32_MAX_DEPTH}, the most {FLASH_TF32} holds")
+    shape = shape_for(depth, width, wg, tf32)
     _need(ext == shape.rows, f"the row loop {f.var.name!r} has extent {ext}, not {shape.rows} (head dimension "
           f"{max(depth, width)}: split the rows by {shape.rows})")
     # the state starts empty: mx = -inf, the sums 0 (any order)
