@@ -29,7 +29,7 @@ from typing import Any
 from loopir import nodes as N
 
 from .flash import _PTX, _Emit, checked_parts
-from .wgmma import asm_accumulators, asm_regs
+from .wgmma import asm_accumulators, asm_regs, wait_wgmma
 
 __all__ = ["render_flash_wgmma"]
 
@@ -132,7 +132,7 @@ class _EmitWgmma(_Emit):
         self.arrived()
         self.line('asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");')
         self.issue_s("0")
-        self.line('asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");')
+        wait_wgmma(self.r, 0, self.s_regs())
         self.open(f"if ({n['kt']} < {n['hi']}) {{")
         self.scores()
         self.close()
@@ -169,17 +169,21 @@ class _EmitWgmma(_Emit):
         self.line('asm volatile("cp.async.commit_group;\\n" ::: "memory");')
         self.close()
         self.line(f"{n['kt']} = {n['nk']}; {n['nk']} = {n['k1']};")
-        self.line('asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");  // S of tile kt is done')
+        wait_wgmma(self.r, 1, self.s_regs(), "S of tile kt is done")
         self.declare_factors()
         self.open(f"if ({n['kt']} < {n['hi']}) {{  // tile kt's softmax while P V runs")
         self.scores(rescale=False, declare=False)
         self.close()
-        self.line('asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");  // and P V')
+        wait_wgmma(self.r, 0, (f"{o}[0][{i // 4}][{i % 4}]" for i in range(self.DV // 2)), "and P V")
         self.open(f"if ({n['kt']} < {n['hi']}) {{")
         self.rescale_o()
         self.close()
         self.line(f"{st} = {n['np']};")
         self.close()
+
+    def s_regs(self) -> list[str]:
+        """S's accumulator elements (the keys of a tile: keys / 2 a thread)."""
+        return [f"{self.n['s']}[0][{i // 4}][{i % 4}]" for i in range(self.keys // 2)]
 
     def desc(self, d: str, offset: str) -> str:
         """The two 32-bit asm operands of descriptor `d` advanced by `offset` (in 16-byte units)."""
@@ -199,10 +203,9 @@ class _EmitWgmma(_Emit):
         """S = Q K^T of the tile in `stage`, one committed group: A = Q (this warpgroup's 64 rows), B = the key
         rows, both K-major, 32 bytes per k16 step inside a 128-byte row, a block of rows per 64 of the head
         dimension; the first step overwrites s (scale-d 0)."""
-        n = self.n
         tq = _PTX[self.p.q.buffer.dtype]
         ns = self.keys // 2
-        outs = asm_accumulators(f"{n['s']}[0][{i // 4}][{i % 4}]" for i in range(ns))
+        outs = asm_accumulators(self.s_regs())
         for ks in range(self.D // 16):
             qa = ((ks >> 2) * self.rows * _ROW + (ks & 3) * 32) // 16
             ka = ((ks >> 2) * self.keys * _ROW + (ks & 3) * 32) // 16

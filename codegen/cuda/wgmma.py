@@ -38,7 +38,8 @@ from schedules.primitives.wgmma import (K_TILE, TmaPlan, WgmmaMismatch, WgmmaPar
 from .body import BodyEmitter
 from .expr import _FROM_FLOAT
 
-__all__ = ["render_wgmma", "PRELUDE_WGMMA", "PRELUDE_WGMMA_TMA", "wgmma_shape", "asm_regs", "asm_accumulators"]
+__all__ = ["wait_wgmma", "render_wgmma", "PRELUDE_WGMMA", "PRELUDE_WGMMA_TMA", "wgmma_shape", "asm_regs",
+           "asm_accumulators"]
 
 _PTX = {"float16": "f16", "bfloat16": "bf16"}
 GROUP = 8  # rows of tiles per group of the tile order (measured on an H200: 0.343 ms at 4096^3 vs 0.405 without)
@@ -120,6 +121,16 @@ def asm_regs(first: int, count: int) -> str:
 def asm_accumulators(elements: Iterable[str]) -> str:
     """Read-write float operands of inline asm, one per accumulator element (C lvalues)."""
     return ", ".join(f'"+f"({x})' for x in elements)
+
+
+def wait_wgmma(r: Any, pending: int, done: Iterable[str], note: str = "") -> None:
+    """wgmma.wait_group `pending`, then an empty asm that reads and writes `done`, the accumulators the awaited
+    wgmma write. The wait names no register, so without the second the compiler may move a read of an accumulator
+    above it (the wgmma asm wrote it, as far as the compiler knows), and reading one before its wgmma completes is
+    undefined (CUTLASS's warpgroup_fence_operand). This orders the compiler's reads (NVVM); ptxas still scheduled a
+    GEMM epilogue's conversions above the wait that followed the k loop: see _Emit.wait_previous."""
+    r.line(f'asm volatile("wgmma.wait_group.sync.aligned {pending};\\n" ::: "memory");{"  // " + note if note else ""}')
+    r.line(f'asm volatile("" : {asm_accumulators(done)} :: "memory");  // the accumulators after the wait')
 
 
 def wgmma_shape(f: N.For) -> Any:
@@ -324,11 +335,21 @@ class _Emit(BodyEmitter):
         self.line(f"const unsigned {n['sa']} = {n['base']} + ({n['kt']} % {s}) * {self.stage_bytes}u, "
                   f"{n['sb']} = {n['sa']} + {self.a_bytes}u;")
         self.issue()
-        self.line('asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");')
+        self.wait_previous()
         self.line(f"{n['load']}({n['kt']} + {s - 2});")
         self.close()
-        self.line('asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");')
+        wait_wgmma(self.r, 0, (f"{n['d']}[{i}]" for i in range(nacc)))
         self.line('asm volatile("cp.async.wait_group 0;\\n" ::: "memory");')
+
+    def wait_previous(self) -> None:
+        """In the k loop, after issuing tile kt: wait for tile kt - 1 (one group stays in flight), and after the
+        last tile for every one. With the wait for the last group only after the loop (wait_wgmma), ptxas scheduled
+        the epilogue's conversions of the accumulators above it (in the SASS, above WARPGROUP.DEPBAR.LE gsb0, 0x0),
+        so they read registers the last wgmma was still writing: the llama block at fixed sizes (its w2 GEMM, 6 k
+        tiles) returned different, wrong bits from call to call. The wait after the loop stays, then a no-op."""
+        n = self.n
+        self.line(f'if ({n["kt"]} + 1 < {n["nk"]}) asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");')
+        self.line('else asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");  // the last k tile')
 
     def issue(self) -> None:
         """The k tile in stage (wg_sa, wg_sb) into the accumulators: 4 wgmma k16 steps of this warpgroup's 64 rows
@@ -535,7 +556,7 @@ class _EmitTma(_Emit):
         self.line(f"const unsigned {n['sa']} = {n['base']} + {n['s']} * {self.stage_bytes}u, {n['sb']} = {n['sa']} + "
                   f"{self.a_bytes}u;")
         self.issue()
-        self.line('asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");  // the previous k tile is done')
+        self.wait_previous()
         self.open(f"if ({n['kt']} > 0) {{")
         self.line("__syncwarp();")
         self.line(f"if ({n['l']} == 0) loopir_mbar_arrive({n['empty0']} + 8 * {n['prev']});")
@@ -543,7 +564,7 @@ class _EmitTma(_Emit):
         self.line(f"{n['prev']} = {n['s']};")
         self.line(f"if (++{n['s']} == {s}) {{ {n['s']} = 0; {n['ph']} ^= 1; }}")
         self.close()
-        self.line('asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");')
+        wait_wgmma(self.r, 0, (f"{n['d']}[{i}]" for i in range(self.cols // 2)))
         self.open(f"if ({n['nk']} > 0) {{  // the last stage too: the producer may be loading the next tile already")
         self.line("__syncwarp();")
         self.line(f"if ({n['l']} == 0) loopir_mbar_arrive({n['empty0']} + 8 * {n['prev']});")
