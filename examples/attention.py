@@ -6,11 +6,12 @@ The program below materializes nothing special: scores S = Q K^T, a scaled (opti
 masked) copy, the row max, exp, the row sum, P V and the division — as a user would write it.
 auto_schedule recognizes the chain (schedules/attention.py) and applies the checked rewrite
 `online_softmax`: a running maximum per row rescales the partial sums by exp(m_old - m_new), so the
-n x m score and probability matrices never exist. On CUDA each block takes 64 query rows of one
-(batch x head), a thread per row keeps its state in registers, and K and V stream through shared
-memory 32 keys at a time (cooperative, double-buffered copies); with --half (float16) the pass is
-FlashAttention's tensor-core kernel instead (tensorize "attention.m16n8k16": S = Q K^T and O += P V on
-mma.sync, P in registers, 128 rows per block). The example prints the plan, the
+n x m score and probability matrices never exist. On CUDA the pass is FlashAttention's tensor-core kernel: in
+float32 (head dimensions up to 64) tensorize "attention.tf32x3" (64 query rows a block, a warp per 16, S = Q K^T
+and O += P V on TF32 mma.sync with each product split in three for float32 accuracy, K and V double-buffered in
+shared memory 32 keys at a time); with --half (float16) "attention.wgmma" or "attention.m16n8k16" (Hopper's
+warpgroup MMA or mma.sync, P in registers, 128 rows per block). Where neither applies, a thread per row keeps
+its state in registers and K and V stream through shared memory. The example prints the plan, the
 nest, checks against numpy (float64), and on a GPU times the kernel against PyTorch eager's naive
 composition (softmax(Q K^T * scale) V) when torch is importable. --triton-form writes the chain as the torch
 reference of Triton's fused-attention tutorial does instead (softmax(S.float()).half() @ V: the probabilities
