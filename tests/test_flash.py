@@ -530,28 +530,35 @@ def test_a_scale_folded_or_kept_matches_float64_on_the_gpu(dtype, scale):
 
 
 @pytest.mark.gpu
-def test_pointers_not_16_byte_aligned_take_the_element_wise_copies_on_the_gpu():
+@pytest.mark.parametrize("dtype, kind, tol, seed", [("float16", FLASH_WGMMA, 1e-2, 47),
+                                                    ("float32", FLASH_TF32, 2e-5, 55)])
+def test_pointers_not_16_byte_aligned_take_the_element_wise_copies_on_the_gpu(dtype, kind, tol, seed):
     """Q, K and V as CUDA tensors one element into their storage: the entry test fails, the copies go element by
-    element, and the result is the same bits as from aligned copies of the same values."""
+    element, and the result is the same bits as from aligned copies of the same values (float16: the warpgroup
+    kernel; float32: the TF32 one, whose chunks are 4 elements)."""
     torch = pytest.importorskip("torch")
-    args, y = _naive("float16", "causal")
-    mod = build(auto_schedule([y], "cuda"), args + [y], target="cuda")
-    rng = np.random.default_rng(47)
+    args, y = _naive(dtype, "causal")
+    s = auto_schedule([y], "cuda")
+    assert [f.kind for f in _flash_loops(s.program)] == [kind]
+    mod = build(s, args + [y], target="cuda")
+    rng = np.random.default_rng(seed)
     B, n, d = 2, 200, 64
-    host = [_half(rng.standard_normal((B, n, d)), "float16") for _ in range(3)]
-    aligned = [torch.from_numpy(x.view(np.int16)).cuda().view(torch.float16) for x in host]
+    host = [_half(rng.standard_normal((B, n, d)), dtype) for _ in range(3)]
+    tdt, ints = getattr(torch, dtype), {"float16": np.int16, "float32": np.int32}[dtype]
+    bits = np.dtype(ints).str.replace("i", "u")  # the same width, unsigned: compared bit for bit
+    aligned = [torch.from_numpy(x.view(ints)).cuda().view(tdt) for x in host]
     shifted = []
     for x in aligned:
-        flat = torch.empty(x.numel() + 1, dtype=torch.float16, device="cuda")
+        flat = torch.empty(x.numel() + 1, dtype=tdt, device="cuda")
         flat[1:] = x.reshape(-1)
         shifted.append(flat[1:].view(B, n, d))
-        assert shifted[-1].data_ptr() % 16 == 2
+        assert shifted[-1].data_ptr() % 16 == np.dtype(ints).itemsize
     outs = []
     for ins in (aligned, shifted):
-        out = torch.full((B, n, d), float("nan"), dtype=torch.float16, device="cuda")
+        out = torch.full((B, n, d), float("nan"), dtype=tdt, device="cuda")
         mod(*ins, out)
         outs.append(out.cpu().numpy())
-    assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
-    want = workloads.naive_attention_reference(*(_f32(x, "float16") for x in host), "causal")
-    err = np.abs(_f32(outs[0], "float16") - want).max() / np.abs(want).max()
-    assert err < 1e-2, err
+    assert np.array_equal(outs[0].view(bits), outs[1].view(bits))
+    want = workloads.naive_attention_reference(*(_f32(x, dtype) for x in host), "causal")
+    err = np.abs(_f32(outs[0], dtype) - want).max() / np.abs(want).max()
+    assert err < tol, err

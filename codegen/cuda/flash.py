@@ -66,18 +66,13 @@ __device__ __forceinline__ unsigned loopir_heavy_batch(unsigned per_wave) {
   unsigned first, k;
   const unsigned in = loopir_heavy_in(per_wave, first, k);
   return first + in % k; }
-__device__ __forceinline__ void loopir_flash_copy16(unsigned short* dst, const unsigned short* src) {
+// a 16-byte chunk of T (16 / sizeof(T) elements): cp.async when src is aligned, else element by element
+template <typename T>
+__device__ __forceinline__ void loopir_flash_copy16(T* dst, const T* src) {
   if ((((unsigned long long)src) & 15ULL) == 0ULL) { loopir_cp_async16(dst, src); }
   else {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) dst[e] = src[e];
-  }
-}
-__device__ __forceinline__ void loopir_flash_copy16f(float* dst, const float* src) {
-  if ((((unsigned long long)src) & 15ULL) == 0ULL) { loopir_cp_async16(dst, src); }
-  else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dst[e] = src[e];
+    for (int e = 0; e < 16 / (int)sizeof(T); ++e) dst[e] = src[e];
   }
 }
 __device__ __forceinline__ void loopir_flash_zero16(void* dst) {
@@ -435,9 +430,7 @@ class _Emit(BodyEmitter):
         self.close()
         self.close()
         self.close()
-        self.line(f"{n['stage']} ^= 1;")
-        self.line(f"{n['kt']} = {n['nk']};")
-        self.close()
+        self.advance()
 
     def open_tiles(self) -> None:
         """The first live tile's copy, then open the loop over the live tiles (kt, in shared stage `stage`) and,
@@ -464,6 +457,13 @@ class _Emit(BodyEmitter):
         self.line(f"const {ix} {n['nk']} = {n['next']}({n['kt']} + {self.keys});")
         self.line(f"if ({n['nk']} < {n['hi']}) {n['load']}({n['nk']}, {n['stage']} ^ 1);")
         self.line("loopir_cp_async_commit();")
+
+    def advance(self) -> None:
+        """Close the loop over the live tiles: the next one (nk, copied by `prefetch`) in the other stage."""
+        n = self.n
+        self.line(f"{n['stage']} ^= 1;")
+        self.line(f"{n['kt']} = {n['nk']};")
+        self.close()
 
     def declare_factors(self) -> None:
         """The rows' rescale factors and whether any is not 1 (set by `scores`, read by `rescale_o`)."""

@@ -35,7 +35,8 @@ from typing import Any
 
 from loopir import nodes as N
 
-from .flash import _Emit, checked_parts
+from .flash import _acc, _Emit, checked_parts
+from .mma import _mma
 
 __all__ = ["render_flash_tf32"]
 
@@ -47,15 +48,7 @@ def render_flash_tf32(r: Any, f: N.For) -> None:
     _EmitTf32(r, p).emit()
 
 
-def _mma_tf32(r: Any, acc: str, a: list[str], b: list[str]) -> None:
-    outs = ", ".join(f'"+f"({acc}[{e}])' for e in range(4))
-    ins = ", ".join(f'"r"({x})' for x in (*a, *b))
-    r.line('asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, '
-           f'{{%8, %9}}, {{%0, %1, %2, %3}};\\n" : {outs} : {ins});')
-
-
 class _EmitTf32(_Emit):
-    COPY = "loopir_flash_copy16f"
     ELEM, PER_CHUNK = "float", 4
 
     def __init__(self, r: Any, p: Any) -> None:
@@ -74,9 +67,8 @@ class _EmitTf32(_Emit):
 
     def mma3(self, acc: str, ah: str, al: str, bh: list[str], bl: list[str]) -> None:
         """acc += a_lo b_hi + a_hi b_lo + a_hi b_hi (the small products first)."""
-        _mma_tf32(self.r, acc, [f"{al}[{j}]" for j in range(4)], bh)
-        _mma_tf32(self.r, acc, [f"{ah}[{j}]" for j in range(4)], bl)
-        _mma_tf32(self.r, acc, [f"{ah}[{j}]" for j in range(4)], bh)
+        for a, b in ((al, bh), (ah, bl), (ah, bh)):
+            _mma(self.r, "tf32", _acc(acc), [f"{a}[{j}]" for j in range(4)], b, "m16n8k8")
 
     def split4(self, x: str, hi: str, lo: str) -> None:
         """`hi[j]`, `lo[j]` = the split of the float4 x's component j."""
@@ -144,6 +136,4 @@ class _EmitTf32(_Emit):
                   f"{n['pv']}[{dp}][{n['e']}]);")
         self.close()
         self.close()
-        self.line(f"{n['stage']} ^= 1;")
-        self.line(f"{n['kt']} = {n['nk']};")
-        self.close()
+        self.advance()

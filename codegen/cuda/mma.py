@@ -70,8 +70,10 @@ def _ldmatrix_b2(r: Any, regs: list[str], address: str) -> None:
            f': "=r"({regs[0]}), "=r"({regs[1]}), "=r"({regs[2]}), "=r"({regs[3]}) : "r"({address}));')
 
 
-def _mma(r: Any, t: str, accs: list[str], a: list[str], b: list[str]) -> None:
-    r.line(f'asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{%0, %1, %2, %3}}, '
+def _mma(r: Any, t: str, accs: list[str], a: list[str], b: list[str], shape: str = "m16n8k16") -> None:
+    """accs += A B on one mma.sync of `shape` with operands of type `t` (four A and two B registers: m16n8k16 on
+    f16 / bf16, m16n8k8 on tf32), float32 accumulators."""
+    r.line(f'asm volatile("mma.sync.aligned.{shape}.row.col.f32.{t}.{t}.f32 {{%0, %1, %2, %3}}, '
            '{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\\n" '
            f': "+f"({accs[0]}), "+f"({accs[1]}), "+f"({accs[2]}), "+f"({accs[3]}) '
            f': "r"({a[0]}), "r"({a[1]}), "r"({a[2]}), "r"({a[3]}), "r"({b[0]}), "r"({b[1]}));')
