@@ -24,7 +24,8 @@ from .nodes import Binary, Cast, Const, Expr, Unary, Var, binary, const
 from .visit import walk
 
 __all__ = ["access_pattern", "const_diff", "eval_index", "linear_form", "linear_in", "multiple_of", "polynomial",
-           "row_major", "fold_divmod", "same_value", "simplify", "ceil_div", "simplify_affine", "simplify_divmod"]
+           "row_major", "mixed_radix", "wrapped_digits",
+           "fold_divmod", "same_value", "simplify", "ceil_div", "simplify_affine", "simplify_divmod"]
 
 
 def linear_in(e: Expr, v: Var) -> tuple[int, Expr] | None:
@@ -157,6 +158,50 @@ def row_major(shape: tuple[Expr, ...], indices: tuple[Expr, ...]) -> Expr:
         if _divmods(folded) < n:
             return folded
     return e
+
+
+def mixed_radix(shape: tuple[Expr, ...], indices: tuple[Expr, ...]) -> Expr | None:
+    """`f` when `indices` are the digits of f in the mixed radix of `shape`, as `collapse` writes them:
+    the last `f % s[-1]`, each one before it `(a // s[k+1]) % s[k]` of the quotient a left by the digits after
+    it, the first the last quotient `a // s[1]`. Such indices are in bounds iff 0 <= f < prod(shape) (for
+    positive extents), a condition affine in f where the indices are not (n a size: f // n). None otherwise."""
+    if len(indices) < 2 or len(indices) != len(shape):
+        return None
+    f, a = _digits(shape, indices)
+    if a is None or _part(indices[0], "floordiv", shape[1]) != a:
+        return None
+    return f
+
+
+def wrapped_digits(shape: tuple[Expr, ...], indices: tuple[Expr, ...]) -> bool:
+    """`indices` are the last digits of some f in the mixed radix of `shape`, the first of them wrapped too:
+    `f % s[0]` in one dimension (a bias b[j] read at j = f % n), `((f // s[1]) % s[0], f % s[1])` in two.
+    Always in bounds for positive extents."""
+    if not indices or len(indices) != len(shape):
+        return False
+    _, a = _digits(shape, indices)
+    return a is not None and (len(indices) == 1 or _part(indices[0], "mod", shape[0]) is not None
+                              and _part(indices[0].a, "floordiv", shape[1]) == a)  # type: ignore[attr-defined]
+
+
+def _part(e: Expr, op: str, s: Expr) -> Expr | None:
+    return e.a if isinstance(e, Binary) and e.op == op and same_value(e.b, s) else None
+
+
+def _digits(shape: tuple[Expr, ...], indices: tuple[Expr, ...]) -> tuple[Expr | None, Expr | None]:
+    """(f, the quotient a left for indices[0]) when indices[1:] are the last digits of f (`mixed_radix`);
+    for one index, (f, f) when it is f % s[0]."""
+    if len(indices) == 1:
+        f = _part(indices[0], "mod", shape[0])
+        return f, f
+    f = _part(indices[-1], "mod", shape[-1])
+    a = f
+    for k in range(len(indices) - 2, 0, -1):
+        d = _part(indices[k], "mod", shape[k])
+        if a is None or d is None or _part(d, "floordiv", shape[k + 1]) != a:
+            return f, None
+        a = d
+    return f, a
 
 
 def _divmods(e: Expr) -> int:

@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 import islpy as isl
 
 from .isl_conv import NonAffine, _Names, aff, cond, params_text
-from .nodes import Allocate, Buffer, Expr, Load, Program, Select, Store, Var
+from .affine import mixed_radix, wrapped_digits
+from .nodes import Allocate, Buffer, Expr, Load, Program, Select, Store, Var, binary
 from .poly_model import StmtInfo, _program_params, stmt_infos
-from .visit import _child_fields, walk, walk_stmts
+from .visit import _child_fields, subst_coords, substitute, walk, walk_stmts
 from .poly import _small_point
 from .args import _affine, eval_expr
 from .nodes import For, If
@@ -190,6 +191,8 @@ class _Stmt:
     names: _Names  # binds loops and iteration variables
     cons: list[str]  # the domain: loop bounds, guards, it_k = coord_k(l)
     exact: bool
+    loops_exact: bool = True  # the loop bounds and guards are affine (the coords may not be)
+    lnames: _Names | None = None  # binds the loops alone
 
 
 class _Model:
@@ -221,6 +224,7 @@ class _Model:
                 cons.append(cond(g, lnames))
             except NonAffine:
                 exact = False
+        loops_exact = exact
         for v, c in zip(its, st.coords):
             try:
                 cons.append(f"{v} = ({aff(c, lnames)})")
@@ -229,7 +233,7 @@ class _Model:
         if not exact:
             self.notes.append(f"statement {st.name} has non-affine loop bounds, guards or coordinates; "
                               "its instances are over-approximated")
-        return _Stmt(info, f"s{k}", loops + its, names, cons, exact)
+        return _Stmt(info, f"s{k}", loops + its, names, cons, exact, loops_exact, lnames)
 
     def prefix(self) -> str:
         return params_text(self.params)
@@ -382,6 +386,16 @@ def _model(program: Program) -> tuple[_Model, list[tuple[_Stmt, Buffer, tuple[Ex
             seen.add(key)
             if _interval_proven(s.info, idx, buf.shape):
                 continue
+            if _wrapped(s, buf, idx):
+                continue
+            digits = _digits_access(m, s, buf, idx, conds)
+            if digits is not None:
+                es = [_fresh("e0", s.dims + list(m.params))]
+                body = s.cons + [f"{es[0]} = ({digits[0]})"] + digits[2]
+                parts.append(f"a{len(decided)}[{', '.join(s.dims + es)}] : {' and '.join(body)} and "
+                             f"({es[0]} < 0 or {es[0]} >= ({digits[1]}))")
+                decided.append((s, buf, idx, what, conds, False))  # a violation found is guarded, not refused
+                continue
             acc = m.access(s, buf, idx, conds)
             try:
                 ext = [aff(d, s.names) for d in buf.shape]
@@ -398,6 +412,33 @@ def _model(program: Program) -> tuple[_Model, list[tuple[_Stmt, Buffer, tuple[Ex
             parts.append(f"a{len(decided)}[{', '.join(s.dims + es)}] : {' and '.join(body) or '1 = 1'} and ({out})")
             decided.append((s, buf, idx, what, conds, exact and s.exact))
     return m, decided, unknown, m.prefix() + "{ " + "; ".join(parts) + " }"
+
+
+def _wrapped(s: _Stmt, buf: Buffer, idx: tuple[Expr, ...]) -> bool:
+    """An access whose indices are wrapped digits of a collapsed index (a bias b[f % n]; `wrapped_digits`):
+    in bounds for every value of f."""
+    return (not s.exact and s.loops_exact
+            and wrapped_digits(buf.shape, tuple(substitute(i, subst_coords(s.info.store)) for i in idx)))
+
+
+def _digits_access(m: _Model, s: _Stmt, buf: Buffer, idx: tuple[Expr, ...], conds: tuple[Expr, ...]
+                   ) -> tuple[str, str, list[str]] | None:
+    """(offset, extent, conditions) as isl text over the loops, for an access of a statement whose coords are
+    not affine but whose indices are the mixed-radix digits of an affine offset f (x[i, j] after `collapse` of
+    a symbolic n: i = f // n, j = f % n; `mixed_radix`): in bounds iff 0 <= f < prod(shape). None otherwise."""
+    if s.exact or not s.loops_exact or s.lnames is None:
+        return None
+    f = mixed_radix(buf.shape, tuple(substitute(i, subst_coords(s.info.store)) for i in idx))
+    if f is None:
+        return None
+    size: Expr = buf.shape[0]
+    for d in buf.shape[1:]:
+        size = binary("mul", size, d)
+    try:
+        return aff(f, s.lnames), aff(size, s.lnames), [cond(substitute(c, subst_coords(s.info.store)), s.lnames)
+                                                        for c in conds]
+    except NonAffine:
+        return None
 
 
 def _point(s: isl.Set) -> isl.Point:

@@ -1,8 +1,10 @@
 """The CUDA flat mapping of elementwise groups (schedules/auto.py `_map_cuda`) across row lengths and symbolic
 sizes: an odd constant row length is collapsed and vectorized (the renderer folds `(f // n) * n + f % n` to `f`,
-`loopir.affine.row_major`), and symbolic inner extents are never collapsed (the barrier pass could not place the
-instances), so 3-D and mixed-dtype elementwise programs at symbolic sizes build. Each kernel is run through the
-GPU interpreter with its threads in reversed order, on fresh random data, outputs poisoned with NaN."""
+`loopir.affine.row_major`); symbolic inner extents collapse too where every access reads or writes the point it
+computes (the bounds and barrier passes place a collapsed instance by its loop values and an access by its
+flat offset), so each call-time key (row length odd, a multiple of 4, 8 or 16, 1; one row) runs 16-byte vectors
+over a flat index; 3-D and mixed-dtype elementwise programs at symbolic sizes build. Each kernel is run through
+the GPU interpreter with its threads in reversed order, on fresh random data, outputs poisoned with NaN."""
 
 from __future__ import annotations
 
@@ -40,6 +42,20 @@ def test_row_major_folds_a_collapsed_index_only_when_the_divisor_is_the_row_leng
     assert eval_index(other, env) == (23 // 4) * 9 + 23 % 4
 
 
+def test_mixed_radix_digits_and_wrapped_digits() -> None:
+    from loopir.affine import mixed_radix, wrapped_digits
+
+    f, m, n, p = (N.Var(c, "int64") for c in "fmnp")
+    div, mod = (lambda a, b: N.binary("floordiv", a, b)), (lambda a, b: N.binary("mod", a, b))
+    assert mixed_radix((m, n), (div(f, n), mod(f, n))) is f  # in bounds iff 0 <= f < m * n
+    g = div(f, p)
+    assert mixed_radix((m, n, p), (div(g, n), mod(g, n), mod(f, p))) is f
+    assert mixed_radix((m, n), (div(f, m), mod(f, n))) is None  # another divisor
+    assert mixed_radix((m, n), (div(f, n), mod(f + 1, n))) is None  # digits of two different numbers
+    assert wrapped_digits((n,), (mod(f, n),)) and wrapped_digits((n, p), (mod(g, n), mod(f, p)))
+    assert not wrapped_digits((n,), (mod(f, m),)) and not wrapped_digits((n, p), (div(g, n), mod(f, p)))
+
+
 @pytest.mark.parametrize("seed", [W.gelu, W.horizontal, W.bias_gelu])
 @pytest.mark.parametrize("shape", [(37, 101), (5, 3), (16, 64)])
 def test_odd_and_even_constant_widths_vectorize_and_match(seed, shape) -> None:
@@ -62,6 +78,42 @@ def test_odd_width_pointwise_kernel_has_a_flat_vector_index() -> None:
     src = build(list(w.outputs), list(w.args), target="cuda").source
     vec = _kernel_body(src).split("} else {")[0]  # the float4 branch
     assert "LOOPIR_LD4" in vec and "loopir_floordiv" not in vec and "loopir_mod" not in vec
+
+
+SYM_SHAPES = [(33, 1001), (4, 4), (3, 8), (5, 64), (1, 1000), (7, 1), (1, 1), (2, 3)]
+
+
+def _sym_inputs(w, sizes: dict, rng: np.random.Generator, dtype: str) -> list[np.ndarray]:
+    return [rng.standard_normal([sizes[d] for d in a.shape]).astype(dtype) for a in w.inputs]
+
+
+@pytest.mark.parametrize("seed", [W.gelu, W.horizontal, W.bias_gelu])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_symbolic_row_lengths_collapse_and_vectorize_at_every_key(seed, dtype) -> None:
+    m, n = te.var("m"), te.var("n")
+    w = seed(m=m, n=n, dtype=dtype)
+    mod = build(list(w.outputs), list(w.args), target="cuda")
+    rng = np.random.default_rng(5)
+    keys = set()
+    for shape in SYM_SHAPES:
+        v, key = mod.specializer.select({m: shape[0], n: shape[1]})
+        keys.add(str(key))
+        body = _kernel_body(v.source)
+        assert body.count("__global__") == 1 and v.notes == []  # every access proven in bounds: no guard
+        if shape[1] > 1:  # a row of one element is a 1-d loop over the rows
+            vec = [ln for ln in body.splitlines() if "LOOPIR_LD4" in ln or "LOOPIR_ST4" in ln]
+            # 16-byte accesses of x and y at a flat index (no row / column division), whatever the key; a bias
+            # is read lane by lane at f % n where the key does not make the row whole vectors
+            assert vec and not any("loopir_floordiv" in ln for ln in vec), key
+            assert all("loopir_mod" not in ln.split("= LOOPIR_LD4")[-1].split("]")[0] for ln in vec), key
+        ins = _sym_inputs(w, {m: shape[0], n: shape[1]}, rng, dtype)
+        outs = [np.full(shape, np.nan, dtype) for _ in w.outputs]
+        _run(v, ins, outs)
+        tol = 1e-5 if dtype == "float32" else 2e-3
+        for got, ref in zip(outs, w.reference(*ins)):
+            np.testing.assert_allclose(got.astype("float64"), ref.astype("float64"), rtol=tol, atol=tol,
+                                       err_msg=f"{shape} {key}")
+    assert len(keys) == len(SYM_SHAPES) - 1  # (33, 1001) and (2, 3) share "m* n*"
 
 
 def test_three_d_elementwise_at_symbolic_sizes_builds_and_matches() -> None:
@@ -102,6 +154,16 @@ def test_device_odd_width_and_symbolic_3d(dtype: str) -> None:
         mod(a, *outs)
         for got, ref in zip(outs, w.reference(a)):
             np.testing.assert_allclose(got.astype("float64"), ref.astype("float64"), rtol=2e-3, atol=2e-3)
+    m, n = te.var("m"), te.var("n")
+    for seed in (W.gelu, W.horizontal, W.bias_gelu):  # symbolic sizes: one module, every key
+        w = seed(m=m, n=n, dtype=dtype)
+        mod = build(list(w.outputs), list(w.args), target="cuda")
+        for shape in SYM_SHAPES:
+            ins = _sym_inputs(w, {m: shape[0], n: shape[1]}, rng, dtype)
+            outs = [np.full(shape, np.nan, dtype) for _ in w.outputs]
+            mod(*ins, *outs)
+            for got, ref in zip(outs, w.reference(*ins)):
+                np.testing.assert_allclose(got.astype("float64"), ref.astype("float64"), rtol=2e-3, atol=2e-3)
     b, t, d = te.var("b"), te.var("t"), te.var("d")
     x = te.placeholder((b, t, d), dtype=dtype, name="x")
     y = te.compute((b, t, d), lambda i, j, k: x[i, j, k] * 2.0 - 1.0, name="y")

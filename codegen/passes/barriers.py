@@ -21,16 +21,17 @@ are read and before the total is stored). A barrier must stand in lockstep contr
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import islpy as isl
 
 from loopir import nodes as N
-from loopir.affine import eval_index
-from loopir.isl_conv import NonAffine, _Names, aff
+from loopir.affine import eval_index, row_major
+from loopir.isl_conv import NonAffine, _Names, aff, cond
 from loopir.poly_model import StmtInfo, _accessed, _Builder
 from loopir.gpu import is_block_loop, is_thread_loop, reduction_parts, reduction_stores
-from loopir.visit import loops_of, walk
+from loopir.visit import loops_of, subst_coords, substitute, walk
 
 from .kernels import map_kernels
 from .gpu_model import (
@@ -136,11 +137,46 @@ class _Kernel:
                 out += [_Access(f"s{k}", info, "share", lp), _Access(f"f{k}", info, "final", lp)]
         return out
 
+    def _inst(self, acc: _Access) -> tuple[str, _Names, list[str], Callable[[list[str]], str]]:
+        """The tuple's instance `tag[..]`, its loops' name table, its constraints, and how to close a formula
+        over it. An instance whose iteration variables are affine in its loops is named by them (the loops
+        existential). Otherwise (`collapse` of a symbolic extent: i = f // n) it is named by its loop values and
+        then its iteration variables, tied where the coords are affine: named by the iteration variables alone,
+        which would not determine the loops in isl, every instance could run in every block (the flat offsets
+        of `_flat_offsets` are affine in the loops)."""
+        info = acc.info
+        inst, names, cons = self.b._instance(info)
+        if self.b.exact.get(info.store.name, True) or not info.loops:
+            return (acc.tag + inst[inst.index("["):], names, cons,
+                    lambda more: self.b._exists(info, names, more))
+        st = info.store
+        its = self.b.iter_names(st)
+        names = _Names(self.b.params, set(its))
+        for lp in info.loops:
+            names.bind(lp.var, "l_" + lp.var.name)
+        cons = []
+        for f in info.loops:
+            try:
+                cons.append(f"({aff(f.lo, names)}) <= {names.env[f.var]} < ({aff(f.hi, names)})")
+            except NonAffine:
+                pass  # a bound dropped: more instances, an over-approximation
+        for g in info.guards:
+            try:
+                cons.append(cond(g, names))
+            except NonAffine:
+                pass
+        for it, c in zip(its, st.coords):
+            try:
+                cons.append(f"{it} = ({aff(c, names)})")
+            except NonAffine:
+                pass
+        dims = ", ".join([*(names.env[lp.var] for lp in info.loops), *its])
+        return f"{acc.tag}[{dims}]", names, cons, lambda more: " and ".join(more) or "1 = 1"
+
     def _position(self, acc: _Access) -> tuple[str, int]:
         """`tag[iters] -> [loops..., tx, ty, tz, bx, by, bz]`; -1 on an axis: any/every thread (block)."""
         info = acc.info
-        inst, names, cons = self.b._instance(info)
-        inst = acc.tag + inst[inst.index("["):]
+        inst, names, cons, ex = self._inst(acc)
         lvals = [names.env[lp.var] for lp in info.loops]
         coop = any(self.model.is_coop(lp, any(is_thread_loop(x) for x in info.loops[:j]))
                    for j, lp in enumerate(info.loops))
@@ -164,7 +200,7 @@ class _Kernel:
                         coords.append("-1")
         outs = [f"o{j}" for j in range(len(lvals) + 6)]
         eqs = [f"{o} = {v}" for o, v in zip(outs, lvals + coords)]
-        text = f"{inst} -> [{', '.join(outs)}] : {self.b._exists(info, names, cons + eqs)}"
+        text = f"{inst} -> [{', '.join(outs)}] : {ex(cons + eqs)}"
         return "{ " + text + " }", len(lvals)
 
     def _accesses(self, acc: _Access) -> list[tuple[N.Buffer, tuple[N.Expr, ...] | None, str]]:
@@ -178,21 +214,62 @@ class _Kernel:
                 out.append((buf, idx, what))
         return out
 
+    def _iter_table(self, info: StmtInfo) -> _Names:
+        """A name table of the statement's iteration variables (the variables of its access indices)."""
+        names = _Names(self.b.params)
+        for v, n in zip(info.store.iters, self.b.iter_names(info.store)):
+            names.env[v] = n
+            names.taken.add(n)
+        return names
+
+    def _flat_offsets(self, tuples: list[_Access]) -> dict[tuple[int, int], str]:
+        """Per (tuple index, access index), the access's row-major element offset as isl text in the loop
+        variables, for every access of each buffer that the indexed form cannot place exactly (a statement whose
+        coords are not affine, after `collapse` of a symbolic extent: i = f // n, j = f % n) but whose every
+        access in the kernel has an affine offset (x[i, j] of an n-wide array is x[f], `row_major`).
+
+        Exact: offsets of in-bounds indices are equal iff the indices are, so the flat model of a buffer has the
+        conflicts of the indexed one, where the indexed model would take every element as conflicting."""
+        per_buf: dict[int, list[tuple[tuple[int, int], str | None, bool]]] = {}
+        for k, acc in enumerate(tuples):
+            info = acc.info
+            _, lnames, _ = self.b._instance(info)
+            exact = self.b.exact.get(info.store.name, True)
+            coords = subst_coords(info.store)
+            names = self._iter_table(info)
+            for j, (buf, idx, _) in enumerate(self._accesses(acc)):
+                try:
+                    flat = aff(row_major(buf.shape, tuple(substitute(i, coords) for i in idx)), lnames)
+                except NonAffine:
+                    flat = None
+                try:
+                    indexed = exact and all(aff(i, names) is not None for i in idx)
+                except NonAffine:
+                    indexed = False
+                per_buf.setdefault(id(buf), []).append(((k, j), flat, indexed))
+        out: dict[tuple[int, int], str] = {}
+        for accs in per_buf.values():
+            if all(f is not None for _, f, _ in accs) and not all(ok for _, _, ok in accs):
+                out.update({key: f for key, f, _ in accs})  # type: ignore[misc]
+        return out
+
     def _access_maps(self, tuples: list[_Access]) -> dict[tuple[str, str], isl.UnionMap]:
-        """{(scope, "reads"|"writes"): tag[iters] -> Buf[index]} over the kernel's domain."""
+        """{(scope, "reads"|"writes"): tag[iters] -> Buf[index]} over the kernel's domain (Buf[offset] for the
+        buffers of `_flat_offsets`)."""
         texts: dict[tuple[str, str], list[str]] = {}
         bnames: dict[int, str] = {}
-        for acc in tuples:
+        flat = self._flat_offsets(tuples)
+        for k, acc in enumerate(tuples):
             info = acc.info
-            inst, lnames, lcons = self.b._instance(info)
-            inst = acc.tag + inst[inst.index("["):]
-            names = _Names(self.b.params)
-            for v, n in zip(info.store.iters, self.b.iter_names(info.store)):
-                names.env[v] = n
-                names.taken.add(n)
-            ex = self.b._exists(info, lnames, lcons)
-            for buf, idx, what in self._accesses(acc):
+            inst, lnames, lcons, close = self._inst(acc)
+            names = self._iter_table(info)
+            ex = close(lcons)
+            for j, (buf, idx, what) in enumerate(self._accesses(acc)):
                 bn = bnames.setdefault(id(buf), f"B{len(bnames)}")
+                if (k, j) in flat:
+                    body = close([*lcons, f"e0 = ({flat[k, j]})"])
+                    texts.setdefault((buf.scope, what), []).append(f"{inst} -> {bn}[e0] : {body}")
+                    continue
                 try:
                     es = [aff(i, names) for i in idx]  # type: ignore[union-attr]
                     cons = [f"e{j} = ({x})" for j, x in enumerate(es)]
