@@ -396,24 +396,23 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
         lanes = _flat_lanes(g)  # 16 bytes of the stages' dtype: float32 4, float16 / bfloat16 8
         # every access reads or writes the point it computes, in arrays of one shape: collapsed, each access is
         # contiguous in the flat index (the target folds `(f // n) * n + f % n` to `f`), so the nest vectorizes
-        # whatever the row length, an odd one (1024 x 50257) included, with no row-length test at run time
-        # (inner extents constant: with a symbolic one, f // n is not quasi-affine and the exact checks cannot
-        # place the instances of the collapsed loop)
-        # A broadcast operand (`b[j]`, per-lane scalar loads once collapsed) joins only at an odd width, where
-        # the rows kept apart could not vectorize anyway (H200, 1024 x 50257: GELU 39% -> 95% of the DRAM floor).
+        # whatever the row length, an odd one (1024 x 50257) included, with no row-length test at run time.
+        # A symbolic row length collapses too: the bounds and barrier passes place a collapsed instance by its
+        # loop values and an access by its flat offset (a bias b[f % n] is in bounds for any f), so a call's row
+        # length need not be a multiple of the lanes, nor long enough to fill a block. H200, symbolic sizes,
+        # rows apart -> collapsed: horizontal 1024 x 50257 f32 0.95 -> 0.21 ms (4.5x -> 0.99x torch.compile;
+        # the vectors were refused at run time), f16 0.77 -> 0.11 ms; GELU f16 0.22 -> 0.057 ms; GELU 65536 x 64
+        # f32 0.044 -> 0.017 ms (16 of a block's 128 threads had a column)
+        # A broadcast operand (`b[j]`, per-lane scalar loads once collapsed) joins only where the row length is
+        # not provably whole vectors (an odd constant; a symbolic n, or 4*n4 for 8 half lanes, whose call-time
+        # key says no more), where the rows kept apart could not vectorize (H200, 1024 x 50257: GELU 39% -> 95%
+        # of the DRAM floor at the fixed size; bias+GELU f16 symbolic 0.197 -> 0.106 ms)
         width = simplify(g.stages[0].shape[-1]) if len(g.stages[0].shape) >= 2 else None  # rows: misaligned
-        # not provably whole vectors: an odd constant, or a symbolic length whose call-time key says no more
-        # than "not a multiple of the lanes" (n, or 4*n4 for 8 half lanes)
-        odd = width is not None and lanes > 0 and not multiple_of(width, lanes)
+        odd = isinstance(width, Const) and lanes > 0 and int(width.value) % lanes != 0
+        ragged = width is not None and lanes > 0 and not multiple_of(width, lanes)
         nest = find_loop(s.program, root[0].var)
-        # Symbolic row lengths collapse too: every access is then x[f] (the bounds and barrier passes place a
-        # collapsed instance by its loop values and an access by its flat offset; a broadcast b[f % n] is in
-        # bounds for any f), so a call's row length need not be a multiple of the lanes, nor long enough to
-        # fill a block. H200, symbolic sizes, rows apart -> collapsed: horizontal 1024 x 50257 f32 0.95 ->
-        # 0.22 ms (4.5x -> 0.95x torch.compile; the vectors were refused at run time), f16 0.77 -> 0.11 ms;
-        # GELU f16 0.22 -> 0.057 ms; GELU 65536 x 64 f32 0.044 -> 0.017 ms (16 of 128 threads had a column)
         const_rows = all(isinstance(simplify(d), Const) for d in g.stages[0].shape[1:])
-        flat = g.mapping == "flat" and lanes > 0 and len(root) >= 2 and _pointwise(nest, broadcast=odd)
+        flat = g.mapping == "flat" and lanes > 0 and len(root) >= 2 and _pointwise(nest, broadcast=ragged)
         if flat:
             root = _collapse(s, root, symbolic=not const_rows)
             flat = len(root) == 1
