@@ -464,7 +464,7 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
         threads = max(threads, g.strategy.lanes)
     for phase in _phases(s, blocks[-1].var):
         if _is_reduction_loop(phase):
-            s.bind_reduction(phase.var, threads=threads)
+            _bind_reduction(s, phase.var, threads)
         else:
             while isinstance(phase.body, For) and _is_const(phase.hi - phase.lo, 1):
                 phase = phase.body  # e.g. the row copy of cache_read: for c0 in 0..1: for c1 in 0..n
@@ -474,8 +474,27 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
                 # 128-bit accesses along the row (the row copy into shared memory and the epilogue)
                 var, lane = s.split(var, lanes)
                 s.vectorize(lane)
-            _, ti = s.split(var, threads)
+            jo, ti = s.split(var, threads)
+            _unroll_symbolic(s, jo, SYMBOLIC_SPATIAL_UNROLL)
             s.bind(ti, "threadIdx.x")
+
+
+# a thread's share of a reduction whose trip count is known only at run time (a symbolic row length) is unrolled
+# by this many: as many loads in flight as a fixed-size kernel, whose constant trip count NVCC unrolls whole
+SYMBOLIC_SHARE_UNROLL = 8
+SYMBOLIC_SPATIAL_UNROLL = 4  # the same for a spatial phase's loop over a thread's 16-byte chunks of a row
+
+
+def _bind_reduction(s: Schedule, loop: Var, threads: int) -> None:
+    """`bind_reduction(loop, threads=threads)`, the thread's share unrolled by SYMBOLIC_SHARE_UNROLL where its
+    trip count is not a constant (NVCC unrolled such a loop by 4, one predicated load per iteration)."""
+    _unroll_symbolic(s, s.bind_reduction(loop, threads=threads)[1], SYMBOLIC_SHARE_UNROLL)
+
+
+def _unroll_symbolic(s: Schedule, loop: Any, by: int) -> None:
+    f = find_loop(s.program, loop.var)
+    if f.kind == "serial" and not isinstance(simplify(f.hi - f.lo), Const):
+        s.pragma(loop, "unroll", by)
 
 
 def _pointwise(nest: For, broadcast: bool = False) -> bool:
@@ -524,7 +543,7 @@ def _map_warp_rows(s: Schedule, g: FusionGroup, row: Any) -> None:
     s.bind(bi, "threadIdx.y")
     for phase in _phases(s, bi.var):
         if _is_reduction_loop(phase):
-            s.bind_reduction(phase.var, threads=st.lanes)
+            _bind_reduction(s, phase.var, st.lanes)
             continue
         var = phase.var
         n = simplify(phase.hi - phase.lo)
@@ -537,7 +556,8 @@ def _map_warp_rows(s: Schedule, g: FusionGroup, row: Any) -> None:
             # one (H200, 65536 x 768 float16 at symbolic sizes: softmax 0.108 -> 0.092 ms; x 64 keeps scalars)
             var, lane = s.split(var, vl)
             s.vectorize(lane)
-        _, ti = s.split(var, st.lanes)
+        jo, ti = s.split(var, st.lanes)
+        _unroll_symbolic(s, jo, SYMBOLIC_SPATIAL_UNROLL)
         s.bind(ti, "threadIdx.x")
 
 

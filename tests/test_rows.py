@@ -404,3 +404,19 @@ def test_every_strategy_runs_on_the_gpu(wl, m, n, sizes):
     symbolic = sizes is not None
     ins, y, ref = WORKLOADS[wl](te.var("m") if symbolic else m, te.var("n") if symbolic else n)
     _check_device(build(auto_schedule([y], "cuda", sizes=sizes), [*ins, y], target="cuda"), ins, ref, m, n)
+
+
+@pytest.mark.parametrize("n, m", [(te.var("n"), te.var("m")), (768, 4096)])
+def test_shares_of_symbolic_length_are_unrolled_by_a_pragma(n, m):
+    # a thread's share of a reduction whose trip count is symbolic is unrolled by 8 (`pragma`, recorded in the
+    # trace), its spatial chunks by 4; at fixed sizes the trip counts are constants that NVCC unrolls itself
+    w = workloads.softmax_mixed(m, n, "float16")
+    sym = not isinstance(n, int)
+    s = auto_schedule(list(w.outputs), "cuda", sizes={"n": 768, "m": 65536} if sym else None)
+    pragmas = [t for t in s.trace if t["primitive"] == "pragma"]
+    src = build(s, list(w.inputs) + list(w.outputs), target="cuda").source
+    if sym:
+        assert len(pragmas) == 3 and "#pragma unroll 8\n" in src and "#pragma unroll 4\n" in src
+        assert src.count("#pragma unroll 8\n") == 2  # the max and the sum shares
+    else:
+        assert pragmas == [] and "#pragma unroll 8" not in src
