@@ -30,10 +30,12 @@ def test_the_mean_and_variance_divide_by_a_reciprocal(m, n) -> None:
     w = workloads.layernorm_mixed(m, n, "float16")
     src = build(list(w.outputs), list(w.inputs) + list(w.outputs), target="cuda").source
     for stmt in ("mean", "var"):
-        (line,) = _share_lines(src, stmt)
-        assert " / " not in line.replace("(1.0f / ", ""), line
-        want = "* 0.0013020833721384406f" if isinstance(n, int) else "(1.0f / ((float)(n)))"
-        assert want in line, line
+        lines = _share_lines(src, stmt)  # one per lane of a 16-byte chunk where the share reads chunks, and the
+        assert lines  # scalar fallback's
+        for line in lines:
+            assert " / " not in line.replace("(1.0f / ", ""), line
+            want = "* 0.0013020833721384406f" if isinstance(n, int) else "(1.0f / ((float)(n)))"
+            assert want in line, line
         assert f"// {stmt}: this thread's share (its terms' invariant divisor as a reciprocal)" in src
     # 1 / 768 correctly rounded to float32
     assert float(np.float32(1) / np.float32(768)) == float("0.0013020833721384406")

@@ -190,15 +190,17 @@ def test_every_strategy_compiles_with_nvrtc(wl, m, n):
 @pytest.mark.parametrize("wl", sorted(WORKLOADS))
 def test_symbolic_warp_rows_move_whole_vectors_guarded_per_vector(wl):
     # n = 16*n16 (a call-time specialization's key n%16): 16 lanes x 4 floats do not tile a row of unknown length,
-    # but every float4 is whole; the row's elementwise phase runs 128-bit accesses, guarded per vector, and the
-    # reductions split over the 16 lanes exactly (n16 steps each, no guard)
+    # but every float4 is whole; the row's elementwise phase runs 128-bit accesses, guarded per vector, and each
+    # lane's share of the reductions reads float4 chunks (guarded per chunk, not per element)
     n16 = te.var("n16")
     ins, y, ref = WORKLOADS[wl](te.var("m"), n16 * 16)
     s = auto_schedule([y], "cuda", sizes={"n16": 4, "m": 65536})
     assert _strategy(s) == "warp"
     src = build(s, [*ins, y], target="cuda").source
     assert "// y: 128-bit vector loads/stores over j_i" in src
-    assert "for (int ks = 0; ks < n16; ++ks) {" in src and "if ((((ks * 16) + kt) <" not in src
+    assert src.count("// 128-bit loads over k_i") == {"rmsnorm": 1}.get(wl, 2)
+    assert "const float4 x_v = LOOPIR_LD4(" in src
+    assert "if ((((k_os * 16) + k_ot) < loopir_floordiv(((n16 * 16) + 3), 4)))" in src
     for m, n in ((3, 16), (5, 48), (2, 112)):
         _check_interp(s, ins, ref, m, n, seed=n)
 
@@ -420,3 +422,64 @@ def test_shares_of_symbolic_length_are_unrolled_by_a_pragma(n, m):
         assert src.count("#pragma unroll 8\n") == 2  # the max and the sum shares
     else:
         assert pragmas == [] and "#pragma unroll 8" not in src
+
+
+# ----------------------------------------------------------------------------- 16-byte reads in the shares
+
+HALF_ROWS = {"softmax": workloads.softmax_mixed, "layernorm": workloads.layernorm_mixed, "rmsnorm": workloads.rmsnorm}
+
+
+def _half_rows(wl: str, m, n, dtype: str = "float16"):
+    return HALF_ROWS[wl](m=m, n=n, dtype=dtype)
+
+
+def _check_half(w, sizes: dict, prog=None, mod=None) -> None:
+    """`w` at `sizes` ({size Var: value}) on fresh random data, outputs NaN-poisoned, through the GPU interpreter
+    in reversed thread order (`prog`) or on the device (`mod`), against its float64 reference."""
+    from loopir.args import eval_expr
+
+    rng = np.random.default_rng(sum(sizes.values()) + 1)
+    dims = lambda t: [int(eval_expr(d, sizes)) if not isinstance(d, int) else d for d in t.shape]  # noqa: E731
+    ins = [rng.standard_normal(dims(a)).astype(a.dtype) for a in w.inputs]
+    outs = [np.full(dims(o), np.nan, o.dtype) for o in w.outputs]
+    if mod is None:
+        interp.run(prog, *ins, *outs, gpu_order="reversed", sizes={v.name: k for v, k in sizes.items()})
+    else:
+        mod(*ins, *outs)
+    for got, want in zip(outs, w.reference(*ins)):
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=4e-3, atol=4e-3)
+
+
+def _half_case(wl: str, sym: bool):
+    m, n16 = te.var("m"), te.var("n16")
+    w = _half_rows(wl, m, n16 * 16) if sym else _half_rows(wl, 256, 768)
+    s = auto_schedule(list(w.outputs), "cuda", sizes={"n16": 48, "m": 65536} if sym else None)
+    shapes = [{m: 3, n16: 48}, {m: 5, n16: 16}, {m: 2, n16: 2}] if sym else [{}]
+    return w, s, shapes
+
+
+@pytest.mark.parametrize("wl", sorted(HALF_ROWS))
+@pytest.mark.parametrize("sym", [False, True])
+def test_warp_row_shares_read_16_byte_chunks(wl, sym):
+    # 16-bit rows of up to 1024 elements (a warp each): each lane's share of a reduction is split into chunks of
+    # 8 halves, the chunk loop unrolled; the renderer reads a chunk with one 128-bit load (then the lanes of the
+    # uint4), behind the 16-byte pointer test, the scalar loop as fallback
+    w, s, shapes = _half_case(wl, sym)
+    assert _strategy(s) == "warp" and "unroll" in [t["primitive"] for t in s.trace]
+    mod = build(s, list(w.inputs) + list(w.outputs), target="cuda")
+    shares = mod.source.count("// 128-bit loads over k")
+    assert shares == {"softmax": 2, "layernorm": 2, "rmsnorm": 1}[wl], mod.source
+    assert "loopir_h2f_lo(x_v.x)" in mod.source and mod.cubin[:4] == b"\x7fELF"
+    prog = lower(s.program, "cuda")
+    for sizes in shapes:
+        _check_half(w, sizes, prog=prog)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wl", sorted(HALF_ROWS))
+@pytest.mark.parametrize("sym", [False, True])
+def test_warp_row_shares_read_16_byte_chunks_on_the_gpu(wl, sym):
+    w, s, shapes = _half_case(wl, sym)
+    mod = build(s, list(w.inputs) + list(w.outputs), target="cuda")
+    for sizes in shapes:
+        _check_half(w, sizes, mod=mod)

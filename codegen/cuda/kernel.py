@@ -354,6 +354,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             return None
         if f.kind == "vectorize" and self.try_vector(f):
             return None
+        if f.kind == "unroll" and self.try_vector_reads(f):
+            return None
         if f.kind == FLASH:  # a block's online-softmax pass on tensor cores (codegen.cuda.flash)
             return render_flash(self, f)
         if f.kind == FLASH_WGMMA:  # the same on warpgroup tensor cores (codegen.cuda.flash_wgmma)

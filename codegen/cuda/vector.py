@@ -132,16 +132,86 @@ class _VectorEmitter:
             self._vector_emit_small(v, outs, vec_loads, stores[0].buffer.dtype)
         else:
             self._vector_emit_half(v, outs, vec_loads, stores[0].buffer.dtype)
+        self._scalar_fallback(f, lanes)
+        return True
+
+    def _scalar_fallback(self, f: N.For, lanes: int) -> None:
+        """Close the vector branch with `} else {` the lane loop as scalars `}`."""
         self.ind -= 1
         self.line("} else {")
         self.ind += 1
-        vn = self.var(v)
-        self.line("#pragma unroll 1" if v in self.kern.rolled else "#pragma unroll")  # rolled: a remainder copy
+        vn = self.var(f.var)
+        self.line("#pragma unroll 1" if f.var in self.kern.rolled else "#pragma unroll")  # rolled: a remainder copy
         self.line(f"for ({self.ix} {vn} = 0; {vn} < {lanes}; ++{vn}) {{")
         self.block(f.body, False)
         self.line("}")
         self.ind -= 1
         self.line("}")
+
+    def try_vector_reads(self, f: N.For) -> bool:
+        """An unrolled loop `v in 0..L` (L the lanes of a 16-byte access) whose body is stores (a reduction's
+        share: `acc = max(acc, x[base + v])`) reading `x[base + v]` with base a multiple of L: one 128-bit load
+        per such array before the body, each lane's body written out with its elements taken from the load's
+        lanes (the stores keep their own form). Run-time checks as for `try_vector` (16-byte aligned pointers,
+        sizes divisible, the thread's row predicate), the unrolled scalar loop as fallback. Only the shares of
+        cross-thread reductions (every store a reduction's register target). A warp's share of a 16-bit row then
+        issues one load per 8 elements instead of 8."""
+        if not (_is_const(f.lo) and _is_const(f.hi) and f.lo.value == 0):  # type: ignore[attr-defined]
+            return False
+        lanes = f.hi.value  # type: ignore[attr-defined]
+        stores = list(f.body.body) if isinstance(f.body, N.Seq) else [f.body]
+        if not stores or not all(isinstance(st, N.Store) and id(st) in self.red_targets for st in stores):
+            return False  # the shares of cross-thread reductions only (other unrolled nests keep their form)
+        v, checks = f.var, ([self.pred] if self.pred is not None else [])
+        written = {id(st.buffer) for st in stores}
+        found: list[tuple[N.Load, N.Expr]] = []  # (the load as its statement writes it, base in the loops)
+        for st in stores:
+            sub = subst_coords(st)
+            for n in walk(st.value):
+                if not isinstance(n, N.Load) or any(n is x for x, _ in found):
+                    continue
+                at = tuple(substitute(i, sub) for i in n.indices)
+                if not any(v in free_vars(i) for i in at) or n.buffer.scope not in _VEC_SCOPES \
+                        or vector_lanes(n.buffer.dtype) != lanes or n.buffer.dtype not in ("float32", *_UNPACK):
+                    continue
+                if id(n.buffer) in written:
+                    return False  # the loads are hoisted above the stores
+                base = self._aligned_base(self.flat(n.buffer, at), v, checks, lanes)
+                if base is not None:
+                    found.append((n, base))
+                    checks += self._pointer_check(n.buffer)
+        if not found:
+            return False
+        self.line(f"if ({' && '.join(dict.fromkeys(checks))}) {{  // 128-bit loads over {v.name}")
+        self.ind += 1
+        names: list[str] = []
+        bases: dict[tuple[int, N.Expr], str] = {}
+        for n, base in found:
+            nm = bases.get((id(n.buffer), base))
+            if nm is None:
+                nm = bases[id(n.buffer), base] = self.names.fresh(f"{n.buffer.name}_v")
+                vt = "float4" if n.buffer.dtype == "float32" else "uint4"
+                ptr = f"reinterpret_cast<const {vt}*>(&{self.buf(n.buffer)}[{self.expr(base)}])"
+                self.line(f"const {vt} {nm} = {f'LOOPIR_LD4({ptr})' if n.buffer.scope == 'global' else '*' + ptr};")
+            names.append(nm)
+        vn = self.var(v)
+        for lane in range(lanes):
+            lane_of = {}
+            for (n, _), nm in zip(found, names):
+                if n.buffer.dtype == "float32":
+                    lane_of[n] = f"{nm}.{'xyzw'[lane]}"
+                else:
+                    self.uses_half = True
+                    lane_of[n] = f"{_UNPACK[n.buffer.dtype][lane % 2]}({nm}.{'xyzw'[lane // 2]})"
+            self.line(f"{{  // {v.name} = {lane}")
+            self.ind += 1
+            self.line(f"const {self.ix} {vn} = {lane};")
+            self.vec_lanes = lane_of
+            self.stmt(f.body, False)
+            self.vec_lanes = {}
+            self.ind -= 1
+            self.line("}")
+        self._scalar_fallback(f, lanes)
         return True
 
     def _vector_emit(self, v: N.Var, outs: list, vec_loads: list) -> None:
