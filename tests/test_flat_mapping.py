@@ -106,6 +106,9 @@ def test_symbolic_row_lengths_collapse_and_vectorize_at_every_key(seed, dtype) -
             # is read lane by lane at f % n where the key does not make the row whole vectors
             assert vec and not any("loopir_floordiv" in ln for ln in vec), key
             assert all("loopir_mod" not in ln.split("= LOOPIR_LD4")[-1].split("]")[0] for ln in vec), key
+            if len(w.inputs) > 1 and "loopir_mod" in body:  # a bias read at f % n: one division per vector, the
+                vec_branch = body.split("} else {")[0]  # next lanes' columns by increments
+                assert vec_branch.count("loopir_mod(") == 1 and "// the column of lane 0" in vec_branch, key
         ins = _sym_inputs(w, {m: shape[0], n: shape[1]}, rng, dtype)
         outs = [np.full(shape, np.nan, dtype) for _ in w.outputs]
         _run(v, ins, outs)

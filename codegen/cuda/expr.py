@@ -136,6 +136,8 @@ class _ExprEmitter:
                 return f"{_TO_FLOAT[e.buffer.dtype]}({ref})"
             return ref
         if isinstance(e, N.Binary):
+            if e.op == "mod" and self.vec_lanes and e in self.vec_lanes:  # a lane's column (vector.py _lane_mods)
+                return self.vec_lanes[e]
             a, b = self.expr(e.a), self.expr(e.b)
             if e.op == "div" and self.fast_exp and e.dtype == "float32" and not _is_one(e.a):  # half outputs
                 if not isinstance(e.b, N.Const):

@@ -22,10 +22,12 @@ sin and cos of one argument share one `sincosf`, per lane too.
 
 from __future__ import annotations
 
+from typing import Any
+
 from loopir import nodes as N
 from loopir.affine import polynomial
 from loopir.dtypes import vector_lanes
-from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
+from loopir.visit import _child_fields, free_vars, loops_of, subst_coords, substitute, walk
 
 from .expr import _NPTYPE, _SMALL, _is_const
 
@@ -46,6 +48,22 @@ def _monotone_guard(cond: N.Expr, v: N.Var) -> bool:
         return False
     return p.get((id(v),), 0) >= 0
 
+
+
+def _walk_outside(e: N.Expr, pruned: set[N.Load]) -> list[N.Node]:
+    """The nodes of `e` (pre-order) outside the subtrees of the loads `pruned`."""
+    out: list[N.Node] = []
+    stack: list[N.Node] = [e]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, N.Load) and n in pruned:
+            continue
+        out.append(n)
+        for name in _child_fields(type(n)):
+            kid = getattr(n, name)
+            stack.extend(k for k in (kid if isinstance(kid, tuple) else (kid,))
+                         if isinstance(k, N.Expr) and not isinstance(k, N.Buffer))
+    return out
 
 
 class _VectorEmitter:
@@ -225,9 +243,11 @@ class _VectorEmitter:
         for st, base, value in outs:
             out = self.names.fresh(f"{st.name}_v")
             self.line(f"float4 {out};  // {st.name}")
+            mods = self._lane_mods(v, value, 4, lane_names)
             for lane, comp in enumerate("xyzw"):
                 lc = N.const(lane)
                 self.vec_lanes = {substitute(ld, {v: lc}): f"{nm}.{comp}" for ld, nm in lane_names.items()}
+                self.vec_lanes.update(mods)
                 lane_value = substitute(value, {v: lc})
                 self.sincos(lane_value)  # sin and cos of one lane's argument share one sincosf
                 self.line(f"{out}.{comp} = {self.expr(lane_value)};")
@@ -255,10 +275,12 @@ class _VectorEmitter:
         """The 8 lanes of `value` as float constants (their names), the vector loads' lanes unpacked from the words
         of their `uint4` (lane 2k the low half of word k)."""
         vals = [self.names.fresh(f"{st.name}_{lane}") for lane in range(8)]
+        mods = self._lane_mods(v, value, 8, lane_names)
         for lane in range(8):
             lc, word = N.const(lane), f".{'xyzw'[lane // 2]}"
             self.vec_lanes = {substitute(ld, {v: lc}): f"{_UNPACK[ld.buffer.dtype][lane % 2]}({nm}{word})"
                               for ld, nm in lane_names.items()}
+            self.vec_lanes.update(mods)
             lane_value = substitute(value, {v: lc})
             self.sincos(lane_value)
             self.line(f"const float {vals[lane]} = {self.expr(lane_value)};")
@@ -330,6 +352,30 @@ class _VectorEmitter:
             self.line(f"const uint4 {out} = make_uint4({words});  // {st.name}")
             self.line(f"LOOPIR_ST4({ptr}, {out});" if st.buffer.scope == "global" else f"*{ptr} = {out};")
             self._invalidate(st.buffer)
+
+    def _lane_mods(self, v: N.Var, value: N.Expr, lanes: int, vector: Any) -> dict[N.Expr, str]:
+        """Per `(base + v) % d` in `value` (d and base free of v: the column of a flat index, where a broadcast
+        operand b[f % n] joins a collapsed row), each lane's node (v substituted) and the name of its value,
+        declared here: lane 0's remainder r_0 = base % d, then r_l = r_(l-1) + 1, wrapped to 0 where it reaches d
+        (exact for every d >= 1: (x + 1) % d is x % d + 1 or 0). One integer division per vector instead of one
+        per lane (a division by a size is a sequence of ~20 instructions). The indices of the `vector` loads
+        (read as 128-bit words) are not rendered and are skipped."""
+        out: dict[N.Expr, str] = {}
+        for n in _walk_outside(value, set(vector)):
+            if not (isinstance(n, N.Binary) and n.op == "mod" and v in free_vars(n.a) and v not in free_vars(n.b)):
+                continue
+            lane0 = substitute(n, {v: N.const(0)})
+            p = polynomial(n.a)
+            if lane0 in out or p is None or p.get((id(v),)) != 1 or any(id(v) in k for k in p if k != (id(v),)):
+                continue
+            r, d = self.names.fresh("col"), self.expr(n.b)
+            self.line(f"const {self.ix} {r} = {self.expr(lane0)};  // the column of lane 0, then of each next lane")
+            out[lane0] = r
+            for lane in range(1, lanes):
+                nxt = self.names.fresh("col")
+                self.line(f"const {self.ix} {nxt} = ({r} + 1 == {d}) ? 0 : ({r} + 1);")
+                out[substitute(n, {v: N.const(lane)})] = r = nxt
+        return out
 
     def _pointer_check(self, b: N.Buffer) -> list[str]:
         """`b` is 16-byte aligned: a global buffer's test is one `const bool` at the kernel entry; a shared
