@@ -485,7 +485,7 @@ SYMBOLIC_SHARE_UNROLL = 8
 SYMBOLIC_SPATIAL_UNROLL = 4  # the same for a spatial phase's loop over a thread's 16-byte chunks of a row
 
 
-def _bind_reduction(s: Schedule, loop: Var, threads: int) -> None:
+def _bind_reduction(s: Schedule, loop: Any, threads: int) -> None:
     """`bind_reduction(loop, threads=threads)`, the thread's share unrolled by SYMBOLIC_SHARE_UNROLL where its
     trip count is not a constant (NVCC unrolled such a loop by 4, one predicated load per iteration)."""
     _unroll_symbolic(s, s.bind_reduction(loop, threads=threads)[1], SYMBOLIC_SHARE_UNROLL)
@@ -539,8 +539,10 @@ def _store_lanes(body: Any) -> int:
 
 def _map_warp_rows(s: Schedule, g: FusionGroup, row: Any) -> None:
     """Rows of `g.strategy.lanes` threads (threadIdx.x), `g.strategy.rows` rows per block (threadIdx.y):
-    the (collapsed) row loop `split` by the rows per block, each reduction phase
-    `bind_reduction(threads=lanes)`, each spatial phase `split` by the lanes (and first by a 16-byte vector,
+    the (collapsed) row loop `split` by the rows per block, each reduction phase `split` into 16-byte chunks
+    (the chunk loop unrolled: one 128-bit load in the renderer) where the row is whole chunks and a row of the
+    planned length gives every lane one, then `bind_reduction(threads=lanes)` over the chunks (over the elements
+    otherwise), each spatial phase `split` by the lanes (and first by a 16-byte vector,
     vectorized, when the lanes' vectors tile the row, or when the row is whole vectors (a symbolic n = 16*n16)
     and a row of the planned length gives every lane one: then each vector is guarded, not each element)."""
     st = g.strategy
