@@ -191,8 +191,8 @@ class _Stmt:
     names: _Names  # binds loops and iteration variables
     cons: list[str]  # the domain: loop bounds, guards, it_k = coord_k(l)
     exact: bool
-    loops_exact: bool = True  # the loop bounds and guards are affine (the coords may not be)
-    lnames: _Names | None = None  # binds the loops alone
+    loops_exact: bool  # the loop bounds and guards are affine (the coords may not be)
+    lnames: _Names  # binds the loops alone
 
 
 class _Model:
@@ -386,9 +386,10 @@ def _model(program: Program) -> tuple[_Model, list[tuple[_Stmt, Buffer, tuple[Ex
             seen.add(key)
             if _interval_proven(s.info, idx, buf.shape):
                 continue
-            if _wrapped(s, buf, idx):
-                continue
-            digits = _digits_access(m, s, buf, idx, conds)
+            at = _in_loops(s, idx)  # a collapsed statement's indices in its loops
+            if at is not None and wrapped_digits(buf.shape, at):
+                continue  # a bias b[f % n]: in bounds whatever f
+            digits = _digits_access(s, buf, at, _in_loops(s, conds)) if at is not None else None
             if digits is not None:
                 es = [_fresh("e0", s.dims + list(m.params))]
                 body = s.cons + [f"{es[0]} = ({digits[0]})"] + digits[2]
@@ -414,29 +415,29 @@ def _model(program: Program) -> tuple[_Model, list[tuple[_Stmt, Buffer, tuple[Ex
     return m, decided, unknown, m.prefix() + "{ " + "; ".join(parts) + " }"
 
 
-def _wrapped(s: _Stmt, buf: Buffer, idx: tuple[Expr, ...]) -> bool:
-    """An access whose indices are wrapped digits of a collapsed index (a bias b[f % n]; `wrapped_digits`):
-    in bounds for every value of f."""
-    return (not s.exact and s.loops_exact
-            and wrapped_digits(buf.shape, tuple(substitute(i, subst_coords(s.info.store)) for i in idx)))
-
-
-def _digits_access(m: _Model, s: _Stmt, buf: Buffer, idx: tuple[Expr, ...], conds: tuple[Expr, ...]
-                   ) -> tuple[str, str, list[str]] | None:
-    """(offset, extent, conditions) as isl text over the loops, for an access of a statement whose coords are
-    not affine but whose indices are the mixed-radix digits of an affine offset f (x[i, j] after `collapse` of
-    a symbolic n: i = f // n, j = f % n; `mixed_radix`): in bounds iff 0 <= f < prod(shape). None otherwise."""
-    if s.exact or not s.loops_exact or s.lnames is None:
+def _in_loops(s: _Stmt, exprs: tuple[Expr, ...]) -> tuple[Expr, ...] | None:
+    """`exprs` (indices or conditions in the iteration variables) written in the loops, for a statement whose
+    coords are not affine but whose loop bounds and guards are (after `collapse` of a symbolic extent); None
+    for any other statement."""
+    if s.exact or not s.loops_exact:
         return None
-    f = mixed_radix(buf.shape, tuple(substitute(i, subst_coords(s.info.store)) for i in idx))
+    sub = subst_coords(s.info.store)
+    return tuple(substitute(e, sub) for e in exprs)
+
+
+def _digits_access(s: _Stmt, buf: Buffer, at: tuple[Expr, ...], conds: tuple[Expr, ...]
+                   ) -> tuple[str, str, list[str]] | None:
+    """(offset, extent, conditions) as isl text over the loops when the indices `at` (in the loops) are the
+    mixed-radix digits of an affine offset f (x[i, j] after `collapse` of a symbolic n: i = f // n, j = f % n;
+    `mixed_radix`): in bounds iff 0 <= f < prod(shape). None otherwise."""
+    f = mixed_radix(buf.shape, at)
     if f is None:
         return None
     size: Expr = buf.shape[0]
     for d in buf.shape[1:]:
         size = binary("mul", size, d)
     try:
-        return aff(f, s.lnames), aff(size, s.lnames), [cond(substitute(c, subst_coords(s.info.store)), s.lnames)
-                                                        for c in conds]
+        return aff(f, s.lnames), aff(size, s.lnames), [cond(c, s.lnames) for c in conds]
     except NonAffine:
         return None
 

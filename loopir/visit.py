@@ -72,13 +72,14 @@ class Transformer:
         return dataclasses.replace(node, **changes) if changes else node
 
 
-def walk(node: Node) -> Iterator[Node]:
-    """Every node below `node` (pre-order), Buffers excluded. Iterative: any depth."""
+def walk(node: Node, prune: Callable[[Node], bool] | None = None) -> Iterator[Node]:
+    """Every node below `node` (pre-order), Buffers excluded, and with `prune` the subtrees of the nodes for which
+    it is true. Iterative: any depth."""
     out: list[Node] = []
     stack: list[Any] = [node]
     while stack:
         n = stack.pop()
-        if not isinstance(n, Node) or isinstance(n, Buffer):
+        if not isinstance(n, Node) or isinstance(n, Buffer) or (prune is not None and prune(n)):
             continue
         out.append(n)
         if isinstance(n, Var):

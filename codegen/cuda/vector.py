@@ -27,7 +27,7 @@ from typing import Any
 from loopir import nodes as N
 from loopir.affine import polynomial
 from loopir.dtypes import vector_lanes
-from loopir.visit import _child_fields, free_vars, loops_of, subst_coords, substitute, walk
+from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
 from .expr import _NPTYPE, _SMALL, _is_const
 
@@ -50,20 +50,12 @@ def _monotone_guard(cond: N.Expr, v: N.Var) -> bool:
 
 
 
-def _walk_outside(e: N.Expr, pruned: set[N.Load]) -> list[N.Node]:
-    """The nodes of `e` (pre-order) outside the subtrees of the loads `pruned`."""
-    out: list[N.Node] = []
-    stack: list[N.Node] = [e]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, N.Load) and n in pruned:
-            continue
-        out.append(n)
-        for name in _child_fields(type(n)):
-            kid = getattr(n, name)
-            stack.extend(k for k in (kid if isinstance(kid, tuple) else (kid,))
-                         if isinstance(k, N.Expr) and not isinstance(k, N.Buffer))
-    return out
+def _plus_v(e: N.Expr, v: N.Var) -> dict | None:
+    """The polynomial of `e` when `e` is base + v with v in no term of base (coefficient 1), else None."""
+    p = polynomial(e)
+    if p is None or p.get((id(v),)) != 1 or any(id(v) in k for k in p if k != (id(v),)):
+        return None
+    return p
 
 
 class _VectorEmitter:
@@ -186,7 +178,7 @@ class _VectorEmitter:
         for st in stores:
             sub = subst_coords(st)
             for n in walk(st.value):
-                if not isinstance(n, N.Load) or any(n is x for x, _ in found):
+                if not isinstance(n, N.Load) or any(n == x for x, _ in found):
                     continue
                 at = tuple(substitute(i, sub) for i in n.indices)
                 if not any(v in free_vars(i) for i in at) or n.buffer.scope not in _VEC_SCOPES \
@@ -202,29 +194,13 @@ class _VectorEmitter:
             return False
         self.line(f"if ({' && '.join(dict.fromkeys(checks))}) {{  // 128-bit loads over {v.name}")
         self.ind += 1
-        names: list[str] = []
-        bases: dict[tuple[int, N.Expr], str] = {}
-        for n, base in found:
-            nm = bases.get((id(n.buffer), base))
-            if nm is None:
-                nm = bases[id(n.buffer), base] = self.names.fresh(f"{n.buffer.name}_v")
-                vt = "float4" if n.buffer.dtype == "float32" else "uint4"
-                ptr = f"reinterpret_cast<const {vt}*>(&{self.buf(n.buffer)}[{self.expr(base)}])"
-                self.line(f"const {vt} {nm} = {f'LOOPIR_LD4({ptr})' if n.buffer.scope == 'global' else '*' + ptr};")
-            names.append(nm)
+        names = self._word_loads(found)
         vn = self.var(v)
         for lane in range(lanes):
-            lane_of = {}
-            for (n, _), nm in zip(found, names):
-                if n.buffer.dtype == "float32":
-                    lane_of[n] = f"{nm}.{'xyzw'[lane]}"
-                else:
-                    self.uses_half = True
-                    lane_of[n] = f"{_UNPACK[n.buffer.dtype][lane % 2]}({nm}.{'xyzw'[lane // 2]})"
             self.line(f"{{  // {v.name} = {lane}")
             self.ind += 1
             self.line(f"const {self.ix} {vn} = {lane};")
-            self.vec_lanes = lane_of
+            self.vec_lanes = {n: self._lane(n.buffer.dtype, nm, lane) for n, nm in names.items()}
             self.stmt(f.body, False)
             self.vec_lanes = {}
             self.ind -= 1
@@ -233,20 +209,15 @@ class _VectorEmitter:
         return True
 
     def _vector_emit(self, v: N.Var, outs: list, vec_loads: list) -> None:
-        lane_names = {}
-        for ld, lbase in vec_loads:
-            nm = self.names.fresh(f"{ld.buffer.name}_v")
-            lane_names[ld] = nm
-            addr = f"&{self.buf(ld.buffer)}[{self.expr(lbase)}]"
-            ptr = f"reinterpret_cast<const float4*>({addr})"
-            self.line(f"const float4 {nm} = {f'LOOPIR_LD4({ptr})' if ld.buffer.scope == 'global' else '*' + ptr};")
+        lane_names = self._word_loads(vec_loads)
         for st, base, value in outs:
             out = self.names.fresh(f"{st.name}_v")
             self.line(f"float4 {out};  // {st.name}")
             mods = self._lane_mods(v, value, 4, lane_names)
             for lane, comp in enumerate("xyzw"):
                 lc = N.const(lane)
-                self.vec_lanes = {substitute(ld, {v: lc}): f"{nm}.{comp}" for ld, nm in lane_names.items()}
+                self.vec_lanes = {substitute(ld, {v: lc}): self._lane("float32", nm, lane)
+                                  for ld, nm in lane_names.items()}
                 self.vec_lanes.update(mods)
                 lane_value = substitute(value, {v: lc})
                 self.sincos(lane_value)  # sin and cos of one lane's argument share one sincosf
@@ -261,7 +232,7 @@ class _VectorEmitter:
         """8 float32 lanes whose vector loads are 16-bit: one `uint4` per load (each word two lanes), the lanes
         computed in float, two float4 stores (the alignment proved for 8 lanes covers both)."""
         self.uses_half = True
-        lane_names = self._uint4_loads(vec_loads)
+        lane_names = self._word_loads(vec_loads)
         for st, base, value in outs:
             vals = self._half_lanes(v, st, value, lane_names)
             for half in (0, 1):
@@ -277,8 +248,8 @@ class _VectorEmitter:
         vals = [self.names.fresh(f"{st.name}_{lane}") for lane in range(8)]
         mods = self._lane_mods(v, value, 8, lane_names)
         for lane in range(8):
-            lc, word = N.const(lane), f".{'xyzw'[lane // 2]}"
-            self.vec_lanes = {substitute(ld, {v: lc}): f"{_UNPACK[ld.buffer.dtype][lane % 2]}({nm}{word})"
+            lc = N.const(lane)
+            self.vec_lanes = {substitute(ld, {v: lc}): self._lane(ld.buffer.dtype, nm, lane)
                               for ld, nm in lane_names.items()}
             self.vec_lanes.update(mods)
             lane_value = substitute(value, {v: lc})
@@ -288,15 +259,25 @@ class _VectorEmitter:
         self.pre = {}
         return vals
 
-    def _uint4_loads(self, vec_loads: list) -> dict:
-        """One 128-bit load (a `uint4`) per vector load; the lanes' names by load."""
+    def _word_loads(self, vec_loads: list) -> dict:
+        """One 128-bit load per vector load (a `float4` of float32, else a `uint4` of packed lanes); the loaded
+        words' names by load."""
         lane_names = {}
         for ld, lbase in vec_loads:
             nm = self.names.fresh(f"{ld.buffer.name}_v")
             lane_names[ld] = nm
-            ptr = f"reinterpret_cast<const uint4*>(&{self.buf(ld.buffer)}[{self.expr(lbase)}])"
-            self.line(f"const uint4 {nm} = {f'LOOPIR_LD4({ptr})' if ld.buffer.scope == 'global' else '*' + ptr};")
+            vt = "float4" if ld.buffer.dtype == "float32" else "uint4"
+            ptr = f"reinterpret_cast<const {vt}*>(&{self.buf(ld.buffer)}[{self.expr(lbase)}])"
+            self.line(f"const {vt} {nm} = {f'LOOPIR_LD4({ptr})' if ld.buffer.scope == 'global' else '*' + ptr};")
         return lane_names
+
+    def _lane(self, dt: str, word: str, lane: int) -> str:
+        """Lane `lane` of the loaded 128-bit `word` of `dt` as a float: a float4's component, or the low / high
+        half of a uint4's 32-bit word (lane 2k the low half of word k)."""
+        if dt == "float32":
+            return f"{word}.{'xyzw'[lane]}"
+        self.uses_half = True
+        return f"{_UNPACK[dt][lane % 2]}({word}.{'xyzw'[lane // 2]})"
 
     def _uint4_copy(self, st: N.Store, ptr: str, value: N.Expr, lane_names: dict) -> bool:
         """Store a loaded `uint4` as it is when `value` is one of the loads (a copy); False otherwise."""
@@ -310,7 +291,7 @@ class _VectorEmitter:
     def _vector_emit_half(self, v: N.Var, outs: list, vec_loads: list, dt: str) -> None:
         """8 lanes of float16 / bfloat16 per 128-bit access: a `uint4` of 4 words, each word two lanes."""
         self.uses_half = True
-        lane_names = self._uint4_loads(vec_loads)
+        lane_names = self._word_loads(vec_loads)
         for st, base, value in outs:
             out = self.names.fresh(f"{st.name}_v")
             ptr = f"reinterpret_cast<uint4*>(&{self.buf(st.buffer)}[{self.expr(base)}])"
@@ -332,7 +313,7 @@ class _VectorEmitter:
         per, bits = 4 // size, 8 * size
         mask = "0xFFu" if size == 1 else "0xFFFFu"
         lanes = per * 4
-        lane_names = self._uint4_loads(vec_loads)
+        lane_names = self._word_loads(vec_loads)
         for st, base, value in outs:
             out = self.names.fresh(f"{st.name}_v")
             ptr = f"reinterpret_cast<uint4*>(&{self.buf(st.buffer)}[{self.expr(base)}])"
@@ -361,12 +342,12 @@ class _VectorEmitter:
         per lane (a division by a size is a sequence of ~20 instructions). The indices of the `vector` loads
         (read as 128-bit words) are not rendered and are skipped."""
         out: dict[N.Expr, str] = {}
-        for n in _walk_outside(value, set(vector)):
+        skip = set(vector)
+        for n in walk(value, prune=lambda x: isinstance(x, N.Load) and x in skip):
             if not (isinstance(n, N.Binary) and n.op == "mod" and v in free_vars(n.a) and v not in free_vars(n.b)):
                 continue
             lane0 = substitute(n, {v: N.const(0)})
-            p = polynomial(n.a)
-            if lane0 in out or p is None or p.get((id(v),)) != 1 or any(id(v) in k for k in p if k != (id(v),)):
+            if lane0 in out or _plus_v(n.a, v) is None:
                 continue
             r, d = self.names.fresh("col"), self.expr(n.b)
             self.line(f"const {self.ix} {r} = {self.expr(lane0)};  // the column of lane 0, then of each next lane")
@@ -391,10 +372,8 @@ class _VectorEmitter:
 
     def _aligned_base(self, flat: N.Expr, v: N.Var, checks: list[str], lanes: int = 4) -> N.Expr | None:
         """flat - v if flat = base + v with base a multiple of `lanes` (run-time checks appended), else None."""
-        p = polynomial(flat)
-        if p is None or p.get((id(v),)) != 1:
-            return None
-        if any(id(v) in k for k in p if k != (id(v),)):
+        p = _plus_v(flat, v)
+        if p is None:
             return None
         loopvars = {id(x.var) for x in loops_of(self.nest)}
         byid = {id(x): x for x in free_vars(flat)}

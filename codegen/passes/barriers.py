@@ -28,7 +28,7 @@ import islpy as isl
 
 from loopir import nodes as N
 from loopir.affine import eval_index, row_major
-from loopir.isl_conv import NonAffine, _Names, aff, cond
+from loopir.isl_conv import NonAffine, _Names, aff
 from loopir.poly_model import StmtInfo, _accessed, _Builder
 from loopir.gpu import is_block_loop, is_thread_loop, reduction_parts, reduction_stores
 from loopir.visit import loops_of, subst_coords, substitute, walk
@@ -138,39 +138,18 @@ class _Kernel:
         return out
 
     def _inst(self, acc: _Access) -> tuple[str, _Names, list[str], Callable[[list[str]], str]]:
-        """The tuple's instance `tag[..]`, its loops' name table, its constraints, and how to close a formula
-        over it. An instance whose iteration variables are affine in its loops is named by them (the loops
-        existential). Otherwise (`collapse` of a symbolic extent: i = f // n) it is named by its loop values and
-        then its iteration variables, tied where the coords are affine: named by the iteration variables alone,
-        which would not determine the loops in isl, every instance could run in every block (the flat offsets
-        of `_flat_offsets` are affine in the loops)."""
+        """The tuple's instance `tag[..]`, its loops' name table, its constraints (`_Builder._instance`), and how
+        to close a formula over it. An instance whose iteration variables are affine in its loops is named by them
+        (the loops existential). Otherwise (`collapse` of a symbolic extent: i = f // n) it is named by its loop
+        values and then its iteration variables, tied where the coords are affine: named by the iteration
+        variables alone, which would not determine the loops in isl, every instance could run in every block
+        (the flat offsets of `_flat_offsets` are affine in the loops)."""
         info = acc.info
         inst, names, cons = self.b._instance(info)
         if self.b.exact.get(info.store.name, True) or not info.loops:
             return (acc.tag + inst[inst.index("["):], names, cons,
                     lambda more: self.b._exists(info, names, more))
-        st = info.store
-        its = self.b.iter_names(st)
-        names = _Names(self.b.params, set(its))
-        for lp in info.loops:
-            names.bind(lp.var, "l_" + lp.var.name)
-        cons = []
-        for f in info.loops:
-            try:
-                cons.append(f"({aff(f.lo, names)}) <= {names.env[f.var]} < ({aff(f.hi, names)})")
-            except NonAffine:
-                pass  # a bound dropped: more instances, an over-approximation
-        for g in info.guards:
-            try:
-                cons.append(cond(g, names))
-            except NonAffine:
-                pass
-        for it, c in zip(its, st.coords):
-            try:
-                cons.append(f"{it} = ({aff(c, names)})")
-            except NonAffine:
-                pass
-        dims = ", ".join([*(names.env[lp.var] for lp in info.loops), *its])
+        dims = ", ".join([*(names.env[lp.var] for lp in info.loops), *self.b.iter_names(info.store)])
         return f"{acc.tag}[{dims}]", names, cons, lambda more: " and ".join(more) or "1 = 1"
 
     def _position(self, acc: _Access) -> tuple[str, int]:
