@@ -165,6 +165,7 @@ def mixed_radix(shape: tuple[Expr, ...], indices: tuple[Expr, ...]) -> Expr | No
     the last `f % s[-1]`, each one before it `(a // s[k+1]) % s[k]` of the quotient a left by the digits after
     it, the first the last quotient `a // s[1]`. Such indices are in bounds iff 0 <= f < prod(shape) (for
     positive extents), a condition affine in f where the indices are not (n a size: f // n). None otherwise."""
+    shape, indices = _without_unit_dims(shape, indices)
     if len(indices) < 2 or len(indices) != len(shape):
         return None
     f, a = _digits(shape, indices)
@@ -177,11 +178,22 @@ def wrapped_digits(shape: tuple[Expr, ...], indices: tuple[Expr, ...]) -> bool:
     """`indices` are the last digits of some f in the mixed radix of `shape`, the first of them wrapped too:
     `f % s[0]` in one dimension (a bias b[j] read at j = f % n), `((f // s[1]) % s[0], f % s[1])` in two.
     Always in bounds for positive extents."""
+    shape, indices = _without_unit_dims(shape, indices)
     if not indices or len(indices) != len(shape):
         return False
     _, a = _digits(shape, indices)
     return a is not None and (len(indices) == 1 or _part(indices[0], "mod", shape[0]) is not None
                               and _part(indices[0].a, "floordiv", shape[1]) == a)  # type: ignore[attr-defined]
+
+
+def _without_unit_dims(shape: tuple[Expr, ...], indices: tuple[Expr, ...]) -> tuple[tuple, tuple]:
+    """`shape` and `indices` without the dimensions of extent 1 indexed by 0 (a size specialized to 1: `collapse`
+    left no digit there, and 0 is in bounds)."""
+    if len(shape) != len(indices):
+        return shape, indices
+    keep = [k for k, (d, i) in enumerate(zip(shape, indices))
+            if not (same_value(d, Const(1, "int64")) and same_value(i, Const(0, "int64")))]
+    return tuple(shape[k] for k in keep), tuple(indices[k] for k in keep)
 
 
 def _part(e: Expr, op: str, s: Expr) -> Expr | None:

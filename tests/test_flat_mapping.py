@@ -54,6 +54,10 @@ def test_mixed_radix_digits_and_wrapped_digits() -> None:
     assert mixed_radix((m, n), (div(f, n), mod(f + 1, n))) is None  # digits of two different numbers
     assert wrapped_digits((n,), (mod(f, n),)) and wrapped_digits((n, p), (mod(g, n), mod(f, p)))
     assert not wrapped_digits((n,), (mod(f, m),)) and not wrapped_digits((n, p), (div(g, n), mod(f, p)))
+    one, zero = N.const(1), N.const(0)  # a size specialized to 1: its loop gone, its index 0
+    assert mixed_radix((m, n, one), (div(f, n), mod(f, n), zero)) is f
+    assert wrapped_digits((n, one), (mod(f, n), zero))
+    assert mixed_radix((m, n, one), (div(f, n), mod(f, n), N.const(1))) is None  # index 1 of extent 1: no
 
 
 @pytest.mark.parametrize("seed", [W.gelu, W.horizontal, W.bias_gelu])
@@ -171,7 +175,7 @@ def test_device_odd_width_and_symbolic_3d(dtype: str) -> None:
     x = te.placeholder((b, t, d), dtype=dtype, name="x")
     y = te.compute((b, t, d), lambda i, j, k: x[i, j, k] * 2.0 - 1.0, name="y")
     mod = build([y], [x, y], target="cuda")
-    for shape in ((3, 5, 64), (2, 7, 33)):
+    for shape in ((3, 5, 64), (2, 7, 33), (4, 9, 1)):  # d = 1: a key without the loop over d
         a = rng.standard_normal(shape).astype(dtype)
         o = np.full(shape, np.nan, dtype)
         mod(a, o)
@@ -192,6 +196,29 @@ def test_halide_lesson_2_brighter_image_of_odd_width() -> None:
     assert "LOOPIR_LD4" in vec and "loopir_floordiv" not in vec
     got = np.full_like(a, np.nan)
     _run(cu, [a], [got])
+    np.testing.assert_allclose(got, ref, rtol=1e-6)
+    got_cpu = np.full_like(a, np.nan)
+    build([out], [img, out], target="cpu")(a, got_cpu)
+    np.testing.assert_allclose(got_cpu, ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(37, 641, 3), (5, 7, 1), (2, 1024, 4)])
+def test_halide_lesson_2_at_symbolic_sizes(shape) -> None:
+    # the same brightening with the image's sizes known only at run time: one module; every call-time key (an odd
+    # width, a channel count of 1 whose loop the key removes, whole vectors) runs 16-byte accesses at a flat index
+    # with every access proven in bounds (no guard, no note), on both targets
+    h, w, c = te.var("h"), te.var("w"), te.var("c")
+    img = te.placeholder((h, w, c), name="input")
+    out = te.compute((h, w, c), lambda y, x, ch: te.minimum(img[y, x, ch] * 1.5, 255.0), name="brighter")
+    a = (np.random.default_rng(sum(shape)).random(shape) * 255).astype(np.float32)
+    ref = np.minimum(a.astype(np.float64) * 1.5, 255)
+    cu = build([out], [img, out], target="cuda")
+    v, key = cu.specializer.select({h: shape[0], w: shape[1], c: shape[2]})
+    assert v.notes == [], key
+    vec = [ln for ln in _kernel_body(v.source).splitlines() if "LOOPIR_LD4" in ln]
+    assert vec and not any("loopir_floordiv" in ln or "loopir_mod" in ln for ln in vec), key
+    got = np.full_like(a, np.nan)
+    _run(v, [a], [got])
     np.testing.assert_allclose(got, ref, rtol=1e-6)
     got_cpu = np.full_like(a, np.nan)
     build([out], [img, out], target="cpu")(a, got_cpu)
