@@ -66,10 +66,10 @@ from .primitives import find_loop
 from .primitives.cache import reduction_parts
 from .recipes import MMA_TILES, SIMT_KEYS, matmul_stage, schedule_gemm, schedule_gemm_cuda, simt_default
 from .primitives.tensorize import half_load
-from .primitives.wgmma import BLOCK_COLS, PERSISTENT_BLOCKS
+from .primitives.wgmma import BLOCK_COLS
 from .recipes.gemm import resolve_stage
 from .recipes.gemm_mma import mma_applicable, schedule_gemm_mma
-from .recipes.gemm_wgmma import schedule_gemm_wgmma
+from .recipes.gemm_wgmma import schedule_gemm_wgmma, tile_cols
 from .schedule import Schedule
 
 __all__ = ["auto_schedule", "map_statements"]
@@ -289,10 +289,19 @@ def _wgmma_block(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> tuple[tupl
     r = 128 if not isinstance(rows, Const) or int(rows.value) >= 128 else 64 if int(rows.value) >= 64 else 0
     c = 256 if not isinstance(cols, Const) else max((x for x in BLOCK_COLS if x <= int(cols.value)), default=0)
     batches = Const(1, "int64") if collapse or nb == 0 else row_ext[0]  # the batch loop on blockIdx.z
-    if c == 256 and isinstance(rows, Const) and isinstance(cols, Const) and isinstance(batches, Const) and \
-            int(batches.value) * -(-int(rows.value) // r) * -(-int(cols.value) // 256) < PERSISTENT_BLOCKS:
-        c = 128  # fewer 128 x 256 tiles than multiprocessors: narrower tiles keep more of them busy
+    each = [_costed(e, s) for e in (row_ext if collapse else [rows])]  # all batches' rows when collapsed
+    known = [None if None in each else math.prod(each), _costed(cols, s), _costed(batches, s)]  # type: ignore[arg-type]
+    if c == 256 and all(x is not None for x in known):
+        c = tile_cols(*known, r)  # type: ignore[arg-type]
     return ((r, c), collapse) if r and c else None
+
+
+def _costed(e: Expr, s: Schedule) -> int | None:
+    """`e`'s value: a constant, or a symbolic size at the sizes the plan was costed at (None: unknown)."""
+    plan = getattr(s, "plan", None)
+    sizes = getattr(plan, "sizes", None) or {}
+    got = simplify(substitute(e, {v: Const(int(sizes[v.name]), "int64") for v in free_vars(e) if v.name in sizes}))
+    return int(got.value) if isinstance(got, Const) else None
 
 
 def _rows_collapse(s: Schedule, g: FusionGroup, upd: Store, nb: int) -> bool:

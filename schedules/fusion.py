@@ -385,8 +385,9 @@ class _Planner:
                         f"{t.op.body.op} at each of the {pts:,} points where {c.name} reads it — kept in a buffer",
                     ))
                 continue
-            ok, reason = self._inline_profit(t)
             hosts = self._hosts(t)
+            keep = self._gemm_epilogue(t, hosts)
+            ok, reason = (False, keep) if keep else self._inline_profit(t)
             d = Decision("inline", (t.name,), ok, reason + f" (into {', '.join(h.name for h in hosts)})")
             for h in hosts:
                 self._note(h, d)
@@ -401,6 +402,29 @@ class _Planner:
                 if all(h is not x for x in out):
                     out.append(h)
         return out
+
+    def _gemm_epilogue(self, t: Tensor, hosts: list[Tensor]) -> str:
+        """Why t stays its GEMM's epilogue rather than being inlined ("" when it need not). t reads a GEMM P at
+        its own point, P read by t alone, so P is never written while t is P's epilogue. Inlined into a host that
+        cannot be P's epilogue in turn (a reduction, a host that reads t elsewhere than at its own point, or one
+        that reads another GEMM, whose epilogue it will be), P is written and read instead of t: kept iff P is the
+        wider (a float32 accumulator behind a float16 cast)."""
+        ev = self.ev
+        gemms = [p for p, idx in _effective_loads(t, self.inlined)
+                 if self._is_gemm(p) and tuple(idx) == tuple(t.op.axis)
+                 and [c.name for c in self.stages[id(p)].consumers] == [t.name] and not self.stages[id(p)].is_output]
+        if len(gemms) != 1 or _tensor_bytes(gemms[0], ev) <= _tensor_bytes(t, ev):
+            return ""
+        p = gemms[0]
+        for h in hosts:
+            loads = _effective_loads(h, self.inlined | {id(t)})
+            if (self.stages[id(h)].is_reduction or len(h.shape) != len(t.shape)
+                    or any(src is p and tuple(idx) != tuple(h.op.axis) for src, idx in loads)
+                    or any(src is not p and self._is_gemm(src) for src, _ in loads)):
+                return (f"kept as {p.name}'s GEMM epilogue: inlined into {h.name}, which cannot be {p.name}'s "
+                        f"epilogue, it would make {p.name} ({p.dtype}, {C.fmt_bytes(_tensor_bytes(p, ev))}) be "
+                        f"written and read in place of {t.name} ({t.dtype}, {C.fmt_bytes(_tensor_bytes(t, ev))})")
+        return ""
 
     def _inline_profit(self, t: Tensor) -> tuple[bool, str]:
         # inline iff recomputation time <= time of writing t and reading it back (roofline)

@@ -496,7 +496,7 @@ def half_outputs(program: N.Program) -> bool:
     times below float16's rounding (2^-11) and 2^9 below bfloat16's: the outputs round the same but for values
     that fall within that error of a rounding boundary. (Measured reason: float16 softmax spent more time in
     expf's instructions than in its DRAM traffic.) Likewise a float32 division multiplies by the divisor's
-    reciprocal (prelude loopir_div_half: 1.5 float32 ulps, 2^11 below float16's rounding), computed once where the
+    reciprocal (prelude loopir_div_half: 2.5 float32 ulps, 2^10 below float16's rounding), computed once where the
     divisor is invariant, as softmax's row sum is: an IEEE division per element doubled a row kernel's instructions."""
     written = {n.buffer for n in walk(program.body) if isinstance(n, N.Store)}
     outs = [b for b in program.args if b in written]

@@ -45,11 +45,11 @@ from loopir.errors import ArgumentError
 
 import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache_write)
 import schedules.primitives.tensorize  # noqa: F401  (registers Schedule.tensorize)
-from schedules.primitives.wgmma import BLOCK_COLS, BLOCK_ROWS, WGMMA
+from schedules.primitives.wgmma import BLOCK_COLS, BLOCK_ROWS, PERSISTENT_BLOCKS, WGMMA
 
 from .gemm import GemmPlan, collapse_batch, resolve_stage
 
-__all__ = ["schedule_gemm_wgmma", "WGMMA_TILES", "check_wgmma_tiles"]
+__all__ = ["schedule_gemm_wgmma", "WGMMA_TILES", "check_wgmma_tiles", "tile_cols"]
 
 # measured fastest on an H200 (4096^3 float16, cp.async ring of 4 stages): 128x256 401 TFLOP/s, 128x128 324,
 # 128x192 324 (benchmarks/RESULTS_wgmma.md)
@@ -92,3 +92,19 @@ def schedule_gemm_wgmma(s: Any, stage: str | Any = None, epilogue: Any = "auto",
     plan.steps.append(f"tensorize({ii.name}, '{WGMMA}'): the tile as one kernel body, {block[0] // 64} warpgroups "
                       f"of wgmma.mma_async m64n{block[1]}k16 fed by a cp.async ring of 128-byte-swizzled stages")
     return plan
+
+
+def tile_cols(rows: int, cols: int, batches: int, r: int) -> int:
+    """The columns of the persistent kernel's tile: its time is the rounds of tiles its blocks walk times a tile's
+    time (proportional to its columns), so the width whose tiles fill the last round best wins, the widest of
+    equals (fewer tiles, less overhead per tile). H200, float16, relu(A @ B + bias), ms at 128 x 256 / 192 / 128:
+    8192 x 768 x 768 (A's rows, B's columns, k) 0.034 / 0.027 / 0.046, 8192 x 768 x 3072 0.080 / 0.067 / 0.066,
+    4096 x 4096 x 1024 0.074 / 0.094 / 0.074, 8192 x 3072 x 768 0.090 / 0.089 / 0.091: the rounds x columns of
+    this rule order them but for the noise of the last. Fewer 128 x 256 tiles than multiprocessors: 128 columns
+    (measured earlier: more of them busy)."""
+    def tiles(c: int) -> int:
+        return batches * -(-rows // r) * -(-cols // c)
+
+    if tiles(256) < PERSISTENT_BLOCKS:
+        return 128
+    return min((256, 192, 128), key=lambda c: (-(-tiles(c) // PERSISTENT_BLOCKS) * c, -c))
