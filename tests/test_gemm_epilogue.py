@@ -181,3 +181,14 @@ def test_gated_epilogues_match_float64_on_the_gpu(dtype, kind, sizes, sym):
         assert not np.isnan(got).any()
         err = float(np.abs(got - ref).max() / np.abs(ref).max())
         assert err < (1e-2 if dtype == "bfloat16" else 2e-3), err
+
+
+@pytest.mark.parametrize("dtype, convert, rnd", [("float16", "loopir_f2h", "loopir_round_half"),
+                                                 ("bfloat16", "loopir_f2bf", "loopir_round_bf16")])
+def test_a_half_store_of_a_half_cast_converts_once(dtype, convert, rnd):
+    """codegen.cuda.expr.unrounded: storing cast(half, v) converts v once (rounding to half first changes nothing);
+    a cast inside the value (GELU's input, the half tensor fc) keeps its rounding."""
+    w = blocks.gpt2(B=2, T=128, C=256, H=4, dtype=dtype)
+    source = build(list(w.outputs), list(w.args), target="cuda").source
+    assert f"{convert}({rnd}(" not in source
+    assert re.search(rf"{convert}\(\(\(0\.5f \* \(\(float\)\({rnd}\(", source)  # GELU: the stored value, fc rounded

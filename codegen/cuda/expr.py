@@ -72,6 +72,16 @@ def reciprocal_const(value: float, dtype: str) -> float | None:
     return r if math.isfinite(r) and abs(r) >= tiny and abs(float(value)) >= tiny else None
 
 
+def unrounded(value: N.Expr, dtype: str) -> N.Expr:
+    """The value a store into a `dtype` (half) buffer converts: a cast to `dtype` of a float32 or half value left
+    out, since the conversion rounds to dtype once and rounding first too changes nothing (one conversion, not
+    three: float -> half -> float -> half)."""
+    if dtype in _FROM_FLOAT and isinstance(value, N.Cast) and value.dtype == dtype and \
+            value.a.dtype in ("float32", "float16", "bfloat16"):
+        return value.a
+    return value
+
+
 def _wrap(dtype: str, text: str) -> str:
     """A small integer's `int` value narrowed to its type (wraps modulo 2**bits, as numpy); others unchanged."""
     return f"((int)({_SMALL[dtype]})({text}))" if dtype in _SMALL else text

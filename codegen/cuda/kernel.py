@@ -59,6 +59,7 @@ from .expr import (  # noqa: F401  (re-exported: tests and callers import them f
     _Names,
     _sanitize,
     _wrap,
+    unrounded,
 )
 from .flash import PRELUDE_FLASH, heavy_first, render_flash
 from .flash_tf32 import render_flash_tf32
@@ -316,7 +317,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             self.line(f"{target} = {val};")
         else:
             flat = self.flat(st.buffer, st.indices)
-            val = self.expr(st.value)
+            val = self.expr(unrounded(st.value, st.buffer.dtype))
             if st.buffer.dtype in _FROM_FLOAT:
                 self.uses_half = True
                 val = f"{_FROM_FLOAT[st.buffer.dtype]}({val})"

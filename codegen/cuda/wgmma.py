@@ -36,7 +36,7 @@ from schedules.primitives.wgmma import (K_TILE, TmaPlan, WgmmaMismatch, WgmmaPar
                                          wgmma_parts)
 
 from .body import BodyEmitter
-from .expr import _FROM_FLOAT
+from .expr import _FROM_FLOAT, unrounded
 
 __all__ = ["wait_wgmma", "render_wgmma", "PRELUDE_WGMMA", "PRELUDE_WGMMA_TMA", "wgmma_shape", "asm_regs",
            "asm_accumulators"]
@@ -487,7 +487,7 @@ class _Emit(BodyEmitter):
                 self.line(f"{at} = {r.expr(r.flat(b, idx))};")
                 saved = dict(r.vec_lanes)
                 r.vec_lanes.update({ld: names[q] for ld, names in (lanes or {}).items()})
-                value = r.expr(val)
+                value = r.expr(unrounded(val, b.dtype))
                 r.vec_lanes.clear()
                 r.vec_lanes.update(saved)
                 value = f"{_FROM_FLOAT[b.dtype]}({value})" if b.dtype in _FROM_FLOAT else f"({ctype})({value})"
