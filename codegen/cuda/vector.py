@@ -215,11 +215,8 @@ class _VectorEmitter:
             self.line(f"float4 {out};  // {st.name}")
             mods = self._lane_mods(v, value, 4, lane_names)
             for lane, comp in enumerate("xyzw"):
-                lc = N.const(lane)
-                self.vec_lanes = {substitute(ld, {v: lc}): self._lane("float32", nm, lane)
-                                  for ld, nm in lane_names.items()}
+                self.vec_lanes, lane_value = self._lanes_of(v, lane, value, lane_names, 4)
                 self.vec_lanes.update(mods)
-                lane_value = substitute(value, {v: lc})
                 self.sincos(lane_value)  # sin and cos of one lane's argument share one sincosf
                 self.line(f"{out}.{comp} = {self.expr(lane_value)};")
             self.vec_lanes = {}
@@ -248,24 +245,42 @@ class _VectorEmitter:
         vals = [self.names.fresh(f"{st.name}_{lane}") for lane in range(8)]
         mods = self._lane_mods(v, value, 8, lane_names)
         for lane in range(8):
-            lc = N.const(lane)
-            self.vec_lanes = {substitute(ld, {v: lc}): self._lane(ld.buffer.dtype, nm, lane)
-                              for ld, nm in lane_names.items()}
+            self.vec_lanes, lane_value = self._lanes_of(v, lane, value, lane_names, 8)
             self.vec_lanes.update(mods)
-            lane_value = substitute(value, {v: lc})
             self.sincos(lane_value)
             self.line(f"const float {vals[lane]} = {self.expr(lane_value)};")
         self.vec_lanes = {}
         self.pre = {}
         return vals
 
+    def _lanes_of(self, v: N.Var, lane: int, value: N.Expr, lane_names: dict, lanes: int) -> tuple[dict, N.Expr]:
+        """`value` at lane `lane`, and what its loads read from the loaded vectors: each vector load's own lane,
+        and any other load of such a buffer at that load's base plus a constant k < lanes (a neighbour inside
+        the vector: rotary embedding's partner element c + 1 - 2 (c % 2)) its lane k, not a load of its own."""
+        lc = N.const(lane)
+        got = {substitute(ld, {v: lc}): self._lane(ld.buffer.dtype, nm, lane) for ld, nm in lane_names.items()}
+        lane_value = substitute(value, {v: lc})
+        for n in walk(lane_value):
+            if not isinstance(n, N.Load) or n in got:
+                continue
+            for ld, nm in lane_names.items():
+                if ld.buffer is not n.buffer:
+                    continue
+                d = polynomial(N.binary("sub", self.flat(n.buffer, n.indices), self.vec_bases[ld]))
+                if d is not None and set(d) <= {()} and 0 <= d.get((), 0) < lanes:
+                    got[n] = self._lane(n.buffer.dtype, nm, d.get((), 0))
+                    break
+        return got, lane_value
+
     def _word_loads(self, vec_loads: list) -> dict:
         """One 128-bit load per vector load (a `float4` of float32, else a `uint4` of packed lanes); the loaded
         words' names by load."""
         lane_names = {}
+        self.vec_bases = {}
         for ld, lbase in vec_loads:
             nm = self.names.fresh(f"{ld.buffer.name}_v")
             lane_names[ld] = nm
+            self.vec_bases[ld] = lbase
             vt = "float4" if ld.buffer.dtype == "float32" else "uint4"
             ptr = f"reinterpret_cast<const {vt}*>(&{self.buf(ld.buffer)}[{self.expr(lbase)}])"
             self.line(f"const {vt} {nm} = {f'LOOPIR_LD4({ptr})' if ld.buffer.scope == 'global' else '*' + ptr};")
