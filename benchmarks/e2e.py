@@ -343,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         import torch
         torch.backends.cuda.matmul.allow_tf32 = False
-    rows = []
+    rows: list[dict[str, Any]] = []
+    text = ""
     for name in a.blocks.split(","):
         for dtype in dtypes:
             for T in Ts:
@@ -356,19 +357,25 @@ def main(argv: list[str] | None = None) -> int:
                             r[key] = same[key]
                     print(json.dumps({k: v for k, v in r.items() if k != "kernels"}), flush=True)
                     rows.append(r)
-    os.makedirs(a.out, exist_ok=True)
-    base = os.path.join(a.out, f"e2e_{a.target}")
+                    text = write(rows, a.out, a.target)  # after every row: a run cut short keeps what it measured
+    print(text)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+def write(rows: list[dict[str, Any]], out: str, target: str) -> str:
+    """The rows so far as e2e_<target>.json, .md and .png in `out`; the markdown's text."""
+    os.makedirs(out, exist_ok=True)
+    base = os.path.join(out, f"e2e_{target}")
     with open(base + ".json", "w") as f:
         json.dump(rows, f, indent=1)
-    text = (f"# Whole blocks, {a.target}\n\n{table(rows)}\n\n## Largest kernels per row (measured on the GPU, "
+    text = (f"# Whole blocks, {target}\n\n{table(rows)}\n\n## Largest kernels per row (measured on the GPU, "
             "predicted on the CPU)\n\n"
             f"{slowest_kernels(rows)}\n")
     with open(base + ".md", "w") as f:
         f.write(text)
     with open(base + ".png", "wb") as f:
         f.write(ratio_png(rows))
-    print(text)
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    return text
 
 
 if __name__ == "__main__":
