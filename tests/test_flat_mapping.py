@@ -183,14 +183,23 @@ def test_device_odd_width_and_symbolic_3d(dtype: str) -> None:
 
 
 
+def _brighter(h, w, c):  # noqa: ANN001, ANN202 - sizes: ints or te.var
+    """Halide's lesson 2 (float): out(x, y, c) = min(in(x, y, c) * 1.5, 255)."""
+    img = te.placeholder((h, w, c), name="input")
+    return img, te.compute((h, w, c), lambda y, x, ch: te.minimum(img[y, x, ch] * 1.5, 255.0), name="brighter")
+
+
+def _image(shape: tuple[int, int, int], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A random image of `shape` in [0, 255) and the brightened float64 reference."""
+    a = (np.random.default_rng(seed).random(shape) * 255).astype(np.float32)
+    return a, np.minimum(a.astype(np.float64) * 1.5, 255)
+
+
 def test_halide_lesson_2_brighter_image_of_odd_width() -> None:
     # Halide's tutorial lesson 2 (float): out(x, y, c) = min(in(x, y, c) * 1.5, 255) over a 3-channel image of an
     # odd width; all three loops collapse into one vectorized flat loop
-    h, w, c = 37, 641, 3
-    img = te.placeholder((h, w, c), name="input")
-    out = te.compute((h, w, c), lambda y, x, ch: te.minimum(img[y, x, ch] * 1.5, 255.0), name="brighter")
-    a = (np.random.default_rng(0).random((h, w, c)) * 255).astype(np.float32)
-    ref = np.minimum(a.astype(np.float64) * 1.5, 255)
+    img, out = _brighter(37, 641, 3)
+    a, ref = _image((37, 641, 3), 0)
     cu = build([out], [img, out], target="cuda")
     vec = _kernel_body(cu.source).split("} else {")[0]
     assert "LOOPIR_LD4" in vec and "loopir_floordiv" not in vec
@@ -208,10 +217,8 @@ def test_halide_lesson_2_at_symbolic_sizes(shape) -> None:
     # width, a channel count of 1 whose loop the key removes, whole vectors) runs 16-byte accesses at a flat index
     # with every access proven in bounds (no guard, no note), on both targets
     h, w, c = te.var("h"), te.var("w"), te.var("c")
-    img = te.placeholder((h, w, c), name="input")
-    out = te.compute((h, w, c), lambda y, x, ch: te.minimum(img[y, x, ch] * 1.5, 255.0), name="brighter")
-    a = (np.random.default_rng(sum(shape)).random(shape) * 255).astype(np.float32)
-    ref = np.minimum(a.astype(np.float64) * 1.5, 255)
+    img, out = _brighter(h, w, c)
+    a, ref = _image(shape, sum(shape))
     cu = build([out], [img, out], target="cuda")
     v, key = cu.specializer.select({h: shape[0], w: shape[1], c: shape[2]})
     assert v.notes == [], key

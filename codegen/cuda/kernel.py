@@ -204,7 +204,6 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.red_smem: dict[str, str] = {}  # C type -> shared array name
         self.forward: list[dict[tuple, str]] = [{}]  # scoped: (buffer id, flat index expr) -> register
         self.vec_lanes: dict[N.Expr, str] = {}  # a lane's loads (and column `f % n`) in a vector emission
-        self.vec_bases: dict[N.Load, N.Expr] = {}  # each vector load's base (flat index of lane 0) in a vector emission
         self.red_targets: dict[int, str] = {}
         self.init_consts: dict[tuple, tuple[dict, str]] = {}  # (buffer id, flat index) -> (scope, constant)
         self.pre: dict[N.Expr, str] = {}  # sin/cos of one argument computed once by sincosf

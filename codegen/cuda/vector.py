@@ -29,7 +29,7 @@ from loopir.affine import polynomial
 from loopir.dtypes import vector_lanes
 from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
-from .expr import _NPTYPE, _SMALL, _is_const
+from .expr import _NPTYPE, _SMALL, _is_const, unrounded
 
 _VEC_SCOPES = ("global", "shared")  # float4 accesses: global memory, and shared arrays (declared __align__(16))
 # a 32-bit word of a 128-bit access of halves: (lane 2k in the low half, lane 2k + 1 in the high half)
@@ -266,7 +266,8 @@ class _VectorEmitter:
             for ld, nm in lane_names.items():
                 if ld.buffer is not n.buffer:
                     continue
-                d = polynomial(N.binary("sub", self.flat(n.buffer, n.indices), self.vec_bases[ld]))
+                base = self.flat(ld.buffer, tuple(substitute(i, {v: N.const(0)}) for i in ld.indices))  # lane 0's
+                d = polynomial(N.binary("sub", self.flat(n.buffer, n.indices), base))
                 if d is not None and set(d) <= {()} and 0 <= d.get((), 0) < lanes:
                     got[n] = self._lane(n.buffer.dtype, nm, d.get((), 0))
                     break
@@ -276,11 +277,9 @@ class _VectorEmitter:
         """One 128-bit load per vector load (a `float4` of float32, else a `uint4` of packed lanes); the loaded
         words' names by load."""
         lane_names = {}
-        self.vec_bases = {}
         for ld, lbase in vec_loads:
             nm = self.names.fresh(f"{ld.buffer.name}_v")
             lane_names[ld] = nm
-            self.vec_bases[ld] = lbase
             vt = "float4" if ld.buffer.dtype == "float32" else "uint4"
             ptr = f"reinterpret_cast<const {vt}*>(&{self.buf(ld.buffer)}[{self.expr(lbase)}])"
             self.line(f"const {vt} {nm} = {f'LOOPIR_LD4({ptr})' if ld.buffer.scope == 'global' else '*' + ptr};")
@@ -312,8 +311,7 @@ class _VectorEmitter:
             ptr = f"reinterpret_cast<uint4*>(&{self.buf(st.buffer)}[{self.expr(base)}])"
             if self._uint4_copy(st, ptr, value, lane_names):  # a copy (a cache_read row): the bits as they are
                 continue
-            if isinstance(value, N.Cast) and value.dtype == dt:
-                value = value.a  # the pack rounds each lane to dt: rounding first as well changes nothing
+            value = unrounded(value, dt)  # the pack rounds each lane to dt: rounding first as well changes nothing
             vals = self._half_lanes(v, st, value, lane_names)
             words = ", ".join(f"{_PACK[dt]}({vals[2 * k]}, {vals[2 * k + 1]})" for k in range(4))
             self.line(f"const uint4 {out} = make_uint4({words});  // {st.name}")

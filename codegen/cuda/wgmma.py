@@ -447,9 +447,7 @@ class _Emit(BodyEmitter):
                 self.line(f"float {', '.join(f'{x}[{2 * chunk}]' for x in names[s])};")
         self.unrolled(ii, chunk)
         for s, h in enumerate(hoist):
-            for q in (0, 1):
-                if not h:
-                    continue
+            for q in (0, 1) if h else ():
                 self.open("{")
                 self.let(p.col, f"8 * ({i0} + {ii}) + 2 * ({n['l']} & 3) + {q}")
                 ok = "true" if conds[s] is None else r.expr(conds[s])
@@ -485,11 +483,10 @@ class _Emit(BodyEmitter):
                 self.line(f"const float {r.var(p.acc)} = {n['d']}[4 * {n['i']} + 2 * {n['h']} + {q}];")
                 self.line(f"{ok} = {'true' if cond is None else r.expr(cond)};")
                 self.line(f"{at} = {r.expr(r.flat(b, idx))};")
-                saved = dict(r.vec_lanes)
-                r.vec_lanes.update({ld: names[q] for ld, names in (lanes or {}).items()})
+                saved = r.vec_lanes
+                r.vec_lanes = {**saved, **{ld: names[q] for ld, names in (lanes or {}).items()}}
                 value = r.expr(unrounded(val, b.dtype))
-                r.vec_lanes.clear()
-                r.vec_lanes.update(saved)
+                r.vec_lanes = saved
                 value = f"{_FROM_FLOAT[b.dtype]}({value})" if b.dtype in _FROM_FLOAT else f"({ctype})({value})"
                 self.line(f"if ({ok}) {v} = {value};")
                 self.close()
