@@ -63,19 +63,60 @@ def _source(sizes, dtype, kind):
 
 @pytest.mark.parametrize("kind", ["residual", "gate"])
 @pytest.mark.parametrize("sizes", [(1024, 768, 256), ("n", "m", "p")])
-def test_an_epilogue_reading_at_the_row_loads_a_chunk_ahead(kind, sizes):
+def test_an_epilogue_reading_at_the_element_loads_its_box_by_tma(kind, sizes):
+    """R, read at the stored element, is loaded by TMA into the store's shared box while the MMAs run; each lane
+    reads its two elements where it then writes its results (codegen/cuda/wgmma_tma.py `pair_lanes`)."""
     gen = _source(sizes, "float16", kind)
-    assert "wgmma.mma_async" in gen.source
-    # the chunk's loads into registers under the element's condition, then the elements reading them
-    pre = re.findall(r"(wg_e0_0\w*)\[2 \* wg_ii\w* \+ ([01])\] = \((.+?)\) \? loopir_h2f\(R\[", gen.source)
+    assert "wgmma.mma_async" in gen.source and "&R_tmap" in gen.source
+    assert re.search(r"const unsigned wg_ax = loopir_ld_shared_u32\(wg_eb", gen.source)
+    assert "loopir_h2f((unsigned short)(wg_ax & 0xffffu))" in gen.source
+    assert not re.search(r"\bR\[", gen.source)  # never read from global memory
+    (k,) = gen.gen.kernels
+    assert [a.buffer.name for a in k.args if a.tmap] == ["A", "B", "y", "R"]
+    regs, _ = cubin_resources(compile_cubin(gen.source, "sm_90", use_cache=False))[k.name]
+    assert regs <= 168  # the producer's setmaxnreg.dec 40 and the consumers' .inc 232 need it
+
+
+def _two(n, m, p, dtype="float16"):
+    """y = A @ B + R + S: R loaded into the store's box, S read from global memory."""
+    (a, b, r), _ = _gated(n, m, p, dtype, "residual")
+    s_ = te.placeholder((n, m), dtype, name="S")
+    k = te.reduce_axis(p, name="k")
+    mm = te.compute((n, m), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="mm")
+    return [a, b, r, s_], te.compute((n, m), lambda i, j: mm[i, j] + r[i, j] + s_[i, j], name="y")
+
+
+def test_a_second_tensor_read_at_the_row_loads_a_chunk_ahead():
+    ins, y = _two(1024, 768, 256)
+    gen = build([y], [*ins, y], target="cuda")
+    assert "&R_tmap" in gen.source and not re.search(r"\bR\[", gen.source)
+    # S: the chunk's loads into registers under the element's condition, then the elements reading them
+    pre = re.findall(r"(wg_e0_0\w*)\[2 \* wg_ii\w* \+ ([01])\] = \((.+?)\) \? loopir_h2f\(S\[", gen.source)
     assert {q for _, q, _ in pre} == {"0", "1"}, gen.source[-4000:]
     name = pre[0][0]
     assert re.search(rf"loopir_f2h\(.*{name}\[2 \* wg_ii\w* \+ 0\]", gen.source)
-    # the residual is read nowhere else in the epilogue
-    assert len(re.findall(r"loopir_h2f\(R\[", gen.source)) == 2
-    (k,) = gen.gen.kernels
-    regs, _ = cubin_resources(compile_cubin(gen.source, "sm_90", use_cache=False))[k.name]
-    assert regs <= 168  # the producer's setmaxnreg.dec 40 and the consumers' .inc 232 need it
+    assert len(re.findall(r"loopir_h2f\(S\[", gen.source)) == 2  # S is read nowhere else in the epilogue
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sizes", [(1000, 776, 200), (300, 264, 136)])
+def test_a_box_loaded_and_a_tensor_read_match_float64_on_the_gpu(sizes):
+    import torch
+
+    n, m, p = sizes
+    ins, y = _two(te.var("n"), te.var("m"), te.var("p"))
+    mod = build([y], [*ins, y], target="cuda")
+    g = torch.Generator(device="cuda").manual_seed(n)
+    a = (torch.randn(n, p, device="cuda", generator=g) / p ** 0.5).half()
+    b, r, s_ = (torch.randn(*sh, device="cuda", generator=g).half() for sh in ((p, m), (n, m), (n, m)))
+    ref = a.double() @ b.double() + r.double() + s_.double()
+    for _ in range(2):
+        out = torch.full((n, m), float("nan"), device="cuda", dtype=torch.half)
+        mod(a, b, r, s_, out)
+        torch.cuda.synchronize()
+        assert "&R_tmap" in mod.specializer.variants[mod._last_call[0]].source
+        assert not torch.isnan(out).any()
+        assert float((out.double() - ref).abs().max() / ref.abs().max()) < 2e-3
 
 
 def test_a_bias_epilogue_keeps_its_element_order():

@@ -65,7 +65,8 @@ from .flash import PRELUDE_FLASH, heavy_first, render_flash
 from .flash_tf32 import render_flash_tf32
 from .flash_wgmma import render_flash_wgmma
 from .tensor_map import TMAP_TYPE
-from .wgmma import PRELUDE_WGMMA, PRELUDE_WGMMA_TMA, render_wgmma
+from .wgmma import PRELUDE_WGMMA
+from .wgmma_tma import PRELUDE_WGMMA_TMA, render_wgmma
 from .mma import render_mma, render_mma_grid
 from .prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
 from .reduce import _identity, _ReductionEmitter  # noqa: F401
@@ -89,7 +90,7 @@ class KernelArg:
     var: N.Var | None = None
     written: bool = False
     int32: bool = False
-    tmap: tuple[int, int] = ()  # a TMA tensor map of `buffer` (box: inner, outer elements), codegen.cuda.tensor_map
+    tmap: tuple[int, ...] = ()  # a TMA tensor map of `buffer` (its box, innermost first), codegen.cuda.tensor_map
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.uses_flash = False
         self.uses_wgmma = False
         self.uses_wgmma_tma = False
-        self.tmaps: dict[N.Buffer, tuple[str, tuple[int, int]]] = {}  # buffer -> (parameter, box): codegen.cuda.wgmma
+        self.tmaps: dict[N.Buffer, tuple[str, tuple[int, ...]]] = {}  # buffer -> (parameter, box): codegen.cuda.wgmma
         self.pred: str | None = None  # C condition: does this thread really run the statements here (predication)
         self.uniform_memo: dict[int, bool] = {}
         self.entry_checks: dict[str, str] = {}  # vector-path condition -> const bool computed once at kernel entry
@@ -456,7 +457,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.stmt(self.nest, True)
         for b, (nm, box) in self.tmaps.items():  # TMA tensor maps, made by the launcher from the buffer's pointer
             params.append(f"const __grid_constant__ {TMAP_TYPE} {nm}")
-            args.append(KernelArg(nm, buffer=b, tmap=box))
+            args.append(KernelArg(nm, buffer=b, written=b in writes, tmap=box))
         body = self.lines[body_start:]
         bounds = ""
         nthreads = [e for e in plan.block]

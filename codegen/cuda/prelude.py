@@ -91,12 +91,16 @@ __device__ __forceinline__ float loopir_exp_fast(float x) {
   float y; asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f)); return y; }
 // a / b as a times b's reciprocal from the special-function unit (rcp.approx: within 1 ulp; the product within
 // 2.5 float32 ulps of the quotient), the reciprocal one instruction per loop where b is invariant in it (a row's
-// sum); '/' itself where the reciprocal is not a normal number (b zero, infinite, NaN, subnormal or above 2^126).
-// The IEEE reciprocal it replaces took a subroutine with 5 branches per element (a SwiGLU epilogue's sigmoid).
+// sum). Where b's reciprocal would not be a normal number, a and b are first scaled by the same power of two (|b|
+// above 2^126: by 2^-4; below 2^-100, subnormal or zero: by 2^64): the quotient is unchanged, the reciprocal
+// normal, and zeros, infinities and NaNs give what '/' gives (a quotient past float's range is infinite either
+// way, and past half's too). Without a branch: '/' as the fallback compiled to FCHK, a call and reconvergence
+// around every element (a SwiGLU epilogue: 40 SASS instructions per element, twice its MMAs' time).
 // Rendered, like loopir_exp_fast, only in programs whose outputs are all 16-bit floats
 __device__ __forceinline__ float loopir_div_half(float a, float b) {
-  float r; asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(b));
-  return (fabsf(r) >= 1.17549435e-38f && fabsf(r) <= 3.40282347e38f) ? a * r : a / b; }
+  const float m = fabsf(b), s = m > 0x1p126f ? 0x1p-4f : (m < 0x1p-100f ? 0x1p64f : 1.0f);
+  float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b * s));
+  return (a * s) * r; }
 """
 
 PRELUDE_REDUCE = r"""struct loopir_op_add {

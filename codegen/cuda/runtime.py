@@ -37,7 +37,7 @@ from loopir.nodes import Buffer, Var
 from .kernel import CudaSource, HostIf, HostLoop, HostStep, Kernel, Launch
 from ..module import Module, known_sizes
 from .nvrtc import compile_cubin
-from .tensor_map import MapSpecs, free_scratch, launch_with_maps, map_value, view_extents
+from .tensor_map import MapSpecs, free_scratch, launch_with_maps, map_extents, map_value
 
 
 class CudaError(RuntimeLaunchError):
@@ -559,8 +559,8 @@ class CudaModule(Module):
         for a in k.args:
             if a.tmap:
                 b = a.buffer
-                rows, cols = view_extents([eval_index(d, env) for d in b.shape])  # type: ignore[union-attr]
-                spec = (b.dtype, rows, cols, np_dtype(b.dtype).itemsize, a.tmap)  # type: ignore[union-attr]
+                extents = map_extents([eval_index(d, env) for d in b.shape], len(a.tmap))  # type: ignore[union-attr]
+                spec = (b.dtype, extents, np_dtype(b.dtype).itemsize, a.tmap, a.written)  # type: ignore[union-attr]
                 values.append(map_value(cu, int(p.ptrs[b]), *spec, p.stream, scratch))
                 specs.append(spec)
                 continue

@@ -1,4 +1,6 @@
-"""Rendering of a block's GEMM tile marked "gemm.wgmma" (schedules/primitives/wgmma.py) as a Hopper kernel body.
+"""Rendering of a block's GEMM tile marked "gemm.wgmma" (schedules/primitives/wgmma.py) as a Hopper kernel body:
+the cp.async form here, and the epilogue both forms share; the TMA form on a persistent grid, and the choice
+between them (`render_wgmma`), in codegen/cuda/wgmma_tma.py.
 
 Per block of `rows` x `cols` outputs (a warpgroup of 128 threads per 64 rows; sm_90a):
 
@@ -32,14 +34,12 @@ from loopir import nodes as N
 from loopir.affine import linear_form
 from loopir.errors import CudaCodegenError
 from loopir.visit import walk
-from schedules.primitives.wgmma import (K_TILE, TmaPlan, WgmmaMismatch, WgmmaParts, kernel_tile,
-                                         wgmma_parts)
+from schedules.primitives.wgmma import K_TILE, WgmmaMismatch, WgmmaParts, wgmma_parts
 
 from .body import BodyEmitter
 from .expr import _FROM_FLOAT, unrounded
 
-__all__ = ["wait_wgmma", "render_wgmma", "PRELUDE_WGMMA", "PRELUDE_WGMMA_TMA", "wgmma_shape", "asm_regs",
-           "asm_accumulators"]
+__all__ = ["wait_wgmma", "PRELUDE_WGMMA", "wgmma_shape", "asm_regs", "asm_accumulators"]
 
 _PTX = {"float16": "f16", "bfloat16": "bf16"}
 GROUP = 8  # rows of tiles per group of the tile order (measured on an H200: 0.343 ms at 4096^3 vs 0.405 without)
@@ -63,6 +63,9 @@ __device__ __forceinline__ void loopir_wg_zero16(unsigned dst) {
 __device__ __forceinline__ void loopir_wg_st16(unsigned dst, unsigned short v) {
   asm volatile("st.shared.u16 [%0], %1;\n" :: "r"(dst), "h"(v) : "memory");
 }
+__device__ __forceinline__ void loopir_wg_st32(unsigned dst, unsigned v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(dst), "r"(v) : "memory");
+}
 __device__ __forceinline__ void loopir_wg_copy16(unsigned dst, const unsigned short* src) {
   // 8 halves: one cp.async when the source is 16-byte aligned, else element by element
   if ((((unsigned long long)src) & 15ull) == 0ull) { loopir_wg_cp16(dst, src); }
@@ -74,43 +77,6 @@ __device__ __forceinline__ void loopir_wg_copy16(unsigned dst, const unsigned sh
 """
 
 
-PRELUDE_WGMMA_TMA = r"""
-struct __align__(64) loopir_tmap { unsigned long long v[16]; };  // the 128 opaque bytes of a CUtensorMap
-__device__ __forceinline__ void loopir_mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void loopir_mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
-}
-__device__ __forceinline__ bool loopir_mbar_try(unsigned bar, unsigned parity) {
-  unsigned ok;
-  asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-               : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-  return ok != 0;
-}
-// Wait for the phase of `parity` of `bar`. A wait that lasts seconds is a bug of this kernel's protocol: trap (the
-// launch fails with an error) instead of hanging the device.
-__device__ __forceinline__ void loopir_mbar_wait(unsigned bar, unsigned parity) {
-  if (loopir_mbar_try(bar, parity)) return;
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  for (unsigned n = 1; !loopir_mbar_try(bar, parity); ++n) {
-    if ((n & 1023u) == 0) {
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      if (t - t0 > 8000000000ull) asm volatile("trap;");
-    }
-  }
-}
-__device__ __forceinline__ void loopir_mbar_expect(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
-}
-// a 2-d TMA box into this block's shared memory; its bytes complete the barrier's transaction count
-__device__ __forceinline__ void loopir_tma2d(unsigned dst, const loopir_tmap* map, int x, int y, unsigned bar) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3}], [%4];\n"
-               :: "r"(dst), "l"((unsigned long long)map), "r"(x), "r"(y), "r"(bar) : "memory");
-}
-"""
 
 
 def asm_regs(first: int, count: int) -> str:
@@ -140,25 +106,6 @@ def wgmma_shape(f: N.For) -> Any:
     except WgmmaMismatch as e:
         raise CudaCodegenError(f"the tile marked gemm.wgmma at loop {f.var.name!r} changed shape before "
                                f"rendering: {e}") from None
-
-
-def render_wgmma(r: Any, f: N.For) -> None:
-    """Emit the kernel body of the marked tile `f` with renderer `r` (codegen.cuda.kernel's): TMA loads on a
-    persistent grid where `tma_plan` allows (the kernel is the tile alone, B 2-d, A 2-d or read as its 2-d view,
-    both read whole along k), else the cp.async ring."""
-    try:
-        found = kernel_tile(r.nest)
-    except WgmmaMismatch as e:
-        raise CudaCodegenError(f"the tile marked gemm.wgmma at loop {f.var.name!r} changed shape before "
-                               f"rendering: {e}") from None
-    if found is None or found[0] is not f:
-        raise CudaCodegenError(f"the tile marked gemm.wgmma at loop {f.var.name!r} is not its kernel's tile")
-    r.uses_half = r.uses_wgmma = True
-    if found[2] is not None:
-        r.uses_wgmma_tma = True
-        _EmitTma(r, found[1], found[2]).emit()
-    else:
-        _Emit(r, found[1]).emit()
 
 
 def _cond(r: Any, terms: tuple[N.Expr, ...] | list[N.Expr]) -> str:
@@ -420,6 +367,9 @@ class _Emit(BodyEmitter):
         (a later store's read of an earlier one must see it)."""
         p = self.p
         stored = {id(st.buffer) for st, *_ in p.stores}
+        store = getattr(self, "store", None)
+        if store is not None and store.aux is not None:
+            stored.add(id(store.aux.buffer))  # read from the store's box instead
         out: list[list[N.Load]] = []
         for _, _, val, _ in p.stores:
             found: list[N.Load] = []
@@ -431,12 +381,14 @@ class _Emit(BodyEmitter):
             out.append(found)
         return out
 
-    def chunks(self, conds: list[N.Expr | None], hoist: list[list[N.Load]]) -> None:
-        """The row's columns in chunks: first each hoisted load of the chunk's elements into registers (under the
-        element's store condition, as the element would read it), then the elements, which read those."""
+    def chunks(self, conds: list[N.Expr | None], hoist: list[list[N.Load]], first: str = "0",
+               per: int = 0) -> None:
+        """The row's columns (`per` groups of 8 from group `first`; all of them by default) in chunks: first each
+        hoisted load of the chunk's elements into registers (under the element's store condition, as the element
+        would read it), then the elements, which read those."""
         r, p, n = self.r, self.p, self.n
         count = max(len(h) for h in hoist)
-        per = self.cols // 8
+        per = per or self.cols // 8
         chunk = max(c for c in (1, 2, 4, 8, 16) if c <= max(1, 16 // count) and per % c == 0)
         names = [[r.names.fresh(f"wg_e{s}_{k}") for k in range(len(h))] for s, h in enumerate(hoist)]
         i0, ii = r.names.fresh("wg_i0"), r.names.fresh("wg_ii")
@@ -449,14 +401,14 @@ class _Emit(BodyEmitter):
         for s, h in enumerate(hoist):
             for q in (0, 1) if h else ():
                 self.open("{")
-                self.let(p.col, f"8 * ({i0} + {ii}) + 2 * ({n['l']} & 3) + {q}")
+                self.let(p.col, f"8 * ({first} + {i0} + {ii}) + 2 * ({n['l']} & 3) + {q}")
                 ok = "true" if conds[s] is None else r.expr(conds[s])
                 for x, ld in zip(names[s], h):
                     self.line(f"{x}[2 * {ii} + {q}] = ({ok}) ? {r.expr(ld)} : 0.0f;")
                 self.close()
         self.close()
         self.unrolled(ii, chunk)
-        self.line(f"const int {n['i']} = {i0} + {ii};")
+        self.line(f"const int {n['i']} = {first} + {i0} + {ii};")
         lanes = {ld: [f"{x}[2 * {ii} + {q}]" for q in (0, 1)] for s, h in enumerate(hoist)
                  for x, ld in zip(names[s], h)}
         self.elements(conds, lanes)
@@ -474,6 +426,7 @@ class _Emit(BodyEmitter):
                                        "needed")
             ctype = "unsigned short" if b.dtype in _FROM_FLOAT else "float" if b.dtype == "float32" else "double"
             self.open("{")
+            lanes = {**(lanes or {}), **self.pair_lanes()}
             for q in (0, 1):
                 v, ok, at = n[f"v{q}"], n[f"ok{q}"], n[f"at{q}"]
                 self.line(f"{ctype} {v} = 0; bool {ok}; {self.ix} {at};")
@@ -490,6 +443,9 @@ class _Emit(BodyEmitter):
                 value = f"{_FROM_FLOAT[b.dtype]}({value})" if b.dtype in _FROM_FLOAT else f"({ctype})({value})"
                 self.line(f"if ({ok}) {v} = {value};")
                 self.close()
+            if self.sink():
+                self.close()
+                continue
             buf = r.buf(b)
             if ctype == "unsigned short":
                 self.open(f"if ({n['ok0']} && {n['ok1']} && {n['at1']} == {n['at0']} + 1 && "
@@ -504,6 +460,15 @@ class _Emit(BodyEmitter):
                 self.close()
             self.close()
 
+    def sink(self) -> bool:
+        """Where the lane's two values (wg_v0, wg_v1) go instead of the store's own elements: nowhere here (the
+        caller stores them); a TMA store stages them in shared memory (_EmitTma)."""
+        return False
+
+    def pair_lanes(self) -> dict[N.Load, list[str]]:
+        """Loads whose two elements the lane already holds (C expressions, element q = 0, 1): none here."""
+        return {}
+
     def row_of(self) -> str:
         """The tile row of this lane's accumulator elements of half `h`."""
         n = self.n
@@ -517,142 +482,3 @@ class _Emit(BodyEmitter):
         rows = [c for c in each[0] if all(c in e for e in each[1:])
                 and not any(x is col for x in walk(c) if isinstance(x, N.Var))]
         return rows, [[c for c in e if c not in rows] for e in each]
-
-
-class _EmitTma(_Emit):
-    """The tile with TMA loads, warp-specialized, on a persistent grid (tma_plan's conditions hold):
-
-        warpgroup 0, the producer (40 registers): its thread 0 walks the block's tiles and k tiles; per k tile it
-            waits until the ring stage is free (empty[s]), announces its bytes (full[s], expect_tx) and issues one
-            TMA box of A (64 k x 128 rows) and cols / 64 boxes of B (64 columns x 64 k), 128-byte swizzled
-        warpgroups 1, 2, the consumers (232 registers), 64 rows each: per k tile wait full[s], 4 wgmma, keep one
-            group in flight, release the previous k tile's stage (one arrival per warp: empty[s] counts 8); after
-            the tile, the epilogue from the accumulators while the producer already loads the next tile
-        tiles: blockIdx.x, + gridDim.x, ... in grouped order (GROUP rows of tiles share B's column tiles in L2); with
-            a batch loop (blockIdx.z in the IR) the rows of tiles of all batches are one sequence, batch-major
-
-    TMA zero-fills a box past the tensor's edges (tma_plan: the reduction covers A's columns and B's rows exactly,
-    so those zeros are the terms the reference does not add); a box wholly past the rows (or columns) is read from
-    row (column) 0 instead: those rows are never stored. A of rank 3 or more is mapped as its 2-d view (rows: the
-    product of its leading extents; codegen.cuda.tensor_map.view_extents): a box's rows past a batch's T are the
-    next batch's, multiplied but never stored (the epilogue keeps the tile's row guards). Stage s's u-th use
-    completes phase u of full[s]; the producer waits for phase u - 1 of empty[s] (parity u + 1: passes at once for
-    u = 0)."""
-
-    def __init__(self, r: Any, p: WgmmaParts, plan: TmaPlan) -> None:
-        super().__init__(r, p)
-        self.plan = plan
-        self.n.update({k: r.names.fresh(f"wg_{k}") for k in (
-            "full0", "empty0", "tm", "tn", "nt", "tile", "s", "ph", "prev", "m0", "n0", "bar", "x", "rt")})
-        self.maps = []
-        for ld, box in ((p.a, (K_TILE, self.rows)), (p.b, (64, K_TILE))):
-            if ld.buffer not in r.tmaps:
-                r.tmaps[ld.buffer] = (r.names.fresh(f"{ld.buffer.name}_tmap"), box)
-            self.maps.append(r.tmaps[ld.buffer][0])
-        if r.tmaps[p.a.buffer][1] != (K_TILE, self.rows) or r.tmaps[p.b.buffer][1] != (64, K_TILE):
-            raise CudaCodegenError(f"gemm.wgmma: {p.a.buffer.name} and {p.b.buffer.name} must be different buffers "
-                                   "for TMA (one tensor map each)")
-
-    def emit(self) -> None:
-        r, p, n, s = self.r, self.p, self.n, self.stages
-        pl = self.plan
-        self.open(f"{{  // gemm.wgmma: {self.rows} x {self.cols} tiles (rows {p.row.name}, columns {p.col.name}) on a "
-                  f"persistent grid, k {p.k.var.name} in tiles of {K_TILE}: TMA into {s} swizzled stages, a producer "
-                  "warpgroup and two wgmma warpgroups (codegen.cuda.wgmma)")
-        self.line(f"unsigned char* {n['sm']} = (unsigned char*)((((unsigned long long)loopir_dyn_smem) + 1023ull) "
-                  "& ~1023ull);  // the swizzle's 1024-byte atom")
-        self.line(f"const unsigned {n['base']} = (unsigned)__cvta_generic_to_shared({n['sm']});")
-        self.line(f"const unsigned {n['full0']} = {n['base']} + {s * self.stage_bytes}u, {n['empty0']} = "
-                  f"{n['full0']} + {8 * s}u;  // mbarriers full[s], empty[s]: 8 bytes each")
-        self.open("if (threadIdx.x == 0) {")
-        self.unrolled(n["s"], s)
-        self.line(f"loopir_mbar_init({n['full0']} + 8 * {n['s']}, 1);")
-        self.line(f"loopir_mbar_init({n['empty0']} + 8 * {n['s']}, 8);  // one arrival per consumer warp")
-        self.close()
-        self.line('asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");')
-        self.close()
-        self.line("__syncthreads();  // the last block-wide barrier: from here the roles meet at the mbarriers")
-        ext = [r.expr(N.binary("sub", f.hi, f.lo)) for f in (pl.bi, pl.bj)]
-        self.line(f"const int {n['tm']} = (int)({ext[0]}), {n['tn']} = (int)({ext[1]}), {n['nt']} = "
-                  f"{self.batches()}{n['tm']} * {n['tn']};")
-        self.line(f"const {self.ix} {n['hi']} = {r.expr(p.k.hi)};")
-        self.line(f"const int {n['nk']} = (int)(({n['hi']} + {K_TILE - 1}) / {K_TILE});")
-        self.open("if (threadIdx.x < 128) {  // the producer warpgroup")
-        self.line('asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\\n" ::: "memory");')
-        self.open("if (threadIdx.x == 0) {")
-        for m in self.maps:
-            self.line(f'asm volatile("prefetch.tensormap [%0];\\n" :: "l"((unsigned long long)&{m}) : "memory");')
-        self.line(f"int {n['s']} = 0; unsigned {n['ph']} = 0;")
-        self.tiles()
-        self.line(f"const int {n['m0']} = (int)({r.expr(pl.row0)}), {n['n0']} = (int)({r.expr(pl.col0)});")
-        self.open(f"for (int {n['kt']} = 0; {n['kt']} < {n['nk']}; ++{n['kt']}) {{")
-        self.line(f"loopir_mbar_wait({n['empty0']} + 8 * {n['s']}, {n['ph']} ^ 1);")
-        self.line(f"const unsigned {n['sa']} = {n['base']} + {n['s']} * {self.stage_bytes}u, {n['sb']} = {n['sa']} + "
-                  f"{self.a_bytes}u, {n['bar']} = {n['full0']} + 8 * {n['s']};")
-        self.line(f"loopir_mbar_expect({n['bar']}, {self.stage_bytes}u);  // every box counts whole, zeros included")
-        rows_a, cols_b = (r.expr(d) for d in (pl.a_rows, p.b.buffer.shape[1]))  # A: rows of its 2-d view
-        self.line(f"loopir_tma2d({n['sa']}, &{self.maps[0]}, {n['kt']} * {K_TILE}, "
-                  f"{n['m0']} < {rows_a} ? {n['m0']} : 0, {n['bar']});")
-        self.unrolled(n["c"], self.cols // 64)
-        self.line(f"const int {n['x']} = {n['n0']} + 64 * {n['c']};")
-        self.line(f"loopir_tma2d({n['sb']} + {n['c']} * {K_TILE * 128}u, &{self.maps[1]}, {n['x']} < {cols_b} ? "
-                  f"{n['x']} : 0, {n['kt']} * {K_TILE}, {n['bar']});")
-        self.close()
-        self.line(f"if (++{n['s']} == {s}) {{ {n['s']} = 0; {n['ph']} ^= 1; }}")
-        self.close()
-        self.close()  # tiles
-        self.close()  # thread 0
-        self.close("} else {  // the consumer warpgroups: 64 rows each")
-        self.r.ind += 1
-        self.line('asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\\n" ::: "memory");')
-        self.line(f"const int {n['g']} = (threadIdx.x >> 7) - 1, {n['w']} = (threadIdx.x >> 5) & 3, {n['l']} = "
-                  "threadIdx.x & 31;")
-        self.line(f"int {n['s']} = 0; unsigned {n['ph']} = 0;")
-        self.line(f"float {n['d']}[{self.cols // 2}];")
-        self.tiles()
-        self.unrolled(n["i"], self.cols // 2)
-        self.line(f"{n['d']}[{n['i']}] = 0.0f;")
-        self.close()
-        self.line(f"int {n['prev']} = 0;")
-        self.open(f"for (int {n['kt']} = 0; {n['kt']} < {n['nk']}; ++{n['kt']}) {{")
-        self.line(f"loopir_mbar_wait({n['full0']} + 8 * {n['s']}, {n['ph']});")
-        self.line("__syncwarp();  // the lanes may leave the wait at different tries; wgmma needs the whole warp")
-        self.line(f"const unsigned {n['sa']} = {n['base']} + {n['s']} * {self.stage_bytes}u, {n['sb']} = {n['sa']} + "
-                  f"{self.a_bytes}u;")
-        self.issue()
-        self.wait_previous()
-        self.open(f"if ({n['kt']} > 0) {{")
-        self.line("__syncwarp();")
-        self.line(f"if ({n['l']} == 0) loopir_mbar_arrive({n['empty0']} + 8 * {n['prev']});")
-        self.close()
-        self.line(f"{n['prev']} = {n['s']};")
-        self.line(f"if (++{n['s']} == {s}) {{ {n['s']} = 0; {n['ph']} ^= 1; }}")
-        self.close()
-        wait_wgmma(self.r, 0, (f"{n['d']}[{i}]" for i in range(self.cols // 2)))
-        self.open(f"if ({n['nk']} > 0) {{  // the last stage too: the producer may be loading the next tile already")
-        self.line("__syncwarp();")
-        self.line(f"if ({n['l']} == 0) loopir_mbar_arrive({n['empty0']} + 8 * {n['prev']});")
-        self.close()
-        self.epilogue()
-        self.close()  # tiles
-        self.close()  # consumers
-        self.close()
-
-    def tiles(self) -> None:
-        """for each tile of this block (blockIdx.x, + gridDim.x, ...): the block loops' variables, in grouped
-        order (GROUP rows of tiles at a time), declared in the loop's scope (they shadow the launch's)."""
-        n, pl, r = self.n, self.plan, self.r
-        self.open(f"for (int {n['tile']} = blockIdx.x; {n['tile']} < {n['nt']}; {n['tile']} += gridDim.x) {{")
-        if pl.bz is None:
-            self.grouped(n["tile"], n["tm"], n["tn"], pl.bi.var, pl.bj.var)
-            return
-        # a batch loop: the rows of tiles of every batch in one sequence (batch-major), so that the groups of rows
-        # share B's column tiles across batches too; one division per tile, not per element
-        self.grouped(n["tile"], f"{n['nt']} / {n['tn']}", n["tn"], None, pl.bj.var, n["rt"])
-        self.line(f"const {self.ix} {r.var(pl.bz.var)} = {n['rt']} / {n['tm']};")
-        self.line(f"const {self.ix} {r.var(pl.bi.var)} = {n['rt']} % {n['tm']};")
-
-    def batches(self) -> str:
-        """The batch loop's extent as a factor of the number of tiles ("" without one)."""
-        bz = self.plan.bz
-        return "" if bz is None else f"(int)({self.r.expr(N.binary('sub', bz.hi, bz.lo))}) * "

@@ -32,11 +32,11 @@ are summed by the instruction in float32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from loopir.affine import linear_form, multiple_of, polynomial, row_major
-from loopir.nodes import (Allocate, Binary, Const, Expr, For, If, Load, Seq, Stmt, Store, Var, conjunction,
-                          conjuncts)
+from loopir.nodes import (Allocate, Binary, Compare, Const, Expr, For, If, Load, Select, Seq, Stmt, Store, Var,
+                          conjunction, conjuncts)
 from loopir.visit import free_vars, subst_coords, substitute, walk
 
 from . import const_extent, only_stmt
@@ -44,7 +44,7 @@ from .flash import half_operand, replace_load
 
 __all__ = ["WGMMA", "WgmmaShape", "WgmmaParts", "WgmmaMismatch", "wgmma_parts", "shape_for", "BLOCK_ROWS",
            "BLOCK_COLS", "K_TILE", "SHARED_MAX", "TmaPlan", "tma_plan", "TMA_THREADS",
-           "PERSISTENT_BLOCKS", "kernel_tile", "a_view"]
+           "PERSISTENT_BLOCKS", "kernel_tile", "a_view", "StorePlan", "store_plan", "STORE_BOX", "STAGING_BYTES"]
 
 WGMMA = "gemm.wgmma"
 BLOCK_ROWS = (64, 128)
@@ -78,16 +78,26 @@ class WgmmaShape:
     def shared_bytes(self) -> int:  # the stages, and 1024 bytes to align the first to the swizzle's atom
         return self.stages * self.stage_bytes + 1024
 
+    staging: int = 0  # bytes of the TMA store's staging boxes after the stages and barriers (StorePlan)
+
     @property
-    def tma_shared_bytes(self) -> int:  # with TMA also two mbarriers per stage (full, empty)
-        return self.shared_bytes + 16 * self.stages
+    def staging_offset(self) -> int:  # from the aligned base: the stages, the barriers, up to the swizzle's atom
+        return -(-(self.stages * (self.stage_bytes + 16)) // 1024) * 1024
+
+    @property
+    def tma_shared_bytes(self) -> int:  # with TMA also two mbarriers per stage (full, empty), and the staging
+        if not self.staging:
+            return self.shared_bytes + 16 * self.stages
+        return 1024 + self.staging_offset + self.staging
 
 
-def shape_for(rows: int, cols: int) -> WgmmaShape:
-    """As many stages as fit (with the TMA kernel's barriers), at most 6 (128 x 128 tiles: 6 measured best on an
-    H200, benchmarks/tmp/wg_gemm_ws.py), at least 3 (the cp.async ring's prefetch distance is stages - 2)."""
+def shape_for(rows: int, cols: int, staging: int = 0) -> WgmmaShape:
+    """As many stages as fit (with the TMA kernel's barriers and `staging` bytes of store boxes), at most 6
+    (128 x 128 tiles: 6 measured best on an H200, benchmarks/tmp/wg_gemm_ws.py), at least 3 (the cp.async
+    ring's prefetch distance is stages - 2)."""
     per = (rows + cols) * K_TILE * 2
-    return WgmmaShape(rows, cols, max(3, min(6, (SHARED_MAX - 1024) // (per + 16))))
+    room = SHARED_MAX - 1024 - (staging + 1024 if staging else 0)
+    return WgmmaShape(rows, cols, max(3, min(6, room // (per + 16))), staging)
 
 
 @dataclass(frozen=True)
@@ -259,6 +269,7 @@ class TmaPlan:
     col0: Expr
     bz: For | None
     a_rows: Expr
+    store: StorePlan | None = None
 
     @property
     def tiles(self) -> Expr:
@@ -345,6 +356,99 @@ def _same(x: Expr, y: Expr) -> bool:
     return d is not None and all(v == 0 for v in d.values())
 
 
+STORE_BOX = 64  # rows and columns of a TMA store box: 64 halves are 128 bytes, the 128-byte swizzle's width
+BOX_BYTES = STORE_BOX * STORE_BOX * 2
+STAGING_BYTES = 2 * 2 * BOX_BYTES + 64  # per consumer warpgroup two boxes of halves in flight, and their mbarriers
+
+
+@dataclass(frozen=True)
+class StorePlan:
+    """The epilogue's store as TMA boxes of STORE_BOX x STORE_BOX elements, staged in shared memory: the store's
+    buffer seen as a map of `rank` 2, (rows, columns) of its 2-d view, or 3, (the product of its leading
+    extents, its last two); the box of a warpgroup's 64 rows and columns c * 64 .. of the tile starts at
+    (`outer`, `row0` + 64 g, `col0` + 64 c) (row0 / col0 at tile row and column 0, in the block loops'
+    variables; `outer` None for rank 2). `aux`: a load of the value from a float16 / bfloat16 tensor of the same
+    shape at the same element (SwiGLU's gate, a residual), whose box is loaded by TMA into the same shared box
+    before the values are computed (each lane then reads its elements where it writes its results)."""
+
+    store: Store
+    rank: int
+    row0: Expr
+    col0: Expr
+    outer: Expr | None
+    aux: Load | None = None  # a half tensor the value reads at the stored element: loaded by TMA into the box
+
+
+def _as_bound(c: Expr) -> Expr | None:
+    """The condition `c` as `L >= 0` (its L), for a comparison of integers."""
+    if not isinstance(c, Compare):
+        return None
+    x, y, k = {"lt": (c.b, c.a, -1), "le": (c.b, c.a, 0), "gt": (c.a, c.b, -1), "ge": (c.a, c.b, 0)}.get(
+        c.op, (None, None, 0))
+    if x is None or y is None:
+        return None
+    return Binary("add", Binary("sub", x, y, "int64"), Const(k, "int64"), "int64")
+
+
+def _is_bound(c: Expr, index: Expr, extent: Expr) -> bool:
+    """`c` is exactly `index < extent` (as polynomials: `-1 + T - 128 * t_o - t_i >= 0` is `128 * t_o + t_i < T`)."""
+    lhs = _as_bound(c)
+    if lhs is None:
+        return False
+    want = Binary("sub", Binary("sub", extent, index, "int64"), Const(1, "int64"), "int64")
+    d = polynomial(Binary("sub", lhs, want, "int64"))
+    return d is not None and not d
+
+
+def store_plan(p: WgmmaParts) -> StorePlan | None:
+    """The TMA store plan of the tile's epilogue, or None (each lane stores its own elements).
+
+    TMA writes a box's elements inside the map's extents and drops the others, so: one store, to a float16 /
+    bfloat16 global buffer (rows a multiple of 8 elements: TMA's 16-byte strides) that is not an operand and that
+    its value does not read; its last index the tile's column plus terms of the block loops (coefficient 1), its
+    row index (the second-to-last index, else the row of its 2-d view: `a_view`) the tile's row plus such terms;
+    and each conjunct of its guard exactly one of the map's bounds (row < rows, column < columns). Then the
+    elements the reference stores are the box's elements inside the map (every element it stores is inside the
+    buffer, and each bound it does not test holds), which TMA writes."""
+    if len(p.stores) != 1:
+        return None
+    st, idx, val, cond = p.stores[0]
+    b = st.buffer
+    if (b.dtype not in ("float16", "bfloat16") or b.scope != "global" or len(b.shape) < 2
+            or not multiple_of(b.shape[-1], 8) or b is p.a.buffer or b is p.b.buffer
+            or any(isinstance(x, Load) and x.buffer is b for x in walk(val))):
+        return None
+    row, col = p.row, p.col
+    if not _unit_in(idx[-1], col, (row, p.k.var)):
+        return None
+    zero = Const(0, "int64")
+    col0 = substitute(idx[-1], {col: zero})
+    conds = conjuncts(cond) if cond is not None else []
+    col_ok = [c for c in conds if _is_bound(c, idx[-1], b.shape[-1])]
+    lead = idx[:-2]
+    if _unit_in(idx[-2], row, (col, p.k.var)) and not any(_uses(i, row) or _uses(i, col) for i in lead):
+        if all(c in col_ok or _is_bound(c, idx[-2], b.shape[-2]) for c in conds):
+            outer = row_major(b.shape[:-2], lead) if lead else None
+            return StorePlan(st, 3 if lead else 2, substitute(idx[-2], {row: zero}), col0, outer, _aux(p, idx, val))
+    view, rows = a_view(Load(b, idx))
+    if not _unit_in(view, row, (col, p.k.var)) or not all(c in col_ok or _is_bound(c, view, rows) for c in conds):
+        return None
+    return StorePlan(st, 2, substitute(view, {row: zero}), col0, None, _aux(p, idx, val))
+
+
+def _aux(p: WgmmaParts, idx: tuple[Expr, ...], val: Expr) -> Load | None:
+    """The first load of `val` (outside selects) from a float16 / bfloat16 global tensor, not an operand, of the
+    stored buffer's extents at the stored element's indices: its box is the store's box of that tensor."""
+    out = p.stores[0][0].buffer
+    for ld in walk(val, prune=lambda e: isinstance(e, Select)):
+        if (isinstance(ld, Load) and ld.buffer is not out and ld.buffer.dtype in ("float16", "bfloat16")
+                and ld.buffer.scope == "global" and ld.buffer is not p.a.buffer and ld.buffer is not p.b.buffer
+                and len(ld.buffer.shape) == len(out.shape) and ld.indices == idx
+                and all(_same(x, y) for x, y in zip(ld.buffer.shape, out.shape))):
+            return ld
+    return None
+
+
 def kernel_tile(body: Stmt) -> tuple[For, WgmmaParts, TmaPlan | None] | None:
     """The marked tile of a kernel's body, its parts and its TMA plan (None: none marked). The launch, the shared
     memory plan and the renderer all read it, so they decide alike. WgmmaMismatch when the marked nest is no
@@ -353,4 +457,10 @@ def kernel_tile(body: Stmt) -> tuple[For, WgmmaParts, TmaPlan | None] | None:
     if f is None:
         return None
     p = wgmma_parts(f)
-    return f, p, tma_plan(p, body)
+    plan = tma_plan(p, body)
+    if plan is None:
+        return f, p, None
+    store = store_plan(p)
+    if store is None:
+        return f, p, plan
+    return f, replace(p, shape=shape_for(p.shape.rows, p.shape.cols, STAGING_BYTES)), replace(plan, store=store)
