@@ -199,3 +199,54 @@ def test_rows_past_a_batchs_t_are_not_stored_on_the_gpu():
         got = out.astype(np.float64)
         assert not np.isnan(got).any(), sizes
         assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-2, sizes
+
+
+@pytest.mark.gpu
+def test_kernel_times_of_an_unaligned_output_write_it_back():
+    """`kernel_times` replays recorded launches whose maps point into the aligned copies: the copies stay alive
+    until the replays end, then the output is written back (and the halves around it are left alone)."""
+    import torch
+
+    n, m, p = 300, 264, 136
+    wl = w.matmul_bias_relu(n=n, m=m, p=p, dtype="float16")
+    mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a, b, bias = (torch.randn(*s, device="cuda", generator=g).half() for s in ((n, p), (p, m), (m,)))
+    whole = torch.full((n * m + 17,), float("nan"), device="cuda", dtype=torch.half)
+    out = whole[1:1 + n * m].view(n, m)
+    times = mod.kernel_times(a, b, bias, out, warmup=1, repeat=3)
+    torch.cuda.synchronize()
+    assert times and all(t > 0 for t in times.values())
+    ref = torch.relu(a.double() @ b.double() + bias.double())
+    assert not torch.isnan(out).any() and torch.isnan(whole[0]) and torch.isnan(whole[1 + n * m:]).all()
+    assert float((out.double() - ref).abs().max() / ref.abs().max()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [1, 8])
+def test_a_residual_at_an_unaligned_address_is_loaded_from_its_copy(offset):
+    """The tensor loaded into the store's boxes (R of y = A @ B + R) starts `offset` halves into its allocation: its
+    map reads an aligned copy (not written back: the kernel only reads it)."""
+    import torch
+
+    n, m, p = 1000, 776, 200
+    a_ = te.placeholder((n, p), "float16", name="A")
+    b_ = te.placeholder((p, m), "float16", name="B")
+    r_ = te.placeholder((n, m), "float16", name="R")
+    k = te.reduce_axis(p, "k")
+    mm = te.compute((n, m), lambda i, j: te.sum(a_[i, k] * b_[k, j], axis=k), name="mm")
+    y = te.compute((n, m), lambda i, j: mm[i, j] + r_[i, j], name="y")
+    mod = build([y], [a_, b_, r_, y], target="cuda")
+    assert "&R_tmap" in mod.source
+    g = torch.Generator(device="cuda").manual_seed(offset)
+    a = (torch.randn(n, p, device="cuda", generator=g) / p ** 0.5).half()
+    b = torch.randn(p, m, device="cuda", generator=g).half()
+    rr = torch.randn(n * m + offset, device="cuda", generator=g).half()
+    r = rr[offset:].view(n, m)
+    before = rr.clone()
+    out = torch.full((n, m), float("nan"), device="cuda", dtype=torch.half)
+    mod(a, b, r, out)
+    torch.cuda.synchronize()
+    ref = a.double() @ b.double() + r.double()
+    assert not torch.isnan(out).any() and torch.equal(rr, before)
+    assert float((out.double() - ref).abs().max() / ref.abs().max()) < 2e-3

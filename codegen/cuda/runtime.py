@@ -370,6 +370,9 @@ class _Prepared:
     ptrs: dict[Buffer, int] = field(default_factory=dict)
     module: Any = None  # the module whose kernels run it (a specialized variant of the one asked)
     record: list[tuple[Any, ...]] | None = None  # the launches made, for the fast path's plan (see _Plan)
+    # aligned copies of unaligned TMA operands kept past their launch (kernel_times replays the recorded launches,
+    # whose tensor maps point into them); None: each freed after its launch
+    kept: list[Any] | None = None
 
 
 class CudaModule(Module):
@@ -574,7 +577,10 @@ class CudaModule(Module):
         if p.record is not None:  # a plan remakes the maps from each call's pointers (_run_plan)
             p.record.append((k, fns[k.name], (*grid, *block), smem, tuple(values), MapSpecs(specs)))
         check(launch_with_maps(cu, fns[k.name], (*grid, *block), smem, p.stream, values), f"cuLaunchKernel({k.name})")
-        free_scratch(cu, scratch, p.stream)
+        if p.kept is not None:
+            p.kept += scratch
+        else:
+            free_scratch(cu, scratch, p.stream)
 
     def _dynamic_shared(self, k: Kernel, env: dict[Var, int], fns: dict[str, Any], p: _Prepared) -> int:
         """The bytes of dynamic shared memory this launch of `k` asks for (`Kernel.dynamic_shared` at this
@@ -739,7 +745,7 @@ class CudaModule(Module):
             return mod._kernel_times(arrays, known, warmup, repeat)  # type: ignore[attr-defined]
         cu = _driver()
         p = self.prepare(arrays, bound)
-        p.record = []
+        p.record, p.kept = [], []
         self.launch(p)
         launches, p.record = p.record, None
         start = check(cu.cuEventCreate(0), "cuEventCreate")
@@ -763,6 +769,8 @@ class CudaModule(Module):
         finally:
             cu.cuEventDestroy(start)
             cu.cuEventDestroy(end)
+            free_scratch(cu, p.kept or [], p.stream)  # written copies back to their arrays, then freed
+            p.kept = None
         self.finish(p)
         return {name: float(statistics.median(ts)) for name, ts in runs.items()}
 
