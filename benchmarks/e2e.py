@@ -180,7 +180,7 @@ def run_row(name: str, dtype: str, B: int, T: int, C: int, H: int, mode: str, ta
     if target == "cuda":
         _time_cuda_row(row, name, mod, ins, [t.name for t in w.inputs], want, dtype, H, torch, compile_torch)
     else:
-        _time_cpu_row(row, mod, ins, want, dtype)
+        _time_cpu_row(row, name, mod, ins, [t.name for t in w.inputs], want, dtype, H, torch, compile_torch)
     row["tflops"] = _flops(name, B, T, C) / (row["ms_ours"] * 1e-3) / 1e12 if row.get("ms_ours") else None
     return row
 
@@ -232,9 +232,28 @@ def _nan_on_device(torch: Any, shape: tuple[int, ...], dtype: str) -> Any:
     return torch.full(shape, float("nan"), dtype=getattr(torch, dtype), device="cuda")
 
 
-def _time_cpu_row(row: dict[str, Any], mod: Any, ins: list[np.ndarray], want: np.ndarray, dtype: str) -> None:
+def _time_cpu_row(row: dict[str, Any], name: str, mod: Any, ins: list[np.ndarray], names: list[str],
+                  want: np.ndarray, dtype: str, H: int, torch: Any, compile_torch: bool) -> None:
+    """Ours, then (where PyTorch imports) the same block in PyTorch on the CPU, eager and torch.compile (whose
+    failure to compile, e.g. without a C++ compiler, is recorded as the row's `compile_error`)."""
     out = blocks.as_dtype(np.zeros(want.shape), dtype)
-    row["ms_ours"] = _cpu_ms(lambda: mod(*ins, out))
+    row["ms_ours"] = _cpu_ms(lambda: mod(*ins, out), repeat=9)
+    if torch is None:
+        return
+    d = {n: torch.from_numpy(blocks.as_float64(a, dtype)).to(getattr(torch, dtype)) for n, a in zip(names, ins)}
+    fn = torch_block(name, H)
+    with torch.no_grad():
+        ref = fn(d)  # also the warm-up
+        row["torch_err"] = _rel_err(ref.double().numpy(), blocks.as_float64(want, dtype), "float64")
+        row["ms_eager"] = _cpu_ms(lambda: fn(d), repeat=9)
+        if compile_torch:
+            try:
+                torch._dynamo.reset()
+                cf = torch.compile(fn, dynamic=False)
+                cf(d)
+                row["ms_compile"] = _cpu_ms(lambda: cf(d), repeat=9)
+            except Exception as e:  # noqa: BLE001 - the baseline is reported missing, with why
+                row["compile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
 
 
 def _time_cuda_row(row: dict[str, Any], name: str, mod: Any, ins: list[np.ndarray], names: list[str],
@@ -343,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         import torch
         torch.backends.cuda.matmul.allow_tf32 = False
+    else:
+        try:  # the CPU rows' baseline: PyTorch on the CPU where it is installed
+            import torch
+        except ImportError:
+            torch = None
     rows: list[dict[str, Any]] = []
     text = ""
     for name in a.blocks.split(","):

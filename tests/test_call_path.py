@@ -368,17 +368,26 @@ class _FakeCudaTensor:
     def data_ptr(self) -> int:
         return self._ptr
 
+    def get_device(self) -> int:
+        return self.device.index
+
 
 _FakeCudaTensor.__module__ = "torch"
 
 
-@pytest.fixture
-def fake_torch(monkeypatch):
+@pytest.fixture(params=["raw", "stream"])
+def fake_torch(monkeypatch, request):
+    """torch's current stream per device, read through `torch._C._cuda_getCurrentRawStream(index)` ("raw", as
+    torch's own generated code does) or, where that is missing, `torch.cuda.current_stream(device or index)`."""
     streams = {0: 0x51, 1: 0x52}
     current = types.SimpleNamespace(device=0)
     mod = types.ModuleType("torch")
+    index = lambda dev: getattr(dev, "index", dev)  # noqa: E731
     mod.cuda = types.SimpleNamespace(
-        current_stream=lambda dev: types.SimpleNamespace(cuda_stream=streams[dev.index] + current.device))
+        current_stream=lambda dev: types.SimpleNamespace(cuda_stream=streams[index(dev)] + current.device))
+    mod._C = types.SimpleNamespace()
+    if request.param == "raw":
+        mod._C._cuda_getCurrentRawStream = lambda i: streams[i] + current.device
     monkeypatch.setitem(sys.modules, "torch", mod)
     return current
 
