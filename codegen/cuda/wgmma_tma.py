@@ -117,7 +117,13 @@ class _EmitTma(_Emit):
     product of its leading extents; codegen.cuda.tensor_map.view_extents): a box's rows past a batch's T are the
     next batch's, multiplied but never stored (the epilogue keeps the tile's row guards). Stage s's u-th use
     completes phase u of full[s]; the producer waits for phase u - 1 of empty[s] (parity u + 1: passes at once for
-    u = 0)."""
+    u = 0).
+
+    With a store plan (plan.store) the epilogue goes through shared boxes stored by TMA (`epilogue_tma`): per
+    consumer warpgroup two boxes of 64 x 64 halves after the stages and barriers (WgmmaShape.staging_offset), and,
+    with an aux tensor, one mbarrier per box: the box's u-th aux load completes its phase u (parity of box count
+    >> 1), issued by the warpgroup's thread 0 only after that thread's earlier stores from the box were read
+    (`cp.async.bulk.wait_group.read`)."""
 
     def __init__(self, r: Any, p: WgmmaParts, plan: TmaPlan) -> None:
         super().__init__(r, p)
