@@ -215,7 +215,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.uses_flash = False
         self.uses_wgmma = False
         self.uses_wgmma_tma = False
-        self.tmaps: dict[N.Buffer, tuple[str, tuple[int, ...]]] = {}  # buffer -> (parameter, box): codegen.cuda.wgmma
+        self.tmaps: dict[N.Buffer, tuple[str, tuple[int, ...]]] = {}  # buffer -> (parameter, box): wgmma_tma
         self.pred: str | None = None  # C condition: does this thread really run the statements here (predication)
         self.uniform_memo: dict[int, bool] = {}
         self.entry_checks: dict[str, str] = {}  # vector-path condition -> const bool computed once at kernel entry

@@ -34,7 +34,7 @@ from loopir import nodes as N
 from loopir.affine import linear_form
 from loopir.errors import CudaCodegenError
 from loopir.visit import walk
-from schedules.primitives.wgmma import K_TILE, WgmmaMismatch, WgmmaParts, wgmma_parts
+from schedules.primitives.wgmma import K_TILE, StorePlan, WgmmaMismatch, WgmmaParts, wgmma_parts
 
 from .body import BodyEmitter
 from .expr import _FROM_FLOAT, unrounded
@@ -127,6 +127,8 @@ def _slope(c: N.Expr, v: N.Var) -> int | None:
 
 
 class _Emit(BodyEmitter):
+    store: StorePlan | None = None  # the TMA store of the epilogue (codegen.cuda.wgmma_tma); none in this form
+
     def __init__(self, r: Any, p: WgmmaParts) -> None:
         super().__init__(r)
         self.p = p
@@ -367,9 +369,8 @@ class _Emit(BodyEmitter):
         (a later store's read of an earlier one must see it)."""
         p = self.p
         stored = {id(st.buffer) for st, *_ in p.stores}
-        store = getattr(self, "store", None)
-        if store is not None and store.aux is not None:
-            stored.add(id(store.aux.buffer))  # read from the store's box instead
+        if self.store is not None and self.store.aux is not None:
+            stored.add(id(self.store.aux.buffer))  # read from the store's box instead
         out: list[list[N.Load]] = []
         for _, _, val, _ in p.stores:
             found: list[N.Load] = []

@@ -285,14 +285,14 @@ class _EmitTma(_Emit):
         conds = [N.conjunction(c) if c else None for c in rest] if rows else [cond for *_, cond in p.stores]
         boxes = self.cols // STORE_BOX
         self.unrolled(n["ec"], boxes)
-        self.line(f"const unsigned {n['eb']} = {n['stg']} + ((({n['g']} << 1) | ({n['ep']} & 1u)) << 13);")
+        self.line(f"const unsigned {n['eb']} = {self.slot(n['ep'])};")
         bar = f'asm volatile("bar.sync %0, 128;\\n" :: "r"({n["g"]} + 1) : "memory");  // this warpgroup'
         if sp.aux is None:
             self.line(f'if (({n["w"]} | {n["l"]}) == 0) asm volatile("cp.async.bulk.wait_group.read 1;\\n" ::: '
                       '"memory");')
             self.line(bar)
         else:  # the box's load landed: its store of two boxes ago had read it before the load was issued
-            self.line(f"loopir_mbar_wait({n['abar']} + 8 * ({n['ep']} & 1u), ({n['ep']} >> 1) & 1u);")
+            self.line(f"loopir_mbar_wait({self.slot_bar(n['ep'])}, ({n['ep']} >> 1) & 1u);")
         full = self.box_inside(conds)
         self.unrolled(n["h"], 2)
         self.open("{")
@@ -313,15 +313,9 @@ class _EmitTma(_Emit):
         self.close()
         self.line('asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // the box, seen by TMA')
         self.line(bar)
-        x = f"(int)({r.expr(sp.col0)}) + {STORE_BOX} * {n['ec']}"
-        y = f"(int)({r.expr(sp.row0)}) + {STORE_BOX} * {n['g']}"
-        m = r.tmaps[sp.store.buffer][0]
-        if sp.rank == 3:
-            assert sp.outer is not None
-            call = f"loopir_tma_store3d(&{m}, {n['eb']}, {x}, {y}, (int)({r.expr(sp.outer)}))"
-        else:
-            call = f"loopir_tma_store2d(&{m}, {n['eb']}, {x}, {y})"
-        self.line(f"if (({n['w']} | {n['l']}) == 0) {call};")
+        at = ", ".join(self.box_coords(n["ec"]))
+        self.line(f"if (({n['w']} | {n['l']}) == 0) loopir_tma_store{sp.rank}d(&{r.tmaps[sp.store.buffer][0]}, "
+                  f"{n['eb']}, {at});")
         if sp.aux is not None:
             self.open(f"if ({n['ldr']} && {n['ec']} + 2 < {boxes}) {{  // this box's next load, once its store read it")
             self.line('asm volatile("cp.async.bulk.wait_group.read 0;\\n" ::: "memory");')
@@ -342,11 +336,9 @@ class _EmitTma(_Emit):
 
     def aux_load(self, box: str, count: str) -> None:
         """The TMA load of box `box` of the tile's aux tensor into the warpgroup's shared box of number `count`."""
-        r, n, sp = self.r, self.n, self.store
+        r, sp = self.r, self.store
         assert sp is not None and sp.aux is not None
-        m = r.tmaps[sp.aux.buffer][0]
-        dst = f"{n['stg']} + ((({n['g']} << 1) | (({count}) & 1u)) << 13)"
-        bar = f"{n['abar']} + 8 * (({count}) & 1u)"
+        bar = self.slot_bar(count)
         self.line(f"loopir_mbar_expect({bar}, {BOX_BYTES}u);")
         # a box wholly past the columns (rows) is read at column (row) 0 instead, as the operands' boxes are: its
         # elements are never stored
@@ -354,15 +346,31 @@ class _EmitTma(_Emit):
         rows = shape[-2] if sp.rank == 3 else N.binary("mul", N.const(1), shape[0])
         for d in ([] if sp.rank == 3 else shape[1:-1]):
             rows = N.binary("mul", rows, d)
+        coords = self.box_coords(box)
         x, y = r.names.fresh("wg_x"), r.names.fresh("wg_y")
-        self.line(f"const int {x} = (int)({r.expr(sp.col0)}) + {STORE_BOX} * ({box}), {y} = (int)({r.expr(sp.row0)}) "
-                  f"+ {STORE_BOX} * {n['g']};")
-        x, y = f"{x} < {r.expr(shape[-1])} ? {x} : 0", f"{y} < {r.expr(rows)} ? {y} : 0"
+        self.line(f"const int {x} = {coords[0]}, {y} = {coords[1]};")
+        coords[:2] = f"{x} < {r.expr(shape[-1])} ? {x} : 0", f"{y} < {r.expr(rows)} ? {y} : 0"
+        self.line(f"loopir_tma{sp.rank}d({self.slot(count)}, &{r.tmaps[sp.aux.buffer][0]}, {', '.join(coords)}, "
+                  f"{bar});")
+
+    def slot(self, count: str) -> str:
+        """The shared address of the warpgroup's box number `count` (its two boxes alternate)."""
+        n = self.n
+        return f"{n['stg']} + ((({n['g']} << 1) | (({count}) & 1u)) << {BOX_BYTES.bit_length() - 1})"
+
+    def slot_bar(self, count: str) -> str:
+        """The mbarrier of the warpgroup's box number `count`: its aux loads complete it."""
+        return f"{self.n['abar']} + 8 * (({count}) & 1u)"
+
+    def box_coords(self, box: str) -> list[str]:
+        """The map coordinates (innermost first) of box `box` of this warpgroup's 64 rows of the tile."""
+        r, n, sp = self.r, self.n, self.store
+        assert sp is not None
+        at = [f"(int)({r.expr(sp.col0)}) + {STORE_BOX} * ({box})", f"(int)({r.expr(sp.row0)}) + {STORE_BOX} * {n['g']}"]
         if sp.rank == 3:
             assert sp.outer is not None
-            self.line(f"loopir_tma3d({dst}, &{m}, {x}, {y}, (int)({r.expr(sp.outer)}), {bar});")
-        else:
-            self.line(f"loopir_tma2d({dst}, &{m}, {x}, {y}, {bar});")
+            at.append(f"(int)({r.expr(sp.outer)})")
+        return at
 
     def box_values(self, conds: list[N.Expr | None], hoist: list[list[N.Load]]) -> None:
         """The lane's values of box wg_ec in row wg_h into the shared box, element k under conds[k]."""

@@ -61,6 +61,7 @@ class WgmmaShape:
     rows: int
     cols: int
     stages: int
+    staging: int = 0  # bytes of the TMA store's staging boxes after the stages and barriers (StorePlan)
 
     @property
     def warpgroups(self) -> int:
@@ -77,8 +78,6 @@ class WgmmaShape:
     @property
     def shared_bytes(self) -> int:  # the stages, and 1024 bytes to align the first to the swizzle's atom
         return self.stages * self.stage_bytes + 1024
-
-    staging: int = 0  # bytes of the TMA store's staging boxes after the stages and barriers (StorePlan)
 
     @property
     def staging_offset(self) -> int:  # from the aligned base: the stages, the barriers, up to the swizzle's atom
