@@ -249,3 +249,58 @@ def test_a_residual_at_an_unaligned_address_is_loaded_from_its_copy(offset):
     ref = a.double() @ b.double() + r.double()
     assert not torch.isnan(out).any() and torch.equal(rr, before)
     assert float((out.double() - ref).abs().max() / ref.abs().max()) < 2e-3
+
+
+# ----------------------------------------------------------------------------- aligned copies (a fake driver)
+
+
+class _Driver:
+    """The driver calls map_value and free_scratch make, recorded; `fail` names one that returns an error."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    def __init__(self, fail: str = "") -> None:
+        self.fail, self.calls = fail, []
+
+    def _ret(self, name: str, *args):
+        self.calls.append((name, *args))
+        return 1 if name == self.fail else 0
+
+    def cuMemAllocAsync(self, nbytes, stream):  # noqa: N802 - the driver's name
+        return self._ret("alloc", nbytes), 0x1000
+
+    def cuMemcpyDtoDAsync(self, dst, src, nbytes, stream):  # noqa: N802
+        return (self._ret(f"copy {dst:#x}<-{src:#x}", nbytes),)
+
+    def cuMemFreeAsync(self, ptr, stream):  # noqa: N802
+        self._ret("free", ptr)
+
+
+def test_an_unaligned_written_tensor_is_copied_in_and_back_and_freed(monkeypatch):
+    import codegen.cuda.tensor_map as tm
+
+    monkeypatch.setattr(tm, "tensor_map", lambda cu, ptr, *a: ("map of", ptr))
+    cu, scratch = _Driver(), []
+    assert tm.map_value(cu, 0x2002, "float16", (8, 3), 2, (64, 64), True, None, scratch) == ("map of", 0x1000)
+    assert tm.map_value(cu, 0x3000, "float16", (8, 3), 2, (64, 64), True, None, scratch) == ("map of", 0x3000)
+    tm.free_scratch(cu, scratch, None)
+    assert cu.calls == [("alloc", 48), ("copy 0x1000<-0x2002", 48), ("copy 0x2002<-0x1000", 48), ("free", 0x1000)]
+    cu, scratch = _Driver(), []  # read only: copied in, never back
+    tm.map_value(cu, 0x2002, "bfloat16", (8, 3, 2), 2, (64, 64, 1), False, None, scratch)
+    tm.free_scratch(cu, scratch, None)
+    assert [c[0] for c in cu.calls] == ["alloc", "copy 0x1000<-0x2002", "free"] and cu.calls[0][1] == 96
+
+
+@pytest.mark.parametrize("fail, match", [("alloc", r"cuMemAllocAsync\(48\) for an aligned copy of a tensor failed"),
+                                         ("copy 0x1000<-0x2002", "of a tensor to its aligned copy failed"),
+                                         ("copy 0x2002<-0x1000", "of an aligned copy back to its tensor failed")])
+def test_a_failed_copy_of_an_unaligned_tensor_is_an_error_naming_the_step(monkeypatch, fail, match):
+    import codegen.cuda.tensor_map as tm
+    from loopir.errors import RuntimeLaunchError
+
+    monkeypatch.setattr(tm, "tensor_map", lambda cu, ptr, *a: ptr)
+    cu, scratch = _Driver(fail), []
+    with pytest.raises(RuntimeLaunchError, match=match):
+        tm.map_value(cu, 0x2002, "float16", (8, 3), 2, (64, 64), True, None, scratch)
+        tm.free_scratch(cu, scratch, None)
