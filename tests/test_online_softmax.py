@@ -531,3 +531,18 @@ def test_triton_form_matches_float64_on_the_gpu(casts: bool, mask: bool | str, d
         mod(*w.call_args(ins, again))
         assert np.array_equal(got[0].view(np.uint8), again[0].view(np.uint8))
         _close(got[0], want, dtype)
+
+
+def test_the_check_accepts_a_half_rewrite_over_many_keys_and_refuses_a_wrong_one() -> None:
+    # float16 sums over 1024 keys round the two programs apart by a few units of the output's magnitude: the check
+    # compares relative to it (an elementwise 1e-2 refused auto_schedule's own rewrite of this attention at d 128)
+    w = workloads.naive_attention(2, 2, 1024, 128, False, dtype="float16")
+    old = lower(list(w.outputs))
+    new, _ = online_softmax(old, "mx")
+    assert check_online(CheckContext(None, old, new, ("mx",), {})) is None  # type: ignore[arg-type]
+    broken = map_stmts(new.body, lambda st: Store(st.name, st.buffer, st.indices, Const(1.0, "float16"), st.iters,
+                                                  st.coords) if isinstance(st, Store) and st.name == "mx_rescale"
+                       else None)
+    bad = Program(new.name, new.args, broken, new.temps, new.params)
+    with pytest.raises(ScheduleError, match=r"online_softmax changed the result: O\["):
+        check_online(CheckContext(None, old, bad, ("mx",), {}))  # type: ignore[arg-type]

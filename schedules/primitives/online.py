@@ -303,8 +303,13 @@ def check_online(ctx: CheckContext) -> None:
     for b in outs:
         x, y = _widen(a_old[b.name], b.dtype), _widen(a_new[b.name], b.dtype)
         tol = {"float16": 1e-2, "bfloat16": 5e-2}.get(b.dtype, 1e-4)
-        if not np.allclose(x, y, rtol=tol, atol=tol, equal_nan=True):
-            k = tuple(int(v) for v in np.argwhere(~np.isclose(x, y, rtol=tol, atol=tol, equal_nan=True))[0])
+        # relative to the output's largest value (at least 1): a half sum over many keys rounds each program
+        # differently by a few units of its magnitude, which an element near 0 would exceed (O of float16 attention
+        # at d 128 over 1024 keys: 0.03 apart at |O| <= 9, one element -0.076 against -0.088)
+        finite = np.abs(x[np.isfinite(x)])
+        atol = tol * max(1.0, float(finite.max()) if finite.size else 0.0)
+        if not np.allclose(x, y, rtol=tol, atol=atol, equal_nan=True):
+            k = tuple(int(v) for v in np.argwhere(~np.isclose(x, y, rtol=tol, atol=atol, equal_nan=True))[0])
             raise ScheduleError("online_softmax", "value", b.name, ("", {}), ("", {}), {p.name: CHECK_SIZE for p in
                                                                                         old.params},
                                 message=f"online_softmax changed the result: {b.name}{list(k)} is {y[k]} instead of "
