@@ -481,19 +481,77 @@ def test_a_positive_constant_scale_is_folded_into_the_exponent():
     assert "(dot * 0.125f)" not in src
 
 
-def test_aligned_rows_are_copied_without_a_per_chunk_test_and_misaligned_ones_keep_it():
+@pytest.mark.parametrize("wgmma", [True, False])
+def test_aligned_rows_are_copied_without_a_per_chunk_test_and_misaligned_ones_keep_it(wgmma, monkeypatch):
     """K and V rows of 64 halves: every chunk is 16-byte aligned once the pointers are (a test at the kernel's
     entry), so the copies branch once to cp.async alone; Q rows 4 elements into a wider row do not show it and
-    keep the per-chunk test with its element-wise fallback."""
+    keep the per-chunk test with its element-wise fallback. (The warpgroup kernel copies K and V by TMA: Q only.)"""
+    monkeypatch.setattr(attention_mod, "WGMMA_ATTENTION", wgmma)
     args, y = _naive("float16", "causal")
     src = build(auto_schedule([y], "cuda"), args + [y], target="cuda").source
-    for b in ("Q", "K", "V"):
+    copied = ("Q",) if wgmma else ("Q", "K", "V")
+    for b in copied:
         assert f"const bool {b}_aligned16 = (((unsigned long long){b}) & 15) == 0;" in src
         assert f"if ({b}_aligned16) {{" in src
-    assert src.count("loopir_wg_cp16(fa_dst") == 3 and src.count("loopir_wg_copy16(fa_dst") == 3
+    fast, slow = ("loopir_wg_cp16(fa_dst", "loopir_wg_copy16(fa_dst") if wgmma else ("loopir_cp_async16(fa_dst",
+                                                                                    "loopir_flash_copy16(fa_dst")
+    assert src.count(fast) == len(copied) and src.count(slow) == len(copied)
     args, y = _custom("float16", d=64)
     src = build(auto_schedule([y], "cuda"), args + [y], target="cuda").source
-    assert "if (Q_aligned16)" not in src and "if (K_aligned16)" in src
+    assert "if (Q_aligned16)" not in src and ("if (K_aligned16)" in src) != wgmma
+
+
+def _prefix(dtype: str, d: int = 64):
+    """Attention over the first M - 1 keys of K and V rows of extent M: the key loop ends before the tensors do."""
+    B, n, M = te.var("B"), te.var("n"), te.var("M")
+    m = M - 1
+    Q = te.placeholder((B, n, d), dtype, name="Q")
+    K, V = (te.placeholder((B, M, d), dtype, name=x) for x in "KV")
+    r, r2, r3, r4 = te.reduce_axis(d, "r"), te.reduce_axis(m, "r2"), te.reduce_axis(m, "r3"), te.reduce_axis(m, "r4")
+    S = te.compute((B, n, m), lambda b, i, j: te.sum(Q[b, i, r] * K[b, j, r], axis=r) * 0.125, name="S")
+    mx = te.compute((B, n), lambda b, i: te.max(S[b, i, r2], axis=r2), name="mx")
+    P = te.compute((B, n, m), lambda b, i, j: te.exp(S[b, i, j] - mx[b, i]), name="P")
+    sm = te.compute((B, n), lambda b, i: te.sum(P[b, i, r3], axis=r3), name="sm")
+    O = te.compute((B, n, d), lambda b, i, c: te.sum(P[b, i, r4] * V[b, r4, c], axis=r4), name="O")  # noqa: E741
+    Y = te.compute((B, n, d), lambda b, i, c: O[b, i, c] / sm[b, i], name="Y")
+    return [Q, K, V], Y
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_warpgroup_kernel_copies_whole_key_rows_by_tma_and_others_by_its_threads(d):
+    """K[b, j, :] and V[b, j, :] over all j of their extent: one thread copies each stage by TMA (a box per 64
+    columns of each; TMA's zeros past the keys); over fewer keys than the tensors hold (the rows past the loop's
+    end are not zeros), the threads' copies, which write the zeros."""
+    args, y = _naive("float16", "causal", d=d)
+    src = build(auto_schedule([y], "cuda"), args + [y], target="cuda").source
+    for b in ("K", "V"):
+        assert f"const __grid_constant__ loopir_tmap {b}_tmap" in src and f"&{b}[" not in src
+    assert src.count("loopir_tma3d(fa_dst") == 2 * d // 64 and "loopir_mbar_wait(fw_full0" in src
+    assert "loopir_wg_cp16(fa_dst, &Q[" in src
+    args, y = _prefix("float16", d)
+    s = auto_schedule([y], "cuda")
+    assert [f.kind for f in _flash_loops(s.program)] == [FLASH_WGMMA]
+    src = build(s, args + [y], target="cuda").source
+    assert "loopir_tmap" not in src and "loopir_wg_cp16(fa_dst, &K[" in src and "loopir_wg_cp16(fa_dst, &V[" in src
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALVES)
+def test_keys_short_of_the_tensors_extent_never_read_the_rows_past_them_on_the_gpu(dtype):
+    """The threads' copies of the warpgroup kernel (no TMA: the key loop ends before K and V do) with NaN in the
+    row past the keys: reading it would make the output NaN."""
+    args, y = _prefix(dtype)
+    mod = build(auto_schedule([y], "cuda"), args + [y], target="cuda")
+    rng = np.random.default_rng(61)
+    for B, n, keys in ((2, 130, 100), (1, 64, 64), (3, 200, 129)):
+        M = keys + 1
+        q = _half(rng.standard_normal((B, n, 64)), dtype)
+        k, v = (_half(rng.standard_normal((B, M, 64)), dtype) for _ in range(2))
+        k[:, keys:] = v[:, keys:] = _half(np.full((B, 1, 64), np.nan), dtype)
+        assert np.isnan(_f32(k, dtype)[:, keys:]).all()
+        want = workloads.naive_attention_reference(*(_f32(x, dtype) for x in (q, k[:, :keys], v[:, :keys])),
+                                                   scale=0.125)
+        _check(mod, (q, k, v), want, dtype, (B, n, 64))
 
 
 def test_the_padded_reach_bounds_every_flat_index():

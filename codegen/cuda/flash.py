@@ -225,8 +225,8 @@ class _Emit(BodyEmitter):
         # one shared array of two stages (K tile, then V tile); Q waits in stage 1 until its fragments are loaded
         self.stage = self.keys * (self.KS + self.VS)
         self.n = {k: r.names.fresh(f"fa_{k}") for k in (
-            "kv", "lane", "warp", "lo", "hi", "c", "row", "ch", "dst", "load", "dead", "full", "next", "o",
-            "m", "l", "qf", "kt", "nk", "stage", "first", "s", "vis", "mx", "sc", "k0", "k1", "fs", "any", "kk", "np",
+            "kv", "lane", "warp", "lo", "hi", "c", "row", "ch", "dst", "load", "dead", "wdead", "full", "next", "o",
+            "m", "l", "qf", "kt", "nk", "stage", "first", "s", "mx", "sc", "k0", "k1", "fs", "any", "kk", "np",
             "nt", "e", "h", "dp", "pr", "mt", "grew", "sca", "ml", "a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3")}
 
     def cond(self, e: N.Expr | None) -> str:
@@ -341,25 +341,32 @@ class _Emit(BodyEmitter):
 
     def tiles(self) -> None:
         """fa_dead(k0): an affine conjunct of the mask fails at the four corners of (the block's rows) x (keys k0..);
-        fa_full(k0): the tile lies inside the key loop and every conjunct (all affine) holds at its corners;
-        fa_next(k0): the first tile from k0 that is not dead."""
+        fa_wdead(k0): the same on the warp's rows (its scores are all masked); fa_full(k0): the tile lies inside the
+        key loop and every conjunct (all affine) holds at the corners of (the warp's rows) x (the tile's keys);
+        fa_next(k0): the first tile from k0 that is not dead. An affine function of (row, key) takes its extremes
+        over a box at the corners, so four tests decide the box. Per warp, a causal block's diagonal tiles split
+        into whole, dead and masked warps (a quarter, a quarter and half of them at 128 rows x 64 keys) where
+        per block all are masked."""
         p, n, ix, r = self.p, self.n, self.ix, self.r
         affine, every = affine_conjuncts(p.mask, p.row, p.key.var)
-        corners = [(row, key) for row in ("0", str(self.rows - 1)) for key in (n["k0"], n["k1"])]
+        warp0 = f"{n['warp']} * {16 * self.mt}"
+        block_rows, warp_rows = ("0", str(self.rows - 1)), (warp0, f"{warp0} + {16 * self.mt - 1}")
 
-        def corner_lines(c: N.Expr, op: str) -> None:
-            for row, key in corners:
-                self.line(f"{{ const {ix} {r.var(p.row)} = {row}; const {ix} {r.var(p.key.var)} = {key}; "
-                          f"{n['any']} {op}= {r.expr(c)}; }}")
+        def corner_lines(c: N.Expr, op: str, rows: tuple[str, str]) -> None:
+            for row in rows:
+                for key in (n["k0"], n["k1"]):
+                    self.line(f"{{ const {ix} {r.var(p.row)} = {row}; const {ix} {r.var(p.key.var)} = {key}; "
+                              f"{n['any']} {op}= {r.expr(c)}; }}")
 
-        self.open(f"auto {n['dead']} = [&]({ix} {n['k0']}) -> bool {{")
-        self.line(f"const {ix} {n['k1']} = loopir_min({n['k0']} + {self.keys - 1}, {n['hi']} - 1);")
-        for c in affine:
-            self.open(f"{{ bool {n['any']} = false;")
-            corner_lines(c, "|")
-            self.close(f"if (!{n['any']}) return true; }}")
-        self.line(f"(void){n['k1']};")
-        self.close("return false; };")
+        for name, rows in (("dead", block_rows), ("wdead", warp_rows)):
+            self.open(f"auto {n[name]} = [&]({ix} {n['k0']}) -> bool {{")
+            self.line(f"const {ix} {n['k1']} = loopir_min({n['k0']} + {self.keys - 1}, {n['hi']} - 1);")
+            for c in affine:
+                self.open(f"{{ bool {n['any']} = false;")
+                corner_lines(c, "|", rows)
+                self.close(f"if (!{n['any']}) return true; }}")
+            self.line(f"(void){n['k1']};")
+            self.close("return false; };")
         self.open(f"auto {n['full']} = [&]({ix} {n['k0']}) -> bool {{")
         self.line(f"const {ix} {n['k1']} = {n['k0']} + {self.keys - 1};")
         self.line(f"if ({n['k1']} >= {n['hi']}) return false;")
@@ -367,7 +374,7 @@ class _Emit(BodyEmitter):
             self.line("return false;")
         for c in affine if every else []:
             self.open(f"{{ bool {n['any']} = true;")
-            corner_lines(c, "&")
+            corner_lines(c, "&", warp_rows)
             self.close(f"if (!{n['any']}) return false; }}")
         self.close("return true; };")
         self.open(f"auto {n['next']} = [&]({ix} {n['k0']}) -> {ix} {{")
@@ -472,15 +479,29 @@ class _Emit(BodyEmitter):
 
     def scores(self, rescale: bool = True, declare: bool = True) -> None:
         """s = g(S) per element, the mask, the rows' new maximum, the rescale of l, P = exp(s - m), and (with
-        `rescale`, else by a later `rescale_o`) O's. Two copies: a tile inside the key loop whose corners satisfy
-        the mask tests nothing per element. Without `declare`, `declare_factors` was called before."""
-        n = self.n
-        self.line(f"{'unsigned long long' if self.keys > 64 else 'unsigned'} {n['vis']}[{self.mt}];  // a bit per "
-                  "element of the lane's scores: the key is visible")
+        `rescale`, else by a later `rescale_o`) O's. Three cases per warp (uniform in it, so no lane diverges): the
+        mask kills all of the warp's scores (P = 0, nothing else changes), a tile whose corners on the warp's rows
+        satisfy the mask tests nothing per element, any other tests each. Without `declare`, `declare_factors`
+        was called before."""
+        n, s, mt, nt, e = self.n, self.n["s"], self.n["mt"], self.n["nt"], self.n["e"]
         self.line(f"float {n['mx']}[{self.mt}][2];")
         if declare:
             self.declare_factors()
-        self.open(f"if ({n['full']}({n['kt']})) {{")
+        if affine_conjuncts(self.p.mask, self.p.row, self.p.key.var)[0]:
+            self.open(f"if ({n['wdead']}({n['kt']})) {{  // every key of the tile is masked on the warp's rows")
+            for idx, d in ((mt, self.mt), (nt, self.keys // 8), (e, 4)):
+                self.unrolled(idx, d)
+            # asm: with `= 0.0f` ptxas spilled 37 registers of the d 64 wgmma kernel (at its bound of 128)
+            self.line(f'asm volatile("mov.b32 %0, 0;" : "=f"({s}[{mt}][{nt}][{e}]));')
+            for _ in range(3):
+                self.close()
+            self.unrolled(mt, self.mt)
+            self.line(f"{n['sca']}[{mt}][0] = {n['sca']}[{mt}][1] = 1.0f;")
+            self.close()
+            self.close(f"}} else if ({n['full']}({n['kt']})) {{")
+            self.r.ind += 1
+        else:
+            self.open(f"if ({n['full']}({n['kt']})) {{")
         self.scores_of(True)
         self.close("} else {")
         self.r.ind += 1
@@ -537,18 +558,18 @@ class _Emit(BodyEmitter):
             self.line(f"{t}[{n['h']}] = {clamp.format(r.expr(d))};")
             self.close()
             strict = ">" if cj.op in ("lt", "gt") else ">="
-            tests.append(f"{t}[{e} >> 1] + {c} * {off} {strict} 0")
+            tests.append(f"{t}[{e} >> 1] {strict} {-c} * {off}")  # a constant right side once unrolled
         return tests
 
     def scores_of(self, whole: bool) -> None:
         """With a score t * c, c > 0 a constant (`scale_of`), the maximum is taken over t and scaled once per row
         (rounding is monotone, so max fl(t c) = fl(max t * c)), and P = 2^(t (c log2e) - m log2e): one multiply per
-        element fewer (a warp issued about 470 instructions per tile at d 64, 190 of them here)."""
+        element fewer (a warp issued about 470 instructions per tile at d 64, 190 of them here). Not `whole`: a
+        masked score becomes -inf (P = 2^-inf = 0 once the row has a finite maximum; while it has none, m log2e
+        is taken as 0 so that no -inf - -inf makes a NaN), so that the maximum and P test nothing more."""
         p, n, r = self.p, self.n, self.r
         s, mt = n["s"], n["mt"]
-        nt, e, h, pr, vis, mx = n["nt"], n["e"], n["h"], n["pr"], n["vis"], n["mx"]
-        one = "1ull" if self.keys > 64 else "1u"
-        bit = "" if whole else f"(({vis}[{mt}] >> ({nt} * 4 + {e})) & {one})"
+        nt, e, h, pr, mx = n["nt"], n["e"], n["h"], n["pr"], n["mx"]
         m, l_ = n["m"], n["l"]
         uses = {id(v) for v in free_vars(p.score)}
         scaled = scale_of(p.score, p.dot)
@@ -559,7 +580,7 @@ class _Emit(BodyEmitter):
         self.line(f"float {n['ml']}[{self.mt}][2];")
         self.unrolled(mt, self.mt)
         first = ("-LOOPIR_INF_F", "-LOOPIR_INF_F") if scaled else (f"{m}[{mt}][0]", f"{m}[{mt}][1]")
-        self.line(f"{vis}[{mt}] = ~0ull; {mx}[{mt}][0] = {first[0]}; {mx}[{mt}][1] = {first[1]};")
+        self.line(f"{mx}[{mt}][0] = {first[0]}; {mx}[{mt}][1] = {first[1]};")
         tests = [] if whole else self.mask_offsets()
         rest = [] if whole or p.mask is None else [
             c for c in conjuncts(p.mask) if not any(c is t for t, _, _ in self.offset_terms)]
@@ -573,9 +594,8 @@ class _Emit(BodyEmitter):
         self.line(f"{s}[{mt}][{nt}][{e}] = {r.expr(score)};")
         if not whole:
             ok = " && ".join([*tests, *(f"({r.expr(c)})" for c in rest)])
-            self.line(f"if (!({ok})) {vis}[{mt}] &= ~({one} << ({nt} * 4 + {e}));")
-        self.line(f"{'if ' + bit + ' ' if bit else ''}{mx}[{mt}][{e} >> 1] = loopir_max({mx}[{mt}][{e} >> 1], "
-                  f"{s}[{mt}][{nt}][{e}]);")
+            self.line(f"if (!({ok})) {s}[{mt}][{nt}][{e}] = -LOOPIR_INF_F;")
+        self.line(f"{mx}[{mt}][{e} >> 1] = loopir_max({mx}[{mt}][{e} >> 1], {s}[{mt}][{nt}][{e}]);")
         self.close()
         self.close()
         self.unrolled(h, 2)
@@ -588,7 +608,10 @@ class _Emit(BodyEmitter):
         self.line(f"const float {n['sc']} = {m}[{mt}][{h}] == {mx}[{mt}][{h}] ? 1.0f : "
                   f"loopir_flash_exp({m}[{mt}][{h}] - {mx}[{mt}][{h}]);")
         self.line(f"{m}[{mt}][{h}] = {mx}[{mt}][{h}];")
-        self.line(f"{n['ml']}[{mt}][{h}] = {m}[{mt}][{h}] * {LOG2E!r}f;  // exp(s - m) = 2^(s L - m L)")
+        ml = f"{m}[{mt}][{h}] * {LOG2E!r}f"
+        if not whole:
+            ml = f"{m}[{mt}][{h}] == -LOOPIR_INF_F ? 0.0f : {ml}"
+        self.line(f"{n['ml']}[{mt}][{h}] = {ml};  // exp(s - m) = 2^(s L - m L)")
         self.line(f"{l_}[{mt}][{h}] *= {n['sc']};")
         self.line(f"{n['sca']}[{mt}][{h}] = {n['sc']};")
         self.line(f"{n['grew']} |= {n['sc']} != 1.0f;")
@@ -598,7 +621,7 @@ class _Emit(BodyEmitter):
         self.unrolled(nt, self.keys // 8)
         self.unrolled(e, 4)
         val = f"loopir_flash_exp2(fmaf({s}[{mt}][{nt}][{e}], {log2e}, -{n['ml']}[{mt}][{e} >> 1]))"
-        self.line(f"const float {pr} = {f'{bit} ? {val} : 0.0f' if bit else val};")
+        self.line(f"const float {pr} = {val};")
         self.line(f"{s}[{mt}][{nt}][{e}] = {pr};")
         self.line(f"{l_}[{mt}][{e} >> 1] += {pr};")
         self.close()

@@ -5,7 +5,11 @@ Per block of 128 query rows (256 threads: warpgroup g owns rows 64g .. 64g + 63,
 
     Q's rows -> shared, once (cp.async; zeros past the row guard)
     for each live tile of 64 keys (tiles that the mask kills at all four corners are skipped):
-        prefetch the next live tile of K and V into the other shared stage (cp.async, zeros past the keys)
+        prefetch the tile after next of K and V into a third shared stage: by TMA when K and V are read as whole
+        rows of their tensors up to the key loop's end (`tma_maps`: thread 0 waits for the stage's empty mbarrier,
+        which each warp arrives on once its P V of the stage's last tile is done, and issues a box per 64 columns;
+        the warps wait for the stage's full mbarrier, no block-wide barrier per tile), else by the threads' cp.async
+        copies (zeros past the keys) and a block-wide barrier per tile
         S = Q K^T        wgmma m64n64k16, A = Q and B = K both K-major in shared memory
         s = g(S), the mask, the rows' new maximum, the rescale of l and O, P = exp(s - m)
                          codegen.cuda.flash's own steps: wgmma's accumulator layout is, warp by warp, mma.sync's
@@ -44,6 +48,12 @@ def render_flash_wgmma(r: Any, f: N.For) -> None:
 
 
 
+def _same(a: N.Expr | int, b: N.Expr | int) -> bool:
+    """The same size: equal expressions, or constants of equal value (of any integer type)."""
+    a, b = (e.value if isinstance(e, N.Const) else e for e in (a, b))
+    return a == b
+
+
 class _EmitWgmma(_Emit):
     def __init__(self, r: Any, p: Any) -> None:
         super().__init__(r, p)
@@ -51,7 +61,9 @@ class _EmitWgmma(_Emit):
         self.q_bytes = 2 * self.rows * self.D
         self.k_bytes = 2 * self.keys * self.D
         self.stage_bytes = self.k_bytes + 2 * self.keys * self.DV
-        self.n.update({k: r.names.fresh(f"fw_{k}") for k in ("sm", "base", "g", "dq", "dk", "dv", "pa")})
+        self.n.update({k: r.names.fresh(f"fw_{k}") for k in ("sm", "base", "g", "dq", "dk", "dv", "pa", "full0",
+                                                               "ph", "eph")})
+        self.maps = self.tma_maps()
 
     def emit(self) -> None:
         r, p, n, ix = self.r, self.p, self.n, self.ix
@@ -65,6 +77,20 @@ class _EmitWgmma(_Emit):
                   "threadIdx.x >> 7;")
         self.line(f"const {ix} {n['lo']} = {r.expr(p.key.lo)}, {n['hi']} = {r.expr(p.key.hi)};")
         self.line("__syncthreads();  // a serial loop around the pass: every warp is done with the last tile's stages")
+        if self.maps:  # (re)made after that barrier: no thread still waits on the last pass's phases
+            bars = self.q_bytes + p.shape.stages * self.stage_bytes
+            self.line(f"const unsigned {n['full0']} = {n['base']} + {bars}u;  // mbarriers full[stage]: 8 bytes each")
+            self.line(f"unsigned {n['ph']} = 0, {n['eph']} = 0;  // bit s: the parity of full[s]'s next phase, of "
+                      "the empty[s] phase thread 0 waits for next (its first use waits for none: parity 1)")
+            self.open("if (threadIdx.x == 0) {")
+            self.unrolled(n["e"], p.shape.stages)
+            self.line(f"loopir_mbar_init({n['full0']} + 8 * {n['e']}, 1);")
+            self.line(f"loopir_mbar_init({n['full0']} + {8 * p.shape.stages}u + 8 * {n['e']}, {self.threads // 32});"
+                      "  // empty[stage]: an arrival per warp")
+            self.close()
+            self.line('asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");')
+            self.close()
+            self.line("__syncthreads();  // the barriers are made before any thread waits on one")
         self.copy_rows(self.rows, self.D, self.KS, p.q, p.row, "0", p.red, p.guard, n["base"])
         self.loader()
         self.tiles()
@@ -99,7 +125,8 @@ class _EmitWgmma(_Emit):
         """Software-pipelined over the live tiles (FlashAttention 3's order inside a warpgroup): while the tensor
         cores run O += P V of tile t, the warps compute the softmax of tile t + 1, whose S = Q K^T was issued just
         before; O is rescaled by t + 1's factors once P V is done. Three shared stages: the copy into the stage of
-        tile t + 2 starts after the barrier that every thread passes only once done with tile t - 1."""
+        tile t + 2 starts once every warp is done with tile t - 1 (with TMA: the stage's empty mbarrier; else the
+        block-wide barrier that every thread passes only then)."""
         n, ix = self.n, self.ix
         o, s, kk, pa, st = n["o"], n["s"], n["kk"], n["pa"], n["stage"]
         tv = _PTX[self.p.v.buffer.dtype]
@@ -129,7 +156,7 @@ class _EmitWgmma(_Emit):
         # every wgmma is issued outside a branch (ptxas serializes the asynchronous ones on a path it cannot prove
         # uniform): with no tile left, S is computed from a stale stage and not read
         self.line('asm volatile("cp.async.wait_group 1;\\n" ::: "memory");')
-        self.arrived()
+        self.arrived("0", f"{n['kt']} < {n['hi']}")
         self.line('asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");')
         self.issue_s("0")
         wait_wgmma(self.r, 0, self.s_regs())
@@ -144,8 +171,9 @@ class _EmitWgmma(_Emit):
         self.close()
         self.line(f"const int {n['np']} = {self.after(st)};  // the stage of tile nk")
         self.open(f"if ({n['nk']} < {n['hi']}) {{")
-        self.line('asm volatile("cp.async.wait_group 0;\\n" ::: "memory");')
-        self.arrived()
+        if not self.maps:
+            self.line('asm volatile("cp.async.wait_group 0;\\n" ::: "memory");')
+        self.arrived(n["np"])
         self.close()
         self.line('asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");  // s and P written by the warps')
         self.issue_s(n["np"])
@@ -175,6 +203,9 @@ class _EmitWgmma(_Emit):
         self.scores(rescale=False, declare=False)
         self.close()
         wait_wgmma(self.r, 0, (f"{o}[0][{i // 4}][{i % 4}]" for i in range(self.DV // 2)), "and P V")
+        if self.maps:
+            self.line(f"if ({n['lane']} == 0) loopir_mbar_arrive({n['full0']} + {8 * self.p.shape.stages}u + 8 * {st});"
+                      "  // the warp is done with the stage: empty[st]")
         self.open(f"if ({n['kt']} < {n['hi']}) {{")
         self.rescale_o()
         self.close()
@@ -194,10 +225,74 @@ class _EmitWgmma(_Emit):
         """The stage that follows `stage` in the ring."""
         return f"({stage} == {self.p.shape.stages - 1} ? 0 : {stage} + 1)"
 
-    def arrived(self) -> None:
-        self.line('asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // the copies, seen by wgmma')
+    def arrived(self, stage: str, live: str | None = None) -> None:
+        """The tile in `stage` is in shared memory (with TMA: the phase of its mbarrier completed; only when `live`
+        holds, the tile being loaded), and every warp is done with the stage the next copy fills."""
+        n = self.n
+        if self.maps is None or live is not None:  # the cp.async copies (with TMA: Q's rows), seen by wgmma
+            self.line('asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");')
+        if self.maps:
+            wait = (f"{{ loopir_mbar_wait({n['full0']} + 8 * {stage}, ({n['ph']} >> {stage}) & 1u); {n['ph']} ^= 1u << "
+                    f"{stage}; }}")
+            self.line(f"if ({live}) {wait}" if live else wait)
+            if live is None:  # the stage the next copy fills is free when its empty barrier says so (loader)
+                self.line("__syncwarp();  // the lanes may leave the wait at different tries; wgmma needs the warp")
+                return
         self.line("__syncthreads();  // the tile is in shared memory, and every warp is done with the stage the next "
                   "copy fills")
+
+    def tma_maps(self) -> tuple[str, str] | None:
+        """The tensor maps through which one thread copies the K and V tiles by TMA (rank 3: the leading indices
+        flattened, the keys, the head dimension; boxes of 64 columns x the tile's keys, 128-byte swizzled: the
+        layout the descriptors read), or None for the threads' cp.async copies. TMA needs each to read
+        `buf[lead.., key, c]` of a half tensor whose last extent is the head dimension and whose key extent is the
+        key loop's end (TMA's zeros past it are the zeros the copies write past the loop's end)."""
+        p, r = self.p, self.r
+        if not _same(p.key.lo, 0):
+            return None
+        names = []
+        for ld, inner, width in ((p.k, p.red, self.D), (p.v, p.col, self.DV)):
+            b = ld.buffer
+            if (len(ld.indices) < 3 or b.dtype not in _PTX or len(b.shape) != len(ld.indices)
+                    or ld.indices[-2] != p.key.var or ld.indices[-1] != inner or not _same(b.shape[-1], width)
+                    or not _same(b.shape[-2], p.key.hi)):
+                return None
+            box = (64, self.keys, 1)
+            if r.tmaps.get(b, (None, box))[1] != box:
+                return None
+            names.append(r.tmaps.get(b, (r.names.fresh(f"{b.name}_tmap"), box))[0])
+        for ld, name in zip((p.k, p.v), names):
+            r.tmaps[ld.buffer] = (name, (64, self.keys, 1))
+        r.uses_wgmma_tma = True
+        return names[0], names[1]
+
+    def loader(self) -> None:
+        """fa_load(k0, stage): with tensor maps, thread 0 announces the stage's bytes on its mbarrier and issues a
+        TMA box per 64 columns of K and of V (every box counts whole: TMA writes zeros past the keys); else the
+        threads' copies."""
+        if not self.maps:
+            super().loader()
+            return
+        p, n, r, ix = self.p, self.n, self.r, self.ix
+        self.open(f"auto {n['load']} = [&]({ix} {n['k0']}, int {n['stage']}) {{")
+        self.open("if (threadIdx.x == 0) {")
+        self.line(f"const unsigned {n['dst']} = {self.stage_at(n['stage'])}, {n['c']} = {n['full0']} + 8 * "
+                  f"{n['stage']};")
+        self.line(f"loopir_mbar_wait({n['c']} + {8 * p.shape.stages}u, (({n['eph']} >> {n['stage']}) & 1u) ^ 1u); "
+                  f"{n['eph']} ^= 1u << {n['stage']};  // every warp is done with the stage's last tile")
+        self.line(f"loopir_mbar_expect({n['c']}, {self.stage_bytes}u);")
+        at = 0
+        for ld, width, tm in ((p.k, self.D, self.maps[0]), (p.v, self.DV, self.maps[1])):
+            lead, shape = ld.indices[:-2], ld.buffer.shape[:-2]
+            z = lead[0]
+            for i, e in zip(lead[1:], shape[1:]):
+                z = N.binary("add", N.binary("mul", z, e), i)
+            for j in range(width // 64):
+                self.line(f"loopir_tma3d({n['dst']} + {at}u, &{tm}, {64 * j}, (int)({n['k0']}), (int)({r.expr(z)}), "
+                          f"{n['c']});")
+                at += self.keys * _ROW
+        self.close()
+        self.close("};")
 
     def issue_s(self, stage: str) -> None:
         """S = Q K^T of the tile in `stage`, one committed group: A = Q (this warpgroup's 64 rows), B = the key

@@ -97,9 +97,10 @@ class FlashShape:
 
     @property
     def shared_bytes(self) -> int:
-        """The warpgroup kernel's dynamic shared memory: Q's rows, the stages of K and V, 1024 bytes to align the
-        first to the swizzle's atom."""
-        return 2 * (self.rows * self.depth + self.stages * self.keys * (self.depth + self.width)) + 1024
+        """The warpgroup kernel's dynamic shared memory: Q's rows, the stages of K and V, an mbarrier per stage
+        (full and empty: its TMA copies), 1024 bytes to align the first to the swizzle's atom."""
+        tiles = self.rows * self.depth + self.stages * self.keys * (self.depth + self.width)
+        return 2 * tiles + 16 * self.stages + 1024
 
     @property
     def blocks_per_sm(self) -> int:
