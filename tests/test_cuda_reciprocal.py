@@ -97,17 +97,19 @@ def test_reciprocal_terms_on_the_device(name: str, sizes: dict[str, int]) -> Non
 # ----------------------------------------------------------------------------- half outputs: every division
 
 
-def _half_div(divisor: float | None = None) -> tuple[list, te.Tensor]:
+def _half_div(divisor: float | None = None, dtype: str = "float32") -> tuple[list, te.Tensor]:
+    """y = a / b in float16; a and b float32, or float16 (a quotient of float16 type, computed in float32)."""
     n = te.var("n")
-    a = te.placeholder((n,), "float32", name="a")
-    b = te.placeholder((n,), "float32", name="b")
+    a = te.placeholder((n,), dtype, name="a")
+    b = te.placeholder((n,), dtype, name="b")
     y = te.compute((n,), lambda i: te.cast("float16", a[i] / (b[i] if divisor is None else divisor)), name="y")
     return [a, b, y], y
 
 
 def test_a_program_with_half_outputs_divides_by_reciprocals() -> None:
-    args, y = _half_div()
-    assert "loopir_div_half(" in _body(build([y], args, target="cuda").source)
+    for dtype in ("float32", "float16"):  # a float32 quotient and a float16 one (attention's O / sm)
+        args, y = _half_div(dtype=dtype)
+        assert "loopir_div_half(" in _body(build([y], args, target="cuda").source)
     args, y = _half_div(3.0)  # a constant: its reciprocal folded, correctly rounded
     body = _body(build([y], args, target="cuda").source)
     assert "* 0.3333333432674408f)" in body  # float32(1 / 3), correctly rounded
@@ -120,15 +122,18 @@ def test_a_program_with_half_outputs_divides_by_reciprocals() -> None:
 
 
 @pytest.mark.gpu
-def test_half_output_division_on_the_device() -> None:
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_half_output_division_on_the_device(dtype: str) -> None:
     rng = np.random.default_rng()
     n = 200_003
-    a = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(np.float32)
-    b = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(np.float32)
-    b[:40] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 1e-45, 3e38, -3e38] * 4  # specials, subnormals
+    a = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(dtype)
+    b = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(dtype)
+    tiny = 1e-45 if dtype == "float32" else 1e-7  # subnormal
+    with np.errstate(over="ignore"):  # float16: 3e38 is inf, 1e-40 zero
+        b[:40] = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, tiny, 3e38, -3e38] * 4).astype(dtype)
     a[:40:3] = 0.0
     a[1:40:7] = np.inf
-    args, y = _half_div()
+    args, y = _half_div(dtype=dtype)
     out = np.full(n, np.nan, np.float16)
     build([y], args, target="cuda")(a, b, out)
     with np.errstate(all="ignore"):

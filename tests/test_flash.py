@@ -195,7 +195,8 @@ def test_the_division_is_the_tensor_core_passs_epilogue(mask):
     assert "cuda: Y (the division by the sums) is the pass's epilogue" in s.plan.explain()
     src = cuda_source(lower_passes(s.program, "cuda")).source
     assert src.count("__global__") == 1
-    assert re.search(r"Y\[.*\] = loopir_f2h\(\(fa_ov / fa_lv\)\);", src)
+    # a half output: the quotient by the sum's reciprocal (kernel.half_outputs), one per row once the loop unrolls
+    assert re.search(r"Y\[.*\] = loopir_f2h\(loopir_div_half\(fa_ov, fa_lv\)\);", src)
     assert not re.search(r"\b(O|sm|mx)\[[^\]]*\] = ", src)  # never stored
     # the values: test_the_lowered_program_is_right_in_any_thread_order runs this program on the interpreter
 
@@ -237,7 +238,7 @@ def test_an_epilogue_may_read_inputs_the_pass_does_not_write():
     assert flash_parts(f, s.program).epilogue is not None
     src = cuda_source(lower_passes(s.program, "cuda")).source
     assert src.count("__global__") == 1
-    assert re.search(r"Y\[.*\] = loopir_f2h\(\(\(fa_ov / fa_lv\) \* loopir_h2f\(w\[", src)
+    assert re.search(r"Y\[.*\] = loopir_f2h\(\(loopir_div_half\(fa_ov, fa_lv\) \* loopir_h2f\(w\[", src)
     # the scheduled program, in adversarial thread orders, against float64
     rng = np.random.default_rng(43)
     B, n, m = 2, 70, 45

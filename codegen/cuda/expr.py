@@ -149,7 +149,8 @@ class _ExprEmitter:
             if e.op == "mod" and self.vec_lanes and e in self.vec_lanes:  # a lane's column (vector.py _lane_mods)
                 return self.vec_lanes[e]
             a, b = self.expr(e.a), self.expr(e.b)
-            if e.op == "div" and self.fast_exp and e.dtype == "float32" and not _is_one(e.a):  # half outputs
+            if (e.op == "div" and self.fast_exp and e.dtype in ("float32", "float16", "bfloat16")
+                    and not _is_one(e.a)):  # half outputs (a half quotient: computed in float32, as '/' would be)
                 if not isinstance(e.b, N.Const):
                     return f"loopir_div_half({a}, {b})"
                 r = reciprocal_const(e.b.value, "float32")
