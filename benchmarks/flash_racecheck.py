@@ -3,7 +3,7 @@ pass at sizes the 128-row blocks and 64-key tiles do not divide, and the bfloat1
 an index-dependent score and a sliding window (tests/test_flash.py's `_custom`), each checked against float64, on
 both kernels: the warpgroup one (attention.wgmma: head dimensions 64 and 128) and mma.sync (attention.m16n8k16:
 head dimension 32, and 64 with the warpgroup kernel turned off); and the float32 pass on TF32 tensor cores
-(attention.tf32x3: causal, and unaligned rows with the window).
+(attention.tf32x3: causal, and unaligned rows with the window); two heads packed in rows (K and V slices by TMA).
 
     compute-sanitizer --tool racecheck python benchmarks/flash_racecheck.py
 """
@@ -21,7 +21,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 from codegen import build  # noqa: E402
 from loopir import blocks, te, workloads  # noqa: E402
 from schedules import attention, auto_schedule  # noqa: E402
-from test_flash import _custom, _custom_reference  # noqa: E402
+from test_flash import _custom, _custom_reference, _heads  # noqa: E402
 
 
 def _run(args, y, arrays, want, dtype, shape, what):  # noqa: ANN001
@@ -59,6 +59,10 @@ q = blocks.as_dtype(rng.standard_normal((2, 150, 68)), "float16")
 k, v = (blocks.as_dtype(rng.standard_normal((2, 150, 64)), "float16") for _ in range(2))
 _run(args, y, (q, k, v), _custom_reference(*(blocks.as_float64(x, "float16") for x in (q, k, v)), d=64), "float16",
      (2, 150, 64), "float16 d64 unaligned rows, window 2 x 150 x 150")
+args, y = _heads("float16")  # two heads packed in rows of 128: K and V slices copied by TMA from column h * 64
+q, k, v = (blocks.as_dtype(rng.standard_normal((2, 130, 128)), "float16") for _ in range(3))
+_run(args, y, (q, k, v), blocks._attention(*(blocks.as_float64(x, "float16") for x in (q, k, v)), 2, True),
+     "float16", (2, 130, 128), "float16 two heads packed in rows, causal 2 x 130 x 130")
 attention.WGMMA_ATTENTION = False
 w = workloads.naive_attention(te.var("B"), te.var("n"), te.var("m"), 64, "causal", dtype="bfloat16")
 q, k, v = (blocks.as_dtype(rng.standard_normal((2, 200, 64)), "bfloat16") for _ in range(3))

@@ -536,6 +536,38 @@ def test_the_warpgroup_kernel_copies_whole_key_rows_by_tma_and_others_by_its_thr
     assert "loopir_tmap" not in src and "loopir_wg_cp16(fa_dst, &K[" in src and "loopir_wg_cp16(fa_dst, &V[" in src
 
 
+def _heads(dtype: str, H: int = 2, causal: bool = True):
+    """Multi-head attention over heads packed in the rows of (B, T, H * 64) tensors (the model blocks' layout): the
+    pass reads K[b, j, h * 64 + r]."""
+    B, T = te.var("B"), te.var("T")
+    bld = blocks._Builder(B, T, dtype)
+    q, k, v = (bld.input((B, T, H * 64), x) for x in "qkv")
+    return [q, k, v], bld.attention(q, k, v, H, causal)
+
+
+def test_a_heads_slice_of_wider_rows_is_copied_by_tma_from_its_first_column():
+    args, y = _heads("float16")
+    s = auto_schedule([y], "cuda")
+    assert [f.kind for f in _flash_loops(s.program)] == [FLASH_WGMMA]
+    src = build(s, args + [y], target="cuda").source
+    for b in ("k", "v"):
+        (line,) = [x for x in src.splitlines() if "loopir_tma3d(fa_dst" in x and f"&{b}_tmap" in x]
+        assert re.search(r"\(int\)\(\(?h \* 64\)?\) \+ 0, \(int\)\(fa_k0\)", line), line
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("causal", [True, False])
+def test_heads_packed_in_rows_match_float64_on_the_gpu(dtype, causal):
+    args, y = _heads(dtype, causal=causal)
+    mod = build(auto_schedule([y], "cuda"), args + [y], target="cuda")
+    rng = np.random.default_rng(67)
+    for B, T in ((2, 200), (1, 64), (1, 129)):
+        q, k, v = (_half(rng.standard_normal((B, T, 128)), dtype) for _ in range(3))
+        want = blocks._attention(*(blocks.as_float64(x, dtype) for x in (q, k, v)), 2, causal)
+        _check(mod, (q, k, v), want, dtype, (B, T, 128))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", HALVES)
 def test_keys_short_of_the_tensors_extent_never_read_the_rows_past_them_on_the_gpu(dtype):

@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from loopir import nodes as N
+from loopir.visit import free_vars
 
 from .flash import _PTX, _Emit, checked_parts
 from .wgmma import asm_accumulators, asm_regs, wait_wgmma
@@ -46,6 +47,18 @@ def render_flash_wgmma(r: Any, f: N.For) -> None:
     r.uses_async = r.uses_half = r.uses_flash = r.uses_wgmma = True  # the flash prelude uses cp.async too
     _EmitWgmma(r, p).emit()
 
+
+
+def _column0(index: N.Expr, inner: N.Var, varying: set[N.Var]) -> N.Expr | None:
+    """x0 where `index` is inner + x0 (or x0 + inner) with x0 free of the `varying` variables (the first column of
+    a head's slice of a wider row, h * 64: the same for every element a block copies), else None."""
+    if index == inner:
+        return N.const(0)
+    if isinstance(index, N.Binary) and index.op == "add":
+        for a, x0 in ((index.a, index.b), (index.b, index.a)):
+            if a == inner and not varying & set(free_vars(x0)):
+                return x0
+    return None
 
 
 def _same(a: N.Expr | int, b: N.Expr | int) -> bool:
@@ -245,16 +258,19 @@ class _EmitWgmma(_Emit):
         """The tensor maps through which one thread copies the K and V tiles by TMA (rank 3: the leading indices
         flattened, the keys, the head dimension; boxes of 64 columns x the tile's keys, 128-byte swizzled: the
         layout the descriptors read), or None for the threads' cp.async copies. TMA needs each to read
-        `buf[lead.., key, c]` of a half tensor whose last extent is the head dimension and whose key extent is the
-        key loop's end (TMA's zeros past it are the zeros the copies write past the loop's end)."""
+        `buf[lead.., key, x0 + c]` of a half tensor whose key extent is the key loop's end (TMA's zeros past it are
+        the zeros the copies write past the loop's end), with `lead` and x0 the same for the whole tile (x0: the
+        first column of a head's slice h * 64 of a row of all heads, where the boxes start)."""
         p, r = self.p, self.r
         if not _same(p.key.lo, 0):
             return None
         names = []
-        for ld, inner, width in ((p.k, p.red, self.D), (p.v, p.col, self.DV)):
+        for ld, inner in ((p.k, p.red), (p.v, p.col)):
             b = ld.buffer
+            varying = {p.row, p.key.var, inner}  # what differs between the elements of a block's tile
             if (len(ld.indices) < 3 or b.dtype not in _PTX or len(b.shape) != len(ld.indices)
-                    or ld.indices[-2] != p.key.var or ld.indices[-1] != inner or not _same(b.shape[-1], width)
+                    or ld.indices[-2] != p.key.var or _column0(ld.indices[-1], inner, varying) is None
+                    or any(varying & set(free_vars(i)) for i in ld.indices[:-2])
                     or not _same(b.shape[-2], p.key.hi)):
                 return None
             box = (64, self.keys, 1)
@@ -282,14 +298,15 @@ class _EmitWgmma(_Emit):
                   f"{n['eph']} ^= 1u << {n['stage']};  // every warp is done with the stage's last tile")
         self.line(f"loopir_mbar_expect({n['c']}, {self.stage_bytes}u);")
         at = 0
-        for ld, width, tm in ((p.k, self.D, self.maps[0]), (p.v, self.DV, self.maps[1])):
+        for ld, inner, width, tm in ((p.k, p.red, self.D, self.maps[0]), (p.v, p.col, self.DV, self.maps[1])):
             lead, shape = ld.indices[:-2], ld.buffer.shape[:-2]
             z = lead[0]
             for i, e in zip(lead[1:], shape[1:]):
                 z = N.binary("add", N.binary("mul", z, e), i)
+            x = r.expr(_column0(ld.indices[-1], inner, {p.row, p.key.var, inner}))  # type: ignore[arg-type]
             for j in range(width // 64):
-                self.line(f"loopir_tma3d({n['dst']} + {at}u, &{tm}, {64 * j}, (int)({n['k0']}), (int)({r.expr(z)}), "
-                          f"{n['c']});")
+                self.line(f"loopir_tma3d({n['dst']} + {at}u, &{tm}, (int)({x}) + {64 * j}, (int)({n['k0']}), "
+                          f"(int)({r.expr(z)}), {n['c']});")
                 at += self.keys * _ROW
         self.close()
         self.close("};")
