@@ -104,8 +104,10 @@ class AttentionPlan:
                 lines.append(f"cuda: a block per {sh.rows} query rows of one batch on warpgroup tensor cores "
                              f"({FLASH_WGMMA}: a warpgroup per 64 rows, S = Q K^T and O += P V on wgmma with P in "
                              f"registers, K and V in tiles of {sh.keys} keys in {sh.stages} swizzled shared stages "
-                             "filled by cp.async; the softmax of a tile runs while the tensor cores run the "
-                             "previous tile's P V)")
+                             "filled by TMA, one thread per block and an mbarrier per stage, where the pass reads "
+                             "them as rows (or a head's slice of rows) of their tensors, else by the threads' "
+                             "cp.async copies; the softmax of a tile runs while the tensor cores run the previous "
+                             "tile's P V)")
             else:
                 lines.append(f"cuda: a block per {sh.rows} query rows of one batch on tensor cores ({FLASH}: a warp "
                              f"per {16 * sh.mt} rows, S = Q K^T and O += P V on mma.sync with P in registers, K and "

@@ -114,6 +114,7 @@ def test_the_planner_puts_half_attention_on_tensor_cores_and_says_so(dtype, d):
     rows = 128 if d <= 64 or wg else 64
     what = "warpgroup tensor cores" if wg else "tensor cores"
     assert f"a block per {rows} query rows of one batch on {what} ({f.kind}" in text and s.plan.notes == ()
+    assert ("filled by TMA" in text) == wg
     src = cuda_source(lower_passes(s.program, "cuda")).source
     if wg:
         # S = Q K^T (a tile of keys) in the prologue and the loop, d / 16 steps each; O += P V (d columns), a step
