@@ -202,7 +202,8 @@ class _EmitWgmma(_Emit):
                       f'{ins}, {self.desc("dv", f"{st} * {self.stage_bytes // 16}u + {k * 16 * _ROW // 16}u")});')
         self.line('asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");')
         # the copy of the tile after next, its address arithmetic under the running wgmma: into the stage of the
-        # tile before this one, which every warpgroup finished before the barrier above
+        # tile before this one, which every warp finished (the barrier above; with TMA, the stage's empty mbarrier,
+        # which the copying thread waits for)
         self.line(f"{ix} {n['k1']} = {n['hi']};")
         self.open(f"if ({n['nk']} < {n['hi']}) {{")
         self.line(f"{n['k1']} = {n['next']}({n['nk']} + {self.keys});")
