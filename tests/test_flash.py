@@ -546,6 +546,24 @@ def _heads(dtype: str, H: int = 2, causal: bool = True):
     return [q, k, v], bld.attention(q, k, v, H, causal)
 
 
+def test_keys_that_are_also_the_values_share_one_tensor_map():
+    """O = P K: K and V are one tensor, so one map (one kernel parameter) serves both operands' boxes."""
+    B, n, m = te.var("B"), te.var("n"), te.var("m")
+    q = te.placeholder((B, n, 64), "float16", name="Q")
+    k = te.placeholder((B, m, 64), "float16", name="K")
+    r, r2, r3, r4 = te.reduce_axis(64, "r"), te.reduce_axis(m, "r2"), te.reduce_axis(m, "r3"), te.reduce_axis(m, "r4")
+    S = te.compute((B, n, m), lambda b, i, j: te.sum(q[b, i, r] * k[b, j, r], axis=r) * 0.125, name="S")
+    mx = te.compute((B, n), lambda b, i: te.max(S[b, i, r2], axis=r2), name="mx")
+    P = te.compute((B, n, m), lambda b, i, j: te.exp(S[b, i, j] - mx[b, i]), name="P")
+    sm = te.compute((B, n), lambda b, i: te.sum(P[b, i, r3], axis=r3), name="sm")
+    O = te.compute((B, n, 64), lambda b, i, c: te.sum(P[b, i, r4] * k[b, r4, c], axis=r4), name="O")  # noqa: E741
+    Y = te.compute((B, n, 64), lambda b, i, c: O[b, i, c] / sm[b, i], name="Y")
+    s = auto_schedule([Y], "cuda")
+    assert [f.kind for f in _flash_loops(s.program)] == [FLASH_WGMMA]
+    src = build(s, [q, k, Y], target="cuda").source  # compiled by NVRTC
+    assert src.count("loopir_tmap K_tmap") == 1 and src.count("&K_tmap,") == 2 and "loopir_tmap V" not in src
+
+
 def test_a_heads_slice_of_wider_rows_is_copied_by_tma_from_its_first_column():
     args, y = _heads("float16")
     s = auto_schedule([y], "cuda")

@@ -255,33 +255,35 @@ class _EmitWgmma(_Emit):
         self.line("__syncthreads();  // the tile is in shared memory, and every warp is done with the stage the next "
                   "copy fills")
 
-    def tma_maps(self) -> tuple[str, str] | None:
-        """The tensor maps through which one thread copies the K and V tiles by TMA (rank 3: the leading indices
-        flattened, the keys, the head dimension; boxes of 64 columns x the tile's keys, 128-byte swizzled: the
-        layout the descriptors read), or None for the threads' cp.async copies. TMA needs each to read
-        `buf[lead.., key, x0 + c]` of a half tensor whose key extent is the key loop's end (TMA's zeros past it are
-        the zeros the copies write past the loop's end), with `lead` and x0 the same for the whole tile (x0: the
-        first column of a head's slice h * 64 of a row of all heads, where the boxes start)."""
+    def tma_maps(self) -> tuple[tuple[str, N.Expr, N.Expr], ...] | None:
+        """Per operand (K, then V) the tensor map through which one thread copies its tiles by TMA (rank 3: the
+        leading indices flattened, the keys, the last dimension; boxes of 64 columns x the tile's keys, 128-byte
+        swizzled: the layout the descriptors read), the first column x0 and the leading coordinate z of its boxes;
+        or None for the threads' cp.async copies. TMA needs each to read `buf[lead.., key, x0 + c]` of a half
+        tensor whose key extent is the key loop's end (TMA's zeros past it are the zeros the copies write past the
+        loop's end), with `lead` and x0 the same for the whole tile (x0: the first column of a head's slice h * 64
+        of a row of all heads). K and V may be one tensor: one map serves both."""
         p, r = self.p, self.r
         if not _same(p.key.lo, 0):
             return None
-        names = []
+        box, plans = (64, self.keys, 1), []
         for ld, inner in ((p.k, p.red), (p.v, p.col)):
             b = ld.buffer
             varying = {p.row, p.key.var, inner}  # what differs between the elements of a block's tile
-            if (len(ld.indices) < 3 or b.dtype not in _PTX or len(b.shape) != len(ld.indices)
-                    or ld.indices[-2] != p.key.var or _column0(ld.indices[-1], inner, varying) is None
-                    or any(varying & set(free_vars(i)) for i in ld.indices[:-2])
-                    or not _same(b.shape[-2], p.key.hi)):
+            x0 = _column0(ld.indices[-1], inner, varying) if len(ld.indices) >= 3 else None
+            if (x0 is None or b.dtype not in _PTX or len(b.shape) != len(ld.indices) or ld.indices[-2] != p.key.var
+                    or any(varying & set(free_vars(i)) for i in ld.indices[:-2]) or not _same(b.shape[-2], p.key.hi)
+                    or r.tmaps.get(b, (None, box))[1] != box):
                 return None
-            box = (64, self.keys, 1)
-            if r.tmaps.get(b, (None, box))[1] != box:
-                return None
-            names.append(r.tmaps.get(b, (r.names.fresh(f"{b.name}_tmap"), box))[0])
-        for ld, name in zip((p.k, p.v), names):
-            r.tmaps[ld.buffer] = (name, (64, self.keys, 1))
+            z = ld.indices[0]
+            for i, e in zip(ld.indices[1:-2], b.shape[1:-2]):
+                z = N.binary("add", N.binary("mul", z, e), i)
+            plans.append((b, x0, z))
+        for b, _, _ in plans:
+            if b not in r.tmaps:
+                r.tmaps[b] = (r.names.fresh(f"{b.name}_tmap"), box)
         r.uses_wgmma_tma = True
-        return names[0], names[1]
+        return tuple((r.tmaps[b][0], x0, z) for b, x0, z in plans)
 
     def loader(self) -> None:
         """fa_load(k0, stage): with tensor maps, thread 0 announces the stage's bytes on its mbarrier and issues a
@@ -299,14 +301,9 @@ class _EmitWgmma(_Emit):
                   f"{n['eph']} ^= 1u << {n['stage']};  // every warp is done with the stage's last tile")
         self.line(f"loopir_mbar_expect({n['c']}, {self.stage_bytes}u);")
         at = 0
-        for ld, inner, width, tm in ((p.k, p.red, self.D, self.maps[0]), (p.v, p.col, self.DV, self.maps[1])):
-            lead, shape = ld.indices[:-2], ld.buffer.shape[:-2]
-            z = lead[0]
-            for i, e in zip(lead[1:], shape[1:]):
-                z = N.binary("add", N.binary("mul", z, e), i)
-            x = r.expr(_column0(ld.indices[-1], inner, {p.row, p.key.var, inner}))  # type: ignore[arg-type]
+        for (tm, x0, z), width in zip(self.maps, (self.D, self.DV)):
             for j in range(width // 64):
-                self.line(f"loopir_tma3d({n['dst']} + {at}u, &{tm}, (int)({x}) + {64 * j}, (int)({n['k0']}), "
+                self.line(f"loopir_tma3d({n['dst']} + {at}u, &{tm}, (int)({r.expr(x0)}) + {64 * j}, (int)({n['k0']}), "
                           f"(int)({r.expr(z)}), {n['c']});")
                 at += self.keys * _ROW
         self.close()
