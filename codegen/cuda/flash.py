@@ -219,6 +219,8 @@ class _Emit(BodyEmitter):
         super().__init__(r)
         self.p = p
         self.rows, self.mt, self.keys = p.shape.rows, p.shape.mt, p.shape.keys
+        # the mask's conjuncts affine in (row, key), and whether they are all of them (tiles, scores)
+        self.affine, self.every = affine_conjuncts(p.mask, p.row, p.key.var)
         self.offset_terms = self._offset_terms()  # the mask's conjuncts tested as 32-bit offsets (mask_offsets)
         self.D, self.DV = p.depth, p.width
         self.KS, self.VS = p.depth + 8, p.width + 8  # shared row strides in halves: 16 bytes of padding
@@ -348,7 +350,7 @@ class _Emit(BodyEmitter):
         into whole, dead and masked warps (a quarter, a quarter and half of them at 128 rows x 64 keys) where
         per block all are masked."""
         p, n, ix, r = self.p, self.n, self.ix, self.r
-        affine, every = affine_conjuncts(p.mask, p.row, p.key.var)
+        affine, every = self.affine, self.every
         warp0 = f"{n['warp']} * {16 * self.mt}"
         block_rows, warp_rows = ("0", str(self.rows - 1)), (warp0, f"{warp0} + {16 * self.mt - 1}")
 
@@ -487,7 +489,7 @@ class _Emit(BodyEmitter):
         self.line(f"float {n['mx']}[{self.mt}][2];")
         if declare:
             self.declare_factors()
-        if affine_conjuncts(self.p.mask, self.p.row, self.p.key.var)[0]:
+        if self.affine:
             self.open(f"if ({n['wdead']}({n['kt']})) {{  // every key of the tile is masked on the warp's rows")
             for idx, d in ((mt, self.mt), (nt, self.keys // 8), (e, 4)):
                 self.unrolled(idx, d)
@@ -528,7 +530,7 @@ class _Emit(BodyEmitter):
         below 2^20, as (conjunct, d, c): the conjunct holds iff d > 0 (lt, gt) or d >= 0 (le, ge), d = b - a
         (lt, le) or a - b, and d grows by c per key."""
         out = []
-        for cj in affine_conjuncts(self.p.mask, self.p.row, self.p.key.var)[0]:
+        for cj in self.affine:
             d = slack(cj)
             lin = linear_form(d)
             c = None if lin is None else lin.get(self.p.key.var, 0)
