@@ -133,16 +133,25 @@ def _factors(e: Expr) -> list[Expr]:
 
 
 def derived_size(e: Expr, names: _Names, register: bool = False) -> str | None:
-    """The isl parameter standing for a product of size parameters (`B * T`, as in a shape (B*T, C)), or None
-    when `e` is not one (a factor is a constant, an expression or a loop variable). The product is its own
-    parameter, unrelated to its factors (a product is not affine in them); expressions isl gives back in it are
+    """The isl parameter standing for a product of size parameters (`B * T`, as in a shape (B*T, C); times the
+    product of its constant factors, if any: `(8*B8) * (16*T16)`, the sizes of a specialized variant, is
+    `(128*B8_x_T16)`), or None when `e` is not one (a factor is an expression or a loop variable). The product is
+    its own parameter, unrelated to its factors (a product is not affine in them); expressions isl gives back in it are
     written with the product again (`product_of`). A formula's parameters are listed before its constraints are
     written, so the parameter must be among `names.params` already (`poly_model._program_params` registers every
     product a program uses, `register=True`); otherwise None, and the product stays non-affine there."""
-    fs = _factors(e)
-    if len(fs) < 2 or not all(isinstance(f, Var) for f in fs):
+    coef, vs = 1, []
+    for f in _factors(e):  # constant factors scale the parameter: 8*B8 * (16*T16) is 128 * (B8*T16)
+        c = _const_int(f)
+        if c is not None:
+            coef *= c
+        elif isinstance(f, Var):
+            vs.append(f)
+        else:
+            return None
+    if len(vs) < 2:
         return None
-    vs = sorted(fs, key=lambda v: (v.name, id(v)))  # type: ignore[union-attr]
+    vs.sort(key=lambda v: (v.name, id(v)))
     key = tuple(id(v) for v in vs)
     hit = _DERIVED.get(key)
     if hit is None and not register:
@@ -165,7 +174,7 @@ def derived_size(e: Expr, names: _Names, register: bool = False) -> str | None:
     names.env[var] = n
     for v in vs:
         names.name(v)  # type: ignore[arg-type]
-    return n
+    return n if coef == 1 else f"({coef}*{n})"
 
 
 def product_of(v: Var) -> Expr:

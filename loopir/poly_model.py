@@ -164,12 +164,13 @@ class _Builder:
             names.bind(lp.var, "l_" + lp.var.name)
         for lp in info.loops:
             v = names.env[lp.var]
-            try:
-                cons.append(f"({aff(lp.lo, names)}) <= {v} < ({aff(lp.hi, names)})")
-            except NonAffine:
-                self.exact[st.name] = False
-                self.note(f"the bounds of loop {lp.var.name} around statement {st.name} are not affine; "
-                          "the analysis assumes the loop may run any iteration")
+            for bound, fmt in ((lp.lo, "({}) <= " + v), (lp.hi, v + " < ({})")):  # one kept if the other is not
+                try:
+                    cons.append(fmt.format(aff(bound, names)))
+                except NonAffine:
+                    self.exact[st.name] = False
+                    self.note(f"a bound of loop {lp.var.name} around statement {st.name} is not affine; "
+                              "the analysis assumes the loop may run any iteration past it")
         for g in info.guards:
             try:
                 cons.append(cond(g, names))

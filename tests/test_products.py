@@ -114,3 +114,35 @@ def test_attention_reading_rows_b_times_t_plus_t_builds_on_both_targets():
     got = np.full(want.shape, np.nan, np.float32)
     interp.run(low, qa, ka, va, got, gpu_order="reversed", sizes={"B": Bn, "T": Tn})
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _scaled_sizes():
+    """y = x * w over (8*B, 16*T, 64) — the sizes a call-time variant gets (B = 8*B8, T = 16*T16,
+    codegen.specialize) — and one over (B, T, 64) at the call's sizes."""
+    B, T = te.var("B"), te.var("T")
+    x = te.placeholder((8 * B, 16 * T, 64), "float16", name="x")
+    w = te.placeholder((8 * B, 16 * T, 64), "float16", name="w")
+    y = te.compute(x.shape, lambda i, t, c: x[i, t, c] * w[i, t, c], name="y")
+    return B, T, x, w, y
+
+
+def test_a_product_with_constant_factors_is_the_product_parameter_scaled():
+    B, T, x, w, y = _scaled_sizes()
+    s = auto_schedule([y], "cuda")
+    assert "collapse" in s.explain()  # one flat grid over all three dimensions: its extent is 8*B * 16*T * 64
+    assert poly.dependences(s.program).domain.is_empty() is False
+    assert "B_x_T" in str(poly.dependences(s.program).domain)  # (8*B) * (16*T) is 128 * B_x_T: affine
+    # each element is written by one thread of one block; the race analysis proves it once the extent is affine
+    # (it lost the grid loop's bounds, then refused this kernel as a cross-block race)
+    build(s, [x, w, y], target="cuda")  # lowering (race analysis) and NVRTC
+
+
+def test_the_llama_swiglu_operator_specializes_at_call_sizes():
+    """The variant `codegen.specialize` builds for B = 8, T = 1024 (B%8 T%16): B = 8*B8, T = 16*T16."""
+    from loopir import blocks
+    w = blocks.BLOCKS["llama"](C=96, H=2, dtype="float16")
+    out, ins = next((o, i) for o, i in blocks.operators(w, "llama") if o.name == "swiglu")
+    sp = build([out], [*ins, out], target="cuda").specializer
+    key = sp.key({v: {"B": 8, "T": 1024}[v.name] for v in sp.vars})
+    assert not sp.runs_generic(key)
+    assert "swiglu" in sp.make(key).source
