@@ -546,8 +546,8 @@ def _heads(dtype: str, H: int = 2, causal: bool = True):
     return [q, k, v], bld.attention(q, k, v, H, causal)
 
 
-def test_keys_that_are_also_the_values_share_one_tensor_map():
-    """O = P K: K and V are one tensor, so one map (one kernel parameter) serves both operands' boxes."""
+def _keys_as_values():
+    """O = P K (softmax(Q K^T / 8) K): one tensor is both the keys and the values."""
     B, n, m = te.var("B"), te.var("n"), te.var("m")
     q = te.placeholder((B, n, 64), "float16", name="Q")
     k = te.placeholder((B, m, 64), "float16", name="K")
@@ -558,10 +558,30 @@ def test_keys_that_are_also_the_values_share_one_tensor_map():
     sm = te.compute((B, n), lambda b, i: te.sum(P[b, i, r3], axis=r3), name="sm")
     O = te.compute((B, n, 64), lambda b, i, c: te.sum(P[b, i, r4] * k[b, r4, c], axis=r4), name="O")  # noqa: E741
     Y = te.compute((B, n, 64), lambda b, i, c: O[b, i, c] / sm[b, i], name="Y")
+    return [q, k], Y
+
+
+def test_keys_that_are_also_the_values_share_one_tensor_map():
+    """K and V are one tensor, so one map (one kernel parameter) serves both operands' boxes."""
+    args, Y = _keys_as_values()
     s = auto_schedule([Y], "cuda")
     assert [f.kind for f in _flash_loops(s.program)] == [FLASH_WGMMA]
-    src = build(s, [q, k, Y], target="cuda").source  # compiled by NVRTC
+    src = build(s, args + [Y], target="cuda").source  # compiled by NVRTC
     assert src.count("loopir_tmap K_tmap") == 1 and src.count("&K_tmap,") == 2 and "loopir_tmap V" not in src
+
+
+@pytest.mark.gpu
+def test_keys_that_are_also_the_values_match_float64_on_the_gpu():
+    args, Y = _keys_as_values()
+    mod = build(auto_schedule([Y], "cuda"), args + [Y], target="cuda")
+    rng = np.random.default_rng(71)
+    for B, n, m in ((2, 200, 333), (1, 64, 64)):
+        q, k = _half(rng.standard_normal((B, n, 64)), "float16"), _half(rng.standard_normal((B, m, 64)), "float16")
+        q64, k64 = (blocks.as_float64(a, "float16") for a in (q, k))
+        s = np.einsum("bic,bjc->bij", q64, k64) * 0.125
+        p = np.exp(s - s.max(-1, keepdims=True))
+        want = np.einsum("bij,bjc->bic", p / p.sum(-1, keepdims=True), k64)
+        _check(mod, (q, k), want, "float16", (B, n, 64))
 
 
 def test_a_heads_slice_of_wider_rows_is_copied_by_tma_from_its_first_column():
