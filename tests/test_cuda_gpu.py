@@ -104,6 +104,22 @@ def test_torch_zero_copy_in_place():
     assert ms > 0
 
 
+def test_a_prepared_call_launched_three_times_runs_three_times():
+    """The first `launch` of a prepared call records its launches and the later ones replay them: y = 2 y + x in
+    place, three launches, is 8 y + 7 x (a replay that launched nothing, or twice, would show)."""
+    mod = build_cuda(_axpy_inplace())
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(3001).astype(np.float32)
+    y = rng.standard_normal(3001).astype(np.float32)
+    want = y.astype(np.float64) * 8 + x.astype(np.float64) * 7
+    p = mod.prepare((x, y))
+    for _ in range(3):
+        mod.launch(p)
+    mod.finish(p)
+    assert p.replay is not None
+    np.testing.assert_allclose(y, want, rtol=1e-5)
+
+
 def test_torch_errors():
     torch = pytest.importorskip("torch")
     mod = build_cuda(_axpy_inplace())

@@ -304,3 +304,31 @@ def test_a_failed_copy_of_an_unaligned_tensor_is_an_error_naming_the_step(monkey
     with pytest.raises(RuntimeLaunchError, match=match):
         tm.map_value(cu, 0x2002, "float16", (8, 3), 2, (64, 64), True, None, scratch)
         tm.free_scratch(cu, scratch, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [0, 1])
+def test_a_prepared_call_replays_its_launches_with_maps_remade(offset):
+    """`launch` of a prepared call records its launches the first time and replays them later (benchmarks and the
+    tuner launch one prepared call many times): each replay writes the whole output again (poisoned between
+    launches), through a fresh aligned copy when the output is unaligned, and leaves the halves around it alone."""
+    import torch
+
+    n, m, p = 300, 264, 136
+    wl = w.matmul_bias_relu(n=n, m=m, p=p, dtype="float16")
+    mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
+    g = torch.Generator(device="cuda").manual_seed(11 + offset)
+    a, b, bias = (torch.randn(*s, device="cuda", generator=g).half() for s in ((n, p), (p, m), (m,)))
+    whole = torch.full((n * m + offset + 16,), float("nan"), device="cuda", dtype=torch.half)
+    out = whole[offset:offset + n * m].view(n, m)
+    prep = mod.prepare((a, b, bias, out))
+    ref = torch.relu(a.double() @ b.double() + bias.double())
+    for k in range(3):
+        out.fill_(float("nan"))
+        mod.launch(prep)
+        torch.cuda.synchronize()
+        assert prep.replay is not None, k  # recorded by the first launch, replayed by the others
+        assert not torch.isnan(out).any(), k
+        assert float((out.double() - ref).abs().max() / ref.abs().max()) < 1e-2, k
+        assert torch.isnan(whole[:offset]).all() and torch.isnan(whole[offset + n * m:]).all(), k
+    mod.finish(prep)
