@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from codegen import build, gpu_available  # noqa: E402
+from codegen.profile import kernel_stages  # noqa: E402
 from loopir import blocks  # noqa: E402
 from schedules import auto_schedule  # noqa: E402
 
@@ -193,7 +194,7 @@ def prepare_row(name: str, dtype: str, B: int, T: int, C: int, H: int, mode: str
         traceback.print_exc(limit=4)
         return row, None
     groups = getattr(s.plan, "groups", [])
-    row["kernels"] = [{"stages": ", ".join(g.stage_names), "mapping": g.mapping,
+    row["kernels"] = [{"group": g.name, "stages": ", ".join(g.stage_names), "mapping": g.mapping,
                        "predicted_ms": g.cost.time(s.plan.device) * 1e3 if hasattr(g.cost, "time") else None}
                       for g in groups]
     got = blocks.as_dtype(np.full(want.shape, np.nan), dtype)
@@ -202,7 +203,7 @@ def prepare_row(name: str, dtype: str, B: int, T: int, C: int, H: int, mode: str
     row["status"] = "ok" if row["err"] < w.tolerance else f"FAIL (error {row['err']:.2e})"
     names = [t.name for t in w.inputs]
     if target == "cuda":
-        timed = _prepare_cuda_row(row, name, mod, ins, names, want, dtype, H, torch, compile_torch)
+        timed = _prepare_cuda_row(row, name, mod, s.plan, ins, names, want, dtype, H, torch, compile_torch)
     else:
         timed = lambda: _time_cpu_row(row, name, mod, ins, names, want, dtype, H, torch, compile_torch)  # noqa: E731
 
@@ -289,7 +290,7 @@ def _time_cpu_row(row: dict[str, Any], name: str, mod: Any, ins: list[np.ndarray
                 row["compile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
 
 
-def _prepare_cuda_row(row: dict[str, Any], name: str, mod: Any, ins: list[np.ndarray], names: list[str],
+def _prepare_cuda_row(row: dict[str, Any], name: str, mod: Any, plan: Any, ins: list[np.ndarray], names: list[str],
                       want: np.ndarray, dtype: str, H: int, torch: Any, compile_torch: bool) -> Measure:
     """The inputs on the device and torch.compile's compilation now; the returned measurement times ours (the
     whole call, then each kernel alone), PyTorch eager and torch.compile."""
@@ -324,10 +325,9 @@ def _prepare_cuda_row(row: dict[str, Any], name: str, mod: Any, ins: list[np.nda
                 row["ms_compile"] = time_cuda(torch, lambda: cf(d), batch=3, repeat=9)
         row["torch_err"] = _rel_err(ref.float().cpu().numpy().astype(np.float64), blocks.as_float64(want, dtype),
                                     "float64")
-        stmts = {k.name: set(k.stmt_names) for k in mod.gen.kernels}
+        by_group = plan.measured_by_group(kernel_stages(mod), {k: t * 1e-3 for k, t in measured.items()})
         for g in row["kernels"]:
-            stages = set(g["stages"].split(", "))
-            g["measured_ms"] = sum(t for k, t in measured.items() if stmts.get(k, set()) & stages) or None
+            g["measured_ms"] = by_group[g["group"]] * 1e3 if g["group"] in by_group else None
     return measure
 
 

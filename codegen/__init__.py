@@ -6,10 +6,11 @@ from __future__ import annotations
 from .build import build, cache_clear, structural_key
 from .cuda.runtime import gpu_available as _probe
 from .module import CpuModule, Module
+from .profile import profile
 from .tune.tuner import TuneResult, autotune
 
 __all__ = ["build", "Module", "CpuModule", "structural_key", "cache_clear", "gpu_available", "autotune",
-           "TuneResult"]
+           "TuneResult", "profile"]
 
 
 def gpu_available() -> bool:

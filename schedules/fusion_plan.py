@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,9 +114,24 @@ class FusionPlan:
                 return g
         return None
 
-    def explain(self) -> str:
+    def measured_by_group(self, kernel_stages: Mapping[str, Iterable[str]],
+                          times: Mapping[str, float]) -> dict[str, float]:
+        """Measured seconds per kernel of the plan (by group name), from `times` (seconds per compiled kernel, e.g.
+        a CUDA module's `kernel_times` / 1e3) and `kernel_stages` (the statements each compiled kernel runs): a
+        group's time is that of the compiled kernels running any of its stages (its GEMM's init and epilogue
+        kernels too). A group none runs is absent."""
+        out: dict[str, float] = {}
+        for g in self.groups:
+            stages = set(g.stage_names)
+            hit = [t for k, t in times.items() if stages & set(kernel_stages.get(k, ()))]
+            if hit:
+                out[g.name] = sum(hit)
+        return out
+
+    def explain(self, measured: Mapping[str, float] | None = None) -> str:
         """A readable log: each kernel, what it fused and why, what it refused and why, and the
-        predicted bytes moved before (one kernel per stage) and after."""
+        predicted bytes moved before (one kernel per stage) and after. `measured` (seconds per kernel, by group
+        name: `measured_by_group`, or `codegen.profile`) puts each kernel's measured time beside its prediction."""
         dev = self.device
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items()) or "none"
         lines = [
@@ -150,6 +166,8 @@ class FusionPlan:
                 + (f" + {c.tensor_flops:,} mma flops" if c.tensor_flops else "") + ", "
                 f"{C.fmt_time(c.time(dev))} ({c.bound(dev)}-bound)"
             )
+            if measured is not None:
+                lines.append(_measured_line(measured.get(g.name), c.time(dev)))
         for d in self.log:
             lines.append(f"{d}")
         nb = len(self.unfused)
@@ -162,10 +180,21 @@ class FusionPlan:
             f"predicted time: before {C.fmt_time(self.time_before)} -> after {C.fmt_time(self.time_after)}"
             + (f" ({self.time_before / self.time_after:.2f}x)" if self.time_after > 0 else "")
         )
+        if measured:
+            total, after = sum(measured.values()), self.time_after
+            lines.append(f"measured time: {C.fmt_time(total)}, each kernel alone (predicted {C.fmt_time(after)}"
+                         f"{f'; {total / after:.2f}x the prediction' if after > 0 else ''})")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.explain()
+
+
+def _measured_line(t: float | None, predicted: float) -> str:
+    if t is None:
+        return "  measured: no compiled kernel ran its stages"
+    ratio = f"; {t / predicted:.2f}x the prediction" if predicted > 0 else ""
+    return f"  measured: {C.fmt_time(t)} (predicted {C.fmt_time(predicted)}{ratio})"
 
 
 _MAPPINGS = {
