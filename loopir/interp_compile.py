@@ -66,9 +66,10 @@ def _alloc(shape: tuple[int, ...], dtype: str) -> np.ndarray:
     return np.full(shape, _fill_value(dtype), dtype=dtype)
 
 
-def _bf2f(bits: Any) -> np.float32:
-    """A bfloat16 element (uint16 bits) as the float32 scalar the interpreter computes with."""
-    return (np.uint32(bits) << np.uint32(16)).view(np.float32)
+# a bfloat16 element (uint16 bits) as the float32 scalar the interpreter computes with, for every bit pattern (NaN
+# payloads included): the compiled code reads `_bft[bits]`, a tenth of the time of shifting each element's bits
+# (the online-softmax check of bfloat16 attention over 4096 keys reads millions of them)
+_BF16_TABLE = (np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def _f2bf(value: Any) -> np.uint16:
@@ -87,7 +88,7 @@ class _Compiler:
         self.program = program
         self.traced = traced
         self.lines: list[str] = []
-        self.ns: dict[str, Any] = {"_np": np, "_math": math, "_oob": _oob, "_alloc": _alloc, "_bf2f": _bf2f,
+        self.ns: dict[str, Any] = {"_np": np, "_math": math, "_oob": _oob, "_alloc": _alloc, "_bft": _BF16_TABLE,
                                    "_f2bf": _f2bf}
         self.used: set[str] = set(self.ns) | set(dir(builtins))
         self.vars: dict[Var, str] = {}
@@ -234,7 +235,7 @@ class _Compiler:
 
     def load(self, e: Load) -> str:
         if e.buffer.dtype == "bfloat16":
-            return f"_bf2f({self.load_raw(e)})"
+            return f"_bft[{self.load_raw(e)}]"
         return self.load_raw(e)
 
     def load_raw(self, e: Load) -> str:

@@ -363,3 +363,22 @@ def test_cast_and_int_index_from_data() -> None:
     ix[2] = -3
     with pytest.raises(IndexError, match=r"'X' at index \(-3,\)"):
         interp.run(p, x, ix, y)
+
+
+def test_bfloat16_loads_read_every_bit_pattern_as_its_float32():
+    """The compiled interpreter reads a bfloat16 element through a table: every one of the 65,536 patterns is the
+    float32 whose upper half it is (NaN payloads and signed zeros included), and a program copying a bfloat16
+    array into float32 gets exactly those values."""
+    from loopir import te
+    from loopir.interp_compile import _BF16_TABLE
+    from schedules import Schedule
+
+    bits = np.arange(1 << 16, dtype=np.uint32)
+    assert np.array_equal(_BF16_TABLE.view(np.uint32), bits << np.uint32(16))
+    n = te.var("n")
+    x = te.placeholder((n,), "bfloat16", name="x")
+    y = te.compute((n,), lambda i: te.cast("float32", x[i]), name="y")
+    xs = bits.astype(np.uint16)
+    out = np.full(len(xs), 7.0, np.float32)
+    interp.run(Schedule([y]).program, xs, out, sizes={"n": len(xs)})
+    assert np.array_equal(out.view(np.uint32), bits << np.uint32(16))

@@ -134,6 +134,13 @@ def test_the_check_refuses_a_rewrite_that_changes_the_result(sizes: tuple[int, i
         for p in sampled:  # the batch and query loops cut to ROW_SAMPLE iterations, the key loops whole
             for top in (p.body.body if isinstance(p.body, Seq) else (p.body,)):
                 assert [int(f.hi.value) for f in _leading(top)[:2]] == [ROW_SAMPLE, ROW_SAMPLE]
+        # and the rows not run are not allocated: dimensions indexed by the cut loops only shrink to ROW_SAMPLE
+        # (the (B, H, T, T) scores of a fixed-size block were 1.6e9 elements), the key dimension stays whole
+        shapes = {b.name: tuple(int(d.value) for d in b.shape) for p in sampled for b in (*p.args, *p.temps)}
+        B, n, m = sizes
+        assert shapes["S"] == shapes["P"] == (ROW_SAMPLE, ROW_SAMPLE, m)
+        assert shapes["Q"] == shapes["Y"] == (ROW_SAMPLE, ROW_SAMPLE, 4) and shapes["K"] == (ROW_SAMPLE, m, 4)
+        assert shapes["mx"] == (ROW_SAMPLE, ROW_SAMPLE)
 
 
 # ----------------------------------------------------------------------------- refusals
