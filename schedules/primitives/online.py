@@ -270,6 +270,7 @@ def _sample_rows(old: Program, new: Program) -> tuple[Program, Program] | None:
         return None
 
     rows: set[Var] = set()  # the cut loops that start at 0: they index [0, ROW_SAMPLE) only
+    cut_loops: list[For] = []
 
     def cut(p: Program) -> Program:
         def go(s: Stmt, d: int) -> Stmt:
@@ -280,10 +281,15 @@ def _sample_rows(old: Program, new: Program) -> tuple[Program, Program] | None:
                   else nodes.binary("min", s.hi, cut_at))
             if int(s.lo.value) == 0:  # type: ignore[attr-defined]
                 rows.add(s.var)
-            return dataclasses.replace(s, hi=hi, body=go(s.body, d + 1))
+            cut_loops.append(dataclasses.replace(s, hi=hi, body=go(s.body, d + 1)))
+            return cut_loops[-1]
         body = tuple(go(s, 0) for s in top_nests(p))
         return dataclasses.replace(p, body=Seq(body) if isinstance(p.body, Seq) else body[0])
-    return _shrink_rows(cut(old), cut(new), rows)
+    old_cut, new_cut = cut(old), cut(new)
+    cut_ids = {id(f) for f in cut_loops}
+    for p in (old_cut, new_cut):  # a variable that is also some loop's not cut ranges wider: not a row
+        rows -= {f.var for f in walk(p.body) if isinstance(f, For) and id(f) not in cut_ids}
+    return _shrink_rows(old_cut, new_cut, rows)
 
 
 def _shrink_rows(old: Program, new: Program, rows: set[Var]) -> tuple[Program, Program]:
@@ -291,19 +297,18 @@ def _shrink_rows(old: Program, new: Program, rows: set[Var]) -> tuple[Program, P
     shrunk to ROW_SAMPLE: the rows not run are not allocated either. Fixed-size attention at B 8, H 12, T 4096 kept
     its (B, H, T, T) scores, 1.6e9 elements, to run 2 x 2 x 2 rows: 44 s of the 65 s of auto_schedule (and 13 GB)."""
     index: dict[Buffer, list[tuple[Expr, ...]]] = {}
-    opaque: set[Buffer] = set()  # read or written other than by a statement's loads and store: left as they are
-    for p in (old, new):
+    seen: set[int] = set()
+    opaque: set[Buffer] = set()  # touched other than by a statement's loads and store (a guard's load, a local
+    for p in (old, new):         # buffer's Allocate): left as they are
         for st in walk(p.body):
             if isinstance(st, Store):
                 at = {v: c for v, c in zip(st.iters, st.coords)}
                 for ld in [n for x in (st.value, *st.indices) for n in walk(x) if isinstance(n, Load)] + [st]:
                     index.setdefault(ld.buffer, []).append(tuple(substitute(i, at) for i in ld.indices))
-            elif not isinstance(st, Load) and isinstance(getattr(st, "buffer", None), Buffer):
-                opaque.add(st.buffer)
-        for st in walk(p.body):
-            if isinstance(st, (If, For)):
-                opaque |= {n.buffer for x in ((st.cond,) if isinstance(st, If) else (st.lo, st.hi))
-                           for n in walk(x) if isinstance(n, Load)}
+                    seen.add(id(ld))
+        for n in walk(p.body):
+            if isinstance(getattr(n, "buffer", None), Buffer) and id(n) not in seen:
+                opaque.add(n.buffer)
     new_buf: dict[Buffer, Buffer] = {}
     for b, idxs in index.items():
         if b in opaque:
