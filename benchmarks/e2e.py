@@ -33,7 +33,6 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -142,7 +141,8 @@ class _Operators:
 # the symbolic modules built so far, by (block, dtype, target): (schedule, module, the T its plan was costed at)
 _SYM_BUILDS: dict[tuple[str, str, str], tuple[Any, Any, int]] = {}
 _OPS_BUILDS: dict[tuple[str, str, str], _Operators] = {}
-# by (block, dtype, B, T, C, H): the inputs and the float64 reference; PyTorch's block under torch.compile
+# the last (block, dtype, B, T, C, H) measured: its inputs and float64 reference; PyTorch's block under torch.compile
+# (the sym, fixed and ops rows of one block, dtype and size follow each other and share them)
 _REFERENCES: dict[tuple[Any, ...], tuple[list[np.ndarray], np.ndarray]] = {}
 _COMPILED: dict[tuple[Any, ...], Any] = {}
 
@@ -151,25 +151,13 @@ def run_row(name: str, dtype: str, B: int, T: int, C: int, H: int, mode: str, ta
             compile_torch: bool) -> dict[str, Any]:
     """One row: mode "sym" (the block as one program, B and T symbolic), "fixed" (sizes fixed at build time) or
     "ops" (one build per operator, symbolic sizes)."""
-    row, measure = prepare_row(name, dtype, B, T, C, H, mode, target, torch, compile_torch)
-    if measure is not None:
-        measure()
-    return row
-
-
-Measure = Callable[[], None]
-
-
-def prepare_row(name: str, dtype: str, B: int, T: int, C: int, H: int, mode: str, target: str, torch: Any,
-                compile_torch: bool) -> tuple[dict[str, Any], Measure | None]:
-    """`run_row` in two steps: the row built and checked (and torch.compile's compilation done), and the
-    measurement that fills in its times (None when there is nothing to time: a row that failed to build)."""
     row: dict[str, Any] = {"block": name, "dtype": dtype, "B": B, "T": T, "C": C, "mode": mode, "target": target}
     sizes = {"B": B, "T": T}
     w = _workload(name, dtype, C, H, sizes if mode == "fixed" else None)
     key = (name, dtype, B, T, C, H)
     if key not in _REFERENCES:  # the same inputs and float64 output for every mode of this block, dtype and size
         t0 = time.perf_counter()
+        _REFERENCES.clear()
         ins = blocks.inputs(w, sizes, rng=0)
         _REFERENCES[key] = ins, w.reference(*ins)[0]
         row["reference_s"] = time.perf_counter() - t0
@@ -192,7 +180,7 @@ def prepare_row(name: str, dtype: str, B: int, T: int, C: int, H: int, mode: str
     except Exception as e:  # noqa: BLE001 - a row that fails to build is reported, not dropped
         row["status"] = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:160]}"
         traceback.print_exc(limit=4)
-        return row, None
+        return row
     groups = getattr(s.plan, "groups", [])
     row["kernels"] = [{"group": g.name, "stages": ", ".join(g.stage_names), "mapping": g.mapping,
                        "predicted_ms": g.cost.time(s.plan.device) * 1e3 if hasattr(g.cost, "time") else None}
@@ -203,18 +191,15 @@ def prepare_row(name: str, dtype: str, B: int, T: int, C: int, H: int, mode: str
     row["status"] = "ok" if row["err"] < w.tolerance else f"FAIL (error {row['err']:.2e})"
     names = [t.name for t in w.inputs]
     if target == "cuda":
-        timed = _prepare_cuda_row(row, name, mod, s.plan, ins, names, want, dtype, H, torch, compile_torch)
+        _time_cuda_row(row, name, mod, s.plan, ins, names, want, dtype, H, torch, compile_torch)
     else:
-        timed = lambda: _time_cpu_row(row, name, mod, ins, names, want, dtype, H, torch, compile_torch)  # noqa: E731
-
-    def measure() -> None:
-        timed()
-        row["tflops"] = _flops(name, B, T, C) / (row["ms_ours"] * 1e-3) / 1e12 if row.get("ms_ours") else None
-    return row, measure
+        _time_cpu_row(row, name, mod, ins, names, want, dtype, H, torch, compile_torch)
+    row["tflops"] = _flops(name, B, T, C) / (row["ms_ours"] * 1e-3) / 1e12 if row.get("ms_ours") else None
+    return row
 
 
 def _run_operators(row: dict[str, Any], w: Any, name: str, ins: list[np.ndarray], want: np.ndarray, dtype: str,
-                   sizes: dict[str, int], target: str, torch: Any) -> tuple[dict[str, Any], Measure | None]:
+                   sizes: dict[str, int], target: str, torch: Any) -> dict[str, Any]:
     try:
         t0 = time.perf_counter()
         if (name, dtype, target) not in _OPS_BUILDS:  # symbolic sizes: built once, called at every T
@@ -223,9 +208,8 @@ def _run_operators(row: dict[str, Any], w: Any, name: str, ins: list[np.ndarray]
         row["build_s"] = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - a row that fails to build is reported, not dropped
         row["status"] = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-        return row, None
+        return row
     row["kernels"] = [{"stages": o.name, "mapping": "operator", "predicted_ms": None} for _, o, _ in ops.steps]
-    row["tflops"] = None
     if target == "cuda":
         from gpu_suite import time_cuda
         vals = {t.name: _on_device(torch, a, dtype) for t, a in zip(w.inputs, ins)}
@@ -233,18 +217,15 @@ def _run_operators(row: dict[str, Any], w: Any, name: str, ins: list[np.ndarray]
         got = ops.run(vals, alloc, sizes)
         torch.cuda.synchronize()
         row["err"] = _rel_err(got.double().cpu().numpy(), blocks.as_float64(want, dtype), "float64")
-
-        def measure() -> None:
-            row["ms_ours"] = time_cuda(torch, lambda: ops.run(vals, alloc, sizes), batch=3, repeat=9)
+        row["ms_ours"] = time_cuda(torch, lambda: ops.run(vals, alloc, sizes), batch=3, repeat=9)
     else:
         vals = {t.name: a for t, a in zip(w.inputs, ins)}
         alloc = lambda shape: blocks.as_dtype(np.full(shape, np.nan), dtype)  # noqa: E731
         row["err"] = _rel_err(ops.run(vals, alloc, sizes), want, dtype)
-
-        def measure() -> None:
-            row["ms_ours"] = _cpu_ms(lambda: ops.run(vals, alloc, sizes))
+        row["ms_ours"] = _cpu_ms(lambda: ops.run(vals, alloc, sizes))
     row["status"] = "ok" if row["err"] < w.tolerance else f"FAIL (error {row['err']:.2e})"
-    return row, measure
+    row["tflops"] = None
+    return row
 
 
 def _cpu_ms(fn: Any, repeat: int = 5) -> float:
@@ -290,45 +271,42 @@ def _time_cpu_row(row: dict[str, Any], name: str, mod: Any, ins: list[np.ndarray
                 row["compile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
 
 
-def _prepare_cuda_row(row: dict[str, Any], name: str, mod: Any, plan: Any, ins: list[np.ndarray], names: list[str],
-                      want: np.ndarray, dtype: str, H: int, torch: Any, compile_torch: bool) -> Measure:
-    """The inputs on the device and torch.compile's compilation now; the returned measurement times ours (the
-    whole call, then each kernel alone), PyTorch eager and torch.compile."""
+def _time_cuda_row(row: dict[str, Any], name: str, mod: Any, plan: Any, ins: list[np.ndarray], names: list[str],
+                   want: np.ndarray, dtype: str, H: int, torch: Any, compile_torch: bool) -> None:
+    """Ours (the whole call, then each kernel alone), PyTorch eager and torch.compile (compiled before any of
+    them is timed, once per block, dtype and size)."""
     from gpu_suite import time_cuda
 
     d_ins = [_on_device(torch, a, dtype) for a in ins]
     out = _nan_on_device(torch, want.shape, dtype)
     d = dict(zip(names, d_ins))
     fn = torch_block(name, H)
-    cf = None
-    if compile_torch:
-        key = (name, dtype, row["B"], row["T"], row["C"], H)
-        if key not in _COMPILED:  # compiled once per block, dtype and size (it specializes on the shapes)
-            t0 = time.perf_counter()
-            _COMPILED[key] = torch.compile(fn, dynamic=False)
-            with torch.no_grad():
-                _COMPILED[key](d)
-            row["torch_compile_s"] = time.perf_counter() - t0
-        cf = _COMPILED[key]
-
-    def measure() -> None:
-        # the user's call, mod(*arrays): its arguments checked, then the launches recorded at the first call with
-        # these arguments replayed (runtime._Plan; about 0.12 ms of host time for the llama block's 13 kernels,
-        # where re-deriving every launch, mod.launch of a prepared call, took 0.26-0.35 ms: near the GPU's 0.36)
-        row["ms_ours"] = time_cuda(torch, lambda: mod(*d_ins, out), batch=3, repeat=9)
-        # measured time per kernel, beside the plan's prediction (a kernel belongs to the group whose stages it runs)
-        measured = mod.kernel_times(*d_ins, out)
+    key = (name, dtype, row["B"], row["T"], row["C"], H)
+    if compile_torch and key not in _COMPILED:  # it specializes on the shapes: the rows of one key share it
+        t0 = time.perf_counter()
+        torch._dynamo.reset()
+        _COMPILED.clear()
+        _COMPILED[key] = torch.compile(fn, dynamic=False)
         with torch.no_grad():
-            row["ms_eager"] = time_cuda(torch, lambda: fn(d), batch=3, repeat=9)
-            ref = fn(d)
-            if cf is not None:
-                row["ms_compile"] = time_cuda(torch, lambda: cf(d), batch=3, repeat=9)
-        row["torch_err"] = _rel_err(ref.float().cpu().numpy().astype(np.float64), blocks.as_float64(want, dtype),
-                                    "float64")
-        by_group = plan.measured_by_group(kernel_stages(mod), {k: t * 1e-3 for k, t in measured.items()})
-        for g in row["kernels"]:
-            g["measured_ms"] = by_group[g["group"]] * 1e3 if g["group"] in by_group else None
-    return measure
+            _COMPILED[key](d)
+        row["torch_compile_s"] = time.perf_counter() - t0
+    # the user's call, mod(*arrays): its arguments checked, then the launches recorded at the first call with these
+    # arguments replayed (runtime._Plan; about 0.12 ms of host time for the llama block's 13 kernels, where
+    # re-deriving every launch, as mod.launch of a prepared call did then, took 0.26-0.35 ms: near the GPU's 0.36)
+    row["ms_ours"] = time_cuda(torch, lambda: mod(*d_ins, out), batch=3, repeat=9)
+    # measured time per kernel, beside the plan's prediction (a kernel belongs to the group whose stages it runs)
+    measured = mod.kernel_times(*d_ins, out)
+    with torch.no_grad():
+        row["ms_eager"] = time_cuda(torch, lambda: fn(d), batch=3, repeat=9)
+        ref = fn(d)
+        if compile_torch:
+            cf = _COMPILED[key]
+            row["ms_compile"] = time_cuda(torch, lambda: cf(d), batch=3, repeat=9)
+    row["torch_err"] = _rel_err(ref.float().cpu().numpy().astype(np.float64), blocks.as_float64(want, dtype),
+                                "float64")
+    by_group = plan.measured_by_group(kernel_stages(mod), {k: t * 1e-3 for k, t in measured.items()})
+    for g in row["kernels"]:
+        g["measured_ms"] = by_group[g["group"]] * 1e3 if g["group"] in by_group else None
 
 
 # ----------------------------------------------------------------------------- report
@@ -409,10 +387,6 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         import torch
         torch.backends.cuda.matmul.allow_tf32 = False
-        for k in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
-                  "accumulated_recompile_limit"):  # one compiled graph per block, dtype and size, none dropped
-            if hasattr(torch._dynamo.config, k):
-                setattr(torch._dynamo.config, k, 256)
     else:
         try:  # the CPU rows' baseline: PyTorch on the CPU where it is installed
             import torch
