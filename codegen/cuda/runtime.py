@@ -353,6 +353,18 @@ def _size_arg(k: Kernel, a: Any, env: dict[Var, int]) -> int:
     return v
 
 
+def _relaunch_with_maps(cu: Any, fn: Any, dims: tuple[int, ...], smem: int, stream: Any, values: tuple[Any, ...],
+                        specs: MapSpecs, ptrs: Any, what: str) -> None:
+    """A recorded launch with tensor maps, run again on `ptrs` ((parameter, pointer) pairs): a map parameter is
+    remade from its pointer (cached by pointer; an unaligned tensor copied to a fresh aligned copy, written back and
+    freed after the launch), a pointer parameter is the pointer."""
+    vals, scratch = list(values), []
+    for j, ptr in ptrs:
+        vals[j] = ctypes.c_void_p(ptr) if specs[j] is None else map_value(cu, ptr, *specs[j], stream, scratch)
+    check(launch_with_maps(cu, fn, dims, smem, stream, vals), what)
+    free_scratch(cu, scratch, stream)
+
+
 def _make_plan(p: _Prepared, last_call: tuple[Any, dict[Var, int]] | None) -> _Plan | None:
     mod: CudaModule = p.module
     if p.record is None or len(p.record) > MAX_PLAN_LAUNCHES:
@@ -536,12 +548,8 @@ class CudaModule(Module):
         ok = cu.CUresult.CUDA_SUCCESS
         for k, fn, dims, smem, values, types, bufs in p.replay:  # type: ignore[union-attr]
             if isinstance(types, MapSpecs):
-                vals, scratch = list(values), []
-                for j, b in bufs:
-                    if types[j] is not None:
-                        vals[j] = map_value(cu, int(p.ptrs[b]), *types[j], p.stream, scratch)
-                check(launch_with_maps(cu, fn, dims, smem, p.stream, vals), f"cuLaunchKernel({k.name})")
-                free_scratch(cu, scratch, p.stream)
+                _relaunch_with_maps(cu, fn, dims, smem, p.stream, values, types,
+                                    ((j, int(p.ptrs[b])) for j, b in bufs), f"cuLaunchKernel({k.name})")
                 continue
             ret = cu.cuLaunchKernel(fn, *dims, smem, p.stream, (values, types), 0)
             if ret[0] != ok:
@@ -720,14 +728,9 @@ class CudaModule(Module):
                 check(cu.cuMemcpyHtoDAsync(dptr, ptrs[i].ctypes.data, nbytes, stream), "cuMemcpyHtoDAsync")
         launch = cu.cuLaunchKernel
         for fn, dims, smem, values, dyn, types, what in plan.launches:
-            if isinstance(types, MapSpecs):  # tensor maps: remade from this call's pointers (cached by pointer)
-                vals, scratch = list(values), []
-                for j, i in dyn:
-                    ptr = int(ptrs[i])
-                    vals[j] = ctypes.c_void_p(ptr) if types[j] is None else map_value(cu, ptr, *types[j], stream,
-                                                                                       scratch)
-                check(launch_with_maps(cu, fn, dims, smem, stream, vals), what)
-                free_scratch(cu, scratch, stream)
+            if isinstance(types, MapSpecs):  # tensor maps: remade from this call's pointers
+                _relaunch_with_maps(cu, fn, dims, smem, stream, values, types, ((j, int(ptrs[i])) for j, i in dyn),
+                                    what)
                 continue
             if dyn:
                 vals = list(values)
