@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from loopir import nodes as N
+from loopir.affine import same_value
 from loopir.visit import free_vars
 
 from .flash import _PTX, _Emit, checked_parts
@@ -59,12 +60,6 @@ def _column0(index: N.Expr, inner: N.Var, varying: set[N.Var]) -> N.Expr | None:
             if a == inner and not varying & set(free_vars(x0)):
                 return x0
     return None
-
-
-def _same(a: N.Expr | int, b: N.Expr | int) -> bool:
-    """The same size: equal expressions, or constants of equal value (of any integer type)."""
-    a, b = (e.value if isinstance(e, N.Const) else e for e in (a, b))
-    return a == b
 
 
 class _EmitWgmma(_Emit):
@@ -264,7 +259,7 @@ class _EmitWgmma(_Emit):
         loop's end), with `lead` and x0 the same for the whole tile (x0: the first column of a head's slice h * 64
         of a row of all heads). K and V may be one tensor: one map serves both."""
         p, r = self.p, self.r
-        if not _same(p.key.lo, 0):
+        if not same_value(p.key.lo, N.const(0)):
             return None
         box, plans = (64, self.keys, 1), []
         for ld, inner in ((p.k, p.red), (p.v, p.col)):
@@ -272,8 +267,8 @@ class _EmitWgmma(_Emit):
             varying = {p.row, p.key.var, inner}  # what differs between the elements of a block's tile
             x0 = _column0(ld.indices[-1], inner, varying) if len(ld.indices) >= 3 else None
             if (x0 is None or b.dtype not in _PTX or len(b.shape) != len(ld.indices) or ld.indices[-2] != p.key.var
-                    or any(varying & set(free_vars(i)) for i in ld.indices[:-2]) or not _same(b.shape[-2], p.key.hi)
-                    or r.tmaps.get(b, (None, box))[1] != box):
+                    or any(varying & set(free_vars(i)) for i in ld.indices[:-2])
+                    or not same_value(b.shape[-2], p.key.hi) or r.tmaps.get(b, (None, box))[1] != box):
                 return None
             z = ld.indices[0]
             for i, e in zip(ld.indices[1:-2], b.shape[1:-2]):
