@@ -139,9 +139,7 @@ def _ours(inputs: tuple[Any, ...], ref: Any, sizes: str, dtype: str, reps: int,
 
 def _variant_wgmma(mod: Any) -> bool:
     """Whether the module (or the specialization a call used) runs the warpgroup kernel."""
-    spec = getattr(mod, "specializer", None)
-    used = mod if spec is None or mod._last_call is None else spec.variants.get(mod._last_call[0], mod)
-    return "wgmma.mma_async" in (getattr(used, "source", "") or "")
+    return "wgmma.mma_async" in (getattr(mod.last_ran, "source", "") or "")
 
 
 HEADER = ("| workload | sizes | ours ms | TFLOP/s | vs mm | vs relu(addmm) | vs eager | vs compile | rel. err | "

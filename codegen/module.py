@@ -159,6 +159,13 @@ class Module:
         return "\n".join(lines)
 
     @property
+    def last_ran(self) -> Module:
+        """The module the last call ran: the variant built for its sizes (codegen.specialize), else this one."""
+        if self.specializer is None or self._last_call is None:
+            return self
+        return self.specializer.variants.get(self._last_call[0], self)
+
+    @property
     def specializations(self) -> list[str]:
         """The keys of the variants compiled so far (readable; [] for a module that does not specialize)."""
         return [] if self.specializer is None else self.specializer.specializations

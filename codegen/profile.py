@@ -34,7 +34,4 @@ def profile(schedule: Any, module: Any, *arrays: Any, warmup: int = 3, repeat: i
 def kernel_stages(module: Any) -> dict[str, tuple[str, ...]]:
     """The statements each compiled kernel runs, by kernel name, in the module the last call ran (a symbolic
     module's variant for that call's sizes, codegen.specialize)."""
-    ran, sp, last = module, getattr(module, "specializer", None), getattr(module, "_last_call", None)
-    if sp is not None and last is not None:
-        ran = sp.variants.get(last[0], module)
-    return {k.name: tuple(k.stmt_names) for k in getattr(ran, "gen", module.gen).kernels}
+    return {k.name: tuple(k.stmt_names) for k in getattr(module.last_ran, "gen", module.gen).kernels}

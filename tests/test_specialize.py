@@ -119,6 +119,18 @@ def test_cpu_explain_names_key_and_reason():
     assert mod.specializations == ["n%16"]
 
 
+def test_last_ran_is_the_variant_of_the_last_call():
+    w = workloads.gelu()
+    mod = build(list(w.outputs), list(w.args), target="cpu")
+    assert mod.last_ran is mod  # no call yet
+    _call_cpu(mod, w, {"n": 4096})
+    v16 = mod.last_ran
+    assert v16 is not mod and v16 in mod.specializer.variants.values()
+    assert [v.name for v in v16.size_vars] == ["n16"]
+    _call_cpu(mod, w, {"n": 7})  # a generic call
+    assert mod.last_ran is mod
+
+
 def test_cpu_tiny_and_wide_rows():
     w = workloads.softmax()
     mod = build(list(w.outputs), list(w.args), target="cpu")
