@@ -28,7 +28,7 @@ from .te import ComputeOp, PlaceholderOp, Reduce, Tensor
 from .te_reduce import ReduceCall, TupleReduce, tuple_reduce
 from .visit import Transformer, free_vars
 
-__all__ = ["cut_at", "substitute_sizes", "substitute_program_sizes", "stages_of"]
+__all__ = ["cut_at", "substitute_sizes", "substitute_program_sizes", "replace_buffers", "stages_of"]
 
 
 def stages_of(outputs: Sequence[Tensor], stop: Sequence[Tensor] = ()) -> list[Tensor]:
@@ -173,21 +173,11 @@ def cut_at(output: Tensor, cuts: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]
     return new[id(output)], inputs
 
 
-class _ProgramSubst(Transformer):
-    def __init__(self, sizes: Mapping[Var, Expr]) -> None:
-        self.sizes = sizes
-        self.bufs: dict[int, Buffer] = {}
+class _BufferSwap(Transformer):
+    """Every load, store and allocation of a buffer `b` rewritten to `buffer(b)` (`b` itself: unchanged)."""
 
     def buffer(self, b: Buffer) -> Buffer:
-        new = self.bufs.get(id(b))
-        if new is None:
-            shape = tuple(self.visit(d) for d in b.shape)
-            new = b if all(x is y for x, y in zip(shape, b.shape)) else dataclasses.replace(b, shape=shape)
-            self.bufs[id(b)] = new
-        return new
-
-    def visit_Var(self, v: Var) -> Expr:
-        return self.sizes.get(v, v)
+        return b
 
     def visit_Load(self, e: Load) -> Expr:
         out = self.generic(e)
@@ -204,6 +194,42 @@ class _ProgramSubst(Transformer):
         buf = self.buffer(s.buffer)
         return out if buf is s.buffer else dataclasses.replace(out, buffer=buf)
 
+    def program(self, p: Program) -> Program:
+        """`p` with its body, arguments and temporaries rewritten."""
+        return dataclasses.replace(p, body=self.visit(p.body), args=tuple(self.buffer(b) for b in p.args),
+                                   temps=tuple(self.buffer(b) for b in p.temps))
+
+
+class _ProgramSubst(_BufferSwap):
+    def __init__(self, sizes: Mapping[Var, Expr]) -> None:
+        self.sizes = sizes
+        self.bufs: dict[int, Buffer] = {}
+
+    def buffer(self, b: Buffer) -> Buffer:
+        new = self.bufs.get(id(b))
+        if new is None:
+            shape = tuple(self.visit(d) for d in b.shape)
+            new = b if all(x is y for x, y in zip(shape, b.shape)) else dataclasses.replace(b, shape=shape)
+            self.bufs[id(b)] = new
+        return new
+
+    def visit_Var(self, v: Var) -> Expr:
+        return self.sizes.get(v, v)
+
+
+class _Replace(_BufferSwap):
+    def __init__(self, new: Mapping[Buffer, Buffer]) -> None:
+        self.new = new
+
+    def buffer(self, b: Buffer) -> Buffer:
+        return self.new.get(b, b)
+
+
+def replace_buffers(program: Program, new: Mapping[Buffer, Buffer]) -> Program:
+    """`program` with each buffer of `new` replaced by its image (e.g. the same array with another shape) in every
+    load, store and allocation and among the arguments and temporaries."""
+    return _Replace(new).program(program) if new else program
+
 
 def substitute_program_sizes(program: Program, sizes: Mapping[Var, Expr | int]) -> Program:
     """`program` with the size variables of `sizes` replaced everywhere (expressions and buffer shapes);
@@ -212,13 +238,10 @@ def substitute_program_sizes(program: Program, sizes: Mapping[Var, Expr | int]) 
     sub = _checked(sizes)
     if not sub:
         return program
-    tr = _ProgramSubst(sub)
-    body = tr.visit(program.body)
-    args = tuple(tr.buffer(b) for b in program.args)
-    temps = tuple(tr.buffer(b) for b in program.temps)
+    new = _ProgramSubst(sub).program(program)
     params: list[Var] = []
     for v in program.params:
         for p in ([v] if v not in sub else sorted(free_vars(sub[v]), key=lambda x: x.name)):
             if p not in params:
                 params.append(p)
-    return dataclasses.replace(program, body=body, args=args, temps=temps, params=tuple(params))
+    return dataclasses.replace(new, params=tuple(params))

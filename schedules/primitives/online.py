@@ -20,6 +20,7 @@ from loopir.dtypes import from_bfloat16, to_bfloat16
 from loopir.errors import ArgumentError
 from loopir.nodes import Allocate, Buffer, Const, Expr, For, If, Load, Program, Seq, Stmt, Store, Var
 from loopir import nodes
+from loopir.subst import replace_buffers
 from loopir.visit import Transformer, free_vars, substitute, walk
 
 from ..errors import ScheduleError
@@ -318,22 +319,7 @@ def _shrink_rows(old: Program, new: Program, rows: set[Var]) -> tuple[Program, P
                       for k, d in enumerate(b.shape))
         if shape != b.shape:
             new_buf[b] = dataclasses.replace(b, shape=shape)
-    if not new_buf:
-        return old, new
-
-    class _Rows(Transformer):
-        def visit_Load(self, n: Load) -> Load:
-            n2 = self.generic(n)
-            return dataclasses.replace(n2, buffer=new_buf[n.buffer]) if n.buffer in new_buf else n2
-
-        def visit_Store(self, n: Store) -> Store:
-            n2 = self.generic(n)
-            return dataclasses.replace(n2, buffer=new_buf[n.buffer]) if n.buffer in new_buf else n2
-
-    def swap(p: Program) -> Program:
-        return dataclasses.replace(p, body=_Rows().visit(p.body), args=tuple(new_buf.get(b, b) for b in p.args),
-                                   temps=tuple(new_buf.get(b, b) for b in p.temps))
-    return swap(old), swap(new)
+    return replace_buffers(old, new_buf), replace_buffers(new, new_buf)
 
 
 def check_online(ctx: CheckContext) -> None:
