@@ -65,10 +65,10 @@ from .rows import RowParams
 from .primitives import find_loop
 from .primitives.cache import reduction_parts
 from .recipes import MMA_TILES, SIMT_KEYS, matmul_stage, schedule_gemm, schedule_gemm_cuda, simt_default
-from .primitives.tensorize import half_load
+from .primitives.tensorize import HALF, half_load
 from .primitives.wgmma import BLOCK_COLS
 from .recipes.gemm import resolve_stage
-from .recipes.gemm_mma import mma_applicable, schedule_gemm_mma
+from .recipes.gemm_mma import mma_applicable, mma_dtype, mma_tiles, schedule_gemm_mma
 from .recipes.gemm_wgmma import schedule_gemm_wgmma, tile_cols
 from .schedule import Schedule
 
@@ -208,12 +208,15 @@ def _map_gemm(s: Schedule, g: FusionGroup, target: str) -> None:
                               "+ TMA or a cp.async ring, sm_90a; schedules/recipes/gemm_wgmma.py), tile "
                               f"{block}"))
     elif tensor_cores:
-        tiles = prm.get("mma") or MMA_TILES
+        dt = mma_dtype(s.program, mm)
+        tiles = mma_tiles(dt, prm.get("mma"))
         g.gemm_plan = schedule_gemm_mma(s, mm, epilogue=eps, **tiles)
         why = ("asked for (gemm tensor_cores=True)" if prm.get("tensor_cores") else
-               "float16/bfloat16 inputs, the reduction a known multiple of 8 and at least 32 long (a last k tile "
+               f"{dt} inputs, the reduction a known multiple of 8 and at least 32 long (a last k tile "
                "past K zero-padded), rows and columns symbolic or at least one block tile")
-        g.log.append(Decision("note", (mm,), None, f"tensor cores: {why} -> mma.sync m16n8k16 recipe "
+        how = ("mma.sync m16n8k8 tf32, three products per product (float32-class accuracy; an infinite input gives "
+               "NaN: gemm tensor_cores=False keeps float32 arithmetic)" if dt == "float32" else "mma.sync m16n8k16")
+        g.log.append(Decision("note", (mm,), None, f"tensor cores: {why} -> {how} recipe "
                               f"(schedules/recipes/gemm_mma.py; edge tiles guarded), tiles {tiles}"))
     elif target == "cuda":
         g.gemm_plan = schedule_gemm_cuda(s, mm, epilogue=eps, **{k: prm[k] for k in SIMT_KEYS if k in prm})
@@ -245,7 +248,7 @@ def _tensor_cores(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> bool:
         return False
     if forced:
         return True
-    tiles = prm.get("mma") or MMA_TILES
+    tiles = mma_tiles(mma_dtype(s.program, mm.name), prm.get("mma"))
     if isinstance(dims[2], Const) and int(dims[2].value) < tiles["k_tile"]:
         return False
     return all(not isinstance(d, Const) or int(d.value) >= t for d, t in zip(dims, tiles["block"]))
@@ -268,8 +271,9 @@ def _wgmma_block(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> tuple[tupl
     nb = len(loops) - 3
     upd, _ = resolve_stage(s.program, mm.name, [], "auto_schedule")
     ops = [half_load(x) for x in (upd.value.b.a, upd.value.b.b)]  # type: ignore[attr-defined]
-    if nb < 0 or not all(isinstance(x, Load) and multiple_of(x.buffer.shape[-1], 8) for x in ops):
-        return None
+    if nb < 0 or not all(isinstance(x, Load) and x.buffer.dtype in HALF and multiple_of(x.buffer.shape[-1], 8)
+                         for x in ops):
+        return None  # (float32 operands: mma.sync tf32x3; wgmma's TF32 takes K-major B only)
     lead = set(upd.iters[:nb])
     weight = [x for x in ops if upd.iters[nb] not in free_vars(x)]  # type: ignore[arg-type]
     if nb and (len(weight) != 1 or lead & free_vars(weight[0])):

@@ -271,20 +271,24 @@ def _half_operands(t: Tensor, types: tuple[str, ...] = HALVES) -> tuple[Load, Lo
     return a, b, int(ext.value) if isinstance(ext, Const) else None
 
 
-def _half_matmul(t: Tensor) -> bool:
-    """A matmul the CUDA GEMM recipe runs on tensor cores (the te mirror of auto._tensor_cores and
-    gemm_mma.mma_applicable), costed at their peak: half operands (`_half_operands`) read A[.., i, k] and
-    B[.., k, j]; the reduction a known multiple of 8 and at least 32 long; rows and columns symbolic or at least 128."""
-    ops = _half_operands(t)
+def _mma_weight(t: Tensor) -> int:
+    """The tensor-core cost of a flop of `t` when the CUDA GEMM recipe runs it on tensor cores (the te mirror of
+    auto._tensor_cores and gemm_mma.mma_applicable), else 0: 1 for half operands (`_half_operands`), 6 for float32
+    ones (mma.m16n8k16.tf32x3: three TF32 products per product, at half the half-precision rate); the operands read
+    A[.., i, k] and B[.., k, j], the reduction a known multiple of 8 and at least 32 long; rows and columns symbolic
+    or at least 128."""
+    half = _half_operands(t)
+    ops = half or _half_operands(t, ("float32",))
     if ops is None:
-        return False
+        return 0
     a, b, ext = ops
     i, j, k = t.op.axis[-2], t.op.axis[-1], t.op.reduce_axis[0]
     if tuple(a.indices[-2:]) != (i, k) or tuple(b.indices[-2:]) != (k, j):
-        return False
+        return 0
     if ext is None or ext < 32 or ext % 8:
-        return False
-    return all(not isinstance(d, Const) or int(d.value) >= 128 for d in t.shape[-2:])
+        return 0
+    weight = 1 if half else 6
+    return weight if all(not isinstance(d, Const) or int(d.value) >= 128 for d in t.shape[-2:]) else 0
 
 
 def _tensor_dot(t: Tensor) -> int:
@@ -769,9 +773,9 @@ class _Planner:
             if id(t) not in kept:
                 c.add_write(t.name, _tensor_bytes(t, self.ev))
             fl = _flops_per_point(t, self.inlined) * C.elements(_domain(t), self.ev)
-            on_mma = (g.mapping == "gemm" and _half_matmul(t)) or (weight and is_matmul_tensor(t))
-            if self.target == "cuda" and on_mma:
-                c.tensor_flops += fl * (weight or 1)
+            mma = _mma_weight(t) if g.mapping == "gemm" else weight if is_matmul_tensor(t) else 0
+            if self.target == "cuda" and mma:
+                c.tensor_flops += fl * mma
             else:
                 c.flops += fl
         return c

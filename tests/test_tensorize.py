@@ -185,10 +185,16 @@ def test_nvrtc_source(dtype: str) -> None:
     assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src and "ldmatrix.sync.aligned.m8n8.x4.trans" in src
 
 
-def test_refuses_float32_inputs() -> None:
-    s, _ = _sched(dtype="float32")
-    with pytest.raises(TensorizeError, match="must both be float16 or both bfloat16"):
-        schedule_gemm_mma(s, **SMALL)
+def test_refuses_an_intrinsic_of_the_other_type(monkeypatch) -> None:
+    import schedules.recipes.gemm_mma as gm
+
+    # the recipe asking for the half instruction on float32 tiles, and for the TF32 one on float16 tiles
+    for dtype, wrong, hint in [("float32", "mma.m16n8k16", "float32 operands take 'mma.m16n8k16.tf32x3'"),
+                               ("float16", "mma.m16n8k16.tf32x3", "float16 / bfloat16 operands take 'mma.m16n8k16'")]:
+        s, _ = _sched(dtype=dtype)
+        monkeypatch.setattr(gm, "mma_kind", lambda dt, wrong=wrong: wrong)
+        with pytest.raises(TensorizeError, match=f"of {wrong} must be both .*{hint}"):
+            gm.schedule_gemm_mma(s, **SMALL)
 
 
 def test_refuses_wrong_extents_and_unknown_intrinsic() -> None:
@@ -311,9 +317,10 @@ def test_tensor_cores_take_the_float32_accumulation_idiom(dtype: str) -> None:
 def test_auto_schedule_keeps_simt_where_tensor_cores_do_not_apply() -> None:
     from schedules import auto_schedule
 
-    # K = 36: A's rows off 16-byte boundaries; K = 24: under one k tile; 64 rows: skinny; float32 inputs
+    # K = 36: A's rows off 16-byte boundaries; K = 24: under one k tile; 64 rows: skinny; float64 inputs; float32
+    # with K = 36 (float32 with K a multiple of 8: mma.m16n8k16.tf32x3, tests/test_gemm_tf32.py)
     for n, m, p, dt in [(256, 128, 36, "float16"), (256, 128, 24, "float16"), (64, 128, 64, "float16"),
-                        (256, 128, 64, "float32")]:
+                        (256, 128, 64, "float64"), (256, 128, 36, "float32")]:
         wl = w.matmul_bias_relu(n=n, m=m, p=p, dtype=dt)
         assert "tensor cores" not in auto_schedule(list(wl.outputs), "cuda").plan.explain(), (n, m, p, dt)
 

@@ -85,14 +85,6 @@ __device__ __forceinline__ float loopir_flash_exp2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-// x = hi + lo: hi is x rounded to TF32 (the 19 bits a TF32 tensor-core operand holds; to nearest, ties away, on
-// the bits: two integer instructions where cvt.rna.tf32.f32 takes four, its guard for inf and NaN left out: a NaN
-// stays a NaN or becomes an infinity whose lo is NaN, and only |x| within 2^-11 of FLT_MAX rounds to inf), lo the
-// exact rest, which the instruction truncates to TF32 in turn (codegen.cuda.flash_tf32's three-product split)
-__device__ __forceinline__ void loopir_tf32_split(float x, unsigned& hi, unsigned& lo) {
-  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-  lo = __float_as_uint(x - __uint_as_float(hi));
-}
 __device__ __forceinline__ float loopir_flash_exp(float x) { return loopir_flash_exp2(x * 1.4426950408889634f); }
 __device__ __forceinline__ unsigned loopir_pack_f16(float lo, float hi) {
   unsigned d;

@@ -44,7 +44,7 @@ __all__ = ["render_flash_tf32"]
 def render_flash_tf32(r: Any, f: N.For) -> None:
     """Emit the kernel body of the pass `f` marked attention.tf32x3 with renderer `r` (codegen.cuda.kernel's)."""
     p = checked_parts(f, r.program)
-    r.uses_async = r.uses_flash = True
+    r.uses_async = r.uses_flash = r.uses_tf32 = True
     _EmitTf32(r, p).emit()
 
 

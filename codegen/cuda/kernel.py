@@ -67,7 +67,7 @@ from .flash_wgmma import render_flash_wgmma
 from .tensor_map import TMAP_TYPE
 from .wgmma import PRELUDE_WGMMA
 from .wgmma_tma import PRELUDE_WGMMA_TMA, render_wgmma
-from .mma import render_mma, render_mma_grid
+from .mma import PRELUDE_TF32, render_mma, render_mma_grid
 from .prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
 from .reduce import _identity, _ReductionEmitter  # noqa: F401
 from .staging import _StagingEmitter
@@ -213,6 +213,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.ix = "long long"  # the C type of index arithmetic: "int" when every size provably fits
         self.uses_async = False
         self.uses_flash = False
+        self.uses_tf32 = False  # loopir_tf32_split (codegen.cuda.mma's PRELUDE_TF32)
         self.uses_wgmma = False
         self.uses_wgmma_tma = False
         self.tmaps: dict[N.Buffer, tuple[str, tuple[int, ...]]] = {}  # buffer -> (parameter, box): wgmma_tma
@@ -515,7 +516,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
     kernels: list[Kernel] = []
     fast_exp = half_outputs(program)
     flags = {"half": False, "reduce": False, "subwarp": False, "async": False, "flash": False,
-             "wgmma": False, "wgmma_tma": False}
+             "tf32": False, "wgmma": False, "wgmma_tma": False}
 
     def kernel(kn: N.Kernel, host_vars: tuple[N.Var, ...]) -> int:
         k = len(kernels)
@@ -532,6 +533,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
         flags["subwarp"] |= gen.uses_subwarp
         flags["async"] |= gen.uses_async
         flags["flash"] |= gen.uses_flash
+        flags["tf32"] |= gen.uses_tf32
         flags["wgmma"] |= gen.uses_wgmma
         flags["wgmma_tma"] |= gen.uses_wgmma_tma
         texts.append(text)
@@ -571,6 +573,8 @@ def generate_cuda(program: N.Program) -> CudaSource:
         parts.append(PRELUDE_ASYNC)
     if flags["flash"]:
         parts.append(PRELUDE_FLASH)
+    if flags["tf32"]:
+        parts.append(PRELUDE_TF32)
     if flags["wgmma"]:
         parts.append(PRELUDE_WGMMA)
     if flags["wgmma_tma"]:

@@ -64,7 +64,8 @@ class _StagingEmitter:
         w = 8 if inner.buffer.dtype in _HALF else 4  # elements per 16 bytes
         # a clipped (edge-tile) pipelined copy of half tiles still goes by 16-byte chunks: a chunk whose first and
         # last elements pass the clip passes it whole (the clip is affine, so its set along the row is an interval)
-        chunk_guard = guard is not None and async_ and w == 8 and _affine_clip(guard)
+        # (float32 tiles: those of a tensor-core ring, codegen.passes.mma; the SIMT GEMM's keep their 4-byte copies)
+        chunk_guard = guard is not None and async_ and (w == 8 or bool(self.kern.mma_grids)) and _affine_clip(guard)
         if (guard is None or chunk_guard) and dims[-1] % w == 0 and isinstance(inner.value, N.Load):
             vec = self._coop_vector(inner, loops[-1].var, sub, w)
         if vec is not None:

@@ -33,14 +33,14 @@ import math
 from loopir import nodes as N
 from loopir.target import MMA_STAGES, padded_row
 from loopir.visit import Transformer, free_vars, loops_of, path_to, walk
-from schedules.primitives.tensorize import TensorizeError, mma_operands
+from schedules.primitives.tensorize import MMA_TF32, TensorizeError, mma_operands
 
 from .gpu_model import by_thread_depth
 from .kernels import map_kernels
 from .shared import DYNAMIC_SHARED_MAX, STATIC_SHARED_MAX
 from .staging import pipeline_parts
 
-__all__ = ["plan_mma", "MMA_STAGES", "padded_row"]
+__all__ = ["plan_mma", "MMA_STAGES", "padded_row", "tf32_b_row"]
 
 REGISTERS_PER_SM = 65536
 # registers a lane needs besides its accumulators (A / B fragments, copy and ldmatrix addresses): sizes the
@@ -98,12 +98,16 @@ def _pad(k: N.Kernel) -> N.Kernel:
             row = getattr(b.shape[-1], "value", None)
             if id(b) in new or not isinstance(row, int):
                 continue
-            want = padded_row(row, 2)
+            want = tf32_b_row(row) if ops.tf32 and ld is ops.b else padded_row(row, _itemsize(b))
             if want != row:
                 new[id(b)] = dataclasses.replace(b, shape=(*b.shape[:-1], N.const(want)))
     if not new:
         return k
     return dataclasses.replace(k, body=_Swap(new).visit(k.body))
+
+
+def _tf32(f: N.For) -> bool:
+    return any(x.kind == MMA_TF32 for x in _mma_nests(f.body))
 
 
 def _grids(k: N.Kernel) -> frozenset[N.Var]:
@@ -135,8 +139,22 @@ def _body(f: N.For) -> N.Stmt:
     return s
 
 
+def _itemsize(b: N.Buffer) -> int:
+    return 4 if b.dtype == "float32" else 2
+
+
 def _bytes(b: N.Buffer) -> int:
-    return math.prod(int(d.value) for d in b.shape) * 2  # type: ignore[attr-defined]
+    return math.prod(int(d.value) for d in b.shape) * _itemsize(b)  # type: ignore[attr-defined]
+
+
+def tf32_b_row(length: int) -> int:
+    """The smallest row length >= `length` of a float32 B tile read by mma.m16n8k16.tf32x3's shared loads, in whole
+    16-byte chunks (cp.async), at 8 or 24 floats mod 32: lane l reads row l % 4 at column l / 4, so banks
+    8 (l % 4) + l / 4 are the warp's 32 distinct banks."""
+    n = -(-length // 4) * 4
+    while n % 32 not in (8, 24):
+        n += 4
+    return n
 
 
 def _pipeline(k: N.Kernel) -> N.Kernel:
@@ -150,7 +168,7 @@ def _pipeline(k: N.Kernel) -> N.Kernel:
     by_thread_depth(k.body, visit)
     marks, rings = [], []
     for f in loops:
-        parts = pipeline_parts(k, f, half=True, budget=False)
+        parts = pipeline_parts(k, f, half=not _tf32(f), budget=False)
         if parts is None or any(not all(isinstance(d, N.Const) for d in b.shape) or _bytes(b) % 16
                                 for b in parts[0]):
             continue

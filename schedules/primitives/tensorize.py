@@ -35,9 +35,15 @@ from . import const_extent, find_loop_path, only_stmt, primitive, replace_loop
 from .flash import FLASH_KINDS, FlashMismatch, flash_parts
 from .wgmma import WGMMA, WgmmaMismatch, wgmma_parts
 
-__all__ = ["MMA_SHAPES", "INTRINSICS", "TensorizeError", "tensorize", "mma_operands", "is_tensorized"]
+__all__ = ["MMA_SHAPES", "MMA_TF32", "MMA_TYPES", "mma_kind", "INTRINSICS", "TensorizeError", "tensorize",
+           "mma_operands", "is_tensorized"]
 
-MMA_SHAPES = {"mma.m16n8k16": (16, 8, 16)}
+# the instruction's (m, n, k) and the operand types it takes; "mma.m16n8k16.tf32x3" runs a float32 fragment as three
+# TF32 products (a_lo b_hi + a_hi b_lo + a_hi b_hi, each operand split x = hi + lo: codegen.cuda.mma), float32-class
+# accuracy on tensor cores
+MMA_SHAPES = {"mma.m16n8k16": (16, 8, 16), "mma.m16n8k16.tf32x3": (16, 8, 16)}
+MMA_TF32 = "mma.m16n8k16.tf32x3"
+MMA_TYPES = {"mma.m16n8k16": ("float16", "bfloat16"), MMA_TF32: ("float32",)}
 # FLASH_KINDS: a block's online-softmax pass (schedules/primitives/flash.py); WGMMA: a block's GEMM tile on Hopper's
 # warpgroup tensor cores (schedules/primitives/wgmma.py)
 INTRINSICS = (*MMA_SHAPES, *FLASH_KINDS, WGMMA)
@@ -61,7 +67,11 @@ class MmaOperands:
     a: Load
     b: Load
     guard: Expr | None = None
+    kind: str = "mma.m16n8k16"  # the instruction (MMA_SHAPES)
 
+    @property
+    def tf32(self) -> bool:
+        return self.kind == MMA_TF32
 
 
 
@@ -79,8 +89,15 @@ def half_load(e: Expr) -> Expr:
     return e
 
 
-def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard: bool = False) -> MmaOperands:
-    """Check that `f` heads the nest one lane computes for m16n8k16 (see the module docstring) and return its parts.
+def mma_kind(dtype: str) -> str:
+    """The mma instruction for operands of `dtype`: m16n8k16 for float16 / bfloat16, three TF32 m16n8k8 for float32."""
+    return MMA_TF32 if dtype == "float32" else "mma.m16n8k16"
+
+
+def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard: bool = False,
+                 intrinsic: str | None = None) -> MmaOperands:
+    """Check that `f` heads the nest one lane computes for `intrinsic` (None: `f`'s own kind when it is marked, else
+    the instruction of the operands' type: `mma_kind`; see the module docstring) and return its parts.
     `lanes`: the loops bound to threadIdx.x around it. TensorizeError naming the first mismatch otherwise.
     `k_guard`: a guard on k (the last k tile of a K that 32 does not divide) is accepted, for the CUDA pipeline to
     remove (codegen.passes.pad zero-fills the operand tiles); the lowered nest must have none."""
@@ -105,10 +122,6 @@ def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard
     if not (isinstance(el_f, For) and isinstance(k_f, For) and isinstance(st, Store)):
         raise TensorizeError(f"{what}: loop {f.var.name!r} must head a perfect nest of three loops (eh, el, k) "
                              "around one update statement")
-    ext = tuple(const_extent(x, from_zero=True) for x in (f, el_f, k_f))
-    if ext != (2, 2, 16):
-        raise TensorizeError(f"{what}: the nest {f.var.name}, {el_f.var.name}, {k_f.var.name} has extents {ext}; "
-                             "mma.m16n8k16 needs (2, 2, 16): split the tile by 16 x 8 x 16 first")
     v = st.value
     prod = v.b if isinstance(v, Binary) and v.op == "add" else None
     fa, fb = (half_load(prod.a), half_load(prod.b)) if isinstance(prod, Binary) else (None, None)
@@ -128,9 +141,19 @@ def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard
         if len(x.indices) < 2 or any(getattr(d, "value", None) != 1 for d in x.buffer.shape[:-2]):
             raise TensorizeError(f"{what}: operand {x.buffer.name!r} must be a 2-d shared tile (leading dimensions "
                                  "of extent 1, e.g. the batch of a batched GEMM, are accepted)")
-    if a.buffer.dtype not in HALF or b.buffer.dtype != a.buffer.dtype:
+    kind = intrinsic or (f.kind if f.kind in MMA_SHAPES else mma_kind(a.buffer.dtype))
+    types = MMA_TYPES[kind]
+    if a.buffer.dtype not in types or b.buffer.dtype != a.buffer.dtype:
+        want = "both float16 or both bfloat16" if len(types) > 1 else f"both {types[0]}"
+        hint = {MMA_TF32: f"; float32 operands take {MMA_TF32!r}", "mma.m16n8k16": "; float16 / bfloat16 operands take "
+                "'mma.m16n8k16'"}[mma_kind("float32" if len(types) > 1 else "float16")]
         raise TensorizeError(f"{what}: operands {a.buffer.name!r} ({a.buffer.dtype}) and {b.buffer.name!r} "
-                             f"({b.buffer.dtype}) must both be float16 or both bfloat16")
+                             f"({b.buffer.dtype}) of {kind} must be {want}{hint}")
+    kx = MMA_SHAPES[kind][2]
+    ext = tuple(const_extent(x, from_zero=True) for x in (f, el_f, k_f))
+    if ext != (2, 2, kx):
+        raise TensorizeError(f"{what}: the nest {f.var.name}, {el_f.var.name}, {k_f.var.name} has extents {ext}; "
+                             f"{kind} needs (2, 2, {kx}): split the tile by 16 x 8 x {kx} first")
     if st.buffer.dtype not in ("float32", a.buffer.dtype):
         raise TensorizeError(f"{what}: accumulator {st.buffer.name!r} is {st.buffer.dtype}; the instruction "
                              "accumulates in float32")
@@ -140,8 +163,8 @@ def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard
                              "(the lanes of one warp); warps go on threadIdx.y / threadIdx.z")
     lane = lane_vars[0]
     eh, el, k = f.var, el_f.var, k_f.var
-    _check_lane_map(what, st, a, b, lane, eh, el, k)
-    return MmaOperands(eh, el, k, lane, st, a, b, guard)
+    _check_lane_map(what, st, a, b, lane, eh, el, k, kx)
+    return MmaOperands(eh, el, k, lane, st, a, b, guard, kind)
 
 
 _GRID_OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "floordiv": np.floor_divide, "mod": np.mod,
@@ -161,21 +184,22 @@ def _grid(e: Expr, env: dict[Var, Any]) -> Any:
     return None
 
 
-def _check_lane_map(what: str, st: Store, a: Load, b: Load, lane: Var, eh: Var, el: Var, k: Var) -> None:
+def _check_lane_map(what: str, st: Store, a: Load, b: Load, lane: Var, eh: Var, el: Var, k: Var, kx: int) -> None:
     """Evaluate the indices at every (lane, eh, el, k) for two random values of the outer variables and
     compare them with the instruction's fragment layout."""
     own = {lane, eh, el, k}
+    per = 16 // (2 if a.buffer.dtype in HALF else 4)  # elements per 16 bytes
     outer = sorted((free_vars(a) | free_vars(b) | free_vars(st)) - own, key=lambda x: x.name)
     rng = random.Random(12)
-    ln, h, e, kk = np.meshgrid(np.arange(32), np.arange(2), np.arange(2), np.arange(16), indexing="ij")
+    ln, h, e, kk = np.meshgrid(np.arange(32), np.arange(2), np.arange(2), np.arange(kx), indexing="ij")
     for trial in range(2):
         env = {x: (0 if trial == 0 else rng.randrange(0, 7)) for x in outer}
         base = {**env, lane: 0, eh: 0, el: 0, k: 0}
         r0, ka = (eval_index(i, base) for i in a.indices[-2:])
         kb, c0 = (eval_index(i, base) for i in b.indices[-2:])
-        if r0 % 1 or ka % 8 or c0 % 8 or kb % 8:
-            raise TensorizeError(f"{what}: the tile origins (A[{r0}, {ka}], B[{kb}, {c0}]) are not multiples of 8 "
-                                 "elements: ldmatrix needs 16-byte aligned rows")
+        if ka % per or c0 % per or kb % per:
+            raise TensorizeError(f"{what}: the tile origins (A[{r0}, {ka}], B[{kb}, {c0}]) are not multiples of "
+                                 f"{per} elements: ldmatrix needs 16-byte aligned rows")
         genv = {**{x: np.int64(v) for x, v in env.items()}, lane: ln, eh: h, el: e, k: kk}
         got = [_grid(i, genv) for i in (*a.indices[-2:], *b.indices[-2:], *st.indices)]
         if any(g is None for g in got):  # an index outside integer arithmetic: point by point
@@ -190,15 +214,15 @@ def _check_lane_map(what: str, st: Store, a: Load, b: Load, lane: Var, eh: Var, 
             want_a, want_b = [int(w[p]) for w in want[:2]], [int(w[p]) for w in want[2:]]
             raise TensorizeError(
                 f"{what}: at lane {p[0]}, {eh.name}={p[1]}, {el.name}={p[2]}, {k.name}={p[3]} the nest reads "
-                f"{a.buffer.name}{ai} and {b.buffer.name}{bi}; the m16n8k16 fragment "
+                f"{a.buffer.name}{ai} and {b.buffer.name}{bi}; the m16n8k{kx} fragment "
                 f"layout reads {a.buffer.name}{want_a} and {b.buffer.name}{want_b}")
         cells: dict[tuple[int, ...], tuple[int, int]] = {}
         for ci, he in zip(zip(*(g.ravel().tolist() for g in got[4:])), zip(h.ravel().tolist(), e.ravel().tolist())):
             if cells.setdefault(ci, he) != he:
                 raise TensorizeError(f"{what}: accumulator element {st.buffer.name}{list(ci)} is updated "
                                      "by two of the lane's four fragment elements")
-    for ln_sh in (a.buffer.shape[1], b.buffer.shape[1]):
-        if getattr(ln_sh, "value", 0) % 8:
+    for ln_sh in (a.buffer.shape[-1], b.buffer.shape[-1]):
+        if getattr(ln_sh, "value", 0) % per:
             raise TensorizeError(f"{what}: shared rows of {ln_sh} elements are not 16-byte multiples (ldmatrix)")
 
 
@@ -219,6 +243,12 @@ def tensorize(program: Program, loop: Var, intrinsic: str = "mma.m16n8k16") -> P
               acc[eh, el] += A[r0 + lane//4 + 8*eh, k0 + k] * B[k0 + k, c0 + 2*(lane%4) + el]   (unchanged)
 
     Only the order of each element's 16-term sum changes (reassociated by the instruction).
+
+    `intrinsic` "mma.m16n8k16.tf32x3": the same nest over float32 tiles, run as two m16n8k8 TF32 steps (its fragment
+    layout is m16n8k16's with half the k columns) of three products each, the operands split x = hi + lo (hi x's
+    TF32 bits, lo = x - hi exact): a_lo b_hi + a_hi b_lo + a_hi b_hi drops a_lo b_lo and the bits of the lo parts
+    past TF32's, below 2^-20 |a b| per product (float32 rounds at 2^-24): float32-class accuracy, as CUTLASS's
+    3xTF32 GEMMs (codegen/cuda/mma.py says how the sums round).
 
     `intrinsic` "attention.m16n8k16": `loop` runs the 64 query rows of a block through the online-softmax pass,
     as FlashAttention's tensor-core kernel (precondition and change: schedules/primitives/flash.py).
@@ -255,5 +285,5 @@ def tensorize(program: Program, loop: Var, intrinsic: str = "mma.m16n8k16") -> P
                                  f"block: {e}") from None
         return replace_loop(program, loop, dataclasses.replace(f, kind=intrinsic))
     lanes = {p.var: p for p, _ in path if isinstance(p, For) and p.kind == "thread" and p.thread == "threadIdx.x"}
-    mma_operands(f, lanes, k_guard=True)
+    mma_operands(f, lanes, k_guard=True, intrinsic=intrinsic)
     return replace_loop(program, loop, dataclasses.replace(f, kind=intrinsic))

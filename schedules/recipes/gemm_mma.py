@@ -24,6 +24,12 @@ fragment layout. A reduction length that k_tile does not divide (or a symbolic o
 loop would need a guard inside the instruction's nest. Rows and columns the tiles do not divide (or symbolic
 ones) are fine: the update keeps its element guard, the epilogue's store is guarded, the copies are clipped.
 
+Float32 operands take the same nest, tensorized as "mma.m16n8k16.tf32x3": each 16 k of a fragment are two m16n8k8
+TF32 steps of three products (A, B split x = hi + lo in registers: float32-class accuracy), B read by shared loads
+(no ldmatrix transposes 32-bit words). H200, relu(A @ B + bias), cuBLAS's float32 GEMM (TF32 off) in the same run:
+4096^3 2.23 ms = 62 TFLOP/s = 1.25x cuBLAS; 8192 x 3072 x 768 1.36x; 32768 x 768 x 3072 1.29x; error vs float64
+8.8e-7 of the largest output (cuBLAS 2.5e-6). The SIMT recipe (schedule_gemm_cuda) got 0.78-0.84x cuBLAS there.
+
 The CUDA pass `plan_mma` (codegen/passes/mma.py) then pads the shared tiles' rows for conflict-free ldmatrix
 (A_shared[128, 40], B_shared[32, 136]), pipelines the k loop as a 4-stage ring of 16-byte cp.async copies
 (dynamic shared memory: 74 KiB at 128 x 128) and has the renderer load each A / B fragment once per k step of
@@ -49,16 +55,31 @@ from loopir.visit import statements
 import schedules.primitives.cache  # noqa: F401  (registers Schedule.cache_read)
 import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache_write)
 import schedules.primitives.tensorize  # noqa: F401  (registers Schedule.tensorize)
-from schedules.primitives.tensorize import half_load
+from schedules.primitives.tensorize import MMA_SHAPES, MMA_TF32, half_load, mma_kind
 
 from .gemm import GemmPlan, collapse_batch, resolve_stage
 
-__all__ = ["schedule_gemm_mma", "mma_applicable", "MMA_TILES", "check_mma_tiles"]
+__all__ = ["schedule_gemm_mma", "mma_applicable", "MMA_TILES", "MMA_TILES_TF32", "mma_tiles", "check_mma_tiles",
+           "mma_dtype"]
 
 
 # the tile shape measured fastest on an H200 with the 4-stage cp.async ring and fragment reuse (4096^3 float16:
 # 128x128/64x64 293 TFLOP/s, 128x128/64x32 272, 128x256/64x64 240, 256x128/64x64 179)
 MMA_TILES = {"block": (128, 128), "warp": (64, 64), "k_tile": 32}
+
+
+# float32 operands (mma.m16n8k16.tf32x3), measured on an H200 (benchmarks/RESULTS_gemm.md, 4096^3 and the MLP's
+# 8192 x 3072 x 768 / 8192 x 768 x 3072): 64x128/32x64 k 32 the fastest on the MLP shapes and within 5% of the best at
+# 4096^3; a 64 x 64 warp tile spills (255 registers: A and B split in hi and lo beside 128 accumulators)
+MMA_TILES_TF32 = {"block": (64, 128), "warp": (32, 64), "k_tile": 32}
+
+
+def mma_tiles(dtype: str, given: dict | None = None) -> dict:
+    """The tiles of the recipe for operands of `dtype`: `given` (gemm's "mma"), else the dtype's defaults (MMA_TILES
+    given as they are count as not chosen: gemm_params fills them in)."""
+    if given and given != MMA_TILES:
+        return given
+    return MMA_TILES_TF32 if dtype == "float32" else MMA_TILES
 
 
 def check_mma_tiles(block: tuple[int, int], warp: tuple[int, int], k_tile: int) -> None:
@@ -73,12 +94,12 @@ def check_mma_tiles(block: tuple[int, int], warp: tuple[int, int], k_tile: int) 
 
 def mma_applicable(program: Any, stage: str | None = None) -> str | None:
     """None when the matmul-shaped reduction of `program` can run on tensor cores; else the reason why not
-    (inputs not float16/bfloat16)."""
+    (inputs not both float16, both bfloat16 or both float32: mma.m16n8k16.tf32x3)."""
     upd, _ = resolve_stage(program, stage, [], "schedule_gemm_mma")
     ops = [half_load(x) for x in (upd.value.b.a, upd.value.b.b)]  # type: ignore[attr-defined]
     dts = {getattr(getattr(x, "buffer", None), "dtype", None) for x in ops}
-    if len(dts) != 1 or dts.isdisjoint({"float16", "bfloat16"}):
-        return f"inputs are {sorted(map(str, dts))}, not both float16 or both bfloat16"
+    if len(dts) != 1 or dts.isdisjoint({"float16", "bfloat16", "float32"}):
+        return f"inputs are {sorted(map(str, dts))}, not both float16, both bfloat16 or both float32"
     # ldmatrix reads A row-major (rows i, reduction k) and B k-major (k, columns j); batch indices lead both
     *batch, i, j, k = upd.iters
     a, b = ops
@@ -89,10 +110,17 @@ def mma_applicable(program: Any, stage: str | None = None) -> str | None:
     return None
 
 
+def mma_dtype(program: Any, stage: str | None = None) -> str:
+    """The operand type of the matmul-shaped reduction `stage` (float16, bfloat16 or float32 under the casts)."""
+    upd, _ = resolve_stage(program, stage, [], "schedule_gemm_mma")
+    return str(getattr(getattr(half_load(upd.value.b.a), "buffer", None), "dtype", ""))  # type: ignore[attr-defined]
+
+
 def schedule_gemm_mma(s: Any, stage: str | Any = None, epilogue: Any = "auto", block: tuple[int, int] = (128, 128),
                       warp: tuple[int, int] = (64, 64), k_tile: int = 32) -> GemmPlan:
     """Apply the tensor-core GEMM recipe to the matmul-shaped reduction `stage` of Schedule `s` (float16 or
-    bfloat16 inputs). `epilogue` as in schedule_gemm_cuda. Returns a GemmPlan; `s` is modified in place.
+    bfloat16 inputs; float32 inputs run as three TF32 products each, mma.m16n8k16.tf32x3). `epilogue` as in
+    schedule_gemm_cuda. Returns a GemmPlan; `s` is modified in place.
     TensorizeError (an ArgumentError) when the instruction does not fit (dtypes, layout)."""
     block, warp = tuple(block), tuple(warp)  # type: ignore[assignment]
     check_mma_tiles(block, warp, k_tile)  # type: ignore[arg-type]
@@ -126,17 +154,21 @@ def schedule_gemm_mma(s: Any, stage: str | Any = None, epilogue: Any = "auto", b
     nw = (block[0] // warp[0]) * (block[1] // warp[1])
     plan.steps.append(f"bind blocks to blockIdx.y/x, {nw} warps to threadIdx.z/y, lanes to threadIdx.x")
     mi, ni, eh, el, k = s.loops(name)[-5:]
+    kind = mma_kind(half_load(upd.value.b.a).buffer.dtype)  # type: ignore[attr-defined]
+    kx = MMA_SHAPES[kind][2]
     ko, kr = s.split(k, k_tile)
-    kk, k16 = s.split(kr, 16)
+    kk, k16 = s.split(kr, kx)
     s.reorder(ko, kk, mi, ni, eh, el, k16)
     for ld in (half_load(upd.value.b.a), half_load(upd.value.b.b)):  # type: ignore[attr-defined]
         s.cache_read(ld.buffer.name, "shared", ko)
         plan.staged.append(ld.buffer.name)
-    plan.steps.append(f"split k by {k_tile}/16; cache_read A and B 'shared' at ko "
+    plan.steps.append(f"split k by {k_tile}/{kx}; cache_read A and B 'shared' at ko "
                       "(cp.async pipelined by the CUDA passes)")
-    s.tensorize(eh, "mma.m16n8k16")
-    plan.steps.append("tensorize(eh, 'mma.m16n8k16'): each 16x8x16 fragment update is one tensor-core "
-                      "instruction (ldmatrix from shared memory + mma.sync, float32 accumulate)")
+    s.tensorize(eh, kind)
+    plan.steps.append(f"tensorize(eh, {kind!r}): each 16x8x16 fragment update is " + (
+        "three TF32 tensor-core instructions per 8 k on the operands split hi + lo (ldmatrix / shared loads + "
+        "mma.sync m16n8k8, float32 accumulate: float32-class accuracy)" if kind == MMA_TF32 else
+        "one tensor-core instruction (ldmatrix from shared memory + mma.sync, float32 accumulate)"))
     for lp in (kk, mi, ni):
         s.unroll(lp)
     for st in [c.store.name for c in statements(s.program)
