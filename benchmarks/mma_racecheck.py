@@ -1,5 +1,6 @@
 """A small tensor-core GEMM run for compute-sanitizer (racecheck / memcheck): 200 x 136 x 64, float16, edge tiles
-(or the sizes and dtype given: a K that 32 does not divide runs its last k tile zero-padded).
+(or the sizes and dtype given: a K that 32 does not divide runs its last k tile zero-padded; float32 runs
+mma.m16n8k16.tf32x3).
 
     compute-sanitizer --tool racecheck python benchmarks/mma_racecheck.py [200x136x72 [bfloat16]]
 """

@@ -60,6 +60,7 @@ from .attention import (
     online_stages, schedule_attention,
 )
 from .errors import InexactCheckError, ScheduleError
+from .cost import H200
 from .fusion import THREADS, Decision, FusionGroup, FusionPlan, plan_fusion
 from .rows import RowParams
 from .primitives import find_loop
@@ -209,7 +210,9 @@ def _map_gemm(s: Schedule, g: FusionGroup, target: str) -> None:
                               f"{block}"))
     elif tensor_cores:
         dt = mma_dtype(s.program, mm)
-        tiles = mma_tiles(dt, prm.get("mma"))
+        dims = [_costed(simplify(f.hi - f.lo), s) for f in (_find(s, h.var) for h in s.loops(mm)[:-1])]
+        grid = (math.prod(dims[:-2]) if None not in dims[:-2] else None, *dims[-2:])  # type: ignore[arg-type]
+        tiles = mma_tiles(dt, prm.get("mma"), grid, getattr(getattr(s, "plan", None), "device", H200).sm_count)
         g.gemm_plan = schedule_gemm_mma(s, mm, epilogue=eps, **tiles)
         why = ("asked for (gemm tensor_cores=True)" if prm.get("tensor_cores") else
                f"{dt} inputs, the reduction a known multiple of 8 and at least 32 long (a last k tile "

@@ -118,7 +118,7 @@ def test_refuses_a_nest_of_other_extents() -> None:
 
 
 def test_auto_schedule_takes_tf32x3_for_float32_and_keeps_simt_when_asked() -> None:
-    wl = w.matmul_bias_relu(n=256, m=256, p=64, dtype="float32")
+    wl = w.matmul_bias_relu(n=2048, m=2048, p=64, dtype="float32")
     text = auto_schedule(list(wl.outputs), "cuda").plan.explain()
     assert "mma.sync m16n8k8 tf32, three products" in text and str(MMA_TILES_TF32["block"]) in text
     off = auto_schedule(list(wl.outputs), "cuda", gemm={"tensor_cores": False}).plan.explain()
@@ -177,3 +177,20 @@ def test_gpu_tf32x3_batched_linear_layer() -> None:
     mod(xa, wa, out)
     ref = xa.astype(np.float64) @ wa.astype(np.float64)
     assert _rel(out, ref) < 1e-5
+
+
+def test_small_float32_grids_take_smaller_tiles() -> None:
+    from schedules.recipes.gemm_mma import MMA_TILES, MMA_TILES_TF32_SMALL, mma_tiles
+
+    # 64 x 128 tiles: 1024^3 is 128 blocks (< 2 per SM of 132), 2048^3 512; unknown sizes keep the default
+    assert mma_tiles("float32", None, (1, 1024, 1024)) == MMA_TILES_TF32_SMALL
+    assert mma_tiles("float32", None, (1, 2048, 2048)) == MMA_TILES_TF32
+    assert mma_tiles("float32", None, (8, 128, 768)) == MMA_TILES_TF32_SMALL
+    assert mma_tiles("float32", None, (1, None, 1024)) == MMA_TILES_TF32
+    assert mma_tiles("float32", None, (1, 1024, 1024), sms=32) == MMA_TILES_TF32
+    assert mma_tiles("float16", None, (1, 1024, 1024)) == MMA_TILES
+    mine = {"block": (64, 64), "warp": (32, 32), "k_tile": 32}
+    assert mma_tiles("float32", mine, (1, 1024, 1024)) == mine
+    wl = w.matmul_bias_relu(n=te.var("n"), m=te.var("m"), p=768, dtype="float32")
+    text = auto_schedule(list(wl.outputs), "cuda", sizes={"n": 1024, "m": 768}).plan.explain()
+    assert str(MMA_TILES_TF32_SMALL) in text
