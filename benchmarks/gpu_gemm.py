@@ -252,10 +252,11 @@ def print_shapes(rows: list[dict[str, Any]]) -> None:
 
 def mma_entries(shapes: list[tuple[int, int, int]], reps: int = 20, dtypes: tuple[str, ...] = ("float16", "bfloat16"),
                 **tiles: Any) -> list[dict[str, Any]]:
-    """Tensor-core GEMM (schedules.recipes.gemm_mma) in float16 and bfloat16 vs cuBLAS (torch.matmul in the same
-    dtype, eager), same run: rows {workload, impl, ms, tflops, ratio_vs_cublas, rel_err vs float64}. A shape with a
-    0 is built with symbolic rows and columns (n, m variables; the reduction length 4096 known: the recipe has no
-    k remainder) and run at n = m = p = 4096."""
+    """Tensor-core GEMM (schedules.recipes.gemm_mma) in float16 and bfloat16 (and float32: mma.m16n8k16.tf32x3,
+    against cuBLAS's float32 GEMM, TF32 off) vs cuBLAS (torch.matmul in the same dtype, eager), same run: rows
+    {workload, impl, ms, tflops, ratio_vs_cublas, rel_err vs float64}. A shape with a 0 is built with symbolic rows
+    and columns (n, m variables; the reduction length 4096 known: the recipe has no k remainder) and run at
+    n = m = p = 4096."""
     import torch
 
     from codegen import build
@@ -264,10 +265,11 @@ def mma_entries(shapes: list[tuple[int, int, int]], reps: int = 20, dtypes: tupl
     from schedules import Schedule
     from schedules.recipes.gemm_mma import schedule_gemm_mma
 
+    torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda")
     rows: list[dict[str, Any]] = []
     sync = torch.cuda.synchronize
-    for dtype, tdt in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+    for dtype, tdt in (("float16", torch.float16), ("bfloat16", torch.bfloat16), ("float32", torch.float32)):
         if dtype not in dtypes:
             continue
         for n, m, p in shapes:
@@ -334,7 +336,8 @@ def main() -> None:
                     help="also time SKINNY_SWEEP's tiles on the first shape of <= 64 rows")
     ap.add_argument("--mma", nargs="*", default=None,
                     help="tensor-core GEMM (gemm_mma) at these shapes (N or NxMxP; 0: symbolic n, m), f16 and bf16")
-    ap.add_argument("--mma-dtypes", nargs="+", default=["float16", "bfloat16"], help="dtypes of the --mma rows")
+    ap.add_argument("--mma-dtypes", nargs="+", default=["float16", "bfloat16"],
+                    help="dtypes of the --mma rows (float32: three TF32 products per product)")
     ap.add_argument("--mma-tiles", default="{}",
                     help='gemm_mma tiles as JSON, e.g. {"block": [128, 64], "warp": [64, 32]}')
     a = ap.parse_args()
