@@ -14,7 +14,8 @@ Which knobs exist depends on the fusion plan the rules make at the tuned sizes:
 | cuda row / warp / split  | threads, rows.wide_threads, rows.warp_lanes, rows.split_threads        |
 | cuda GEMM, half inputs   | gemm.mma.block, gemm.mma.warp, gemm.mma.k_tile (tensor cores, mma.sync: |
 |                          | chosen when not at their defaults), gemm.wgmma.block (2-d matmuls)     |
-| cuda GEMM, float32       | gemm.block, gemm.thread_tile, gemm.k_tile                              |
+| cuda GEMM, float32       | gemm.block, gemm.thread_tile, gemm.k_tile (the SIMT recipe's tiles; the |
+|                          | default, measured first, runs tensor cores: mma.m16n8k16.tf32x3)       |
 | cpu GEMM                 | gemm.cpu_tile                                                          |
 | cpu (every workload)     | build.threads (the module's worker threads)                            |
 | several stages, no GEMM  | fuse (one kernel per stage when False)                                 |
