@@ -194,3 +194,30 @@ def test_small_float32_grids_take_smaller_tiles() -> None:
     wl = w.matmul_bias_relu(n=te.var("n"), m=te.var("m"), p=768, dtype="float32")
     text = auto_schedule(list(wl.outputs), "cuda", sizes={"n": 1024, "m": 768}).plan.explain()
     assert str(MMA_TILES_TF32_SMALL) in text
+
+
+def _no_grid_module(monkeypatch, n: int, m: int, p: int):
+    import codegen.passes.mma as pm
+    from codegen import build
+
+    monkeypatch.setattr(pm, "_grids", lambda k: frozenset())
+    s, wl = _sched(n, m, p)
+    schedule_gemm_mma(s, **SMALL)
+    return build(s, list(wl.args), target="cuda", cache=False)
+
+
+def test_without_fragment_reuse_each_fragment_is_rendered_alone(monkeypatch) -> None:
+    """A tensorized nest outside an mma grid (codegen.passes.mma records none): one ldmatrix, split and three
+    instructions per step of each fragment, compiled by NVRTC (numerics on the device: the gpu test below)."""
+    mod = _no_grid_module(monkeypatch, 200, 136, 64)
+    assert f"// {MMA_TF32}:" in mod.source and "frag_ah" not in mod.source
+
+
+@pytest.mark.gpu
+def test_gpu_without_fragment_reuse_matches_float64(monkeypatch) -> None:
+    n, m, p = 200, 136, 64
+    mod = _no_grid_module(monkeypatch, n, m, p)
+    a, b, bias = _inputs(n, m, p, seed=5)
+    out = np.full((n, m), np.nan, np.float32)
+    mod(a, b, bias, out)
+    assert _rel(out, _ref(a, b, bias)) < 1e-5

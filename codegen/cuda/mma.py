@@ -57,9 +57,8 @@ __device__ __forceinline__ void loopir_tf32_split_trunc(float x, unsigned& hi, u
 """
 
 
-def _parts(r: Any, f: N.For, b_extra: dict[N.Var, N.Expr] | None = None):
-    """The checked operands of the tensorized nest `f`, the ldmatrix address of A / B and the four accumulators
-    (`b_extra`: further substitutions in B's address, e.g. the column block taken from the lane)."""
+def _checked(r: Any, f: N.For) -> Any:
+    """The checked operands (MmaOperands) of the tensorized nest `f`."""
     lanes = {lf.var: lf for lf in walk(r.nest) if isinstance(lf, N.For) and lf.thread == "threadIdx.x"}
     try:
         ops = mma_operands(f, lanes, what="CUDA mma")
@@ -68,43 +67,63 @@ def _parts(r: Any, f: N.For, b_extra: dict[N.Var, N.Expr] | None = None):
     if ops.store.buffer.dtype != "float32":
         raise CudaCodegenError(f"mma accumulator {ops.store.buffer.name!r} is {ops.store.buffer.dtype}; "
                                "the widen_accumulators pass should have made it float32")
-    lane, i16 = ops.lane, N.const(16)
-    zero = N.const(0)
-    lm = N.binary("mod", lane, i16)
-    # ldmatrix.x4: lane l addresses row l % 16 of A's 16-row fragment at k column 8 (l / 16) for halves; a row of
-    # a b16 8 x 8 matrix is 16 bytes, so for float32 it is 4 columns (the four matrices are then m16n8k8 tf32's
-    # a0..a3: rows g, g + 8 at columns t, t + 4 with g = l / 4, t = l % 4)
-    a_at = {ops.eh: N.binary("floordiv", lm, N.const(8)),
-            lane: N.binary("mul", N.binary("mod", lm, N.const(8)), N.const(4)),
-            ops.el: zero, ops.k: N.binary("mul", N.binary("floordiv", lane, i16), N.const(4 if ops.tf32 else 8))}
+    return ops
 
-    def addr(ld: N.Load, at: dict[N.Var, N.Expr]) -> str:
-        idx = tuple(substitute(i, at) for i in ld.indices)
-        return f"(unsigned)__cvta_generic_to_shared(&{r.buf(ld.buffer)}[{r.expr(r.flat(ld.buffer, idx))}])"
 
-    accs = []
+def _accumulators(r: Any, ops: Any) -> list[str]:
+    """The lane's four accumulator elements (eh, el) = (e // 2, e % 2)."""
+    out = []
     for e in range(4):
-        at = {ops.eh: N.const(e // 2), ops.el: N.const(e % 2), ops.k: zero}
+        at = {ops.eh: N.const(e // 2), ops.el: N.const(e % 2), ops.k: N.const(0)}
         idx = tuple(substitute(i, at) for i in ops.store.indices)
-        accs.append(f"{r.buf(ops.store.buffer)}[{r.expr(r.flat(ops.store.buffer, idx))}]")
-    if not ops.tf32:
-        b_at = {ops.eh: zero, ops.el: zero, lane: zero, ops.k: lm, **(b_extra or {})}
-        return ops, addr(ops.a, a_at), addr(ops.b, b_at), accs
-    # the nest's k runs over steps of m16n8k8 (k 8 each): per step j, A's ldmatrix at k + 8 j and B's fragment
-    # b0 = B[k0 + 8 j + t, c0 + g], b1 = B[k0 + 8 j + t + 4, c0 + g]; no ldmatrix transposes 32-bit elements, so
-    # two shared loads (conflict-free on rows of 8 mod 32 floats: codegen.passes.mma)
+        out.append(f"{r.buf(ops.store.buffer)}[{r.expr(r.flat(ops.store.buffer, idx))}]")
+    return out
+
+
+def _address(r: Any, ld: N.Load, at: dict[N.Var, N.Expr]) -> str:
+    """The shared-memory address of `ld` with the substitutions `at` (an ldmatrix operand)."""
+    idx = tuple(substitute(i, at) for i in ld.indices)
+    return f"(unsigned)__cvta_generic_to_shared(&{r.buf(ld.buffer)}[{r.expr(r.flat(ld.buffer, idx))}])"
+
+
+def _a_lanes(ops: Any, k: int) -> dict[N.Var, N.Expr]:
+    """ldmatrix.x4 of A: lane l addresses row l % 16 of the 16-row fragment at k column `k` (l / 16) (a row of a
+    b16 8 x 8 matrix is 16 bytes: 8 halves, or 4 floats, whose four matrices are then m16n8k8 tf32's a0..a3: rows
+    g, g + 8 at columns t, t + 4 with g = l / 4, t = l % 4)."""
+    lane, i16 = ops.lane, N.const(16)
+    lm = N.binary("mod", lane, i16)
+    return {ops.eh: N.binary("floordiv", lm, N.const(8)), lane: N.binary("mul", N.binary("mod", lm, N.const(8)),
+                                                                          N.const(4)),
+            ops.el: N.const(0), ops.k: N.binary("mul", N.binary("floordiv", lane, i16), N.const(k))}
+
+
+def _parts(r: Any, f: N.For, b_extra: dict[N.Var, N.Expr] | None = None):
+    """The half-precision nest `f`'s operands, the ldmatrix address of A / B and the four accumulators (`b_extra`:
+    further substitutions in B's address, e.g. the column block taken from the lane)."""
+    ops = _checked(r, f)
+    zero = N.const(0)
+    b_at = {ops.eh: zero, ops.el: zero, ops.lane: zero, ops.k: N.binary("mod", ops.lane, N.const(16)),
+            **(b_extra or {})}
+    return ops, _address(r, ops.a, _a_lanes(ops, 8)), _address(r, ops.b, b_at), _accumulators(r, ops)
+
+
+def _tf32_parts(r: Any, ops: Any) -> list[tuple[str, list[str]]]:
+    """Per m16n8k8 step j of the float32 nest (k 8 each): A's ldmatrix address at k + 8 j, and B's fragment
+    b0 = B[k0 + 8 j + t, c0 + g], b1 = B[k0 + 8 j + t + 4, c0 + g] as two shared loads (no ldmatrix transposes
+    32-bit elements; conflict-free on rows of 8 mod 32 floats: codegen.passes.mma)."""
+    lane, zero = ops.lane, N.const(0)
+    a_at = _a_lanes(ops, 4)
     steps: list[tuple[str, list[str]]] = []
     for j in range(MMA_SHAPES[ops.kind][2] // 8):
-        a_j = {**a_at, ops.k: N.binary("add", a_at[ops.k], N.const(8 * j))}
         bs = []
         for h in (0, 4):
             at = {ops.eh: zero, ops.el: zero, lane: zero,
-                  ops.k: N.binary("add", N.binary("mod", lane, N.const(4)), N.const(8 * j + h)), **(b_extra or {})}
+                  ops.k: N.binary("add", N.binary("mod", lane, N.const(4)), N.const(8 * j + h))}
             idx = tuple(substitute(i, at) for i in ops.b.indices)
             idx = (*idx[:-1], N.binary("add", idx[-1], N.binary("floordiv", lane, N.const(4))))
             bs.append(f"{r.buf(ops.b.buffer)}[{r.expr(r.flat(ops.b.buffer, idx))}]")
-        steps.append((addr(ops.a, a_j), bs))
-    return ops, steps, None, accs
+        steps.append((_address(r, ops.a, {**a_at, ops.k: N.binary("add", a_at[ops.k], N.const(8 * j))}), bs))
+    return steps
 
 
 def _ldmatrix_a(r: Any, regs: list[str], address: str) -> None:
@@ -137,18 +156,23 @@ def _mma(r: Any, t: str, accs: list[str], a: list[str], b: list[str], shape: str
 
 def render_mma(r: Any, f: N.For) -> None:
     """Emit the instruction for the tensorized nest `f` with renderer `r` (codegen.cuda.kernel's)."""
-    ops, a_addr, b_addr, accs = _parts(r, f)
+    if f.kind == MMA_TF32:
+        ops = _checked(r, f)
+        steps = _tf32_parts(r, ops)
+        accs = _accumulators(r, ops)
+    else:
+        ops, a_addr, b_addr, accs = _parts(r, f)
     r.line("{  // " + f"{ops.kind}: {ops.store.name} (lane {ops.lane.name})")
     r.ind += 1
     if ops.tf32:
         r.uses_tf32 = True
-        steps = len(a_addr)
-        r.line(f"unsigned a[4], ah[{steps}][4], al[{steps}][4], bh[{steps}][2], bl[{steps}][2];")
-        for j, (aj, bj) in enumerate(a_addr):
+        n = len(steps)
+        r.line(f"unsigned a[4], ah[{n}][4], al[{n}][4], bh[{n}][2], bl[{n}][2];")
+        for j, (aj, bj) in enumerate(steps):
             _ldmatrix_a(r, [f"a[{q}]" for q in range(4)], aj)
             _split(r, [f"__uint_as_float(a[{q}])" for q in range(4)], f"ah[{j}]", f"al[{j}]")
             _split(r, bj, f"bh[{j}]", f"bl[{j}]")
-        _mma3(r, accs, [(f"ah[{j}]", f"al[{j}]", f"bh[{j}]", f"bl[{j}]") for j in range(steps)])
+        _mma3(r, accs, [(f"ah[{j}]", f"al[{j}]", f"bh[{j}]", f"bl[{j}]") for j in range(n)])
     else:
         r.line("unsigned a0, a1, a2, a3, b0, b1;")
         _ldmatrix_a(r, ["a0", "a1", "a2", "a3"], a_addr)
@@ -260,7 +284,8 @@ def _render_grid_tf32(r: Any, f: N.For, ni: N.For, nest: N.For, ms: tuple[int, i
     """render_mma_grid for the TF32 nest: the A fragments of the nest's k steps loaded (ldmatrix.x4 of 32-bit words)
     and split once per mi, each B fragment (two shared loads per k step) split once per ni, then three instructions
     per k step and (mi, ni): MI + NI splits per k step instead of 2 * MI * NI."""
-    ops, steps, _, accs = _parts(r, nest)
+    ops = _checked(r, nest)
+    steps, accs = _tf32_parts(r, ops), _accumulators(r, ops)
     r.uses_tf32 = True
     (m0, m1), (n0, n1) = ms, ns
     ns_ = len(steps)
