@@ -19,11 +19,12 @@ replaced by one new buffer wherever it appears: arguments, temporaries, loads, s
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 from .errors import ArgumentError, ArgumentTypeError
 import dataclasses
 
-from .nodes import Allocate, Buffer, Const, Expr, Load, Program, Store, Var
+from .nodes import Allocate, Buffer, Const, Expr, Load, Program, Stmt, Store, Var
 from .te import ComputeOp, PlaceholderOp, Reduce, Tensor
 from .te_reduce import ReduceCall, TupleReduce, tuple_reduce
 from .visit import Transformer, free_vars
@@ -225,10 +226,17 @@ class _Replace(_BufferSwap):
         return self.new.get(b, b)
 
 
-def replace_buffers(program: Program, new: Mapping[Buffer, Buffer]) -> Program:
-    """`program` with each buffer of `new` replaced by its image (e.g. the same array with another shape) in every
-    load, store and allocation and among the arguments and temporaries."""
-    return _Replace(new).program(program) if new else program
+_Node = TypeVar("_Node", Program, Stmt)
+
+
+def replace_buffers(node: _Node, new: Mapping[Buffer, Buffer]) -> _Node:
+    """`node` (a program or a statement) with each buffer of `new` replaced by its image (e.g. the same array with
+    another shape or scope) in every load, store and allocation, and a program's among its arguments and
+    temporaries."""
+    if not new:
+        return node
+    tr = _Replace(new)
+    return tr.program(node) if isinstance(node, Program) else tr.visit(node)  # type: ignore[return-value]
 
 
 def substitute_program_sizes(program: Program, sizes: Mapping[Var, Expr | int]) -> Program:

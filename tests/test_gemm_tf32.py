@@ -13,11 +13,12 @@ from codegen.passes import lower as lower_passes
 from loopir import interp, te
 from loopir import workloads as w
 from loopir.lower import lower
-from loopir.nodes import Allocate, For, Kernel
+from loopir.nodes import For
 from loopir.visit import walk
 from schedules import Schedule, auto_schedule
 from schedules.primitives.tensorize import MMA_TF32, TensorizeError
 from schedules.recipes.gemm_mma import MMA_TILES_TF32, schedule_gemm_mma
+from test_tensorize import shared_tiles
 
 SMALL = dict(block=(64, 64), warp=(32, 32), k_tile=32)
 
@@ -38,12 +39,6 @@ def _ref(a: np.ndarray, b: np.ndarray, bias: np.ndarray) -> np.ndarray:
 
 def _rel(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max())
-
-
-def _kernel(prog) -> Kernel:
-    ks = [k for k in walk(prog.body) if isinstance(k, Kernel)]
-    assert len(ks) == 1
-    return ks[0]
 
 
 def test_nest_after_tensorize_is_the_reference() -> None:
@@ -75,9 +70,7 @@ def test_plan_pads_b_rows_for_conflict_free_shared_loads() -> None:
 
     s, _ = _sched(128, 128, 64)
     schedule_gemm_mma(s, **SMALL)
-    k = _kernel(lower_passes(s.program, "cuda"))
-    shapes = {a.buffer.name: tuple(int(d.value) for d in a.buffer.shape) for a in walk(k.body)
-              if isinstance(a, Allocate) and a.buffer.scope == "shared"}
+    k, shapes = shared_tiles(lower_passes(s.program, "cuda"))
     # A: ldmatrix rows of 16 x an odd number of bytes (36 floats); B: 72 floats, 8 mod 32
     assert shapes == {"A_shared": (64, 36), "B_shared": (32, 72)}
     assert k.pipeline_stages == 4 and len(k.pipelined) == 1 and len(k.mma_grids) == 1

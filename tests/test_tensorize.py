@@ -112,6 +112,16 @@ def _kernel(prog):
     return ks[0]
 
 
+def shared_tiles(prog):
+    """The one kernel of the lowered `prog` and the shapes of its shared buffers by name."""
+    from loopir.nodes import Allocate
+    from loopir.visit import walk
+
+    k = _kernel(prog)
+    return k, {a.buffer.name: tuple(int(d.value) for d in a.buffer.shape) for a in walk(k.body)
+               if isinstance(a, Allocate) and a.buffer.scope == "shared"}
+
+
 def test_padded_row_lengths() -> None:
     from codegen.passes.mma import padded_row
 
@@ -121,14 +131,9 @@ def test_padded_row_lengths() -> None:
 
 def test_plan_mma_pads_pipelines_and_reuses_fragments() -> None:
     """codegen.passes.mma records its decisions in the IR: padded operand tiles, a 4-stage ring, the mma grid."""
-    from loopir.nodes import Allocate
-    from loopir.visit import walk
-
     s, _ = _sched(64, 64, 64)
     schedule_gemm_mma(s, **SMALL)
-    k = _kernel(lower_passes(s.program, "cuda"))
-    shapes = {a.buffer.name: tuple(int(d.value) for d in a.buffer.shape) for a in walk(k.body)
-              if isinstance(a, Allocate) and a.buffer.scope == "shared"}
+    k, shapes = shared_tiles(lower_passes(s.program, "cuda"))
     assert shapes == {"A_shared": (64, 40), "B_shared": (32, 72)}
     assert k.pipeline_stages == 4 and len(k.pipelined) == 1
     assert len(k.mma_grids) == 1

@@ -32,7 +32,8 @@ import math
 
 from loopir import nodes as N
 from loopir.target import MMA_STAGES, padded_row
-from loopir.visit import Transformer, free_vars, loops_of, path_to, walk
+from loopir.subst import replace_buffers
+from loopir.visit import free_vars, loops_of, path_to, walk
 from schedules.primitives.tensorize import MMA_TF32, TensorizeError, mma_operands
 
 from .gpu_model import by_thread_depth
@@ -67,28 +68,8 @@ def _operands(k: N.Kernel, f: N.For):
         return None  # not the instruction's shape any more: the renderer reports it
 
 
-class _Swap(Transformer):
-    def __init__(self, new: dict[int, N.Buffer]):
-        self.new = new
-
-    def visit_Load(self, x: N.Load) -> N.Expr:
-        out = self.generic(x)
-        b = self.new.get(id(x.buffer))
-        return out if b is None else dataclasses.replace(out, buffer=b)
-
-    def visit_Store(self, x: N.Store) -> N.Stmt:
-        out = self.generic(x)
-        b = self.new.get(id(x.buffer))
-        return out if b is None else dataclasses.replace(out, buffer=b)
-
-    def visit_Allocate(self, x: N.Allocate) -> N.Stmt:
-        out = self.generic(x)
-        b = self.new.get(id(x.buffer))
-        return out if b is None else dataclasses.replace(out, buffer=b)
-
-
 def _pad(k: N.Kernel) -> N.Kernel:
-    new: dict[int, N.Buffer] = {}
+    new: dict[N.Buffer, N.Buffer] = {}
     for f in _mma_nests(k.body):
         ops = _operands(k, f)
         if ops is None:
@@ -96,14 +77,12 @@ def _pad(k: N.Kernel) -> N.Kernel:
         for ld in (ops.a, ops.b):
             b = ld.buffer
             row = getattr(b.shape[-1], "value", None)
-            if id(b) in new or not isinstance(row, int):
+            if b in new or not isinstance(row, int):
                 continue
             want = tf32_b_row(row) if ops.tf32 and ld is ops.b else padded_row(row, _itemsize(b))
             if want != row:
-                new[id(b)] = dataclasses.replace(b, shape=(*b.shape[:-1], N.const(want)))
-    if not new:
-        return k
-    return dataclasses.replace(k, body=_Swap(new).visit(k.body))
+                new[b] = dataclasses.replace(b, shape=(*b.shape[:-1], N.const(want)))
+    return dataclasses.replace(k, body=replace_buffers(k.body, new)) if new else k
 
 
 def _tf32(f: N.For) -> bool:

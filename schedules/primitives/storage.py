@@ -36,6 +36,7 @@ from loopir import poly
 from loopir.affine import const_diff, simplify
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.footprint import simplify_in_context
+from loopir.subst import replace_buffers
 from loopir.isl_conv import NonAffine, _conj, _exists, _Names, aff, loop_constraints, pw_bound
 from loopir.nodes import (SCOPES, Allocate, Binary, Buffer, Const, Expr, For, Load, Program, Stmt, Store, Var, binary,
                           const)
@@ -483,25 +484,7 @@ def set_scope(program: Program, stage: Any, scope: str) -> Program:
     if buf.scope == scope:
         return program
     new = dataclasses.replace(buf, scope=scope)
-    return _retarget_buffer(program, buf, new)
-
-
-def _retarget_buffer(program: Program, buf: Buffer, new: Buffer) -> Program:
-    class _T(Transformer):
-        def visit_Load(self, ld: Load) -> Expr:
-            ld2 = self.generic(ld)
-            return Load(new, ld2.indices) if ld2.buffer is buf else ld2
-
-        def visit_Store(self, st: Store) -> Stmt:
-            st2 = self.generic(st)
-            return dataclasses.replace(st2, buffer=new) if st2.buffer is buf else st2
-
-        def visit_Allocate(self, a: Allocate) -> Stmt:
-            body = self.visit(a.body)
-            return Allocate(new if a.buffer is buf else a.buffer, body)
-
-    return dataclasses.replace(program, body=_T().visit(program.body),
-                               temps=tuple(new if t is buf else t for t in program.temps))
+    return replace_buffers(program, {buf: new})
 
 
 # ----------------------------------------------------------------------------- legality
