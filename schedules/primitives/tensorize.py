@@ -145,8 +145,9 @@ def mma_operands(f: For, lanes: dict[Var, For], what: str = "tensorize", k_guard
     types = MMA_TYPES[kind]
     if a.buffer.dtype not in types or b.buffer.dtype != a.buffer.dtype:
         want = "both float16 or both bfloat16" if len(types) > 1 else f"both {types[0]}"
-        hint = {MMA_TF32: f"; float32 operands take {MMA_TF32!r}", "mma.m16n8k16": "; float16 / bfloat16 operands take "
-                "'mma.m16n8k16'"}[mma_kind("float32" if len(types) > 1 else "float16")]
+        other = mma_kind(a.buffer.dtype)  # the instruction for A's type, where one takes it
+        hint = (f"; {' / '.join(MMA_TYPES[other])} operands take {other!r}"
+                if other != kind and a.buffer.dtype in MMA_TYPES[other] else "")
         raise TensorizeError(f"{what}: operands {a.buffer.name!r} ({a.buffer.dtype}) and {b.buffer.name!r} "
                              f"({b.buffer.dtype}) of {kind} must be {want}{hint}")
     kx = MMA_SHAPES[kind][2]
