@@ -214,3 +214,75 @@ def test_gpu_without_fragment_reuse_matches_float64(monkeypatch) -> None:
     out = np.full((n, m), np.nan, np.float32)
     mod(a, b, bias, out)
     assert _rel(out, _ref(a, b, bias)) < 1e-5
+
+
+# ----------------------------------------------------------------------------- a program we did not write
+
+
+def _polybench_gemm(ni, nj, nk):
+    """PolyBench/C 4.2 `gemm`: C = alpha * A B + beta * C (alpha 1.5, beta 1.2 as its init_array), written to a
+    new array (te stages are pure)."""
+    a = te.placeholder((ni, nk), "float32", name="A")
+    b = te.placeholder((nk, nj), "float32", name="B")
+    c = te.placeholder((ni, nj), "float32", name="C")
+    k = te.reduce_axis(nk, "k")
+    ab = te.compute((ni, nj), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="ab")
+    out = te.compute((ni, nj), lambda i, j: 1.5 * ab[i, j] + 1.2 * c[i, j], name="out")
+    return [a, b, c, out], out
+
+
+def _polybench_ref(a, b, c):
+    return 1.5 * (a.astype(np.float64) @ b.astype(np.float64)) + 1.2 * c
+
+
+def test_polybench_gemm_takes_tf32x3_and_is_right_in_any_thread_order() -> None:
+    """Its rows and columns sized at run time, the reduction the SMALL dataset's: the lowered CUDA program in
+    adversarial thread order and the CPU build both match float64 at PolyBench's SMALL sizes (60 x 70 x 80)."""
+    from codegen import build
+    from codegen.passes import lower as lower_cuda
+
+    args, out = _polybench_gemm(te.var("NI"), te.var("NJ"), 80)
+    s = auto_schedule([out], "cuda")
+    assert "mma.sync m16n8k8 tf32" in s.plan.explain()
+    rng = np.random.default_rng()
+    a, b, c = (rng.standard_normal(sh).astype(np.float32) for sh in ((60, 80), (80, 70), (60, 70)))
+    ref = _polybench_ref(a, b, c)
+    got = np.full((60, 70), np.nan, np.float32)
+    interp.run(lower_cuda(s.program, "cuda"), a, b, c, got, gpu_order="reversed")
+    assert _rel(got, ref) < 1e-5
+    got = np.full((60, 70), np.nan, np.float32)
+    build([out], args, target="cpu")(a, b, c, got)
+    assert _rel(got, ref) < 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_polybench_gemm_medium_and_large_repeated() -> None:
+    """PolyBench's MEDIUM (200 x 220 x 240) and LARGE (1000 x 1100 x 1200) datasets at fixed sizes, each called three
+    times on fresh data into a NaN-poisoned output."""
+    from codegen import build
+
+    rng = np.random.default_rng()
+    for ni, nj, nk in ((200, 220, 240), (1000, 1100, 1200)):
+        args, out = _polybench_gemm(ni, nj, nk)
+        mod = build([out], args, target="cuda")
+        assert "m16n8k8.row.col.f32.tf32" in mod.source
+        for _ in range(3):
+            a, b, c = (rng.standard_normal(sh).astype(np.float32) for sh in ((ni, nk), (nk, nj), (ni, nj)))
+            got = np.full((ni, nj), np.nan, np.float32)
+            mod(a, b, c, got)
+            assert _rel(got, _polybench_ref(a, b, c)) < 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_tf32x3_repeated_calls_on_fresh_data() -> None:
+    """One symbolic module called five times (two sizes, fresh data each, the output poisoned with NaN first)."""
+    from codegen import build
+
+    wl = w.matmul_bias_relu(n=te.var("n"), m=te.var("m"), p=256, dtype="float32")
+    mod = build(list(wl.outputs), list(wl.args), target="cuda")
+    for i in range(5):
+        n, m = ((300, 200), (1000, 1000))[i % 2]
+        a, b, bias = _inputs(n, m, 256, seed=100 + i)
+        out = np.full((n, m), np.nan, np.float32)
+        mod(a, b, bias, out)
+        assert _rel(out, _ref(a, b, bias)) < 1e-5

@@ -198,7 +198,8 @@ def test_refuses_an_intrinsic_of_the_other_type(monkeypatch) -> None:
                                ("float16", "mma.m16n8k16.tf32x3", "float16 / bfloat16 operands take 'mma.m16n8k16'")]:
         s, _ = _sched(dtype=dtype)
         monkeypatch.setattr(gm, "mma_kind", lambda dt, wrong=wrong: wrong)
-        with pytest.raises(TensorizeError, match=f"of {wrong} must be both .*{hint}"):
+        named = fr"operands .A_shared. \({dtype}\) and .B_shared. \({dtype}\)"  # the offending tiles
+        with pytest.raises(TensorizeError, match=f"{named} of {wrong} must be both .*{hint}"):
             gm.schedule_gemm_mma(s, **SMALL)
 
 
