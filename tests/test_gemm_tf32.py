@@ -13,7 +13,7 @@ from codegen.passes import lower as lower_passes
 from loopir import interp, te
 from loopir import workloads as w
 from loopir.lower import lower
-from loopir.nodes import For
+from loopir.nodes import For, If, Var
 from loopir.visit import walk
 from schedules import Schedule, auto_schedule
 from schedules.primitives.tensorize import MMA_TF32, TensorizeError
@@ -286,3 +286,20 @@ def test_gpu_tf32x3_repeated_calls_on_fresh_data() -> None:
         out = np.full((n, m), np.nan, np.float32)
         mod(a, b, bias, out)
         assert _rel(out, _ref(a, b, bias)) < 1e-5
+
+
+def test_no_branch_splits_a_warp_around_its_tensor_core_instructions() -> None:
+    """PolyBench MEDIUM (200 x 220 x 240): the last column tile's lanes differ on `column + 25 < 220`, so a full-tile
+    version of the mma nest on that test would send lanes of one warp to different copies of `mma.sync.aligned`
+    (a hang on the H200). Every If around a tensorized loop tests no thread variable."""
+    from schedules.primitives.tensorize import is_tensorized
+
+    args, out = _polybench_gemm(200, 220, 240)
+    low = lower_passes(auto_schedule([out], "cuda").program, "cuda")
+    thread_vars = {f.var for f in walk(low.body) if isinstance(f, For) and f.kind == "thread"
+                   and (f.thread or "").startswith("threadIdx")}
+    ifs = [n for n in walk(low.body) if isinstance(n, If)
+           and any(is_tensorized(f) for f in walk(n) if isinstance(f, For))]
+    assert thread_vars and any(is_tensorized(f) for f in walk(low.body) if isinstance(f, For))
+    bad = [n.cond for n in ifs if any(v in thread_vars for v in walk(n.cond) if isinstance(v, Var))]
+    assert not bad, bad

@@ -90,7 +90,7 @@ def _go(s: N.Stmt, kern: N.Kernel | None, threads: frozenset[N.Var], rolled: set
         return s if b is s.body else N.Allocate(s.buffer, b)
     if isinstance(s, N.For):
         if kern is not None and s.kind in ("unroll", "vectorize"):
-            v = _version(s, rolled, serial)
+            v = _version(s, rolled, serial, threads)
             if v is not None:
                 return v
         if kern is not None and s.kind == "parallel" and s.var in kern.cooperative:
@@ -130,8 +130,14 @@ def _version_copy(nest: N.For, threads: frozenset[N.Var]) -> N.Stmt | None:
     return N.If(N.conjunction(checks), _drop_guards(nest, {id(inner)}), nest)
 
 
-def _version(nest: N.For, rolled: set[N.Var], serial: frozenset[N.Var] = frozenset()) -> N.Stmt | None:
+def _version(nest: N.For, rolled: set[N.Var], serial: frozenset[N.Var] = frozenset(),
+             threads: frozenset[N.Var] = frozenset()) -> N.Stmt | None:
     """If(worst-case guards, nest without its guards[, nest]) or None when the nest is not versionable.
+
+    A nest of warp-collective tensor-core instructions (a tensorized loop: `mma.sync.aligned`, `ldmatrix.sync.aligned`)
+    is not versioned on a test that names a thread variable: lanes of one warp could take different branches, each
+    issuing its own collective, which hangs the warp (PolyBench gemm 200 x 220 x 240 on TF32: the last column tile's
+    lanes split on `column + 25 < 220`). Both copies render the same instructions there (the tiles are zero-padded).
 
     The remainder copy is rolled (`_rolled`) when its condition names no serial loop around the nest, i.e. only
     edge blocks or threads take it; one that every block meets in a loop (the last k tile of a GEMM whose tile
@@ -165,6 +171,9 @@ def _version(nest: N.For, rolled: set[N.Var], serial: frozenset[N.Var] = frozens
             inner = inner or w is not term
             if w not in checks:  # structural equality: the tile's guards repeat per statement
                 checks.append(w)
+    if any(isinstance(f, N.For) and is_tensorized(f) for f in walk(nest)) and any(
+            isinstance(x, N.Var) and x in threads for c in checks for x in walk(c)):
+        return None
     fast = _drop_guards(nest, {id(g) for g in guards})
     if not inner:
         return N.If(N.conjunction(checks), fast, None)
