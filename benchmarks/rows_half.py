@@ -54,7 +54,7 @@ def case(name: str, m: int, n: int, dtype: str, reps: int, compile_torch: bool,
     params = [torch.randn(n, device="cuda", generator=g).to(tdt) for _ in wl.inputs[1:]]
     view = (lambda t: t.view(torch.uint16)) if dtype == "bfloat16" else (lambda t: t)
     row: dict[str, Any] = {"workload": name, "shape": f"{m}x{n}", "dtype": dtype}
-    nbytes = 2 * (2 * m * n + n * len(params))
+    nbytes = np.dtype("float32" if dtype == "float32" else "uint16").itemsize * (2 * m * n + n * len(params))
     row["floor_ms"] = nbytes / BW * 1e3
     fn = _torch_fn(name, x, params)
     row["eager_ms"] = _events_ms(fn, reps)

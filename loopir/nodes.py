@@ -386,6 +386,10 @@ class Kernel(Stmt):
     mma_grids: frozenset[Var] = frozenset()
     min_blocks: int = 0  # > 0: blocks per multiprocessor the register allocation must leave room for
     rolled: frozenset[Var] = frozenset()  # loops kept rolled (`#pragma unroll 1`): remainder copies of unrolled nests
+    # rows kept in registers (codegen.passes.registers): the register arrays' names, and those of them that hold a
+    # 16-bit row widened to float32 (their loads cast back exactly)
+    register_rows: frozenset[str] = frozenset()
+    widened: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -478,8 +478,16 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
             s.cache_row(c.tensor, blocks[-1])
     if g.strategy is not None and g.strategy.name == "block":  # very wide rows: more threads per row
         threads = max(threads, g.strategy.lanes)
+    registers = g.strategy is not None and g.strategy.registers
     for phase in _phases(s, blocks[-1].var):
-        if _is_reduction_loop(phase):
+        vl = _load_lanes(phase) if _is_reduction_loop(phase) else 0
+        if vl and registers and _is_const(phase.lo, 0) and multiple_of(simplify(phase.hi - phase.lo), vl):
+            # register rows: thread t's share is the 16-byte chunks t, t + T, ..., as in the copy and the epilogue
+            # below, so that each cached element has one owner thread (codegen.passes.registers)
+            kq, kv = s.split(phase.var, vl)
+            s.unroll(kv)
+            _bind_reduction(s, kq, threads)
+        elif vl or _is_reduction_loop(phase):
             _bind_reduction(s, phase.var, threads)
         else:
             while isinstance(phase.body, For) and _is_const(phase.hi - phase.lo, 1):

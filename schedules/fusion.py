@@ -700,7 +700,8 @@ class _Planner:
 
     def _plan_row_cache(self, g: FusionGroup) -> None:
         for p, ok, nbytes, why in R.plan_row_caches(g.stages, g.depth, lambda t: _effective_loads(t, self.inlined),
-                                                    self.ev, self.dev, self.given, self.row_params, g.strategy.lanes):
+                                                    self.ev, self.dev, self.given, self.row_params, g.strategy.lanes,
+                                                    g.strategy.registers):
             if ok:
                 g.caches.append(RowCache(p, "shared", nbytes))
             self._cache_note(g, p, ok, why)

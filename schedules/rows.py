@@ -47,6 +47,13 @@ MAX_LANES = 16
 # 2.8x faster than a block per row (e.g. softmax 65536x512 0.0794 -> 0.0449 ms, 131072x256 0.1317 -> 0.0470 ms),
 # and faster than 16 lanes per row at 512 and 1024 elements
 HALF_WARP_ROW_MAX = 1024
+# block rows of a constant length up to this get register rows (each thread its chunks t, t + T, ... in every
+# phase; a row cached for several phases lives in registers, codegen.passes.registers) with T threads so that a
+# thread holds at most REGISTER_ROW_ELEMENTS: H200, float16 softmax / RMSNorm / layer norm, hand kernels of that
+# form against the shared-row kernels (benchmarks/rows_half.py): 16384x4096 85-92% of the DRAM floor against 77-86%,
+# 8192x8192 91-94% against 74-80%, 10000x3000 85-88% against 67-75%
+REGISTER_ROW_MAX = 16384
+REGISTER_ROW_ELEMENTS = 32
 RED_SCRATCH_SLOTS = 32  # the block all-reduce's shared scratch: one slot per warp (codegen.cuda.reduce)
 
 
@@ -68,6 +75,7 @@ class RowParams:
     split_threads: int = 256
     warp_lanes: int = MAX_LANES  # most lanes per row of warp rows (2 to 32: 32 is a whole warp per row)
     warp_row_max: int = 0  # rows shorter than this get warp rows (0: shorter than the block's threads)
+    register_row_max: int = REGISTER_ROW_MAX  # constant rows up to this long: register rows (0: never)
     # a row cache above the static 48 KiB costs occupancy: it is kept only while the model below says the
     # kernel streams faster with it than re-reading the row (from L2 while the rows in flight fit its share)
     cache_max_bytes: int = 227 * 1024  # never cache a kernel's rows beyond this (48 KiB: static caches only)
@@ -116,6 +124,14 @@ class RowStrategy:
     why: str
     chunk: int = 0
     row_len: int = 0  # the row length it was chosen for (at the plan's sizes: a call-time class's upper bound)
+    registers: bool = False  # "block": every phase walks the row in 16-byte chunks per thread (register rows)
+
+
+def _pow2_ceil(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
 
 
 def _pow2_floor(n: int) -> int:
@@ -171,6 +187,15 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
                            f"{dev.sm_count} SMs); the fusions above are left apart: per reduction a partials "
                            "kernel (rfactor) and a combine kernel, the elementwise phases as flat kernels (the "
                            "prediction below is the fused kernel's, not the split's)", chunk, row_len)
+    if not symbolic and prm.register_row_max and row_len <= prm.register_row_max:
+        # register rows: every phase maps chunk c of 16 bytes to thread c mod T, so a cached row never crosses
+        # threads and lives in registers (codegen.passes.registers), at most REGISTER_ROW_ELEMENTS per thread
+        per_row = max(threads, min(1024, _pow2_ceil(-(-row_len // REGISTER_ROW_ELEMENTS))))
+        return RowStrategy("block", per_row, 1, f"{nums}: a block of {per_row} threads per row, each thread "
+                           f"taking the row's 16-byte chunks t, t + {per_row}, ... in every phase (at most "
+                           f"{-(-row_len // per_row)} elements): a row read by several phases stays in its threads' "
+                           f"registers, not in shared memory (rows up to {prm.register_row_max:,} "
+                           "elements; measured faster than a shared row)", row_len=row_len, registers=True)
     wide = row_len >= prm.wide_row
     per_row = prm.wide_threads if wide and threads < prm.wide_threads else threads
     why = f"{nums}: rows of {threads} elements or more get a block of {per_row} threads each"
@@ -256,13 +281,15 @@ def cache_worth(used: int, saved_reads: int, threads: int, dev: C.Device, prm: R
 
 def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], list[tuple[Tensor, tuple]]],
                     ev: dict, dev: C.Device, given: set[str], params: RowParams | None = None,
-                    threads: int = 128) -> list[tuple[Tensor, bool, int, str]]:
+                    threads: int = 128, registers: bool = False) -> list[tuple[Tensor, bool, int, str]]:
     """The rows a block-per-row kernel of `stages` (sharing `depth` outer loops; `loads(t)`: what t reads,
     producers inlined) keeps in shared memory: an input row read by several phases, while everything the
     kernel keeps there (these rows and the reduction scratch) fits one block's budget. A row of symbolic
     length is a candidate only when its sizes are `given` (the plan is for sizes up to those): it lives in
     dynamic shared memory sized per launch, and a launch whose row the device cannot hold is refused
-    (codegen.cuda.runtime.SharedMemoryError). Returns (tensor, kept, bytes, why) per candidate."""
+    (codegen.cuda.runtime.SharedMemoryError). `registers`: the kernel maps register rows (RowStrategy.registers),
+    so a kept row of constant length goes to its threads' registers where the lowering proves each element stays
+    with one thread (codegen.passes.registers). Returns (tensor, kept, bytes, why) per candidate."""
     readers: dict[int, tuple[Tensor, set[str]]] = {}
     ids = {id(t) for t in stages}
     for t in stages:
@@ -307,6 +334,11 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
         if name in kept:
             symbolic = any(isinstance(n, Var) for d in p.shape[depth:] for n in walk(d))
             at = " at the given sizes; symbolic: dynamic shared memory sized per launch" if symbolic else ""
+            if registers and not symbolic:
+                out.append((p, True, nbytes, f"its row ({C.fmt_bytes(nbytes)}) is read by {users_s}: loaded once per "
+                            f"row into its threads' registers ({-(-nbytes // C.itemsize(p.dtype) // threads)} "
+                            "elements each; the chunks each thread reads in every phase are the ones it loaded)"))
+                continue
             out.append((p, True, nbytes, f"its row ({C.fmt_bytes(nbytes)}{at}) is read by {users_s}; the kernel's "
                         f"shared memory ({C.fmt_bytes(used)} with {scratch} B of reduction scratch) fits the "
                         f"{C.fmt_bytes(budget)} per block (shared-memory budget){dyn}: "

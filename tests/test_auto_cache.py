@@ -167,6 +167,21 @@ def test_cache_read_golden_nest_numerics_and_cuda():
     s2.bind(s2.split(s2.loops("y")[-1], 32)[1], "threadIdx.x")
     _run(w, s2.program, {"m": 3})
     src = build(s2, list(w.args), target="cuda").source
+    # every phase maps element c to thread c mod 32 (the copy, both reductions, y): no thread reads what another
+    # copied, so the lowering keeps the row in each thread's registers (codegen.passes.registers), 2 per thread
+    assert "float x_shared_reg[2];  // local" in src and "__shared__ __align__(16) float x_shared" not in src
+    s3 = Schedule(list(w.outputs))  # the y phase in chunks of 2 elements per thread: the mappings differ, shared
+    s3.fuse(s3.loops("row_max")[0], s3.loops("row_sum")[0])
+    s3.fuse(s3.loops("row_max")[0], s3.loops("y")[0])
+    s3.bind(s3.loops("row_max")[0], "blockIdx.x")
+    s3.cache_read("x", "shared", s3.loops("row_max")[0])
+    _, c1 = s3.loops("x_shared")[-2:]
+    s3.bind(s3.split(c1, 32)[1], "threadIdx.x")
+    s3.bind_reduction(s3.loops("row_max")[-1], threads=32)
+    s3.bind_reduction(s3.loops("row_sum")[-1], threads=32)
+    s3.bind(s3.split(s3.split(s3.loops("y")[-1], 2)[0], 32)[1], "threadIdx.x")
+    _run(w, s3.program, {"m": 3})
+    src = build(s3, list(w.args), target="cuda").source
     assert re.search(r"__shared__ (__align__\(\d+\) )?float x_shared\[48\]", src) and "__syncthreads();" in src
 
 

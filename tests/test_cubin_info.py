@@ -25,11 +25,12 @@ def test_every_kernel_has_its_registers_and_shared_memory():
 
 
 def test_wide_blocks_carry_a_launch_bound_so_their_registers_fit():
-    # 512 threads per row (rows of 8192 and more): __launch_bounds__(512) keeps NVRTC at <= 128 registers
-    x = te.placeholder((1024, 8192), name="x")
-    k = te.reduce_axis(8192, "k")
+    # 512 threads per row (rows of 8192 and more, longer than register rows): __launch_bounds__(512) keeps NVRTC at
+    # <= 128 registers
+    x = te.placeholder((1024, 32768), name="x")
+    k = te.reduce_axis(32768, "k")
     s = te.compute((1024,), lambda i: te.sum(x[i, k] * x[i, k], axis=k), name="s")
-    y = te.compute((1024, 8192), lambda i, j: x[i, j] / s[i], name="y")
+    y = te.compute((1024, 32768), lambda i, j: x[i, j] / s[i], name="y")
     mod = build([y], [x, y], target="cuda")
     threads = {k.name: int(k.launch.block[0].value) * int(k.launch.block[1].value) * int(k.launch.block[2].value)
                for k in mod.gen.kernels}

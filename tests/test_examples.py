@@ -145,7 +145,8 @@ def test_cubin_resources_matches_the_launch_plan():
     assert set(cu.kernels) <= set(res)
     regs, shared = res[cu.kernels[0]]
     assert 0 < regs <= 255
-    assert shared >= 1000 * 4, "the row of 1000 float32 is cached in shared memory"
+    # the row of 1000 float32 is cached in its threads' registers (8 each), not shared memory (the reduction scratch)
+    assert shared < 1000 * 4 and "float x_shared_reg[8];" in cu.source
 
 
 @pytest.mark.gpu

@@ -210,8 +210,9 @@ def test_cuda_uses_16_byte_accesses(name: str, dt: str) -> None:
     mod = build(list(w.outputs), list(w.args), target="cuda")
     assert mod.cubin  # NVRTC compiled it (the bf16 / f16x2 conversions are PTX)
     src = mod.source
-    assert re.search(r"LOOPIR_LD4\(reinterpret_cast<const uint4\*>", src), "no 16-byte load"
-    assert re.search(r"LOOPIR_ST4\(reinterpret_cast<uint4\*>", src), "no 16-byte store"
+    # (rows kept in registers: each access tests its alignment, loopir_ld16 / loopir_st16)
+    assert re.search(r"LOOPIR_LD4\(reinterpret_cast<const uint4\*>|loopir_ld16<uint4>\(", src), "no 16-byte load"
+    assert re.search(r"LOOPIR_ST4\(reinterpret_cast<uint4\*>|loopir_st16<uint4>\(", src), "no 16-byte store"
     assert "float4" not in src.split('extern "C"', 1)[1]
     assert ("loopir_f2bf_x2" if dt == "bfloat16" else "loopir_f2h_x2") in src
     # the pointer alignment tests are computed once at the kernel's entry, not at each access

@@ -94,6 +94,11 @@ class _ExprEmitter:
 
     fast_exp = False  # float32 exp as ex2.approx: only where every output of the program is half (kernel.half_outputs)
 
+    def widened(self) -> frozenset[str]:
+        """The kernel's float32 register arrays that hold 16-bit values (N.Kernel.widened)."""
+        kern = getattr(self, "kern", None)
+        return kern.widened if kern is not None else frozenset()
+
     # ---------------------------------------------------------------- emission helpers
     def line(self, text: str) -> None:
         self.lines.append("  " * self.ind + text)
@@ -179,6 +184,8 @@ class _ExprEmitter:
             return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
         if isinstance(e, N.Cast):
             inner = self.expr(e.a)
+            if isinstance(e.a, N.Load) and e.a.buffer.name in self.widened():
+                return inner  # a 16-bit value held widened in a float register (codegen.passes.registers): exact
             if e.dtype in _ROUND:
                 self.uses_half = True
                 return f"{_ROUND[e.dtype]}((float)({inner}))"

@@ -30,6 +30,7 @@ from .mma import plan_mma
 from .packing import pack_panels
 from .pad import pad_reductions
 from .private import refuse_split_private
+from .registers import promote_register_rows
 from .shared import plan_dynamic_shared
 from .simplify_indices import simplify_indices
 from .staging import plan_staging
@@ -76,7 +77,8 @@ def _pipelines(assume: Assume | None = None) -> dict[str, tuple[Pass, ...]]:
             Pass("widen_accumulators", widen_accumulators),
             Pass("simplify_indices", simplify_indices), Pass("pad_reductions", pad_reductions),
             Pass("split_kernels", split_kernels),
-            Pass("plan_kernels", plan), Pass("place_barriers", place_barriers), Pass("plan_mma", plan_mma),
+            Pass("plan_kernels", plan), Pass("promote_register_rows", promote_register_rows),
+            Pass("place_barriers", place_barriers), Pass("plan_mma", plan_mma),
             Pass("plan_staging", plan_staging), Pass("widen_staged", widen_staged),
             Pass("skip_dead_tiles", skip_dead_tiles), Pass("version_full_tiles", version_full_tiles),
             Pass("plan_dynamic_shared", plan_dynamic_shared))

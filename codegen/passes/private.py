@@ -16,7 +16,7 @@ an allocation as one copy shared by the loops inside it, so it cannot see this; 
 from __future__ import annotations
 
 from loopir.errors import CudaCodegenError
-from loopir.nodes import Allocate, For, Program, Store
+from loopir.nodes import Allocate, For, Kernel, Program, Store
 from loopir.visit import walk
 
 __all__ = ["refuse_split_private"]
@@ -26,9 +26,12 @@ def refuse_split_private(program: Program) -> Program:
     """Refuse a non-shared allocation that encloses a threadIdx-bound loop writing its buffer.
 
     Formal condition: no Allocate A (scope != "shared") and For f inside A's body with f bound to
-    threadIdx.* such that a Store inside f writes A's buffer. The program is returned unchanged."""
+    threadIdx.* such that a Store inside f writes A's buffer, except the rows a kernel keeps in registers
+    (Kernel.register_rows: each element proven to stay with one thread, codegen.passes.registers; met when a
+    lowered program is lowered again). The program is returned unchanged."""
+    proven = {n for k in walk(program.body) if isinstance(k, Kernel) for n in k.register_rows}
     for a in walk(program.body):
-        if not isinstance(a, Allocate) or a.buffer.scope == "shared":
+        if not isinstance(a, Allocate) or a.buffer.scope == "shared" or a.buffer.name in proven:
             continue
         for f in walk(a.body):
             if not (isinstance(f, For) and f.kind == "thread" and (f.thread or "").startswith("threadIdx")):

@@ -1,0 +1,167 @@
+"""Register rows: block-per-row kernels whose every phase walks the row in the same 16-byte chunks per thread
+(schedules.rows, RowParams.register_row_max) keep a row that several phases read in their threads' registers
+instead of shared memory (codegen.passes.registers), proven per buffer: every access's element e has
+floor(e / W) mod T equal to its threadIdx.x. Checked here: the rendered kernels (no shared row, the 16-bit rows
+widened once), results against float64 on fresh data in adversarial thread orders of the lowered program and, on a
+GPU, of the module; the kernels whose mapping differs keep the shared row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codegen import build
+from codegen.passes import lower as lower_passes
+from codegen.passes.registers import MAX_SLOTS, promote_register_rows
+from loopir import blocks, interp
+from loopir import nodes as N
+from loopir import workloads as w
+from loopir.visit import walk
+from schedules import auto_schedule
+
+NO_REGISTERS = {"rows": {"register_row_max": 0}}
+
+
+def _kernel_text(wl, schedule=None) -> str:
+    src = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda", schedule=schedule).source
+    return src[src.index('extern "C"'):]
+
+
+def _reference(name: str, xs: list[np.ndarray], dtype: str) -> np.ndarray:
+    from loopir.workloads import LAYERNORM_EPS, RMSNORM_EPS
+
+    x, *p = (blocks.as_float64(a, dtype) for a in xs)
+    if name == "softmax":
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+    if name == "rmsnorm":
+        return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + RMSNORM_EPS) * p[0]
+    mu = x.mean(axis=1, keepdims=True)
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(axis=1, keepdims=True) + LAYERNORM_EPS) * p[0] + p[1]
+
+
+def _inputs(wl, m: int, n: int, dtype: str, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    shapes = [(m, n)] + [(n,)] * (len(wl.inputs) - 1)
+    return [blocks.as_dtype(rng.standard_normal(s) * 2, dtype) for s in shapes]
+
+
+TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+@pytest.mark.parametrize("name", ["softmax", "rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_cached_row_lives_in_registers(name, dtype):
+    src = _kernel_text(getattr(w, name)(m=64, n=4096, dtype=dtype))
+    assert "float x_shared_reg[32];  // local" in src  # 4096 / 128 threads: 32 elements per thread
+    assert "x_shared[" not in src and "__shared__ __align__" not in src  # no shared row left
+    if dtype != "float32":  # widened once at the copy: the phases read floats, no conversion or rounding back
+        assert "loopir_round_" not in src
+        assert "(loopir_h2f_lo(x_v.x)));  // x_shared" in src or "(loopir_bf2f_lo(x_v.x)));  // x_shared" in src
+    # whole chunks: no scalar copy of the computation; each global access tests its alignment (loopir_ld16 / st16)
+    assert "loopir_ld16<" in src and "loopir_st16<" in src and "} else {" not in src
+    # the user's switch keeps the shared row
+    assert "x_shared_reg" not in _kernel_text(getattr(w, name)(m=64, n=4096, dtype=dtype), NO_REGISTERS)
+
+
+def test_explain_names_register_rows_and_the_threads():
+    s = auto_schedule(list(w.softmax(m=4096, n=8192, dtype="float16").outputs), "cuda")
+    text = s.explain()
+    assert "registers" in text and "a block of 256 threads per row" in text  # 8192 elements: 32 per thread
+
+
+@pytest.mark.parametrize("name, n, dtype", [("softmax", 3000, "float16"), ("rmsnorm", 1000, "float32"),
+                                            ("layernorm", 2056, "bfloat16"), ("softmax", 4096, "float32")])
+def test_register_rows_match_float64_in_any_thread_order(name, n, dtype):
+    """Rows the threads do not tile (3000 = 375 chunks of 8 over 128 threads; 2056) included: the lowered program
+    (its register arrays private to each thread in the interpreter) in reversed, forward and shuffled order."""
+    m = 3
+    wl = getattr(w, name)(m=m, n=n, dtype=dtype)
+    s = auto_schedule(list(wl.outputs), "cuda")
+    low = lower_passes(s.program, "cuda")
+    regs = [a.buffer for a in walk(low.body) if isinstance(a, N.Allocate) and a.buffer.scope == "local"]
+    assert [b.name for b in regs] == ["x_shared_reg"] and regs[0].dtype == "float32"
+    xs = _inputs(wl, m, n, dtype, seed=n)
+    want = _reference(name, xs, dtype)
+    for order in ("reversed", "forward", 7):
+        got = blocks.as_dtype(np.full((m, n), np.nan), dtype)
+        interp.run(low, *xs, got, gpu_order=order)
+        err = np.abs(blocks.as_float64(got, dtype) - want).max() / np.abs(want).max()
+        assert err < TOL[dtype], f"gpu_order={order!r}: {err}"
+
+
+def test_a_row_whose_phases_map_differently_stays_shared():
+    """The pass proves ownership per buffer: with the reductions strided over the threads (element k to thread
+    k mod 128) and the copy chunked (k // 8 mod 128), a thread reads elements another wrote, so the row stays in
+    shared memory, and the result is still right."""
+    wl = w.softmax(m=2, n=2048, dtype="float32")
+    s = auto_schedule(list(wl.outputs), "cuda", rows={"register_row_max": 0})
+    low = lower_passes(s.program, "cuda")
+    assert promote_register_rows(low) is low
+    shared = [a.buffer.name for a in walk(low.body) if isinstance(a, N.Allocate) and a.buffer.scope == "shared"]
+    assert shared == ["x_shared"]
+    xs = _inputs(wl, 2, 2048, "float32", seed=3)
+    got = np.full((2, 2048), np.nan, np.float32)
+    interp.run(low, *xs, got, gpu_order="reversed")
+    assert np.abs(got - _reference("softmax", xs, "float32")).max() < 1e-6
+
+
+def test_rows_beyond_the_register_budget_and_symbolic_rows_stay_shared():
+    long = _kernel_text(w.rmsnorm(m=1024, n=32768, dtype="float16"))  # beyond REGISTER_ROW_MAX: a shared row
+    assert "x_shared_reg" not in long
+    from loopir import te
+
+    n = te.var("n")
+    sym = w.softmax(m=4096, n=n, dtype="float16")
+    src = build(list(sym.outputs), list(sym.inputs) + list(sym.outputs), target="cuda").source
+    assert "x_shared_reg" not in src  # a symbolic row: its length is not a register count
+    assert MAX_SLOTS >= 32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["softmax", "rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("n", [1000, 3000, 8192])
+def test_gpu_register_rows_match_float64(name, dtype, n):
+    m = 300
+    wl = getattr(w, name)(m=m, n=n, dtype=dtype)
+    mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
+    assert ("x_shared_reg" in mod.source) == (dtype == "float32" or n > 1024)  # 16-bit rows to 1024: warp rows
+    for seed in (1, 2):  # repeated calls on fresh data
+        xs = _inputs(wl, m, n, dtype, seed=seed)
+        got = blocks.as_dtype(np.full((m, n), np.nan), dtype)
+        mod(*xs, got)
+        want = _reference(name, xs, dtype)
+        err = np.abs(blocks.as_float64(got, dtype) - want).max() / np.abs(want).max()
+        assert err < TOL[dtype], (seed, err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["softmax", "layernorm"])
+@pytest.mark.parametrize("dtype, n", [("float32", 4096), ("float32", 3000), ("float16", 8192), ("bfloat16", 2056)])
+@pytest.mark.parametrize("offset", [0, 3])
+def test_gpu_register_rows_at_unaligned_addresses(name, dtype, n, offset):
+    """Operands 4 or 2 bytes past a 16-byte boundary: every 128-bit access takes its element-wise path. (300 rows:
+    fewer than 2 per SM of 8192 elements would be split over blocks.)"""
+    import torch
+    import torch.nn.functional as F
+
+    from loopir.workloads import LAYERNORM_EPS
+
+    m = 300
+    wl = getattr(w, name)(m=m, n=n, dtype=dtype)
+    tdt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(n + offset)
+    x = (torch.randn(m * n + offset, device="cuda", generator=g) * 3).to(tdt)[offset:].view(m, n)
+    params = [torch.randn(n + offset, device="cuda", generator=g).to(tdt)[offset:] for _ in wl.inputs[1:]]
+    out = torch.full((m * n + offset,), float("nan"), device="cuda", dtype=tdt)[offset:].view(m, n)
+    view = (lambda t: t.view(torch.uint16)) if dtype == "bfloat16" else (lambda t: t)
+    mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
+    assert "x_shared_reg" in mod.source
+    mod(view(x), *(view(p) for p in params), view(out))
+    torch.cuda.synchronize()
+    xd, pd = x.double(), [p.double() for p in params]
+    ref = torch.softmax(xd, -1) if name == "softmax" else F.layer_norm(xd, (n,), pd[0], pd[1], LAYERNORM_EPS)
+    assert not torch.isnan(out).any()
+    err = float((out.double() - ref).abs().max() / ref.abs().max())
+    assert err < TOL[dtype], err
