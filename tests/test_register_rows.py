@@ -64,6 +64,17 @@ def test_a_cached_row_lives_in_registers(name, dtype):
     assert "x_shared_reg" not in _kernel_text(getattr(w, name)(m=64, n=4096, dtype=dtype), NO_REGISTERS)
 
 
+def test_a_row_the_threads_do_not_tile_keeps_one_guarded_nest_per_phase():
+    """3000 = 375 chunks of 8 over 3 x 128 threads: no thread's chunks are all in range in the worst case, so no
+    full-tile copy (whose test would be the constant 383 < 375) is rendered beside the guarded nest."""
+    import re
+
+    src = _kernel_text(w.softmax(m=64, n=3000, dtype="float16"))
+    assert "float x_shared_reg[24];" in src
+    assert not re.search(r"if \(\(\d+ < \d+\)\)", src)
+    assert src.count("< 375)) {") == 4  # the copy, the two reductions' shares and the epilogue: one guard each
+
+
 def test_explain_names_register_rows_and_the_threads():
     s = auto_schedule(list(w.softmax(m=4096, n=8192, dtype="float16").outputs), "cuda")
     text = s.explain()

@@ -174,6 +174,8 @@ def _version(nest: N.For, rolled: set[N.Var], serial: frozenset[N.Var] = frozens
     if any(isinstance(f, N.For) and is_tensorized(f) for f in walk(nest)) and any(
             isinstance(x, N.Var) and x in threads for c in checks for x in walk(c)):
         return None
+    if any(_never(c) for c in checks):  # no instance takes the full tile (a row of 375 chunks over 3 x 128 threads)
+        return None
     fast = _drop_guards(nest, {id(g) for g in guards})
     if not inner:
         return N.If(N.conjunction(checks), fast, None)
@@ -186,6 +188,14 @@ def _version(nest: N.For, rolled: set[N.Var], serial: frozenset[N.Var] = frozens
         # cannot be rolled: every loop indexes the register tile)
         return nest
     return N.If(N.conjunction(checks), fast, _rolled(nest, rolled) if edge else nest)
+
+
+def _never(c: N.Expr) -> bool:
+    """c is a comparison of two integer constants that fails (a worst case no instance meets)."""
+    if not (isinstance(c, N.Compare) and isinstance(c.a, N.Const) and isinstance(c.b, N.Const)):
+        return False
+    a, b = c.a.value, c.b.value
+    return not {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b, "eq": a == b, "ne": a != b}[c.op]
 
 
 def _register_vars(nest: N.For) -> set[N.Var]:
