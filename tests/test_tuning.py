@@ -41,6 +41,10 @@ TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the thre
 def test_space_follows_the_plan():
     sm = space_for(list(workloads.softmax().outputs), "cuda", {"m": 8192, "n": 8192})
     assert {k.name for k in sm.knobs} == {"threads", "rows.wide_threads", "fuse"}
+    # fixed sizes: register rows (measured first), the shared row a candidate
+    fixed = space_for(list(workloads.softmax(m=8192, n=8192).outputs), "cuda")
+    assert "rows.register_row_max" in {k.name for k in fixed.knobs} and fixed.default["rows.register_row_max"] == 16384
+    assert options({**fixed.default, "rows.register_row_max": 0}, fixed.default)[0] == {"rows": {"register_row_max": 0}}
     # short rows: a block per row today, warp rows below a higher threshold (the knobs that change the plan only)
     short = space_for(list(workloads.softmax().outputs), "cuda", {"m": 65536, "n": 512})
     assert {k.name for k in short.knobs} == {"threads", "rows.warp_row_max", "rows.warp_lanes", "fuse"}

@@ -11,7 +11,8 @@ Which knobs exist depends on the fusion plan the rules make at the tuned sizes:
 | kernel (plan mapping)    | knobs                                                                  |
 |--------------------------|------------------------------------------------------------------------|
 | cuda flat (elementwise)  | threads, per_thread                                                    |
-| cuda row / warp / split  | threads, rows.wide_threads, rows.warp_lanes, rows.split_threads        |
+| cuda row / warp / split  | threads, rows.wide_threads, rows.warp_lanes, rows.split_threads,       |
+|                          | rows.register_row_max (register rows, or the row in shared memory)     |
 | cuda GEMM, half inputs   | gemm.mma.block, gemm.mma.warp, gemm.mma.k_tile (tensor cores, mma.sync: |
 |                          | chosen when not at their defaults), gemm.wgmma.block (2-d matmuls)     |
 | cuda GEMM, float32       | gemm.block, gemm.thread_tile, gemm.k_tile (the SIMT recipe's tiles; the |
@@ -41,7 +42,7 @@ from ..cost import H200, Device
 from ..fusion import THREADS, plan_fusion
 from ..recipes import MMA_TILES, WGMMA_TILES, gemm_params, gemm_resources
 from ..recipes.gemm_mma import mma_applicable
-from ..rows import RowParams
+from ..rows import REGISTER_ROW_MAX, RowParams
 from .record import Config, Knob, Space
 
 __all__ = ["space_for", "options", "check"]
@@ -109,6 +110,9 @@ def space_for(outputs: Tensor | list[Tensor], target: str = "cuda", sizes: dict[
             probe = 256 if rows.wide_threads != 256 else 1024
             if g.mapping == "row" and _changes(outs, sizes, plan, {"wide_threads": probe}, online):
                 add("rows.wide_threads", (256, 512, 1024), rows.wide_threads)
+            if g.mapping == "row" and g.strategy is not None and g.strategy.registers:
+                # register rows (measured faster on the H200's 4096- and 8192-element half rows) or the shared row
+                add("rows.register_row_max", (REGISTER_ROW_MAX, 0), rows.register_row_max)
             if g.mapping == "split":
                 add("rows.split_threads", (128, 256, 512, 1024), rows.split_threads)
             # rows a block each today that would take warp rows below a higher threshold: the threshold and the
