@@ -390,6 +390,8 @@ class Kernel(Stmt):
     # 16-bit row widened to float32 (their loads cast back exactly)
     register_rows: frozenset[str] = frozenset()
     widened: frozenset[str] = frozenset()
+    # temporaries whose every load reads a forwarded all-reduce total (codegen.passes.forwarded): never stored
+    forwarded: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -325,7 +325,8 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
                 val = f"{_FROM_FLOAT[st.buffer.dtype]}({val})"
             elif _CTYPE[st.value.dtype] != _CTYPE[st.buffer.dtype]:
                 val = f"({_STORAGE[st.buffer.dtype]})({val})"
-            self.line(f"{self.buf(st.buffer)}[{self.expr(flat)}] = {val};")
+            if st.buffer.name not in self.kern.forwarded:  # else read from registers only (passes.forwarded)
+                self.line(f"{self.buf(st.buffer)}[{self.expr(flat)}] = {val};")
             self._invalidate(st.buffer)
             if isinstance(st.value, N.Const) and st.buffer.dtype not in _FROM_FLOAT:
                 # a reduction's init (C[i] = identity): the cross-thread reduction right after it in this

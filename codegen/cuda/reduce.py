@@ -187,7 +187,8 @@ class _ReductionEmitter:
             # a small integer's total is narrowed (wraps): later statements may read it from this register
             self.line(f"const {ct} {total} = {_wrap(st.buffer.dtype, self.red_combine(op, cur, acc))};")
             val = f"{_FROM_FLOAT[st.buffer.dtype]}({total})" if st.buffer.dtype in _FROM_FLOAT else total
-            self.line(f"if ({'' if self.pred is None else self.pred + ' && '}threadIdx.x == 0) {ref} = {val};")
+            if st.buffer.name not in self.kern.forwarded:  # else every later read takes `total` (passes.forwarded)
+                self.line(f"if ({'' if self.pred is None else self.pred + ' && '}threadIdx.x == 0) {ref} = {val};")
             self._invalidate(st.buffer)
             self.forward[-1][key] = total
         # the barrier that makes the total visible to other threads is placed by codegen.passes.barriers

@@ -22,6 +22,7 @@ from .accumulate import widen_accumulators, widen_staged
 from .dead_tiles import skip_dead_tiles
 from .barriers import place_barriers
 from .bounds import prove_bounds
+from .forwarded import forward_row_totals
 from .full_tiles import version_full_tiles
 from .guards import tighten_guards
 from .kernels import split_kernels
@@ -78,6 +79,7 @@ def _pipelines(assume: Assume | None = None) -> dict[str, tuple[Pass, ...]]:
             Pass("simplify_indices", simplify_indices), Pass("pad_reductions", pad_reductions),
             Pass("split_kernels", split_kernels),
             Pass("plan_kernels", plan), Pass("promote_register_rows", promote_register_rows),
+            Pass("forward_row_totals", forward_row_totals),
             Pass("place_barriers", place_barriers), Pass("plan_mma", plan_mma),
             Pass("plan_staging", plan_staging), Pass("widen_staged", widen_staged),
             Pass("skip_dead_tiles", skip_dead_tiles), Pass("version_full_tiles", version_full_tiles),

@@ -111,6 +111,7 @@ def _met(r: _Req, points: list[float]) -> bool:
 class _Kernel:
     def __init__(self, program: N.Program, kernel: N.Kernel) -> None:
         self.nest = kernel.body
+        self.kern = kernel
         self.sub = dataclasses.replace(program, body=self.nest)
         self.b = _Builder(self.sub)
         self.model: KernelModel = kernel_model(kernel)
@@ -186,7 +187,7 @@ class _Kernel:
         st = acc.info.store
         out = []
         for buf, idx, what in _accessed(st):
-            if buf.scope == "local":
+            if buf.scope == "local" or buf.name in self.kern.forwarded:  # per thread, or read from registers only
                 continue
             is_self = buf is st.buffer and tuple(idx) == tuple(st.indices)
             if acc.role == "plain" or (acc.role == "final") == is_self:

@@ -209,6 +209,15 @@ def _try_width(a: N.Allocate, accs: list, threads: int, w: int, name: str) -> _P
     return _Plan(reg, slots, unroll)
 
 
+def _without_barriers(s: N.Stmt) -> N.Stmt:
+    class _Drop(Transformer):
+        def visit_Seq(self, q: N.Seq) -> N.Stmt:
+            kids = tuple(self.visit(c) for c in q.body if not isinstance(c, N.Barrier))
+            return q if len(kids) == len(q.body) and all(a is b for a, b in zip(kids, q.body)) else N.Seq(kids)
+
+    return _Drop().visit(s)
+
+
 class _Rewrite(Transformer):
     """a's buffer -> the plan's register array (slots in loop variables); the slot loops unrolled."""
 
@@ -217,7 +226,9 @@ class _Rewrite(Transformer):
 
     def visit_Allocate(self, s: N.Allocate) -> N.Stmt:
         if s is self.a:
-            return N.Allocate(self.plan.buffer, self.visit(s.body))
+            # the barriers the schedule put after the row's copy (cache_read) ordered the shared row: dropped, and
+            # place_barriers, later in the pipeline and exact, puts back every one something else needs
+            return N.Allocate(self.plan.buffer, _without_barriers(self.visit(s.body)))
         return self.generic(s)
 
     def visit_For(self, f: N.For) -> N.Stmt:
