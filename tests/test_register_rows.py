@@ -176,3 +176,32 @@ def test_gpu_register_rows_at_unaligned_addresses(name, dtype, n, offset):
     assert not torch.isnan(out).any()
     err = float((out.double() - ref).abs().max() / ref.abs().max())
     assert err < TOL[dtype], err
+
+
+def test_two_cached_rows_over_the_register_budget_one_stays_shared():
+    """x + p cached for a layer norm of 4096-element rows: 32 registers a row, the kernel's budget (MAX_SLOTS) holds
+    one; the other stays in shared memory. Both are walked in the same chunks per thread, so no thread reads what
+    another copied: place_barriers (run after the promotion dropped the copies' barriers) needs none, and the
+    lowered program is right in every thread order."""
+    from loopir import te
+
+    L = 4096
+    n = te.var("n")
+    x, p = te.placeholder((n, L), name="x"), te.placeholder((n, L), name="p")
+    h = te.compute((n, L), lambda i, j: x[i, j] + p[i, j], name="h")
+    k, k2 = te.reduce_axis(L, "k"), te.reduce_axis(L, "k2")
+    mu = te.compute((n,), lambda i: te.sum(h[i, k] / float(L), axis=k), name="mu")
+    var = te.compute((n,), lambda i: te.sum((h[i, k2] - mu[i]) * (h[i, k2] - mu[i]) / float(L), axis=k2),
+                     name="var")
+    y = te.compute((n, L), lambda i, j: (h[i, j] - mu[i]) * te.rsqrt(var[i] + 1e-5), name="y")
+    low = lower_passes(auto_schedule([y], "cuda", sizes={"n": 4096}).program, "cuda")
+    scopes = sorted(a.buffer.scope for a in walk(low.body) if isinstance(a, N.Allocate))
+    assert scopes == ["local", "shared"] and not any(isinstance(b, N.Barrier) for b in walk(low.body))
+    rng = np.random.default_rng(11)
+    xa, pa = (rng.standard_normal((3, L)).astype(np.float32) for _ in range(2))
+    h64 = xa.astype(np.float64) + pa
+    want = (h64 - h64.mean(1, keepdims=True)) / np.sqrt(h64.var(1, keepdims=True) + 1e-5)
+    for order in ("reversed", "forward", 5):
+        got = np.full((3, L), np.nan, np.float32)
+        interp.run(low, xa, pa, got, gpu_order=order, sizes={"n": 3})
+        assert np.abs(got - want).max() < 1e-5, order

@@ -115,16 +115,30 @@ class _Check:
             self.ok = False
 
     def reduction(self, f: N.For, scopes: list[set], inits: list[dict]) -> None:
-        reds = [st for st in reduction_stores(f) if reduction_parts(st) is not None]
-        mine = [st for st in reds if st.buffer.name == self.name]
-        others = {id(st) for st in reds}
-        for n in walk(f.body):  # the loads of the shares (another total read inside: forwarded from outside)
-            if isinstance(n, N.Store):
-                if n.buffer.name == self.name and id(n) not in others:
-                    self.ok = False
-                _, e = reduction_parts(n) or (None, n.value)
-                self.loads(e, subst_coords(n), [*scopes, set()])
-        for st in mine:
+        reds = {id(st): st for st in reduction_stores(f) if reduction_parts(st) is not None}
+        inner = [*scopes, set()]  # the shares: another total read inside comes from outside the loop
+
+        def share(s: N.Stmt) -> None:
+            for n in walk(s):
+                if isinstance(n, N.If):
+                    self.loads(n.cond, {}, inner)
+                elif isinstance(n, N.For):
+                    self.loads(n.lo, {}, inner)
+                    self.loads(n.hi, {}, inner)
+                elif isinstance(n, N.Store):
+                    sub = subst_coords(n)
+                    if id(n) in reds:  # C = C op e: its own C is the all-reduce's, e is a share
+                        self.loads(reduction_parts(n)[1], sub, inner)  # type: ignore[index]
+                    else:
+                        self.ok = self.ok and n.buffer.name != self.name
+                        self.loads(n.value, sub, inner)
+                    for i in n.indices:
+                        self.loads(i, sub, inner)
+
+        share(f.body)
+        for st in reds.values():
+            if st.buffer.name != self.name:
+                continue
             at = self.key(st.buffer, tuple(substitute(i, subst_coords(st)) for i in st.indices))
             if not inits[-1].get(at):
                 self.ok = False  # the total's start read from memory: the init must be this scope's constant
