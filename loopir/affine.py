@@ -24,7 +24,7 @@ from .nodes import Binary, Cast, Const, Expr, Unary, Var, binary, const
 from .visit import walk
 
 __all__ = ["access_pattern", "const_diff", "eval_index", "linear_form", "linear_in", "multiple_of", "polynomial",
-           "row_major", "mixed_radix", "wrapped_digits",
+           "row_major", "mixed_radix", "wrapped_digits", "term_range",
            "fold_divmod", "same_value", "simplify", "ceil_div", "simplify_affine", "simplify_divmod"]
 
 
@@ -424,7 +424,7 @@ def _flatten(e: Expr, op: str) -> list[Expr]:
 # ----------------------------------------------------------------------------- div / mod by known ranges
 
 
-def _term_range(terms: list[tuple[Expr, int]], c: int,
+def term_range(terms: list[tuple[Expr, int]], c: int,
                 ranges: Mapping[Var, tuple[int, int]]) -> tuple[int, int] | None:
     """[min, max] of sum(k * atom) + c when every atom is a Var with a known inclusive range."""
     lo = hi = c
@@ -451,7 +451,7 @@ def simplify_divmod(e: Expr, ranges: Mapping[Var, tuple[int, int]]) -> Expr:
                 terms, c = lin
                 q_terms = [(t, k // d) for t, k in terms if k % d == 0]
                 r_terms = [(t, k) for t, k in terms if k % d != 0]
-                r_range = _term_range(r_terms, c % d, ranges)
+                r_range = term_range(r_terms, c % d, ranges)
                 if r_range is not None and 0 <= r_range[0] and r_range[1] < d:
                     if e.op == "floordiv":
                         return _rebuild(q_terms, c // d, e.dtype)

@@ -480,15 +480,14 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
         threads = max(threads, g.strategy.lanes)
     registers = g.strategy is not None and g.strategy.registers
     for phase in _phases(s, blocks[-1].var):
-        vl = _load_lanes(phase) if _is_reduction_loop(phase) else 0
-        if vl and registers and _is_const(phase.lo, 0) and multiple_of(simplify(phase.hi - phase.lo), vl):
-            # register rows: thread t's share is the 16-byte chunks t, t + T, ..., as in the copy and the epilogue
-            # below, so that each cached element has one owner thread (codegen.passes.registers)
-            kq, kv = s.split(phase.var, vl)
-            s.unroll(kv)
-            _bind_reduction(s, kq, threads)
-        elif vl or _is_reduction_loop(phase):
-            _bind_reduction(s, phase.var, threads)
+        if _is_reduction_loop(phase):
+            vl = _load_lanes(phase) if registers else 0
+            if vl and _is_const(phase.lo, 0) and multiple_of(simplify(phase.hi - phase.lo), vl):
+                # register rows: thread t's share is the 16-byte chunks t, t + T, ..., as in the copy and the
+                # epilogue below, so that each cached element has one owner thread (codegen.passes.registers)
+                _bind_chunks(s, phase.var, vl, threads)
+            else:
+                _bind_reduction(s, phase.var, threads)
         else:
             while isinstance(phase.body, For) and _is_const(phase.hi - phase.lo, 1):
                 phase = phase.body  # e.g. the row copy of cache_read: for c0 in 0..1: for c1 in 0..n
@@ -513,6 +512,14 @@ def _bind_reduction(s: Schedule, loop: Any, threads: int) -> None:
     """`bind_reduction(loop, threads=threads)`, the thread's share unrolled by SYMBOLIC_SHARE_UNROLL where its
     trip count is not a constant (NVCC unrolled such a loop by 4, one predicated load per iteration)."""
     _unroll_symbolic(s, s.bind_reduction(loop, threads=threads)[1], SYMBOLIC_SHARE_UNROLL)
+
+
+def _bind_chunks(s: Schedule, loop: Any, lanes: int, threads: int) -> None:
+    """A reduction loop `split` into 16-byte chunks of `lanes` elements (the chunk unrolled: one 128-bit load in the
+    renderer), the chunks `bind_reduction`ed over `threads` (thread t: chunks t, t + threads, ...)."""
+    kq, kv = s.split(loop, lanes)
+    s.unroll(kv)
+    _bind_reduction(s, kq, threads)
 
 
 def _unroll_symbolic(s: Schedule, loop: Any, by: int) -> None:
@@ -582,9 +589,7 @@ def _map_warp_rows(s: Schedule, g: FusionGroup, row: Any) -> None:
                 # each lane's share in 16-byte chunks: the unrolled chunk is one 128-bit load (the renderer's
                 # vector reads), where 8 scalar 2-byte loads per chunk left the 16-bit rows issue-bound (ncu,
                 # H200, softmax 65536 x 768 float16: SM 79%, DRAM 56%)
-                kq, kv = s.split(phase.var, vl)
-                s.unroll(kv)
-                _bind_reduction(s, kq, st.lanes)
+                _bind_chunks(s, phase.var, vl, st.lanes)
             else:
                 _bind_reduction(s, phase.var, st.lanes)
             continue

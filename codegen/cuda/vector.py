@@ -142,8 +142,8 @@ class _VectorEmitter:
         v = f.var
         lanes = f.hi.value  # type: ignore[attr-defined]
         names = ", ".join(st.name for st in stores)
-        per_access = (bool(self.kern.register_rows) and last is None
-                      and not any(b.scope == "shared" for b in self._vector_buffers(stores, vec_loads)))
+        buffers = [st.buffer for st in stores] + [ld.buffer for ld, _ in vec_loads]
+        per_access = bool(self.kern.register_rows) and last is None and all(b.scope != "shared" for b in buffers)
         cond = " && ".join(dict.fromkeys(([last] if last else []) + ([] if per_access else checks)))
         self.vec_ok = " && ".join(dict.fromkeys(checks)) if per_access and checks else None
         if cond:
@@ -169,10 +169,6 @@ class _VectorEmitter:
             self.ind -= 1
             self.line("}")
         return True
-
-    @staticmethod
-    def _vector_buffers(stores: list, vec_loads: list) -> list[N.Buffer]:
-        return [st.buffer for st in stores] + [ld.buffer for ld, _ in vec_loads]
 
     def _store16(self, b: N.Buffer, at: str, value: str, vt: str, note: str = "") -> None:
         """`value` (a float4 / uint4) stored at element `at` of `b`: 128-bit (streaming per LOOPIR_ST4 for global

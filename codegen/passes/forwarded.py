@@ -21,11 +21,10 @@ from __future__ import annotations
 import dataclasses
 
 from loopir import nodes as N
-from loopir.affine import simplify
+from loopir.affine import row_major, simplify
 from loopir.gpu import reduction_parts, reduction_stores
 from loopir.visit import Transformer, subst_coords, substitute, walk
 
-from .registers import _flat
 
 __all__ = ["forward_row_totals"]
 
@@ -69,7 +68,7 @@ class _Check:
         return self.ok
 
     def key(self, b: N.Buffer, idx: tuple[N.Expr, ...]) -> N.Expr:
-        return simplify(_flat(b, idx))
+        return simplify(row_major(b.shape, idx))
 
     def loads(self, e: N.Expr, sub: dict, scopes: list[set]) -> None:
         for n in walk(e):

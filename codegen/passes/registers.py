@@ -23,8 +23,9 @@ from __future__ import annotations
 import dataclasses
 
 from loopir import nodes as N
-from loopir.affine import linear_form, simplify_divmod
-from loopir.visit import Transformer, subst_coords, substitute, walk
+from loopir.affine import linear_form, row_major, simplify_divmod, term_range
+from loopir.names import fresh
+from loopir.visit import Transformer, statements, subst_coords, substitute, walk
 
 MAX_SLOTS = 32  # registers per thread a kernel's promoted rows may take (32-bit each; a launch bound leaves 64)
 THREADS_PER_SM = 2048
@@ -50,16 +51,17 @@ class _Kernels(Transformer):
         threads = int(block[0])
         body, widened, promoted = k.body, set(k.widened), set(k.register_rows)
         dyn = {b.name for b, _ in k.dynamic_shared if b is not None}
-        names = {b.name for n in walk(k.body) for b in _buffers(n)}
+        names = {n.buffer.name for n in walk(k.body) if isinstance(n, (N.Allocate, N.Load, N.Store))}
         todo = [n.buffer.name for n in walk(k.body) if isinstance(n, N.Allocate) and n.buffer.scope == "shared"
                 and n.buffer.name not in dyn and all(isinstance(d, N.Const) for d in n.buffer.shape)]
         used = 0
         for name in todo:  # one buffer at a time, each planned on the body the previous rewrites left
             a = next(n for n in walk(body) if isinstance(n, N.Allocate) and n.buffer.name == name)
-            plan = _plan(a, threads, k, _fresh(f"{name}_reg", names))
+            plan = _plan(a, threads, k, fresh(f"{name}_reg", set(names)))
             if plan is None or used + plan.slots_used > MAX_SLOTS:  # the kernel's register budget for rows
                 continue
             used += plan.slots_used
+            names.add(plan.buffer.name)
             promoted.add(plan.buffer.name)
             names.add(plan.buffer.name)
             body = _Rewrite(a, plan).visit(body)
@@ -75,19 +77,6 @@ class _Kernels(Transformer):
                                    min_blocks=min_blocks)
 
 
-def _buffers(n: N.Node) -> list[N.Buffer]:
-    if isinstance(n, (N.Allocate, N.Store, N.Load)):
-        return [n.buffer]
-    return []
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, k = base, 1
-    while name in taken:
-        name, k = f"{base}{k}", k + 1
-    return name
-
-
 @dataclasses.dataclass
 class _Plan:
     buffer: N.Buffer  # the per-thread register array
@@ -99,45 +88,24 @@ class _Plan:
         return int(self.buffer.shape[0].value)  # type: ignore[attr-defined]
 
 
-def _flat(b: N.Buffer, idx: tuple[N.Expr, ...]) -> N.Expr:
-    e: N.Expr = idx[0]
-    for d, i in zip(b.shape[1:], idx[1:]):
-        e = N.binary("add", N.binary("mul", e, d), i)
-    return e
-
-
-def _accesses(a: N.Allocate) -> list[tuple[tuple[int, int], N.Expr, list[N.For]]] | None:
+def _accesses(a: N.Allocate) -> list[tuple[tuple[int, int], N.Expr, tuple[N.For, ...]]] | None:
     """((id(store), id(access node)), flat element in loop variables, enclosing loops) of every access of a's
     buffer in its body, or None where one is not a Store's target or a load in a Store's value (a guard reading
     the row)."""
     b, out = a.buffer, []
-
-    def go(s: N.Stmt, loops: list[N.For]) -> None:
-        if isinstance(s, N.Store):
-            sub = subst_coords(s)
-            if s.buffer is b:
-                out.append(((id(s), id(s)), _flat(b, tuple(substitute(i, sub) for i in s.indices)), loops))
-            for ld in walk(s.value):
-                if isinstance(ld, N.Load) and ld.buffer is b:
-                    out.append(((id(s), id(ld)), _flat(b, tuple(substitute(i, sub) for i in ld.indices)), loops))
-        elif isinstance(s, N.For):
-            go(s.body, [*loops, s])
-        elif isinstance(s, N.Seq):
-            for x in s.body:
-                go(x, loops)
-        elif isinstance(s, N.If):
-            go(s.then, loops)
-            if s.orelse is not None:
-                go(s.orelse, loops)
-        elif isinstance(s, (N.Allocate, N.Kernel)):
-            go(s.body, loops)
-
-    go(a.body, [])
-    seen = sum(1 for n in walk(a.body) if (isinstance(n, N.Load) or isinstance(n, N.Store)) and n.buffer is b)
+    for ctx in statements(a.body):
+        s, sub = ctx.store, subst_coords(ctx.store)
+        if s.buffer is b:
+            out.append(((id(s), id(s)), row_major(b.shape, tuple(substitute(i, sub) for i in s.indices)), ctx.loops))
+        for ld in walk(s.value):
+            if isinstance(ld, N.Load) and ld.buffer is b:
+                at = row_major(b.shape, tuple(substitute(i, sub) for i in ld.indices))
+                out.append(((id(s), id(ld)), at, ctx.loops))
+    seen = sum(1 for n in walk(a.body) if isinstance(n, (N.Load, N.Store)) and n.buffer is b)
     return out if seen == len(out) else None
 
 
-def _ranges(loops: list[N.For]) -> Ranges | None:
+def _ranges(loops: tuple[N.For, ...]) -> Ranges | None:
     out: Ranges = {}
     for f in loops:
         if not (isinstance(f.lo, N.Const) and isinstance(f.hi, N.Const)) or f.hi.value <= f.lo.value:
@@ -190,17 +158,11 @@ def _try_width(a: N.Allocate, accs: list, threads: int, w: int, name: str) -> _P
         lin = linear_form(slot)
         if not _divmod_free(slot) or lin is None or tx in lin:
             return None
-        lo = hi = lin.get(1, 0)
-        for v, c in lin.items():
-            if v == 1:
-                continue
-            if v not in rng:
-                return None
-            lo, hi = lo + min(c * rng[v][0], c * rng[v][1]), hi + max(c * rng[v][0], c * rng[v][1])
-            unroll.add(v)
-        if lo < 0:
+        span = term_range([(v, c) for v, c in lin.items() if v != 1], lin.get(1, 0), rng)
+        if span is None or span[0] < 0:
             return None
-        top = max(top, hi + 1)
+        unroll |= {v for v in lin if v != 1}
+        top = max(top, span[1] + 1)
         slots[key] = slot
     if top > MAX_SLOTS:
         return None
