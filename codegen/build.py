@@ -338,12 +338,13 @@ def _schedule_options(schedule: Any, tensors: bool, what: str) -> dict[str, Any]
 # the auto_schedule keywords `build(schedule=...)` passes on: all but what build itself decides (the outputs, the
 # target, the sizes it pins, checking) and a whole fusion plan
 SCHEDULE_OPTIONS = tuple(p for p in inspect.signature(auto_schedule).parameters
-                         if p not in ("outputs", "target", "sizes", "plan", "check"))
+                         if p not in ("outputs", "target", "sizes", "plan", "check", "bounds"))
 
 
-def _schedule(outs: list[Any], target: str, sizes: dict[Var, int] | None = None,
-              options: dict[str, Any] | None = None) -> tuple[Program, str | None]:
-    """auto_schedule's program for `outs` and its trace (JSON for Schedule.replay; None for a te.extern graph)."""
+def _schedule(outs: list[Any], target: str, sizes: dict[Var, int] | None = None, options: dict[str, Any] | None = None,
+              bounds: dict[Var, int] | None = None) -> tuple[Program, str | None]:
+    """auto_schedule's program for `outs` and its trace (JSON for Schedule.replay; None for a te.extern graph);
+    `bounds`: upper bounds of sizes every call meets (a specialization key's row classes)."""
     ext = [t.name for t in stages_of(outs) if stage_call(getattr(t.op, "body", None)) is not None]
     if ext and target == "cuda":
         raise CudaCodegenError(f"build: the graph has the te.extern stage {ext[0]!r}, which auto_schedule does not "
@@ -351,7 +352,7 @@ def _schedule(outs: list[Any], target: str, sizes: dict[Var, int] | None = None,
                                "bind their loops) and build that Schedule")
     if ext:
         return Schedule(outs).program, None  # a te.extern stage is opaque to auto_schedule: runs as lowered
-    s = auto_schedule(outs, target=target, sizes=sizes, **(options or {}))
+    s = auto_schedule(outs, target=target, sizes=sizes, bounds=bounds, **(options or {}))
     return s.program, s.trace_json()
 
 
@@ -461,7 +462,7 @@ def _specialize_te(mod: Module, outs: list[Any], args: Sequence[Any] | None, tar
             new = substitute_sizes(outs, sub) if sub else {}
             outs2 = [new.get(t, t) for t in outs]
             options = hit[0] if hit is not None else sched
-            prog = with_args(_schedule(outs2, target, hint or None, options)[0],
+            prog = with_args(_schedule(outs2, target, hint or None, options, bounds=hint or None)[0],
                              _map_args(args, new) if new else args)
             m = _compile(prog, target, opts, assume=Assume(index_int32=key.int32))
         if hit is not None and isinstance(m, Module):

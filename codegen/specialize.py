@@ -13,9 +13,11 @@ likewise, `*` otherwise;
 on CUDA whether every buffer's padded reach (launch.padded_reach: its flat index with every index SLACK past
 its dimension's end) stays below 2**31 at these sizes (the variant is lowered with `Assume(index_int32=True)`:
 32-bit index arithmetic);
-and for each size a row length depends on (the bounds of a reduction) a coarse class, <= 2**10, 2**12, 2**13,
-2**16 or larger, whose upper bound is handed to `auto_schedule(sizes=...)` (a plan for rows <= S is
-correct for every row <= S). A key that asks for nothing is the generic module itself.
+and for each size a row length depends on (the bounds of a reduction) a coarse class, <= 127, 2**10, 2**12, 2**13,
+2**14, 2**16 or larger, whose upper bound is handed to `auto_schedule(sizes=..., bounds=...)`: the cost model
+plans at it, and the variant's program assumes it (`Schedule.assume`, checked at each call: a plan for rows <= S
+runs only rows <= S), so that a row's chunk loops get constant trip counts (register rows). A key that asks for
+nothing is the generic module itself.
 
 A variant is built on first use (under a lock: two threads never build one key twice) and kept in
 memory; the build cache (codegen/build_cache.py) stores each variant as a sub-entry, so a later process
@@ -42,10 +44,11 @@ from .passes.launch import padded_reach
 
 # upper bounds of the row-length classes; above the last: unbounded. 127: rows shorter than a block of 128
 # threads, which the planner maps as warp rows (schedules/rows.py). 2**12 apart from 2**13: a class is planned at
-# its bound, and rows planned at 8192 get 512 threads (rows.WIDE_ROW), which a row of 2048 or 4096 leaves with one
-# 16-byte load per thread and a quarter of the blocks per SM (H200, symbolic 16384 x 2048: 0.46-0.65x the time
-# with 128 threads; 8192 itself keeps 512: 128 measured 1.08-1.39x slower there)
-ROW_CLASSES = (127, 2**10, 2**12, 2**13, 2**16)
+# its bound, and rows planned at 8192 get more threads, which a row of 2048 or 4096 leaves with one 16-byte load
+# per thread and a quarter of the blocks per SM (H200, symbolic 16384 x 2048: 0.46-0.65x the time with 128 threads
+# than with 512). A class's bound is also assumed (every call of its variant meets it), so rows up to
+# rows.REGISTER_ROW_MAX (2**14) are register rows, their chunk loops padded to the bound's trip counts
+ROW_CLASSES = (127, 2**10, 2**12, 2**13, 2**14, 2**16)
 _DIV_WHY = {"1": "is 1 -> scheduled with the constant 1 (loops over it vanish)",
             "%16": "divisible by 16 -> scheduled with {v} = 16*{v}16 (vector lanes along it provably whole)",
             "%8": "divisible by 8, not 16 -> scheduled with {v} = 8*{v}8 (16-byte half lanes along it provably whole)",
@@ -192,7 +195,8 @@ class Specializer:
                          "  64-bit indices")
         for name, b in key.rows:
             v = next(x for x in self.vars if x.name == name)
-            lines.append(f"  {name}={sizes.get(v)}: row length <= {b} -> planned with {name}={b}" if b else
+            lines.append(f"  {name}={sizes.get(v)}: row length <= {b} -> planned with {name}={b}, which the variant "
+                         "assumes (checked at each call)" if b else
                          f"  {name}={sizes.get(v)}: row length > {ROW_CLASSES[-1]} -> planned for any length")
         if key in self.failed:
             lines.append(f"  variant could not be built ({self.failed[key]}); ran the generic module")

@@ -278,7 +278,21 @@ def bind_shapes(
                 f"size variable {v.name!r} of program {program.name!r} appears in no argument's shape; "
                 "pass it explicitly"
             )
+    for cond in program.assume:
+        _check_assumed(program, cond, env)
     return env
+
+
+def _check_assumed(program: Program, cond: Expr, env: dict[Var, int]) -> None:
+    """A call's sizes meet a condition the program's schedule relies on (Schedule.assume), else ArgumentError."""
+    try:
+        ok = bool(eval_expr(cond, env))
+    except ValueError:
+        ok = False
+    if not ok:
+        at = ", ".join(f"{v.name}={env[v]}" for v in _vars(cond) if v in env)
+        raise ArgumentError(f"program {program.name!r} assumes {expr_str(cond)} (its schedule relies on it), but "
+                            f"the call has {at}")
 
 
 def _param_named(program: Program, name: object) -> Var:

@@ -10,7 +10,7 @@
             | Kernel(name, body, grid, block, index_dtype, guarded, reductions, cooperative, pipelined,
                      single_thread, subwarp, dynamic_shared, pipeline_stages, mma_grids, min_blocks)
                                                         (lowered programs only, made by codegen.passes)
-    Program(name, args, temps, params, body)
+    Program(name, args, temps, params, body, assume)
 
 A `Store` is a *statement*: its `indices` and `value` are written in its original
 iteration variables `iters`; `coords[k]` gives `iters[k]` as an affine function of the
@@ -397,13 +397,15 @@ class Kernel(Stmt):
 @dataclass(frozen=True, slots=True)
 class Program(Node):
     """A whole program: `args` in call order, `temps` are global intermediates,
-    `params` the symbolic sizes."""
+    `params` the symbolic sizes, `assume` conditions on those sizes that every call must meet (the
+    schedule relies on them, e.g. `n <= 4096`; checked when a call binds its sizes)."""
 
     name: str
     args: tuple[Buffer, ...]
     body: Stmt
     temps: tuple[Buffer, ...] = ()
     params: tuple[Var, ...] = ()
+    assume: tuple[Expr, ...] = ()
 
     def __str__(self) -> str:
         return PRINTERS["program"](self)

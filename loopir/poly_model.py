@@ -171,6 +171,8 @@ class _Builder:
                     self.exact[st.name] = False
                     self.note(f"a bound of loop {lp.var.name} around statement {st.name} is not affine; "
                               "the analysis assumes the loop may run any iteration past it")
+        for c in getattr(self.program, "assume", ()):  # the sizes every call meets (Schedule.assume)
+            cons.append(cond(c, names))
         for g in info.guards:
             try:
                 cons.append(cond(g, names))

@@ -307,6 +307,8 @@ def program_str(p: Program, marks: dict[Var, str] | None = None) -> str:
             shown = [_nm(v) if _nm(v) == v.name else f"{_nm(v)} (passed as {v.name!r})" for v in p.params]
             head += f"  # sizes: {', '.join(shown)}"
         out = [head]
+        if p.assume:  # what every call must meet (checked when a call binds its sizes)
+            out.append(f"{INDENT}# assume: {' and '.join(expr_str(c) for c in p.assume)}")
         for t in p.temps:
             out.append(f"{INDENT}{_nm(t)}: {_type_str(t)}  # temporary")
         _lines(p.body, 1, marks or {}, out)

@@ -198,7 +198,8 @@ class _BufferSwap(Transformer):
     def program(self, p: Program) -> Program:
         """`p` with its body, arguments and temporaries rewritten."""
         return dataclasses.replace(p, body=self.visit(p.body), args=tuple(self.buffer(b) for b in p.args),
-                                   temps=tuple(self.buffer(b) for b in p.temps))
+                                   temps=tuple(self.buffer(b) for b in p.temps),
+                                   assume=tuple(self.visit(c) for c in p.assume))
 
 
 class _ProgramSubst(_BufferSwap):

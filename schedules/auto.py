@@ -65,6 +65,7 @@ from .fusion import THREADS, Decision, FusionGroup, FusionPlan, plan_fusion
 from .rows import RowParams
 from .primitives import find_loop
 from .primitives.cache import reduction_parts
+from .primitives.extents import max_trip
 from .recipes import MMA_TILES, SIMT_KEYS, matmul_stage, schedule_gemm, schedule_gemm_cuda, simt_default
 from .primitives.tensorize import HALF, half_load
 from .primitives.wgmma import BLOCK_COLS
@@ -90,6 +91,7 @@ def auto_schedule(
     gemm: dict[str, Any] | bool | None = None,
     online: bool = True,
     rows: RowParams | dict | None = None,
+    bounds: dict[Any, int] | None = None,
 ) -> Schedule:
     """A Schedule of `outputs` fused as `plan_fusion` decides and mapped to `target` ("cuda" or "cpu").
 
@@ -102,7 +104,12 @@ def auto_schedule(
     the device cannot hold. `online`: a softmax(.) V chain gets the online-softmax rewrite
     (`schedules.attention`); False keeps the chain materialized as the fusion plan maps it.
     `rows`: the row strategies' thresholds (`schedules.rows.RowParams` or a dict of its fields:
-    wide_row, wide_threads, split_row_min, split_rows_per_sm, split_waves, split_threads)."""
+    wide_row, wide_threads, split_row_min, split_rows_per_sm, split_waves, split_threads).
+    `bounds` ({size Var or name: int}): upper bounds of symbolic sizes that every call meets (call-time
+    specialization by row class gives them): the schedule's first steps `assume` them (each call checks
+    them), and a row of a symbolic length so bounded is planned like a row of the bound's length (register
+    rows: its chunk loops padded to constant trip counts, `pad_loop`). The cost model evaluates a bounded size
+    at its bound unless `sizes` gives it."""
     if not isinstance(outputs, Tensor) and not (isinstance(outputs, (list, tuple)) and outputs
                                                 and all(isinstance(t, Tensor) for t in outputs)):
         raise ArgumentTypeError(
@@ -123,10 +130,12 @@ def auto_schedule(
             return s_online
         with deep_recursion():  # a chain among other stages: its pass is one kernel of the plan
             rewrites = attention_rewrites(lower(outs))
-    plan = plan or plan_fusion(outs, target=target, fuse=fuse, sizes=sizes, gemm=gemm, rows=rows,
-                               online=[online_stages([r]) for r in rewrites])
+    plan = plan or plan_fusion(outs, target=target, fuse=fuse, sizes={**(bounds or {}), **(sizes or {})} or None,
+                               gemm=gemm, rows=rows, online=[online_stages([r]) for r in rewrites], bounds=bounds)
     s = Schedule(outs, check=check)
     s.plan = plan  # type: ignore[attr-defined]
+    for v, b in (bounds or {}).items():
+        s.assume(v, at_most=b)
     done = apply_online(s, rewrites)  # first: the rewrite takes the chain's unscheduled nests
     for t in plan.inlined:
         s.compute_inline(t)
@@ -487,7 +496,7 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
                 # epilogue below, so that each cached element has one owner thread (codegen.passes.registers)
                 _bind_chunks(s, phase.var, vl, threads)
             else:
-                _bind_reduction(s, phase.var, threads)
+                _bind_reduction(s, phase.var, threads, pad=registers)
         else:
             while isinstance(phase.body, For) and _is_const(phase.hi - phase.lo, 1):
                 phase = phase.body  # e.g. the row copy of cache_read: for c0 in 0..1: for c1 in 0..n
@@ -498,6 +507,8 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
                 var, lane = s.split(var, lanes)
                 s.vectorize(lane)
             jo, ti = s.split(var, threads)
+            if registers:
+                _pad_to_bound(s, jo)
             _unroll_symbolic(s, jo, SYMBOLIC_SPATIAL_UNROLL)
             s.bind(ti, "threadIdx.x")
 
@@ -508,18 +519,40 @@ SYMBOLIC_SHARE_UNROLL = 8
 SYMBOLIC_SPATIAL_UNROLL = 4  # the same for a spatial phase's loop over a thread's 16-byte chunks of a row
 
 
-def _bind_reduction(s: Schedule, loop: Any, threads: int) -> None:
+def _bind_reduction(s: Schedule, loop: Any, threads: int, pad: bool = False) -> None:
     """`bind_reduction(loop, threads=threads)`, the thread's share unrolled by SYMBOLIC_SHARE_UNROLL where its
-    trip count is not a constant (NVCC unrolled such a loop by 4, one predicated load per iteration)."""
-    _unroll_symbolic(s, s.bind_reduction(loop, threads=threads)[1], SYMBOLIC_SHARE_UNROLL)
+    trip count is not a constant (NVCC unrolled such a loop by 4, one predicated load per iteration); with `pad`,
+    first padded to the constant its assumed sizes bound it by (`_pad_to_bound`)."""
+    share = s.bind_reduction(loop, threads=threads)[1]
+    if pad:
+        _pad_to_bound(s, share)
+    _unroll_symbolic(s, share, SYMBOLIC_SHARE_UNROLL)
+
+
+# a loop of a symbolic trip count that the program's assumed sizes bound by at most this many iterations is padded
+# to that constant (register rows of a bounded symbolic length: REGISTER_ROW_ELEMENTS per thread at most)
+PAD_MAX = 32
+
+
+def _pad_to_bound(s: Schedule, loop: Any) -> None:
+    """`pad_loop(loop, K)` where its trip count is symbolic and the program's `assume`d sizes bound it by K <=
+    PAD_MAX: a register row's chunk loops of a symbolic row length get constant trip counts, so that the
+    row stays in registers (codegen.passes.registers unrolls them)."""
+    f = find_loop(s.program, loop.var)
+    if not s.program.assume or isinstance(simplify(f.hi - f.lo), Const):
+        return
+    k = max_trip(s.program, loop.var)
+    if k is not None and 1 <= k <= PAD_MAX:
+        s.pad_loop(loop, k)
 
 
 def _bind_chunks(s: Schedule, loop: Any, lanes: int, threads: int) -> None:
     """A reduction loop `split` into 16-byte chunks of `lanes` elements (the chunk unrolled: one 128-bit load in the
-    renderer), the chunks `bind_reduction`ed over `threads` (thread t: chunks t, t + threads, ...)."""
+    renderer), the chunks `bind_reduction`ed over `threads` (thread t: chunks t, t + threads, ...), a symbolic
+    share padded to its assumed bound (`_pad_to_bound`)."""
     kq, kv = s.split(loop, lanes)
     s.unroll(kv)
-    _bind_reduction(s, kq, threads)
+    _bind_reduction(s, kq, threads, pad=True)
 
 
 def _unroll_symbolic(s: Schedule, loop: Any, by: int) -> None:

@@ -192,6 +192,7 @@ def plan_fusion(
     gemm: dict[str, Any] | bool | None = None,
     rows: R.RowParams | dict | None = None,
     online: Sequence[Collection[str]] = (),
+    bounds: dict[Any, int] | None = None,
 ) -> FusionPlan:
     """Plan the kernels computing `outputs` on `target` ("cuda" or "cpu").
 
@@ -201,7 +202,9 @@ def plan_fusion(
     block, thread_tile, k_tile; on cpu cpu_tile; None or True: the defaults; False: no GEMM mapping).
     `rows`: the row strategies' thresholds (`schedules.rows.RowParams` or a dict of its fields).
     `online`: the stage names of each online-softmax pass (`schedules.attention.online_stages`): each set is one
-    kernel of mapping "online" that nothing else joins, whose stages are neither inlined nor inlined into."""
+    kernel of mapping "online" that nothing else joins, whose stages are neither inlined nor inlined into.
+    `bounds` ({size Var or name: int}): upper bounds of symbolic sizes that every call meets (`auto_schedule`
+    assumes them): a row whose symbolic length is bounded so may be planned as register rows."""
     outs = _as_list(outputs)
     if target not in ("cuda", "cpu"):
         raise ArgumentError(f"plan_fusion: unknown target {target!r}; expected 'cuda' or 'cpu'")
@@ -222,6 +225,7 @@ def plan_fusion(
     unfused = [_unfused_cost(t, ev) for t in order]
     pl = _Planner(outs, order, stages, dev, ev, target)
     pl.given = {v.name for v in params if v in size_map or v.name in size_map}
+    pl.bounded = {v.name for v in params if v in (bounds or {}) or v.name in (bounds or {})}
     pl.gemm = gparams
     pl.row_params = R.RowParams.of(rows)
     pl.online = [set(o) for o in online]
@@ -328,6 +332,7 @@ class _Planner:
         self.log: list[Decision] = []
         self.gemm: dict[str, Any] | None = None
         self.given: set[str] = set()  # the size names the plan was given values for
+        self.bounded: set[str] = set()  # the size names every call keeps at most their (costed) value
         self.row_params = R.RowParams()
         self.online: list[set[str]] = []  # the stages of each online-softmax pass
 
@@ -693,7 +698,8 @@ class _Planner:
             sym = sorted({n.name for d in inner for e in d for n in walk(e) if isinstance(n, Var)})
             g.strategy = R.choose_row_strategy(row_len, rows, sym, all(v in self.given for v in sym), THREADS,
                                                self.dev, self.row_params, R.splittable(g.stages, g.depth),
-                                               np_dtype(g.stages[-1].dtype).itemsize)
+                                               np_dtype(g.stages[-1].dtype).itemsize,
+                                               bounded=bool(sym) and all(v in self.bounded for v in sym))
             g.log.append(Decision("note", ("row strategy",), None, f"{g.strategy.name}: {g.strategy.why}"))
             return {"warp": "warp", "split": "split"}.get(g.strategy.name, "row")
         return "thread"

@@ -143,11 +143,12 @@ def _pow2_floor(n: int) -> int:
 
 def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: bool, threads: int,
                         dev: C.Device, params: RowParams | None = None, splittable: bool = True,
-                        itemsize: int = 4) -> RowStrategy:
+                        itemsize: int = 4, bounded: bool = False) -> RowStrategy:
     """The strategy of a row group with rows of `row_len` elements (at the plan's sizes) and `rows` rows.
     `symbolic`: the row length's sizes that are symbolic; `given`: whether the plan was given their values;
     `params`: the thresholds (RowParams); `splittable`: whether the group's shape allows a split (one
-    reduction loop per reduction stage); `itemsize`: the bytes of the group's output elements."""
+    reduction loop per reduction stage); `itemsize`: the bytes of the group's output elements; `bounded`: every
+    call's row length is at most `row_len` (its symbolic sizes are assumed at most their given values)."""
     prm = params or RowParams()
     nums = f"row length {row_len:,}, {rows:,} row{'s' if rows != 1 else ''}"
     if symbolic and not given:
@@ -187,11 +188,13 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
                            f"{dev.sm_count} SMs); the fusions above are left apart: per reduction a partials "
                            "kernel (rfactor) and a combine kernel, the elementwise phases as flat kernels (the "
                            "prediction below is the fused kernel's, not the split's)", chunk, row_len)
-    if not symbolic and prm.register_row_max and row_len <= prm.register_row_max:
+    if (not symbolic or bounded) and prm.register_row_max and row_len <= prm.register_row_max:
         # register rows: every phase maps chunk c of 16 bytes to thread c mod T, so a cached row never crosses
         # threads and lives in registers (codegen.passes.registers), at most REGISTER_ROW_ELEMENTS per thread
         per_row = max(threads, min(1024, _pow2_ceil(-(-row_len // REGISTER_ROW_ELEMENTS))))
-        return RowStrategy("block", per_row, 1, f"{nums}: a block of {per_row} threads per row, each thread "
+        upto = (f" (a symbolic length of at most {row_len:,}: the chunk loops padded to constant trip counts, "
+                "pad_loop)" if symbolic else "")
+        return RowStrategy("block", per_row, 1, f"{nums}{upto}: a block of {per_row} threads per row, each thread "
                            f"taking the row's 16-byte chunks t, t + {per_row}, ... in every phase (at most "
                            f"{-(-row_len // per_row)} elements): a row read by several phases stays in its threads' "
                            f"registers, not in shared memory (rows up to {prm.register_row_max:,} "
@@ -334,7 +337,7 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
         if name in kept:
             symbolic = any(isinstance(n, Var) for d in p.shape[depth:] for n in walk(d))
             at = " at the given sizes; symbolic: dynamic shared memory sized per launch" if symbolic else ""
-            if registers and not symbolic:
+            if registers:
                 out.append((p, True, nbytes, f"its row ({C.fmt_bytes(nbytes)}) is read by {users_s}: loaded once per "
                             f"row into its threads' registers ({-(-nbytes // C.itemsize(p.dtype) // threads)} "
                             "elements each; the chunks each thread reads in every phase are the ones it loaded)"))

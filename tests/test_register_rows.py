@@ -14,6 +14,7 @@ from codegen import build
 from codegen.passes import lower as lower_passes
 from codegen.passes.registers import MAX_SLOTS, promote_register_rows
 from loopir import blocks, interp
+from loopir.errors import ArgumentError
 from loopir import nodes as N
 from loopir import workloads as w
 from loopir.visit import walk
@@ -47,6 +48,15 @@ def _inputs(wl, m: int, n: int, dtype: str, seed: int) -> list[np.ndarray]:
 
 
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def _call_error(mod, wl, name: str, m: int, n: int, dtype: str, seed: int) -> float:
+    """`mod` called on fresh inputs of m x n with a NaN-poisoned output: its largest error relative to float64."""
+    xs = _inputs(wl, m, n, dtype, seed=seed)
+    got = blocks.as_dtype(np.full((m, n), np.nan), dtype)
+    mod(*xs, got)
+    want = _reference(name, xs, dtype)
+    return float(np.abs(blocks.as_float64(got, dtype) - want).max() / np.abs(want).max())
 
 
 @pytest.mark.parametrize("name", ["softmax", "rmsnorm", "layernorm"])
@@ -125,8 +135,43 @@ def test_rows_beyond_the_register_budget_and_symbolic_rows_stay_shared():
     n = te.var("n")
     sym = w.softmax(m=4096, n=n, dtype="float16")
     src = build(list(sym.outputs), list(sym.inputs) + list(sym.outputs), target="cuda").source
-    assert "x_shared_reg" not in src  # a symbolic row: its length is not a register count
+    assert "x_shared_reg" not in src  # the generic module: a symbolic row of any length is no register count
     assert MAX_SLOTS >= 32
+
+
+@pytest.mark.parametrize("name, dtype, n, key", [("softmax", "float16", 3000, "n%8 int32 n<=4096"),
+                                                 ("layernorm", "float32", 1000, "n%8 int32 n<=1024"),
+                                                 ("rmsnorm", "bfloat16", 5008, "n%16 int32 n<=8192"),
+                                                 ("softmax", "float32", 16384, "n%16 int32 n<=16384")])
+def test_a_symbolic_row_bounded_by_its_call_time_class_lives_in_registers(name, dtype, n, key):
+    """A module built with `te.var` sizes: the call's variant assumes its row class's bound (n <= 4096, ...), pads
+    its chunk loops to that bound's constant trip counts (pad_loop) and keeps the row in registers; its lowered
+    program matches float64 in reversed, forward and shuffled thread orders at a length inside the class that the
+    threads do not tile. The variant refuses a call past its bound (a longer row takes another variant)."""
+    from loopir import te
+
+    mv, nv = te.var("m"), te.var("n")
+    wl = getattr(w, name)(m=mv, n=nv, dtype=dtype)
+    mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
+    m = 3
+    xs = _inputs(wl, m, n, dtype, seed=n)
+    got = blocks.as_dtype(np.full((m, n), np.nan), dtype)
+    var = mod._select(mod.check((*xs, got)))
+    assert mod.specializations == [f"m* {key}"]
+    assert "x_shared_reg[" in var.source and "__shared__ __align__" not in var.source and "extern __shared__" \
+        not in var.source
+    bound = int(key.split("<=")[-1])
+    (assumed,) = var.program.assume  # n <= bound, or n16 <= bound / 16 where 16 divides n
+    assert str(assumed) in (f"n <= {bound}", f"n8 <= {bound // 8}", f"n16 <= {bound // 16}")
+    want = _reference(name, xs, dtype)
+    for order in ("reversed", "forward", 7):
+        got = blocks.as_dtype(np.full((m, n), np.nan), dtype)
+        interp.run(var.program, *xs, got, gpu_order=order)
+        err = np.abs(blocks.as_float64(got, dtype) - want).max() / np.abs(want).max()
+        assert err < TOL[dtype], f"gpu_order={order!r}: {err}"
+    long = _inputs(wl, m, bound + 16, dtype, seed=1)
+    with pytest.raises(ArgumentError, match="assumes"):
+        var.check((*long, blocks.as_dtype(np.zeros((m, bound + 16)), dtype)))
 
 
 @pytest.mark.gpu
@@ -139,11 +184,7 @@ def test_gpu_register_rows_match_float64(name, dtype, n):
     mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
     assert ("x_shared_reg" in mod.source) == (dtype == "float32" or n > 1024)  # 16-bit rows to 1024: warp rows
     for seed in (1, 2):  # repeated calls on fresh data
-        xs = _inputs(wl, m, n, dtype, seed=seed)
-        got = blocks.as_dtype(np.full((m, n), np.nan), dtype)
-        mod(*xs, got)
-        want = _reference(name, xs, dtype)
-        err = np.abs(blocks.as_float64(got, dtype) - want).max() / np.abs(want).max()
+        err = _call_error(mod, wl, name, m, n, dtype, seed)
         assert err < TOL[dtype], (seed, err)
 
 
@@ -205,3 +246,21 @@ def test_two_cached_rows_over_the_register_budget_one_stays_shared():
         got = np.full((3, L), np.nan, np.float32)
         interp.run(low, xa, pa, got, gpu_order=order, sizes={"n": 3})
         assert np.abs(got - want).max() < 1e-5, order
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["softmax", "rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_gpu_symbolic_register_rows_match_float64_across_shapes(name, dtype):
+    """One module built with `te.var` sizes, called at row lengths in several classes (divisible by 16, by 8 only,
+    by nothing, the class bounds themselves) on fresh data with poisoned outputs: each call's variant (register rows
+    where its class allows) matches float64, and a shorter row after a longer one takes its own variant."""
+    from loopir import te
+
+    mv, nv = te.var("m"), te.var("n")
+    wl = getattr(w, name)(m=mv, n=nv, dtype=dtype)
+    mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
+    for n in (3000, 4096, 16384, 5008, 1000, 777, 8192, 2056):
+        err = _call_error(mod, wl, name, 67, n, dtype, seed=n)
+        assert err < TOL[dtype], (n, err)
+    assert any("x_shared_reg" in v.source for v in mod.specializer.variants.values())

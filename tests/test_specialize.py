@@ -60,6 +60,7 @@ def test_div_and_row_classes():
         ["1", "%16", "%16", "%4", "%4", "%8", "%8", "*", "*", "*"]
     assert row_class(1) == row_class(127) == ROW_CLASSES[0] and row_class(128) == row_class(1024) == 2**10
     assert row_class(1025) == row_class(4096) == 2**12 and row_class(4097) == 2**13
+    assert row_class(8193) == row_class(16384) == 2**14
     assert row_class(50257) == 2**16 and row_class(2**16 + 1) == 0
 
 
@@ -225,15 +226,18 @@ def test_cuda_layernorm_variant_interp():
 
 
 def test_cuda_row_classes_around_4096_plan_their_own_blocks_interp():
-    # rows of 1025..4096 are planned at 4096 (128 threads), 4097..8192 at 8192 (512 threads); each variant's
-    # lowered program matches numpy in the adversarial interpreter at a length inside its class
+    # rows of 1025..4096 are planned at 4096 (128 threads), 4097..8192 at 8192 (256 threads: register rows of at
+    # most 32 elements per thread, the class's bound assumed); each variant's lowered program matches numpy in the
+    # adversarial interpreter at a length inside its class
     w = workloads.layernorm()
     mod = build(list(w.outputs), list(w.args), target="cuda")
     small = _call_cuda_interp(mod, w, {"m": 2, "n": 3008})
     big = _call_cuda_interp(mod, w, {"m": 2, "n": 4112})
     assert sorted(mod.specializations) == ["m* n%16 int32 n<=4096", "m* n%16 int32 n<=8192"]
     threads = {v: math.prod(int(str(e)) for e in v.gen.kernels[0].launch.block) for v in (small, big)}
-    assert threads == {small: 128, big: 512}
+    assert threads == {small: 128, big: 256}
+    assert all("float x_shared_reg[32];" in v.source and "__shared__ float x_shared" not in v.source
+               for v in (small, big))
 
 
 def test_cuda_divisible_variant_drops_vector_size_check():

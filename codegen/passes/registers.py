@@ -36,7 +36,7 @@ Ranges = dict[N.Var, tuple[int, int]]
 def promote_register_rows(program: N.Program) -> N.Program:
     """Keep a shared buffer in registers where each of its elements has one owner thread.
 
-    Formal condition: buffer B (shared, constant size, in a kernel of T x 1 x 1 threads) is promoted iff for some
+    Formal condition: buffer B (shared, in a kernel of T x 1 x 1 threads) is promoted iff for some
     W every access of B, at every instance over the constant ranges of its loops, reads or writes an element e
     with floor(e / W) mod T == its threadIdx.x; thread t then holds e at slot (e // (W*T)) * W + e % W."""
     body = _Kernels().visit(program.body)
@@ -52,8 +52,10 @@ class _Kernels(Transformer):
         body, widened, promoted = k.body, set(k.widened), set(k.register_rows)
         dyn = {b.name for b, _ in k.dynamic_shared if b is not None}
         names = {n.buffer.name for n in walk(k.body) if isinstance(n, (N.Allocate, N.Load, N.Store))}
+        # a row of a symbolic length qualifies too: its slots are bounded by its accesses' constant loop ranges (a
+        # bounded row's chunk loops padded to constant trip counts, schedules.primitives.extents.pad_loop)
         todo = [n.buffer.name for n in walk(k.body) if isinstance(n, N.Allocate) and n.buffer.scope == "shared"
-                and n.buffer.name not in dyn and all(isinstance(d, N.Const) for d in n.buffer.shape)]
+                and n.buffer.name not in dyn]
         used = 0
         for name in todo:  # one buffer at a time, each planned on the body the previous rewrites left
             a = next(n for n in walk(body) if isinstance(n, N.Allocate) and n.buffer.name == name)
