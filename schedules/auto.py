@@ -490,10 +490,12 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
     registers = g.strategy is not None and g.strategy.registers
     for phase in _phases(s, blocks[-1].var):
         if _is_reduction_loop(phase):
-            vl = _load_lanes(phase) if registers else 0
+            vl = _load_lanes(phase) if registers or not g.caches else 0
             if vl and _is_const(phase.lo, 0) and multiple_of(simplify(phase.hi - phase.lo), vl):
                 # register rows: thread t's share is the 16-byte chunks t, t + T, ..., as in the copy and the
-                # epilogue below, so that each cached element has one owner thread (codegen.passes.registers)
+                # epilogue below, so that each cached element has one owner thread (codegen.passes.registers); a
+                # row no cache holds is read in those chunks too, one 128-bit load each (H200, symbolic 1024 x
+                # 65536 float16: softmax 0.189 -> 0.138 ms, layer norm 0.157 -> 0.138 ms)
                 _bind_chunks(s, phase.var, vl, threads)
             else:
                 _bind_reduction(s, phase.var, threads, pad=registers)

@@ -705,12 +705,19 @@ class _Planner:
         return "thread"
 
     def _plan_row_cache(self, g: FusionGroup) -> None:
+        dropped = False
         for p, ok, nbytes, why in R.plan_row_caches(g.stages, g.depth, lambda t: _effective_loads(t, self.inlined),
                                                     self.ev, self.dev, self.given, self.row_params, g.strategy.lanes,
                                                     g.strategy.registers):
             if ok:
                 g.caches.append(RowCache(p, "shared", nbytes))
+            dropped = dropped or not ok
             self._cache_note(g, p, ok, why)
+        st = R.uncached(g.strategy, dropped and not g.caches, self.row_params)
+        if st is not g.strategy:  # the row strategy's note says the threads it now has
+            g.strategy = st
+            g.log = [Decision("note", ("row strategy",), None, f"{st.name}: {st.why}") if d.stages == ("row strategy",)
+                     else d for d in g.log]
 
     def _plan_gemm(self, g: FusionGroup) -> None:
         mm, eps = g.stages[0], g.stages[1:]

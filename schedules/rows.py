@@ -26,6 +26,7 @@ not given is unknown, and then the safe block-per-row strategy is kept):
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, fields
 
 from loopir.errors import ArgumentError, ArgumentTypeError
@@ -55,6 +56,11 @@ HALF_WARP_ROW_MAX = 1024
 REGISTER_ROW_MAX = 16384
 REGISTER_ROW_ELEMENTS = 32
 RED_SCRATCH_SLOTS = 32  # the block all-reduce's shared scratch: one slot per warp (codegen.cuda.reduce)
+# a block row of at least WIDE_ROW elements that no cache holds (each phase re-reads it) gets this many threads: half
+# the rows in flight of WIDE_THREADS, so that a phase's re-read finds more of its row in L2. H200, 1024 x 65536
+# (benchmarks/rows_half.py, 512 -> 1024 threads): float16 softmax 0.136 -> 0.099 ms, layer norm 0.133 -> 0.097 ms,
+# float32 layer norm 0.271 -> 0.199 ms, float32 softmax 0.264 ms either way; 256 threads: no faster than 512
+UNCACHED_THREADS = 1024
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,7 @@ class RowParams:
     warp_lanes: int = MAX_LANES  # most lanes per row of warp rows (2 to 32: 32 is a whole warp per row)
     warp_row_max: int = 0  # rows shorter than this get warp rows (0: shorter than the block's threads)
     register_row_max: int = REGISTER_ROW_MAX  # constant rows up to this long: register rows (0: never)
+    uncached_threads: int = UNCACHED_THREADS  # wide rows that every phase re-reads from memory: threads per row
     # a row cache above the static 48 KiB costs occupancy: it is kept only while the model below says the
     # kernel streams faster with it than re-reading the row (from L2 while the rows in flight fit its share)
     cache_max_bytes: int = 227 * 1024  # never cache a kernel's rows beyond this (48 KiB: static caches only)
@@ -106,9 +113,11 @@ class RowParams:
                 raise ArgumentError(f"row parameter {f.name} must be a number >= 0, got {v!r}")
         if p.warp_lanes not in (2, 4, 8, 16, 32):
             raise ArgumentError(f"row parameter warp_lanes must be 2, 4, 8, 16 or 32, got {p.warp_lanes!r}")
-        if p.split_threads not in (32, 64, 128, 256, 512, 1024) or p.wide_threads not in (32, 64, 128, 256, 512, 1024):
-            raise ArgumentError(f"row parameters: split_threads and wide_threads must be a power of two in [32, 1024], "
-                                f"got {p.split_threads!r} and {p.wide_threads!r}")
+        pow2 = (32, 64, 128, 256, 512, 1024)
+        if p.split_threads not in pow2 or p.wide_threads not in pow2 or p.uncached_threads not in pow2:
+            raise ArgumentError(f"row parameters: split_threads, wide_threads and uncached_threads must be a power of "
+                                f"two in [32, 1024], got {p.split_threads!r}, {p.wide_threads!r} and "
+                                f"{p.uncached_threads!r}")
         return p
 
 
@@ -209,6 +218,17 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
         why += (f"; only {rows} block{'s' if rows != 1 else ''} for {dev.sm_count} SMs, but the group's shape "
                 "does not allow a split of its rows (a reduction over several loops)")
     return RowStrategy("block", per_row, 1, why, row_len=row_len)
+
+
+def uncached(st: RowStrategy, reread: bool, prm: RowParams) -> RowStrategy:
+    """`st` once its caches are planned: a block row of at least `wide_row` elements that every phase re-reads from
+    memory (`reread`: a row several phases read stays uncached) gets `uncached_threads` threads per row."""
+    if not (st.name == "block" and not st.registers and reread and st.row_len >= prm.wide_row
+            and prm.uncached_threads > st.lanes):
+        return st
+    why = (f"{st.why}; its phases re-read the row from memory, so {prm.uncached_threads} threads per row: half the "
+           "rows in flight, more of each re-read from L2 (measured faster)")
+    return dataclasses.replace(st, lanes=prm.uncached_threads, why=why)
 
 
 def splittable(stages: list[Tensor], depth: int) -> bool:
@@ -353,6 +373,5 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
     return out
 
 
-__all__ = ["RowParams", "RowStrategy", "choose_row_strategy", "fit_shared", "reduction_scratch", "operands_split",
-           "WIDE_ROW", "SPLIT_ROW_MIN", "plan_row_caches", "cache_worth",
-           "splittable"]
+__all__ = ["RowParams", "RowStrategy", "choose_row_strategy", "uncached", "fit_shared", "reduction_scratch",
+           "operands_split", "WIDE_ROW", "SPLIT_ROW_MIN", "plan_row_caches", "cache_worth", "splittable"]

@@ -169,9 +169,11 @@ def test_symbolic_sizes_are_correct_at_every_size_whatever_sizes_the_plan_assume
 def test_a_single_vocabulary_sized_row_matches_numpy():
     ins, y, ref = softmax(1, 50257)
     s = auto_schedule([y], "cuda", rows={"split_rows_per_sm": 0})  # a block per row (the split: test_wide_rows)
-    assert _strategy(s) == "block" and "get a block of 512 threads each" in s.plan.explain()
+    # 201 KB: no cache holds the row, so each phase re-reads it with 1024 threads (RowParams.uncached_threads)
+    assert _strategy(s) == "block" and "so 1024 threads per row" in s.plan.explain()
     mod = build(s, [*ins, y], target="cuda")
-    assert [str(e) for e in mod.gen.kernels[0].launch.block] == ["512", "1", "1"]
+    assert [str(e) for e in mod.gen.kernels[0].launch.block] == ["1024", "1", "1"]
+    assert "LOOPIR_LD4" in mod.source  # the reductions read 16-byte chunks
     _check_interp(s, ins, ref, 1, 50257)
 
 
@@ -484,3 +486,29 @@ def test_warp_row_shares_read_16_byte_chunks_on_the_gpu(wl, sym):
     mod = build(s, list(w.inputs) + list(w.outputs), target="cuda")
     for sizes in shapes:
         _check_half(w, sizes, mod=mod)
+
+
+def test_wide_uncached_rows_get_more_threads_and_the_parameter_says_how_many():
+    """Rows of 65,536 float16 elements (131 KB: no cache holds them): every phase re-reads the row, with
+    RowParams.uncached_threads threads per row (1024 by default, 512 when asked); a row that a cache holds keeps
+    the planned threads; a bad value is refused naming the parameter."""
+    from schedules.rows import RowParams
+
+    x = te.placeholder((te.var("m"), 65536), "float16", name="x")
+    k = te.reduce_axis(65536, name="k")
+    mx = te.compute((x.shape[0],), lambda i: te.max(te.cast("float32", x[i, k]), axis=k), name="mx")
+    y = te.compute(x.shape, lambda i, j: te.cast("float16", te.cast("float32", x[i, j]) - mx[i]), name="y")
+
+    def threads(rows=None) -> str:
+        mod = build(auto_schedule([y], "cuda", sizes={"m": 4096}, rows=rows), [x, y], target="cuda")
+        return str(mod.gen.kernels[0].launch.block[0])
+
+    assert threads() == "1024" and threads({"uncached_threads": 512}) == "512"
+    with pytest.raises(ArgumentError, match="uncached_threads"):
+        RowParams.of({"uncached_threads": 100})
+    xa = np.random.default_rng(3).standard_normal((2, 65536)).astype(np.float16)
+    got = np.full((2, 65536), np.nan, np.float16)
+    s = auto_schedule([y], "cuda", sizes={"m": 4096})
+    interp.run(lower(s.program, "cuda"), xa, got, gpu_order="reversed")
+    want = (xa.astype(np.float32) - xa.astype(np.float32).max(axis=1, keepdims=True)).astype(np.float16)
+    np.testing.assert_array_equal(got, want)
