@@ -38,7 +38,11 @@ from . import cost as C
 
 WIDE_ROW = 8192  # rows at least this long get WIDE_THREADS threads per block (unmeasured: see explain)
 WIDE_THREADS = 512
-SPLIT_ROW_MIN = 8192  # rows at least this long, and too few to fill the SMs, are split over blocks (RowParams)
+# rows at least this long, and too few to fill the SMs, are split over blocks (RowParams). H200, softmax and layer norm,
+# float32 and float16, 1 to 128 rows of 65,536 and 8 or 64 rows of 16,384 (benchmarks/rows_half.py): a block of 1024
+# threads per row (UNCACHED_THREADS) ran 1.6-3.2x faster than the split's five launches in all 32 cases (e.g. 32 x
+# 65536 float16 softmax 0.0305 -> 0.0112 ms); so the split is kept for rows beyond those measured
+SPLIT_ROW_MIN = 2**17
 # lanes per row: the shuffle-only reduction (`Kernel.subwarp`, codegen.passes.launch.subwarp_width) takes rows
 # of up to 32 lanes; 16 by default: two rows share a warp, each load instruction still reading 2 x 64 contiguous
 # bytes (RowParams.warp_lanes = 32: a whole warp per row, unmeasured)

@@ -116,7 +116,8 @@ def _strategy(s) -> str:
 
 @pytest.mark.parametrize("n, rows, want", [(1, 1000, "warp"), (3, 7, "warp"), (64, 64, "warp"), (127, 10, "warp"),
                                            (100, 5000, "warp"), (128, 10, "block"), (1000, 1, "block"),
-                                           (1000, 5000, "block"), (4096, 1000, "block"), (50257, 7, "split")])
+                                           (1000, 5000, "block"), (4096, 1000, "block"), (50257, 7, "block"),
+                                           (2**17, 7, "split")])
 def test_the_cost_model_picks_the_strategy_from_row_length_and_count(n, rows, want):
     ins, y, _ = softmax(rows, n)
     plan = plan_fusion([y], "cuda", device=H200)
@@ -126,7 +127,7 @@ def test_the_cost_model_picks_the_strategy_from_row_length_and_count(n, rows, wa
     assert f"row strategy: {want}: row length {n:,}, {rows:,} row" in text
     if want == "warp":
         assert f"{g.strategy.lanes} lanes each" in text and g.strategy.lanes * g.strategy.rows == 128
-    if n == 50257:  # few very wide rows: split over several blocks (tests/test_wide_rows.py)
+    if n == 2**17:  # few very wide rows: split over several blocks (tests/test_wide_rows.py)
         assert "each row split into" in text
 
 

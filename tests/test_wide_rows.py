@@ -21,6 +21,7 @@ from schedules.rows import RowParams, cache_worth, choose_row_strategy
 from test_rows import WORKLOADS, _check_device, _check_interp, softmax
 
 FORCE = {"split_row_min": 2048}  # test-only threshold: the split at interpreter-sized rows
+SPLIT = {"split_row_min": 8192}  # the split from 8192 elements (the default splits only rows above 2**16)
 
 
 def _group(s):
@@ -123,7 +124,7 @@ def test_rfactor_bad_arguments_are_typed_errors():
 @pytest.mark.parametrize("rows", [1, 3, 16, 64])
 def test_few_very_wide_rows_are_split_and_the_plan_says_how(n, rows):
     _, y, _ = softmax(rows, n)
-    plan = plan_fusion([y], "cuda", device=H200)
+    plan = plan_fusion([y], "cuda", device=H200, rows=SPLIT)
     (g,) = plan.groups
     assert g.mapping == "split" and g.strategy.name == "split"
     n_chunks = -(-n // g.strategy.chunk)
@@ -142,7 +143,9 @@ def test_many_wide_rows_keep_a_block_per_row_and_the_thresholds_are_parameters()
     assert plan_fusion([y], "cuda", device=H200, rows=RowParams(split_row_min=60000)).groups[0].mapping == "row"
     assert plan_fusion([y], "cuda", device=H200, rows={"wide_row": 100000, "split_rows_per_sm": 0}).groups[0] \
         .strategy.lanes == 128
-    st = choose_row_strategy(50257, 1, [], True, 128, H200, RowParams(split_waves=1, split_threads=128))
+    assert plan_fusion([y], "cuda", device=H200).groups[0].strategy.name == "block"  # the default: 50257 < 2**17
+    st = choose_row_strategy(50257, 1, [], True, 128, H200, RowParams(split_waves=1, split_threads=128,
+                                                                      split_row_min=8192))
     assert st.name == "split" and st.lanes == 128 and -(-50257 // st.chunk) >= 0.9 * H200.sm_count
 
 
@@ -158,7 +161,8 @@ def test_bad_row_parameters_are_typed_errors(bad, err):
 def test_symbolic_rows_are_split_only_at_given_sizes():
     _, y, _ = softmax(te.var("m"), te.var("n"))
     assert plan_fusion([y], "cuda", device=H200).groups[0].strategy.name == "block"
-    assert plan_fusion([y], "cuda", device=H200, sizes={"m": 16, "n": 50257}).groups[0].strategy.name == "split"
+    assert plan_fusion([y], "cuda", device=H200, sizes={"m": 16, "n": 50257}, rows=SPLIT).groups[0] \
+        .strategy.name == "split"
 
 
 # ----------------------------------------------------------------------------- numerics and compilation
@@ -184,7 +188,7 @@ def test_symbolic_split_rows_are_correct_at_every_size(wl, m, n):
 
 def test_a_vocabulary_sized_row_split_over_blocks_matches_numpy():
     ins, y, ref = softmax(1, 50257)
-    s = auto_schedule([y], "cuda")
+    s = auto_schedule([y], "cuda", rows=SPLIT)
     assert _group(s).strategy.name == "split"
     _check_interp(s, ins, ref, 1, 50257)
 
@@ -193,7 +197,7 @@ def test_a_vocabulary_sized_row_split_over_blocks_matches_numpy():
 @pytest.mark.parametrize("m, n", [(1, 8192), (16, 50257), (64, 65536), (3, 50257)])
 def test_split_rows_compile_with_nvrtc(wl, m, n):
     ins, y, _ = WORKLOADS[wl](m, n)
-    s = auto_schedule([y], "cuda")
+    s = auto_schedule([y], "cuda", rows=SPLIT)
     assert _group(s).strategy.name == "split"
     mod = build(s, [*ins, y], target="cuda")
     assert mod.cubin[:4] == b"\x7fELF"
@@ -204,7 +208,7 @@ def test_split_rows_compile_with_nvrtc(wl, m, n):
 @pytest.mark.parametrize("wl", sorted(WORKLOADS))
 def test_symbolic_split_rows_compile_with_nvrtc(wl):
     ins, y, _ = WORKLOADS[wl](te.var("m"), te.var("n"))
-    mod = build(auto_schedule([y], "cuda", sizes={"m": 16, "n": 50257}), [*ins, y], target="cuda",
+    mod = build(auto_schedule([y], "cuda", sizes={"m": 16, "n": 50257}, rows=SPLIT), [*ins, y], target="cuda",
                 specialize=False)
     assert mod.cubin[:4] == b"\x7fELF"
 
@@ -219,7 +223,7 @@ def test_symbolic_split_rows_compile_with_nvrtc(wl):
 def test_split_rows_run_on_the_gpu(wl, m, n, sizes):
     symbolic = sizes is not None
     ins, y, ref = WORKLOADS[wl](te.var("m") if symbolic else m, te.var("n") if symbolic else n)
-    s = auto_schedule([y], "cuda", sizes=sizes)
+    s = auto_schedule([y], "cuda", sizes=sizes, rows=SPLIT)
     assert _group(s).strategy.name == "split"
     _check_device(build(s, [*ins, y], target="cuda"), ins, ref, m, n)
 
