@@ -171,7 +171,7 @@ class _Builder:
                     self.exact[st.name] = False
                     self.note(f"a bound of loop {lp.var.name} around statement {st.name} is not affine; "
                               "the analysis assumes the loop may run any iteration past it")
-        for c in getattr(self.program, "assume", ()):  # the sizes every call meets (Schedule.assume)
+        for c in self.program.assume:  # the sizes every call meets (Schedule.assume)
             cons.append(cond(c, names))
         for g in info.guards:
             try:

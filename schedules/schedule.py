@@ -244,11 +244,11 @@ class Schedule:
                                     "(an earlier step replaced it; use the handles that step returned)")
             return x.var
         if isinstance(x, Var):
-            if x in self._program.params and not any(v is x for v in loop_vars(self._program)):
+            if any(v is x for v in loop_vars(self._program)):
+                return x
+            if x in self._program.params:
                 return x.name  # a size variable (assume): by its name, which the trace records
-            if not any(v is x for v in loop_vars(self._program)):
-                raise NotFoundError(f"{primitive}: {x.name!r} is not a loop of this schedule")
-            return x
+            raise NotFoundError(f"{primitive}: {x.name!r} is not a loop of this schedule")
         if _is_tensor(x) or isinstance(x, Buffer):
             return x.name
         if isinstance(x, (list, tuple)):

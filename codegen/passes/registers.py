@@ -50,12 +50,10 @@ class _Kernels(Transformer):
             return k
         threads = int(block[0])
         body, widened, promoted = k.body, set(k.widened), set(k.register_rows)
-        dyn = {b.name for b, _ in k.dynamic_shared if b is not None}
         names = {n.buffer.name for n in walk(k.body) if isinstance(n, (N.Allocate, N.Load, N.Store))}
         # a row of a symbolic length qualifies too: its slots are bounded by its accesses' constant loop ranges (a
         # bounded row's chunk loops padded to constant trip counts, schedules.primitives.extents.pad_loop)
-        todo = [n.buffer.name for n in walk(k.body) if isinstance(n, N.Allocate) and n.buffer.scope == "shared"
-                and n.buffer.name not in dyn]
+        todo = [n.buffer.name for n in walk(k.body) if isinstance(n, N.Allocate) and n.buffer.scope == "shared"]
         used = 0
         for name in todo:  # one buffer at a time, each planned on the body the previous rewrites left
             a = next(n for n in walk(body) if isinstance(n, N.Allocate) and n.buffer.name == name)
@@ -65,7 +63,6 @@ class _Kernels(Transformer):
             used += plan.slots_used
             names.add(plan.buffer.name)
             promoted.add(plan.buffer.name)
-            names.add(plan.buffer.name)
             body = _Rewrite(a, plan).visit(body)
             if a.buffer.dtype in _HALF:
                 widened.add(plan.buffer.name)

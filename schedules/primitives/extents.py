@@ -18,11 +18,12 @@ from typing import Any
 import islpy as isl
 
 from loopir.affine import simplify
+from loopir.args import eval_expr
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.isl_conv import NonAffine, _conj, _Names, aff, cond, loop_constraints
-from loopir.nodes import Compare, Const, Expr, For, If, Program, Var, binary, const
+from loopir.nodes import Compare, Expr, For, If, Program, Var, binary, const
 from loopir.printer import expr_str
-from loopir.visit import StmtContext, free_vars, statements, substitute
+from loopir.visit import StmtContext, free_vars, statements
 
 from . import CheckContext, find_loop, find_loop_path, primitive, replace_loop
 from ..errors import ScheduleError, nest_str
@@ -142,10 +143,9 @@ def _instance_past(program: Program, sc: StmtContext, f: For, end: Expr, at: Exp
 
 def _dropped(ctx: CheckContext, sc: StmtContext, f: For, extent: int, pt: dict[str, int]) -> ScheduleError:
     st, program = sc.store, ctx.old
-    env: dict[Var, Expr] = {lp.var: const(pt[lp.var.name]) for lp in sc.loops}
-    env.update({p: const(pt[f"size:{p.name}"]) for p in program.params})
-    inst = {it.name: _int(substitute(c, env)) for it, c in zip(st.iters, st.coords)}
     params = {p.name: pt[f"size:{p.name}"] for p in program.params}
+    env = {lp.var: pt[lp.var.name] for lp in sc.loops} | {p: params[p.name] for p in program.params}
+    inst = {it.name: int(eval_expr(c, env)) for it, c in zip(st.iters, st.coords)}
     at = ", ".join(f"{k}={v}" for k, v in params.items())
     told = " and ".join(expr_str(c) for c in program.assume) or "nothing"
     trip = expr_str(simplify(binary("sub", f.hi, f.lo)))
@@ -162,11 +162,6 @@ def _dropped(ctx: CheckContext, sc: StmtContext, f: For, extent: int, pt: dict[s
     lines.append(f"hint: {hint}")
     return ScheduleError("pad_loop", "dropped", st.buffer.name, (st.name, inst), (st.name, inst), params,
                          "\n".join(lines), hint=hint)
-
-
-def _int(e: Expr) -> int:
-    v = simplify(e)
-    return int(v.value) if isinstance(v, Const) else 0
 
 
 @primitive("pad_loop", check=_check_pad)
