@@ -248,7 +248,7 @@ class Schedule:
                 return x
             if x in self._program.params:
                 return x.name  # a size variable (assume): by its name, which the trace records
-            raise NotFoundError(f"{primitive}: {x.name!r} is not a loop of this schedule")
+            raise NotFoundError(f"{primitive}: {x.name!r} is neither a loop nor a size variable of this schedule")
         if _is_tensor(x) or isinstance(x, Buffer):
             return x.name
         if isinstance(x, (list, tuple)):

@@ -131,3 +131,19 @@ def test_an_assumed_lower_bound_is_checked_at_each_call():
     xa = np.random.default_rng(2).standard_normal((3, 7)).astype(np.float32)
     interp.run(s.program, xa, out)
     np.testing.assert_allclose(out, xa.sum(1), rtol=1e-5)
+
+
+def test_pad_loop_refuses_a_nest_it_cannot_analyse_and_assume_refuses_what_is_no_size():
+    n = te.var("n")
+    x = te.placeholder((n, n), "float32", name="x")
+    y = te.compute((n, n), lambda i, j: x[i, j] * 2.0, name="y")
+    s = Schedule([y])
+    i, j = s.loops("y")
+    fo, _ = s.split(s.collapse(i, j), 4)  # bounds in n * n: not affine in the size
+    s.assume("n", at_most=8)
+    with pytest.raises(ArgumentError, match=r"pad_loop\(i_j_f_o, 16\): the nest around y is not affine"):
+        s.pad_loop(fo, 16)
+    with pytest.raises(NotFoundError, match="assume: 'q' is neither a loop nor a size variable of this schedule"):
+        s.assume(te.var("q"), at_most=3)
+    with pytest.raises(ArgumentTypeError, match="assume: size must be a size variable .* got int 3"):
+        s.assume(3, at_most=3)
