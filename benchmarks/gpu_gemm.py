@@ -16,6 +16,7 @@ with each other only says whether they sum in the same order; `diff_vs_cublas` i
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -38,6 +39,15 @@ def _median_ms(fn: Any, sync: Any, reps: int = 20, warmup: int = 3) -> float:
         sync()
         ts.append((time.perf_counter() - t) * 1e3)
     return float(np.median(ts))
+
+
+def _event_ms(fn: Any, reps: int = 20, batch: int = 20) -> float:
+    """Median over `reps` batches of `batch` back-to-back calls, CUDA events around each batch (ms per call):
+    kernels of a few microseconds are not hidden behind a host synchronisation per call."""
+    import torch
+    from gpu_suite import time_cuda
+
+    return time_cuda(torch, fn, batch=batch, repeat=reps)
 
 
 def build_ours(n: int, m: int, p: int, pipeline: bool = True, min_blocks: int | None = None, **tiles: Any) -> Any:
@@ -158,8 +168,26 @@ SKINNY_SWEEP = [dict(block=(64, 128), thread_tile=(8, 8), k_tile=16),   # the sq
                 dict(block=(16, 32), thread_tile=(4, 1), k_tile=64)]
 
 
+def split_sweep(n: int, m: int, p: int, itemsize: int) -> list[dict[str, Any]]:
+    """The planner's skinny tiles for (n, m, p) with split-K off and at 2 to 32 chunks (gemm= configurations)."""
+    from schedules.recipes import skinny_params
+
+    got = skinny_params(n, itemsize, cols=m, depth=p)
+    if got is None:
+        return []
+    base = {k: v for k, v in got[0].items() if k != "split_k"}
+    kt = base["k_tile"]
+    out = [dict(base, split_k=None)]
+    for chunks in (2, 4, 6, 8, 16, 32):
+        chunk = kt * -(-p // (chunks * kt))
+        if chunk < p and chunk not in [c.get("split_k") for c in out]:
+            out.append(dict(base, split_k=chunk))
+    return out
+
+
 def shape_entries(shapes: list[tuple[int, int, int]], reps: int = 20, dtype: str = "float32",
-                  skinny_sweep: bool = False, show: Any = None) -> list[dict[str, Any]]:
+                  skinny_sweep: bool = False, show: Any = None, split: bool = False,
+                  configs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """relu(A @ B + bias) through the default path (`build([C], args, target="cuda")`, auto_schedule's plan), at
     fixed and at symbolic (te.var) sizes, against cuBLAS (PyTorch eager, TF32 off) in the same run. Each row:
     ms, ratio to cuBLAS, % of the DRAM floor (bytes of A, B, bias, C / 4.25 TB/s), error vs float64."""
@@ -186,31 +214,53 @@ def shape_entries(shapes: list[tuple[int, int, int]], reps: int = 20, dtype: str
         nbytes = (n * p + p * m + m + n * m) * a.element_size()
         floor_ms = nbytes / DRAM_BPS * 1e3
         shape = f"{n}x{m}x{p} {dtype}"
-        t_cublas = _median_ms(lambda a=a, b=b, bias=bias: torch.relu(a @ b + bias), sync, reps)
+        # operands rotated over copies that together exceed twice the L2 (60 MiB on the H200): each call reads
+        # A and B from DRAM, as a skinny GEMM's floor assumes
+        ncopy = min(8, 1 + int(120 * 2**20 // ((n * p + p * m) * a.element_size())))
+        ops = [(a, b)] + [(a.clone(), b.clone()) for _ in range(ncopy - 1)]
+
+        def rotated(fn: Any, ops: Any = ops) -> Any:
+            it = itertools.cycle(ops)
+            return lambda: fn(*next(it))
+
+        t_cublas = _event_ms(rotated(lambda a, b, bias=bias: torch.relu(a @ b + bias)), reps)
         rows.append({"shape": shape, "impl": "cuBLAS (torch eager)", "ms": t_cublas, "floor_ms": floor_ms,
                      "rel_err": float((torch.relu(a @ b + bias).double() - ref64).abs().max().item()) / scale})
-        variants: list[tuple[str, Any, Any]] = [("fixed", (n, m, p), None),
-                                                ("symbolic", (te.var("n"), te.var("m"), te.var("p")), None)]
+        sym = (te.var("n"), te.var("m"), te.var("p"))
+        # "symbolic": auto_schedule told the sizes, the kernel not; "symbolic build()": the user's path, build() of
+        # the tensors at symbolic sizes (call-time variants keyed by the sizes' classes, rescheduled per variant)
+        variants: list[tuple[str, Any, Any]] = [("fixed", (n, m, p), None), ("symbolic", sym, None),
+                                                ("symbolic build()", sym, None)]
         if skinny_sweep and n <= 64:  # on the first skinny shape only
             variants += [(f"fixed gemm={cfg}", (n, m, p), cfg) for cfg in SKINNY_SWEEP]
             skinny_sweep = False
+        if split:  # the planner's skinny tiles, split-K off and at several chunk counts
+            variants += [(f"fixed split_k={cfg['split_k']}", (n, m, p), cfg)
+                         for cfg in split_sweep(n, m, p, a.element_size())]
+        variants += [(f"fixed gemm={cfg}", (n, m, p), cfg) for cfg in configs or []]
         for label, sz, cfg in variants:
             try:
                 wl = w.matmul_bias_relu(n=sz[0], m=sz[1], p=sz[2], dtype=dtype)
                 t0 = time.perf_counter()
                 # symbolic: the cost model is told the sizes (as a user would pass them), the kernel is not
-                sch = auto_schedule(list(wl.outputs), target="cuda", gemm=cfg,
-                                    sizes={"n": n, "m": m, "p": p} if label == "symbolic" else None)
-                mod = build(sch, list(wl.inputs) + list(wl.outputs), target="cuda")
+                if label == "symbolic build()":
+                    sch = None
+                    mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
+                else:
+                    sch = auto_schedule(list(wl.outputs), target="cuda", gemm=cfg,
+                                        sizes={"n": n, "m": m, "p": p} if label == "symbolic" else None)
+                    mod = build(sch, list(wl.inputs) + list(wl.outputs), target="cuda")
                 build_s = time.perf_counter() - t0
                 out.fill_(float("nan"))
                 mod(a, b, bias, out)
                 sync()
                 err = float((out.double() - ref64).abs().max().item()) / scale
-                t = _median_ms(lambda mod=mod, a=a, b=b, bias=bias, out=out: mod(a, b, bias, out), sync, reps)
+                t = _event_ms(rotated(lambda a, b, mod=mod, bias=bias, out=out: mod(a, b, bias, out)), reps)
                 rows.append({"shape": shape, "impl": f"loopir {label}", "ms": t, "floor_ms": floor_ms, "rel_err": err,
                              "build_s": build_s, "ratio_vs_cublas": t_cublas / t,
-                             "mapping": sch.plan.groups[0].mapping})  # type: ignore[attr-defined]
+                             "mapping": sch.plan.groups[0].mapping if sch is not None  # type: ignore[attr-defined]
+                             else f"variant {mod.specializations[-1] if mod.specializations else 'generic'}: "
+                             f"{len(mod.last_ran.kernels)} kernel(s)"})
             except Exception as e:  # noqa: BLE001 - report, keep the others
                 rows.append({"shape": shape, "impl": f"loopir {label}", "ms": None,
                              "error": f"{type(e).__name__}: {str(e)[:300]}"})
@@ -334,6 +384,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--skinny-sweep", action="store_true",
                     help="also time SKINNY_SWEEP's tiles on the first shape of <= 64 rows")
+    ap.add_argument("--split-sweep", action="store_true",
+                    help="also time the planner's skinny tiles with split-K off and at 2..32 chunks (skinny shapes)")
+    ap.add_argument("--configs", default="[]",
+                    help='gemm= configurations (JSON list) timed at fixed sizes on every shape of --shapes')
     ap.add_argument("--mma", nargs="*", default=None,
                     help="tensor-core GEMM (gemm_mma) at these shapes (N or NxMxP; 0: symbolic n, m), f16 and bf16")
     ap.add_argument("--mma-dtypes", nargs="+", default=["float16", "bfloat16"],
@@ -355,7 +409,8 @@ def main() -> None:
         return
     if a.shapes:
         print(HEADER, flush=True)
-        rows = shape_entries([_parse_shape(t) for t in a.shapes], a.reps, a.dtype, a.skinny_sweep, show_row)
+        rows = shape_entries([_parse_shape(t) for t in a.shapes], a.reps, a.dtype, a.skinny_sweep, show_row,
+                             a.split_sweep, json.loads(a.configs))
         _write_json(a.json, rows)
         return
     tiles: dict[str, Any] = dict(block=tuple(a.block), thread_tile=tuple(a.thread_tile), k_tile=a.k_tile)

@@ -38,6 +38,7 @@ from loopir.te_extern import stage_call
 from loopir.visit import buffers_of, deep_recursion, free_vars, walk, walk_stmts
 from schedules import Schedule
 from schedules.auto import auto_schedule
+from schedules.recipes import is_matmul_tensor
 
 from . import build_cache
 from .build_cache import BuildKey
@@ -447,12 +448,15 @@ def _specialize_te(mod: Module, outs: list[Any], args: Sequence[Any] | None, tar
     tuning database: the options tuned for the key's class of row lengths, `bucket_options`)."""
     svars = size_vars_of(mod.program)
     rows = {v for t in stages_of(outs) for lh in getattr(t.op, "reduce_dom", ()) for x in lh for v in free_vars(x)}
+    # a matmul's rows of symbolic count: a skinny one (few rows) is planned apart (skinny tiles, split-K)
+    skinny = [t.shape[-2] for t in stages_of(outs) if target == "cuda" and is_matmul_tensor(t)
+              and isinstance(t.shape[-2], Var)]
     # the int32 test covers every stage a variant could keep in memory (its schedule may inline fewer)
     bufs = [*{id(t.buffer): t.buffer for t in stages_of(outs)}.values(), *mod.program.temps]
     passed = passed_sizes()  # sizes the call passes as arguments: a variant is lowered later, outside build
 
     def bucket(key: Key) -> tuple[dict[str, Any], str, str] | None:
-        rows_of = {n: b for n, b in key.rows}
+        rows_of = {n: b for n, b in key.rows if n not in {v.name for v in skinny}}
         return bucket_options(tuned, rows_of) if tuned is not None and rows_of else None
 
     def make(key: Key) -> Module:
@@ -475,7 +479,7 @@ def _specialize_te(mod: Module, outs: list[Any], args: Sequence[Any] | None, tar
 
     mod.specializer = Specializer(mod, svars, [v for v in svars if v in rows], bufs,
                                   _cached_make(make, ck, target, opts, extra), int32=target == "cuda",
-                                  generic_int32=generic_int32)
+                                  generic_int32=generic_int32, skinny=skinny)
 
 
 def _specialize_program(mod: Module, program: Program, target: str, opts: dict[str, Any],

@@ -49,6 +49,10 @@ from .passes.launch import padded_reach
 # than with 512). A class's bound is also assumed (every call of its variant meets it), so rows up to
 # rows.REGISTER_ROW_MAX (2**14) are register rows, their chunk loops padded to the bound's trip counts
 ROW_CLASSES = (127, 2**10, 2**12, 2**13, 2**14, 2**16)
+# upper bounds of the classes of a matmul's rows (the rows of C) at symbolic sizes: up to schedules.recipes.SKINNY_ROWS
+# the planner maps a skinny GEMM (tiles that cover every row, split-K), planned at the class's bound; above the last:
+# the square tiles
+SKINNY_CLASSES = (4, 8, 16, 32, 64)
 _DIV_WHY = {"1": "is 1 -> scheduled with the constant 1 (loops over it vanish)",
             "%16": "divisible by 16 -> scheduled with {v} = 16*{v}16 (vector lanes along it provably whole)",
             "%8": "divisible by 8, not 16 -> scheduled with {v} = 8*{v}8 (16-byte half lanes along it provably whole)",
@@ -97,6 +101,11 @@ def row_class(value: int) -> int:
     return next((b for b in ROW_CLASSES if value <= b), 0)
 
 
+def skinny_class(value: int) -> int:
+    """The upper bound of the matmul-rows class of `value` (0: more rows than every class)."""
+    return next((b for b in SKINNY_CLASSES if value <= b), 0)
+
+
 def fits_int32_at(buffers: Sequence[Buffer], sizes: dict[Var, int]) -> bool:
     """Every buffer's padded reach (launch.padded_reach) at `sizes` stays below 2**31."""
     return _shapes_fit_int32([b.shape for b in buffers], sizes)
@@ -137,11 +146,14 @@ class Specializer:
     schedule, which is not rescheduled)."""
 
     def __init__(self, generic: Any, vars: Sequence[Var], rows: Sequence[Var], buffers: Sequence[Buffer],
-                 make: Make, int32: bool, divisibility: bool = True, generic_int32: bool = False) -> None:
+                 make: Make, int32: bool, divisibility: bool = True, generic_int32: bool = False,
+                 skinny: Sequence[Var] = ()) -> None:
         self.generic = generic
         self.generic_int32 = generic_int32  # the generic module assumes 32-bit indices (codegen.build)
         self.vars = tuple(vars)
         self.rows = tuple(v for v in rows if v in self.vars) if divisibility else ()
+        # the rows of a matmul's C (not a row length): classed by SKINNY_CLASSES
+        self.skinny = tuple(v for v in skinny if v in self.vars and v not in self.rows) if divisibility else ()
         self.buffers = tuple(buffers)
         self.make = make
         self.int32 = int32
@@ -158,6 +170,7 @@ class Specializer:
         div = tuple(div_class(int(sizes[v])) if self.divisibility and v in sizes else "*" for v in self.vars)
         i32 = self.int32 and _shapes_fit_int32(self._shapes, sizes)
         rows = tuple((v.name, row_class(int(sizes[v])) if v in sizes else 0) for v in self.rows)
+        rows += tuple((v.name, skinny_class(int(sizes[v])) if v in sizes else 0) for v in self.skinny)
         return Key(names, div, i32, rows)
 
     def select(self, sizes: dict[Var, int]) -> tuple[Any, Key]:
@@ -195,6 +208,11 @@ class Specializer:
                          "  64-bit indices")
         for name, b in key.rows:
             v = next(x for x in self.vars if x.name == name)
+            if v in self.skinny:
+                lines.append(f"  {name}={sizes.get(v)}: matmul rows <= {b} -> planned as a skinny GEMM at {name}={b}, "
+                             "which the variant assumes (checked at each call)" if b else
+                             f"  {name}={sizes.get(v)}: matmul rows > {SKINNY_CLASSES[-1]} -> the square tiles")
+                continue
             lines.append(f"  {name}={sizes.get(v)}: row length <= {b} -> planned with {name}={b}, which the variant "
                          "assumes (checked at each call)" if b else
                          f"  {name}={sizes.get(v)}: row length > {ROW_CLASSES[-1]} -> planned for any length")
@@ -238,5 +256,5 @@ def substitution(key: Key, vars: Sequence[Var]) -> tuple[dict[Var, Any], dict[Va
     return sub, hint
 
 
-__all__ = ["Key", "Specializer", "ROW_CLASSES", "div_class", "row_class", "fits_int32_at", "size_vars_of",
-           "substitution"]
+__all__ = ["Key", "Specializer", "ROW_CLASSES", "SKINNY_CLASSES", "div_class", "row_class", "skinny_class",
+           "fits_int32_at", "size_vars_of", "substitution"]

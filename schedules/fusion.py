@@ -43,14 +43,14 @@ from loopir.errors import ArgumentError, ArgumentTypeError, ResourceLimitError
 from loopir.affine import simplify
 from loopir.nodes import Const, Expr, Load, Var
 from loopir.te import ComputeOp, Reduce, Tensor, TupleReduce, tensor_of
-from loopir.visit import substitute, walk
+from loopir.visit import free_vars, substitute, walk
 
 from . import cost as C
 from . import rows as R
 from .fusion_plan import THREADS, Decision, FusionGroup, FusionPlan, RowCache
 from .primitives.tensorize import half_load
 from .primitives.flash import MAX_DEPTH as FLASH_MAX_DEPTH, TF32_MAX_DEPTH
-from .recipes import gemm_params, gemm_resources, is_matmul_tensor, simt_default, skinny_params
+from .recipes import MMA_TILES, gemm_params, gemm_resources, is_matmul_tensor, simt_default, skinny_params
 
 ROW_MIN_EXTENT = 1024  # a reduction at least this long gets a block per row (else a thread per row)
 
@@ -277,10 +277,10 @@ def _half_operands(t: Tensor, types: tuple[str, ...] = HALVES) -> tuple[Load, Lo
 
 def _mma_weight(t: Tensor) -> int:
     """The tensor-core cost of a flop of `t` when the CUDA GEMM recipe runs it on tensor cores (the te mirror of
-    auto._tensor_cores and gemm_mma.mma_applicable), else 0: 1 for half operands (`_half_operands`), 6 for float32
-    ones (mma.m16n8k16.tf32x3: three TF32 products per product, at half the half-precision rate); the operands read
-    A[.., i, k] and B[.., k, j], the reduction a known multiple of 8 and at least 32 long; rows and columns symbolic
-    or at least 128."""
+    gemm_mapping._tensor_cores and gemm_mma.mma_applicable), else 0: 1 for half operands (`_half_operands`), 6 for
+    float32 ones (mma.m16n8k16.tf32x3: three TF32 products per product, at half the half-precision rate); the
+    operands read A[.., i, k] and B[.., k, j], the reduction a known multiple of 8 and at least 32 long; rows and
+    columns symbolic or at least 128."""
     half = _half_operands(t)
     ops = half or _half_operands(t, ("float32",))
     if ops is None:
@@ -737,8 +737,18 @@ class _Planner:
         else:
             itemsize = max(np_dtype(n.buffer.dtype).itemsize for n in walk(mm.op.body.body) if isinstance(n, Load))
             # the recipe's default tiles (none chosen by the caller) and few rows: the skinny tiles
-            rows = C.size_value(mm.shape[-2], self.ev)
-            sk = skinny_params(rows, itemsize, self.dev.smem_per_block) if simt_default(prm) else None
+            rows, cols = (C.size_value(d, self.ev) for d in mm.shape[-2:])
+            # split-K for a plain 2-d matmul (rows given: a class bound at call time): columns and reduction
+            # length at the plan's sizes, or DEFAULT_SIZE where a size is not given (not a default per variable:
+            # 16*m16 at m16 = 4096 would plan 65,536 columns)
+            red = mm.op.reduce_dom[0]
+            cols, depth = (C.size_value(e, self.ev) if {v.name for v in free_vars(e)} <= self.given
+                           else C.DEFAULT_SIZE for e in (simplify(mm.shape[-1]), simplify(red[1] - red[0])))
+            depth = depth if len(mm.shape) == 2 else None
+            # tensor cores for a half skinny GEMM where nobody chose the tensor-core path (a batched one: wgmma)
+            tc = len(mm.shape) == 2 and all(prm.get(k) in (None, MMA_TILES) for k in ("tensor_cores", "wgmma", "mma"))
+            sk = skinny_params(rows, itemsize, self.dev.smem_per_block, cols, depth, self.dev.sm_count,
+                               self.dev.smem_per_block_optin, tensor_cores=tc) if simt_default(prm) else None
             if sk is not None:
                 prm.update(sk[0])
                 g.log.append(Decision("note", (mm.name,), None, sk[1] + (
@@ -760,11 +770,23 @@ class _Planner:
                    + (f", the block's tiles of the operands staged in shared memory ({C.fmt_bytes(smem)} per stage, "
                       f"of {C.fmt_bytes(self.dev.smem_per_block)})" if prm.get("shared", True) else ""))
         g.log.append(Decision("note", (mm.name,), None, f"GEMM group: {what}; {how}"))
-        if eps:
+        if prm.get("split_k"):
+            g.log.append(Decision("note", (mm.name,), None, (
+                f"split-K: the partials {mm.name}_rf[chunk, i, j] are written and read back once "
+                f"({C.fmt_bytes(2 * self._split_partials(g))}), a second kernel sums them"
+                + (f" and computes the epilogue ({', '.join(t.name for t in eps)})" if eps else ""))))
+        elif eps:
             g.log.append(Decision("note", tuple(t.name for t in eps), None,
                                   f"epilogue fused: computed on the register tile before the single store of "
                                   f"{eps[-1].name}; {mm.name} is never written to memory (saves writing and "
                                   f"re-reading {C.fmt_bytes(_tensor_bytes(mm, self.ev))})"))
+
+    def _split_partials(self, g: FusionGroup) -> int:
+        """Bytes of a split-K GEMM group's partials (chunks x rows x columns, in the matmul's dtype)."""
+        mm = g.stages[0]
+        red = mm.op.reduce_dom[0]
+        chunks = -(-C.size_value(simplify(red[1] - red[0]), self.ev) // int((g.gemm or {})["split_k"]))
+        return chunks * _tensor_bytes(mm, self.ev)
 
     def _cache_note(self, g: FusionGroup, p: Tensor, ok: bool, why: str) -> None:
         g.log.append(Decision("cache", (p.name,), ok, why))
@@ -777,6 +799,11 @@ class _Planner:
                 if id(p) not in ids:
                     c.add_read(p.name, _tensor_bytes(p, self.ev))
         kept = {id(t) for t in g.stages[:-1]} if g.mapping == "gemm" else set()  # registers, never written
+        if g.mapping == "gemm" and (g.gemm or {}).get("split_k"):  # split-K: partials out and back, a 2nd launch
+            part = self._split_partials(g)
+            c.add_write(f"{g.stages[0].name}_rf", part)
+            c.add_read(f"{g.stages[0].name}_rf", part)
+            c.launches += 1
         if g.mapping == "online":  # the pass keeps scores, maxima and probabilities per key in registers
             read_outside = {id(u) for t in self.order if id(t) not in ids for u in t.op.inputs}
             kept = {id(t) for t in g.stages if id(t) not in read_outside and not any(t is o for o in self.outs)}

@@ -158,13 +158,28 @@ def test_fp16_inputs_versioned_compiles(n):
 # ----------------------------------------------------------------------------- skinny M
 
 
-@pytest.mark.parametrize("rows", [1, 2, 17, 33, 64])
-def test_skinny_params_cover_every_row_and_fit(rows):
-    prm, why = skinny_params(rows)
+@pytest.mark.parametrize("rows", [1, 2, 8, 17, 33, 64])
+@pytest.mark.parametrize("itemsize", [4, 2])
+def test_skinny_params_cover_every_row_and_fit(rows, itemsize):
+    prm, why = skinny_params(rows, itemsize, cols=4096, depth=4096)
     (b0, b1), (t0, t1), kt = prm["block"], prm["thread_tile"], prm["k_tile"]
-    assert b0 >= rows and b0 % t0 == 0 and t1 == 1 and "skinny" in why
-    assert 2 * (b0 * kt + kt * b1) * 4 <= 48 * 1024
+    assert b0 >= rows and b0 % t0 == 0 and t1 == (1 if b0 < 8 else 4) and "skinny" in why
+    assert 2 * (b0 * kt + kt * b1) * itemsize <= 48 * 1024
     gemm_params("cuda", prm)  # a valid tile set
+    # split-K: every chunk a whole number of k tiles, at least two chunks, the partials within 1/8 of B's bytes
+    chunk = prm["split_k"]
+    chunks = -(-4096 // chunk)
+    assert chunk % kt == 0 and chunks >= 2 and chunks * rows <= 4096 / 8 and "split-K" in why
+    if itemsize == 2 and rows >= 16:  # half inputs of 16 rows or more: tensor cores, a block no taller than them
+        assert prm["tensor_cores"] and prm["mma"]["block"][0] <= rows and "tensor cores" in why
+    else:
+        assert "tensor_cores" not in prm
+
+
+def test_skinny_params_no_split_where_the_reduction_is_short_or_unknown():
+    assert "split_k" not in skinny_params(16, cols=4096, depth=512)[0]  # one chunk of SPLIT_K_MIN_CHUNK
+    assert "split_k" not in skinny_params(16, cols=4096)[0]  # the reduction's length unknown
+    assert "split_k" not in skinny_params(16, cols=2**20, depth=4096)[0]  # the column blocks fill the GPU
 
 
 def test_skinny_params_none_for_tall_or_bad_rows():
@@ -180,7 +195,8 @@ def test_planner_picks_skinny_tiles_and_explains(n, sizes, skinny):
     g = plan.groups[0]
     assert g.mapping == "gemm"
     assert ("skinny GEMM" in plan.explain()) == skinny
-    assert (g.gemm["thread_tile"][1] == 1) == skinny
+    assert (g.gemm["thread_tile"] != gemm_params("cuda")["thread_tile"]) == skinny
+    assert ("split-K" in plan.explain()) == skinny  # the reduction costed at 4096: split
 
 
 def test_explicit_tiles_are_kept_for_skinny_shapes():

@@ -323,9 +323,10 @@ def test_tensor_cores_take_the_float32_accumulation_idiom(dtype: str) -> None:
 def test_auto_schedule_keeps_simt_where_tensor_cores_do_not_apply() -> None:
     from schedules import auto_schedule
 
-    # K = 36: A's rows off 16-byte boundaries; K = 24: under one k tile; 64 rows: skinny; float64 inputs; float32
-    # with K = 36 (float32 with K a multiple of 8: mma.m16n8k16.tf32x3, tests/test_gemm_tf32.py)
-    for n, m, p, dt in [(256, 128, 36, "float16"), (256, 128, 24, "float16"), (64, 128, 64, "float16"),
+    # K = 36: A's rows off 16-byte boundaries; K = 24: under one k tile; 8 rows: skinny, fewer than a fragment's
+    # 16; float64 inputs; float32 with K = 36 (float32 with K a multiple of 8: mma.m16n8k16.tf32x3,
+    # tests/test_gemm_tf32.py; a half skinny GEMM of 16 rows or more: tests/test_split_k.py)
+    for n, m, p, dt in [(256, 128, 36, "float16"), (256, 128, 24, "float16"), (8, 128, 64, "float16"),
                         (256, 128, 64, "float64"), (256, 128, 36, "float32")]:
         wl = w.matmul_bias_relu(n=n, m=m, p=p, dtype=dt)
         assert "tensor cores" not in auto_schedule(list(wl.outputs), "cuda").plan.explain(), (n, m, p, dt)

@@ -369,7 +369,10 @@ def _drop_dead_guards(buf: N.Buffer, body: N.Stmt, ranges: dict[N.Var, tuple[int
     drop: set[tuple[int, N.Expr]] = set()  # (id of the writer, term)
     for st, guards, rng in writers:
         idx, value = _at_loops(st)
-        if not all(isinstance(v, N.Var) and v in rng for v in idx) or len(set(idx)) != len(idx):
+        # an element index per loop of the tile (a constant one too: the leading batch index of a batched or
+        # split-K GEMM's register tile, 0 in every element)
+        own = [v for v in idx if not isinstance(v, N.Const)]
+        if not own or not all(isinstance(v, N.Var) and v in rng for v in own) or len(set(own)) != len(own):
             continue
         lds = [x for x in walk(value) if isinstance(x, N.Load)]
         # extra instances must stay in bounds and read only scratch: their own element, shared / local tiles
@@ -400,7 +403,7 @@ def _at_loops(st: N.Store) -> tuple[tuple[N.Expr, ...], N.Expr]:
 def _reader_implies(t: N.Expr, idx: tuple[N.Expr, ...], loads: list[N.Load], guards: tuple[N.Expr, ...],
                     rng: dict[N.Var, tuple[int, int]]) -> bool:
     for ld in loads:
-        tl = _ge0(substitute(t, dict(zip(idx, ld.indices))))  # type: ignore[arg-type]
+        tl = _ge0(substitute(t, {v: i for v, i in zip(idx, ld.indices) if isinstance(v, N.Var)}))
         if tl is None or not any(g is not None and _implies(g, tl, rng) for g in map(_ge0, guards)):
             return False
     return True

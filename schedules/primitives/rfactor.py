@@ -119,10 +119,13 @@ def _check_rfactor(ctx: CheckContext) -> poly.Witness | None:
 
 
 @primitive("rfactor", check=_check_rfactor, takes_deps=True, rebase=True)
-def rfactor(program: Program, deps: poly.Deps, stage: Any, loop: Var) -> tuple[Program, Buffer]:
+def rfactor(program: Program, deps: poly.Deps, stage: Any, loop: Var, factor_axis: int = -1) -> tuple[Program, Buffer]:
     """Split the reduction `stage` at its loop `loop` into partials `<buffer>_rf[spatial..., loop]` computed by
     a new nest placed before the reduction's nest, and a combine over `loop` in the reduction's place. Returns
     the partial buffer; its statements are named after it (`<buffer>_rf_init`, `<buffer>_rf`: `s.loops(buf.name)`).
+    `factor_axis` (TVM's): where the chunk index goes among the partial buffer's indices, and its loop among the
+    partial nest's spatial loops (-1: last, as below; 0: first, `C_rf[ko, i]` under `for ko2: for i2:`, so that
+    the chunks of a matmul are the batch of a batched matmul: split-K).
 
     Precondition: `stage` is `C[idx] = C[idx] op e` (op add, mul, max, min; e not reading C; ScheduleError with
     a witness otherwise); the loops around it from its nest's top down to `loop` are its spatial loops
@@ -137,6 +140,9 @@ def rfactor(program: Program, deps: poly.Deps, stage: Any, loop: Var) -> tuple[P
                                              for ko: C[i] += C_rf[i, ko]"""
     if not isinstance(loop, Var):
         raise ArgumentTypeError(f"rfactor: expected a loop handle, got {type(loop).__name__} {loop!r}")
+    if isinstance(factor_axis, bool) or not isinstance(factor_axis, int):
+        raise ArgumentTypeError(f"rfactor: factor_axis must be an int, got {type(factor_axis).__name__} "
+                                f"{factor_axis!r}")
     name = getattr(stage, "name", stage)
     if not isinstance(name, str):
         raise ArgumentTypeError(f"rfactor: expected a stage (tensor or statement name), got {type(stage).__name__}")
@@ -175,15 +181,20 @@ def rfactor(program: Program, deps: poly.Deps, stage: Any, loop: Var) -> tuple[P
         fresh[f.var] = v
     factored = chain[pos]
     assert isinstance(factored, For)
-    keys = [(f.var, f.lo) for f in outer] + [(factored.var, factored.lo)]
-    shape = tuple(binary("sub", f.hi, f.lo) for f in outer + [factored])
+    if not -len(outer) - 1 <= factor_axis <= len(outer):
+        raise ArgumentError(f"rfactor: factor_axis {factor_axis} is out of range for a partial of "
+                            f"{len(outer) + 1} dimensions ({', '.join(f.var.name for f in outer + [factored])})")
+    at = factor_axis % (len(outer) + 1)
+    spatial = outer[:at] + [factored] + outer[at:]  # the partial's indices and its nest's loops, in order
+    keys = [(f.var, f.lo) for f in spatial]
+    shape = tuple(binary("sub", f.hi, f.lo) for f in spatial)
     pname = fresh_name(program, f"{upd.buffer.name}_rf", taken)
     taken.add(pname)
     part = Buffer(pname, shape, upd.buffer.dtype, "global")
     pidx_new = tuple(binary("sub", fresh[v], lo) for v, lo in keys)
     pidx_old = tuple(binary("sub", v, lo) for v, lo in keys)
     ren = dict(fresh)
-    its_all = tuple(fresh[f.var] for f in loops)
+    its_all = tuple(fresh[f.var] for f in spatial + loops[len(outer) + 1:])
     its_out = tuple(fresh[v] for v, _ in keys)
     value = substitute(e, {it: substitute(c, ren) for it, c in sub.items()})
     body: Stmt = Store(pname, part, pidx_new,
@@ -192,10 +203,17 @@ def rfactor(program: Program, deps: poly.Deps, stage: Any, loop: Var) -> tuple[P
         body = _wrap(n, body, ren)
     init = Store(fresh_name(program, f"{pname}_init", taken), part, pidx_new,
                  identity(op, part.dtype), its_out, its_out)
-    body = _wrap(factored, seq(init, body), ren)
-    for n in reversed(chain[:pos]):
-        body = _wrap(n, body, ren)
-    its_c = tuple(v for v, _ in keys)
+    body = seq(init, body)
+    if at == len(outer):
+        body = _wrap(factored, body, ren)
+        for n in reversed(chain[:pos]):
+            body = _wrap(n, body, ren)
+    else:  # the guards around the factored loop read only outer loops and sizes: kept just inside the spatial loops
+        for n in reversed([g for g in chain[:pos] if isinstance(g, If)]):
+            body = _wrap(n, body, ren)
+        for f in reversed(spatial):
+            body = _wrap(f, body, ren)
+    its_c = tuple(f.var for f in outer + [factored])
     comb = Store(name, upd.buffer, idx, binary(op, Load(upd.buffer, idx), Load(part, pidx_old)), its_c, its_c)
     new = replace_loop(program, loop, dataclasses.replace(factored, body=comb))
     kids = new.body.body if isinstance(new.body, Seq) else (new.body,)

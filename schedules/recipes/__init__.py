@@ -63,10 +63,10 @@ def schedule_gemm(s: Any, stage: str | Any = None, epilogue: Any = "auto", targe
     return schedule_gemm_cpu(s, stage, epilogue, cpu_tile, who="schedule_gemm")
 
 
-GEMM_KEYS = {"cuda": ("block", "thread_tile", "k_tile", "shared", "strided", "unroll_k", "tensor_cores", "mma",
-                      "wgmma"),
+GEMM_KEYS = {"cuda": ("block", "thread_tile", "k_tile", "shared", "strided", "unroll_k", "split_k", "tensor_cores",
+                      "mma", "wgmma"),
              "cpu": ("cpu_tile",)}
-SIMT_KEYS = GEMM_KEYS["cuda"][:6]  # the SIMT recipe's own parameters (schedule_gemm_cuda's keywords)
+SIMT_KEYS = GEMM_KEYS["cuda"][:7]  # the SIMT recipe's own parameters (schedule_gemm_cuda's keywords)
 
 
 def gemm_params(target: str, gemm: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ initialising statement; `is_matmul_tensor` is its mirror on te tensors (for the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from loopir.errors import ArgumentError, LoopirError, NotFoundError, ResourceLimitError
@@ -18,7 +19,7 @@ from loopir.visit import statements, walk
 
 __all__ = [
     "GemmPlan", "check_tiles", "collapse_batch", "elementwise_consumers", "is_matmul_tensor", "matmul_operands",
-    "matmul_stage", "pos_int", "resolve_stage",
+    "matmul_stage", "pos_int", "resolve_stage", "split_k_gemm",
 ]
 
 
@@ -173,3 +174,45 @@ def collapse_batch(s: Any, stage: str, who: str) -> Any | None:
             raise ArgumentError(f"{who}: the batch loops of {stage!r} ({', '.join(b.var.name for b in batch)}) "
                                 f"cannot be collapsed into one grid dimension: {e}") from e
     return h
+
+
+COMBINE_THREADS = 256  # threads per block of split-K's combine kernel (one output column each)
+
+
+def split_k_gemm(s: Any, upd: Store, eps: list[str], chunk: Any, k_tile: int, recipe: Callable[[str], GemmPlan],
+                 who: str) -> GemmPlan:
+    """Split-K: the reduction in chunks of `chunk`, each chunk a GEMM of its own on blockIdx.z (`recipe` maps the
+    partial stage, a batched matmul over the chunks), whose partial C tiles a second kernel sums (in chunk order)
+    before the epilogue. For a GEMM whose tiles of C are too few to fill the GPU (skinny M: 4096 columns make 128
+    blocks of 32), so that more blocks stream B at once.
+
+        for i, j:                              for ko in blockIdx.z:            # the recipe, per chunk
+          C[i, j] = 0                            for i, j:  C_rf[ko, i, j] = sum over k in chunk ko of A * B
+          for k: C[i, j] += A[i, k] * B[k, j]   for i in blockIdx.y, j in (blockIdx.x, threadIdx.x):
+        for i, j: out[i, j] = f(C[i, j])   ==>   C_local = 0;  for ko: C_local += C_rf[ko, i, j]   # the combine
+                                                 out[i, j] = f(C_local)                          # the epilogue
+
+    Precondition: a plain 2-d matmul (no batch loops) and `chunk` a positive multiple of `k_tile` (ArgumentError
+    naming `who` otherwise). The rfactor is checked as any (a float sum reassociated per chunk, as every parallel
+    reduction is)."""
+    name = upd.name
+    if not (pos_int(chunk) and chunk % k_tile == 0):
+        raise ArgumentError(f"{who}: split_k must be a positive multiple of k_tile ({k_tile}), got {chunk!r}")
+    loops = s.loops(name)
+    if len(loops) != 3:
+        raise ArgumentError(f"{who}: split_k takes a plain 2-d matmul; {name!r} has {len(loops) - 3} batch loop(s)")
+    ko, _ = s.split(loops[2], chunk)
+    part = s.rfactor(name, ko, factor_axis=0)
+    plan = recipe(part.name)
+    plan.stage, plan.epilogue = name, list(eps)
+    plan.steps.insert(0, f"split k by {chunk}; rfactor({name}, {ko.var.name}, factor_axis=0): the partials "
+                         f"{part.name}[chunk, i, j], each chunk a GEMM of its own (the steps below, its chunks on "
+                         "blockIdx.z)")
+    i, j, _ = s.loops(name)
+    jo, jt = s.split(j, COMBINE_THREADS)
+    s.bind(i, "blockIdx.y").bind(jo, "blockIdx.x").bind(jt, "threadIdx.x")
+    s.cache_write(upd.buffer.name, "local", jt, epilogue=eps)
+    plan.steps.append(f"the combine: i on blockIdx.y, j by {COMBINE_THREADS} on blockIdx.x / threadIdx.x, "
+                      f"cache_write({upd.buffer.name}, 'local', epilogue={eps}): each thread sums its column's "
+                      "partials in chunk order in a register, then the epilogue")
+    return plan

@@ -34,14 +34,14 @@ from loopir.visit import statements
 import schedules.primitives.cache  # noqa: F401  (registers Schedule.cache_read)
 import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache_write)
 
-from .gemm import GemmPlan, check_tiles, collapse_batch, matmul_operands, resolve_stage
+from .gemm import GemmPlan, check_tiles, collapse_batch, matmul_operands, resolve_stage, split_k_gemm
 
-__all__ = ["SKINNY_ROWS", "gemm_resources", "schedule_gemm_cuda", "skinny_params"]
+__all__ = ["SKINNY_ROWS", "gemm_resources", "schedule_gemm_cuda", "skinny_params", "split_k_chunks"]
 
 
 def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", block: tuple[int, int] = (64, 128),
                        thread_tile: tuple[int, int] = (8, 8), k_tile: int = 16, shared: bool = True,
-                       strided: bool = False, unroll_k: bool = True) -> GemmPlan:
+                       strided: bool = False, unroll_k: bool = True, split_k: int | None = None) -> GemmPlan:
     """Apply the tiled-GEMM recipe for the CUDA target to the matmul-shaped reduction `stage` of Schedule `s`.
 
     `stage`: the update statement's name (or tensor); None picks the only matmul-shaped one.
@@ -51,12 +51,19 @@ def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", 
     its reads of a shared row are contiguous (128-bit shared loads); True: rows ty + 16*ii, columns
     tx + 16*jj (conflict-free scalar shared loads, coalesced stores). `unroll_k=False` leaves
     the k_tile loop to the compiler (fewer registers; slower as measured on an H200).
+    `split_k=F` (a multiple of k_tile): split-K, for GEMMs with too few tiles of C to fill the GPU (skinny M);
+    see `gemm.split_k_gemm`.
     Returns a GemmPlan (`.explain()`); `s` is modified in place. ValueError on bad tile sizes.
     """
     block = tuple(block) if isinstance(block, (list, tuple)) else block  # type: ignore[assignment]
     thread_tile = tuple(thread_tile) if isinstance(thread_tile, (list, tuple)) else thread_tile  # type: ignore[assignment]
     check_tiles(block, thread_tile, k_tile)  # type: ignore[arg-type]
     upd, eps = resolve_stage(s.program, stage, epilogue, "schedule_gemm_cuda")
+    if split_k is not None:
+        tiles = dict(block=block, thread_tile=thread_tile, k_tile=k_tile, shared=shared, strided=strided,
+                     unroll_k=unroll_k)
+        return split_k_gemm(s, upd, eps, split_k, k_tile, lambda part: schedule_gemm_cuda(s, part, [], **tiles),
+                            "schedule_gemm_cuda")
     plan = GemmPlan(upd.name, list(eps), "cuda")
     name = upd.name
     batch = collapse_batch(s, name, "schedule_gemm_cuda")
@@ -123,23 +130,76 @@ def gemm_resources(params: dict[str, Any], itemsize: int = 4) -> tuple[int, int,
 
 
 SKINNY_ROWS = 64  # a GEMM with at most this many rows of C is skinny: its time is the bytes of B
+# the tensor-core tiles of a skinny float16 / bfloat16 GEMM of at least 16 rows (gemm_mma), by rows: a block of
+# 16, 32 or 64 rows (no more rows than the matrix: the fragments read whole tiles) x 64 columns
+SKINNY_MMA_MIN_ROWS = 16
 
 
-def skinny_params(rows: int, itemsize: int = 4, smem_limit: int = 48 * 1024) -> tuple[dict[str, Any], str] | None:
+def skinny_params(rows: int, itemsize: int = 4, smem_limit: int = 48 * 1024, cols: int | None = None,
+                  depth: int | None = None, sm_count: int = 132,
+                  smem_per_sm: int = 227 * 1024, tensor_cores: bool = True) -> tuple[dict[str, Any], str] | None:
     """Tiles of the recipe for a skinny GEMM (rows of C <= SKINNY_ROWS), and why; None for other GEMMs.
 
-    Its time is reading B (k x m) once, so the block covers every row (grid = column blocks only: each
-    element of B is read by one block) and is narrow in columns (32: m / 32 blocks, enough to spread
-    over the SMs at m >= 4096), one column per thread (a warp reads 128 contiguous bytes of B per row,
-    conflict-free from shared memory) and a long k_tile (the largest of 128 .. 16 whose two cp.async
-    stages fit `smem_limit`), so that many bytes of B are in flight per block."""
+    Its time is reading B (k x m) once, so a block covers every row (grid = column blocks: each element of B
+    is read by one block) and 128 columns (a warp reads 512 contiguous bytes of each row of B), and the
+    reduction is split into chunks (`split_k_chunks`: split-K) so that enough blocks stream B at once. Up to 4
+    rows a thread keeps one column (rows x 1 tile); from 8 rows a rows/4 x 4 tile of 4 adjacent columns (one
+    128-bit read of the shared B row per k): with a column per thread, reading A and B from shared memory bound
+    the kernel. Half-precision inputs of 16 rows or more take the tensor cores (`tensor_cores`, `mma` tiles)
+    unless `tensor_cores=False`.
+    H200, relu(A @ B + bias) (benchmarks/gpu_gemm.py --split-sweep / --configs): 1 x 4096 x 4096 float32 0.091
+    ms before split-K, 0.035 with 32-column blocks, 0.021 with 128 columns; 16 x 4096 x 4096 float32 0.038 ms
+    with 4 x 1 tiles, 0.028 with 4 x 4; float16 16 rows 0.028 ms (SIMT) -> 0.018 (mma.sync, 16 x 64 blocks)."""
     if not (isinstance(rows, int) and 1 <= rows <= SKINNY_ROWS):
         return None
     b0 = 1 << (rows - 1).bit_length()
-    t0 = min(b0, 8 if b0 >= 32 else 4)
-    b1 = 32
-    kt = next((k for k in (128, 64, 32, 16) if 2 * (b0 * k + k * b1) * itemsize <= smem_limit), 16)
+    t0, t1, b1 = (min(8, max(2, b0 // 4)), 4, 128) if b0 >= 8 else (b0, 1, 128)
+    kt = next((k for k in (32, 16) if 2 * (b0 * k + k * b1) * itemsize <= smem_limit), 16)
+    prm: dict[str, Any] = {"block": (b0, b1), "thread_tile": (t0, t1), "k_tile": kt}
     why = (f"skinny GEMM ({rows} rows <= {SKINNY_ROWS}): its time is streaming B once, so block {b0}x{b1} "
-           f"covers every row (each element of B is read by one block), {b0 // t0}x{b1} threads each a {t0}x1 "
-           f"column tile, k_tile {kt} so that two stages of {(b0 * kt + kt * b1) * itemsize:,} B keep B in flight")
-    return {"block": (b0, b1), "thread_tile": (t0, 1), "k_tile": kt}, why
+           f"covers every row (each element of B is read by one block), {b0 // t0}x{b1 // t1} threads each a "
+           f"{t0}x{t1} tile, k_tile {kt}")
+    if tensor_cores and itemsize == 2 and rows >= SKINNY_MMA_MIN_ROWS:
+        r = max(x for x in (16, 32, 64) if x <= rows)
+        prm["tensor_cores"] = True
+        prm["mma"] = {"block": (r, 64), "warp": (min(r, 32), 32), "k_tile": 32}
+        why += (f"; half-precision inputs: tensor cores (mma.sync) on {r}x64 blocks of {r // min(r, 32) * 2} warps "
+                f"(the SIMT tiles where the tensor-core recipe does not apply)")
+    chunks = split_k_chunks(rows, cols, depth, prm, itemsize, sm_count, smem_per_sm)
+    if chunks is not None:
+        n, chunk, fill = chunks
+        prm["split_k"] = chunk
+        why += (f"; split-K: {-(-cols // b1)} column blocks {fill}, so the reduction of {depth} is split into "  # type: ignore[operator]
+                f"{n} chunks of {chunk} (blockIdx.z), a second kernel summing the partials before the epilogue")
+    return prm, why
+
+
+# split-K's bounds: each chunk at least this many elements of the reduction (fewer, longer chunks measured as fast or
+# faster than the one wave of blocks the occupancy asks for: 16 x 4096 x 4096 float16 on tensor cores 0.025 ms at
+# chunks of 256, 0.018 at 512), and the partials (written and read back once) at most this fraction of B's bytes
+SPLIT_K_MIN_CHUNK = 512
+SPLIT_K_PARTIAL_SHARE = 1 / 8
+
+
+def split_k_chunks(rows: int, cols: int | None, depth: int | None, prm: dict[str, Any], itemsize: int = 4,
+                   sm_count: int = 132, smem_per_sm: int = 227 * 1024) -> tuple[int, int, str] | None:
+    """(chunks, chunk length, why) of split-K for a GEMM of `rows` x `cols` over `depth` with the SIMT tiles
+    `prm`, or None when it does not pay: as many chunks as make the blocks one full wave of the blocks the SMs
+    hold at once (by shared memory and threads), each at least SPLIT_K_MIN_CHUNK long, and at most so many that
+    the partials stay within SPLIT_K_PARTIAL_SHARE of B's bytes; a chunk count that divides the k tiles where one
+    within half of that target does (no chunk with a ragged end)."""
+    if not (isinstance(cols, int) and isinstance(depth, int) and cols > 0 and depth > 0):
+        return None
+    (b0, b1), (t0, t1), kt = prm["block"], prm["thread_tile"], prm["k_tile"]
+    threads = (b0 // t0) * (b1 // t1)
+    smem = 2 * (b0 * kt + kt * b1) * itemsize
+    per_sm = min(smem_per_sm // max(smem, 1), 2048 // threads, 32)
+    blocks = -(-rows // b0) * -(-cols // b1)
+    tiles = -(-depth // kt)
+    want = min(sm_count * per_sm // blocks, depth // SPLIT_K_MIN_CHUNK, int(depth * SPLIT_K_PARTIAL_SHARE / rows))
+    if want < 2:
+        return None
+    n = next((d for d in range(want, max(2, want // 2) - 1, -1) if tiles % d == 0), want)
+    chunk = kt * -(-tiles // n)
+    fill = f"fill {blocks / (sm_count * per_sm):.0%} of the {sm_count} SMs x {per_sm} resident blocks"
+    return -(-depth // chunk), chunk, fill

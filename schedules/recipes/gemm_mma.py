@@ -57,7 +57,7 @@ import schedules.primitives.cache_write  # noqa: F401  (registers Schedule.cache
 import schedules.primitives.tensorize  # noqa: F401  (registers Schedule.tensorize)
 from schedules.primitives.tensorize import MMA_SHAPES, MMA_TF32, half_load, mma_kind
 
-from .gemm import GemmPlan, collapse_batch, resolve_stage
+from .gemm import GemmPlan, collapse_batch, resolve_stage, split_k_gemm
 
 __all__ = ["schedule_gemm_mma", "mma_applicable", "MMA_TILES", "MMA_TILES_TF32", "MMA_TILES_TF32_SMALL", "mma_tiles",
            "check_mma_tiles", "mma_dtype"]
@@ -132,7 +132,7 @@ def mma_dtype(program: Any, stage: str | None = None) -> str:
 
 
 def schedule_gemm_mma(s: Any, stage: str | Any = None, epilogue: Any = "auto", block: tuple[int, int] = (128, 128),
-                      warp: tuple[int, int] = (64, 64), k_tile: int = 32) -> GemmPlan:
+                      warp: tuple[int, int] = (64, 64), k_tile: int = 32, split_k: int | None = None) -> GemmPlan:
     """Apply the tensor-core GEMM recipe to the matmul-shaped reduction `stage` of Schedule `s` (float16 or
     bfloat16 inputs; float32 inputs run as three TF32 products each, mma.m16n8k16.tf32x3). `epilogue` as in
     schedule_gemm_cuda. Returns a GemmPlan; `s` is modified in place.
@@ -140,6 +140,9 @@ def schedule_gemm_mma(s: Any, stage: str | Any = None, epilogue: Any = "auto", b
     block, warp = tuple(block), tuple(warp)  # type: ignore[assignment]
     check_mma_tiles(block, warp, k_tile)  # type: ignore[arg-type]
     upd, eps = resolve_stage(s.program, stage, epilogue, "schedule_gemm_mma")
+    if split_k is not None:  # split-K (gemm.split_k_gemm): each chunk of the reduction this recipe, on blockIdx.z
+        return split_k_gemm(s, upd, eps, split_k, k_tile, lambda part: schedule_gemm_mma(
+            s, part, [], block=block, warp=warp, k_tile=k_tile), "schedule_gemm_mma")
     plan = GemmPlan(upd.name, list(eps), "cuda (tensor cores)")
     name = upd.name
     batch = collapse_batch(s, name, "schedule_gemm_mma")
@@ -174,8 +177,19 @@ def schedule_gemm_mma(s: Any, stage: str | Any = None, epilogue: Any = "auto", b
     ko, kr = s.split(k, k_tile)
     kk, k16 = s.split(kr, kx)
     s.reorder(ko, kk, mi, ni, eh, el, k16)
-    for ld in (half_load(upd.value.b.a), half_load(upd.value.b.b)):  # type: ignore[attr-defined]
-        s.cache_read(ld.buffer.name, "shared", ko)
+    for ld, need in zip((half_load(upd.value.b.a), half_load(upd.value.b.b)),  # type: ignore[attr-defined]
+                        ((block[0], k_tile), (k_tile, block[1]))):
+        tile = s.cache_read(ld.buffer.name, "shared", ko)
+        # memory safety: an instruction reads whole fragments, guards or not, so the shared tile must hold the
+        # block's whole tile; the copied box is clipped to the matrix, which is smaller than one tile when a
+        # dimension of known size is (16 rows under a 64-row block: ldmatrix read past the shared array)
+        got = [getattr(d, "value", None) for d in tile.shape[-2:]]
+        if any(g is not None and g < n for g, n in zip(got, need)):
+            raise ArgumentError(
+                f"schedule_gemm_mma: the shared tile of {ld.buffer.name!r} is {got[0]} x {got[1]}, smaller than the "
+                f"{need[0]} x {need[1]} tile the tensor-core fragments read (block {block}, k_tile {k_tile}): "
+                f"{ld.buffer.name} has fewer rows or columns than one tile; take tiles no larger than the matrix "
+                "(rows and columns of the block multiples of 16 and 8) or the SIMT recipe (gemm tensor_cores=False)")
         plan.staged.append(ld.buffer.name)
     plan.steps.append(f"split k by {k_tile}/{kx}; cache_read A and B 'shared' at ko "
                       "(cp.async pipelined by the CUDA passes)")
