@@ -207,3 +207,65 @@ def test_dead_row_guards_of_a_split_k_register_tile_are_dropped_at_symbolic_size
     assert found and all(not any({"n", "m"} & {v.name for v in walk(c) if type(v).__name__ == "Var"} for c in cs)
                          for cs in found)
     _interp(low, 5, 40, 40, seed=9, sizes={"n": 5, "m": 40, "p": 40})
+
+
+# ----------------------------------------------------------------------------- tiles of a matrix smaller than the block
+
+
+def _shared_rows(low, name="A_shared"):
+    return [int(x.buffer.shape[0].value) for x in walk(low.body)
+            if type(x).__name__ == "Allocate" and x.buffer.name.startswith(name)]
+
+
+def _update_guards(low, name):
+    """The conditions of the Ifs around each store named `name` in the lowered program."""
+    out = []
+
+    def go(node, conds):
+        if isinstance(node, Store):
+            if node.name == name:
+                out.append(conds)
+            return
+        for f in ("body", "then", "orelse"):
+            kid = getattr(node, f, None)
+            for k in kid if isinstance(kid, tuple) else (kid,):
+                if k is not None and hasattr(k, "__dataclass_fields__"):
+                    go(k, conds + ((node.cond,) if type(node).__name__ == "If" and f == "then" else ()))
+
+    go(low.body, ())
+    return out
+
+
+def test_a_tile_of_fewer_rows_than_the_block_grows_and_the_update_runs_unguarded():
+    """7 rows under the skinny recipe's 8-row block: the A tile (clipped to 7 rows) grows to 8, its row 7 zero-filled,
+    so the register tile's update needs no row guard (with one, the warp of rows 6-7 ran every update guarded: the
+    fixed-size kernel 10x slower than the symbolic one on an H100)."""
+    wl = w.matmul_bias_relu(n=7, m=40, p=100)
+    s = auto_schedule(list(wl.outputs), target="cuda")
+    assert s.plan.groups[0].gemm["block"][0] == 8
+    low = lower_cuda(s.program, "cuda")
+    assert _shared_rows(low) and set(_shared_rows(low)) == {8}
+    fills = [x for x in walk(low.body) if isinstance(x, Store) and x.name == "A_shared_fill"]
+    assert fills
+    guards = _update_guards(low, "matmul")
+    assert guards and all(cs == () for cs in guards), guards  # no row, column or k guard: one unguarded nest
+    _interp(low, 7, 40, 100, seed=11)
+
+
+def test_a_hand_scheduled_tile_grows_to_the_block_but_not_past_the_static_shared_memory():
+    from codegen.passes.pad import GROW_SMEM_MAX
+
+    wl = w.matmul_bias_relu(n=3, m=40, p=64)
+    s = Schedule(list(wl.outputs))
+    schedule_gemm_cuda(s, "matmul", block=(8, 32), thread_tile=(2, 1), k_tile=8)
+    low = lower_cuda(s.program, "cuda")
+    assert set(_shared_rows(low)) == {8}  # 3 rows read by a block of 8: grown
+    _interp(low, 3, 40, 64, seed=12)
+    # a block of 256 rows, k tile 64: the grown A tile (64 KiB) would pass the cap, so it keeps its 3 rows, guarded
+    s = Schedule(list(wl.outputs))
+    schedule_gemm_cuda(s, "matmul", block=(256, 8), thread_tile=(8, 1), k_tile=64)
+    assert 256 * 64 * 4 > GROW_SMEM_MAX
+    low = lower_cuda(s.program, "cuda")
+    assert set(_shared_rows(low)) == {3}
+    assert not [x for x in walk(low.body) if isinstance(x, Store) and x.name == "A_shared_fill"]
+    _interp(low, 3, 40, 64, seed=13)

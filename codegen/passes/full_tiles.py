@@ -127,6 +127,8 @@ def _version_copy(nest: N.For, threads: frozenset[N.Var]) -> N.Stmt | None:
             return None
         if w not in checks:
             checks.append(w)
+    if any(_never(c) for c in checks):  # no block copies a whole tile (a tile grown past its matrix: passes.pad)
+        return None
     return N.If(N.conjunction(checks), _drop_guards(nest, {id(inner)}), nest)
 
 

@@ -18,14 +18,21 @@ a conjunct of its copy's clip at the element read implies c (so where c fails th
 the element lies in the tile. Where c fails the update then adds 0 * 0 = 0: the same value (a -0.0
 accumulator would become +0.0, equal in value). The added stores write tile elements no valid instance
 reads, in the copy's own instances, before the barrier that already orders the copy and its readers.
+
+First, a tile whose loads reach past its end (its copy was clipped to a matrix smaller than the block) grows to
+their reach, its new elements filled with 0 (`_grow_tiles`): a fixed-size GEMM of 7 rows under a block of 8 then
+runs the update of every register tile unguarded, as the same GEMM at symbolic sizes (its tile never clipped) did.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from loopir import nodes as N
+from loopir.dtypes import np_dtype
+from loopir.subst import replace_buffers
 from loopir.visit import subst_coords, substitute, walk
 
 from .full_tiles import _ge0, _implies, _in_box
@@ -43,6 +50,8 @@ def pad_reductions(program: N.Program) -> N.Program:
 
 
 Ranges = dict[N.Var, tuple[int, int]]
+# a tile grows (`_grow_tiles`) only while the shared tiles of its loop stay within the static shared memory of a block
+GROW_SMEM_MAX = 48 * 1024
 
 
 def _go(s: N.Stmt, ranges: Ranges) -> N.Stmt:
@@ -59,9 +68,13 @@ def _go(s: N.Stmt, ranges: Ranges) -> N.Stmt:
     if not isinstance(s, N.For):
         return s
     inner = _ranged(s, ranges)
-    padded = _pad_loop(s, inner) if s.kind == "serial" else None
-    if padded is not None:
-        return padded
+    if s.kind == "serial":
+        grown = _grow_tiles(s, inner)
+        padded = _pad_loop(grown, inner)
+        if padded is not None:
+            return padded
+        if grown is not s:
+            return grown
     b = _go(s.body, inner)
     return s if b is s.body else dataclasses.replace(s, body=b)
 
@@ -102,6 +115,82 @@ def _pad_loop(f: N.For, ranges: Ranges) -> N.Stmt | None:
     for buf in reversed(chain):
         body = N.Allocate(buf, body)
     return dataclasses.replace(f, body=body)
+
+
+def _grow_tiles(f: N.For, ranges: Ranges) -> N.For:
+    """`f` with each shared tile that its loads after the first barrier index past the tile's constant extent (a
+    matrix smaller than the block: a 7-row A tile read at rows 0..7 by a block of 8 rows, the reads of row 7 under
+    the guard `row < 7`) grown to the loads' range, the copy's new elements filled with 0, while the loop's tiles stay
+    within GROW_SMEM_MAX bytes (the block's planned tile: a schedule sized its shared memory for it).
+
+    identity on the values every guarded load reads: the copy stores the same elements as before (its new
+    instances, c_d >= the old extent, store 0 and read nothing), and a load stays where it was. What it buys: the
+    guard that kept a dead register-tile element's update off the tile's end then protects an in-bounds read of a
+    zero, so version_full_tiles may drop it (`_drop_dead_guards`) instead of running that warp's updates guarded
+    in every iteration (H100, 7 x 5000 x 3000 float32: the fixed-size kernel 10x slower than the symbolic one)."""
+    shape = staged_shape(f)
+    if shape is None:
+        return f
+    chain, items, first = shape
+    need: dict[N.Buffer, list[int]] = {}
+    bad: set[N.Buffer] = set()
+    for ld, rng in _tile_loads(N.Seq(tuple(items[first:])), ranges, set(chain)):
+        ext = need.setdefault(ld.buffer, [int(getattr(d, "value", 0)) for d in ld.buffer.shape])
+        for d, (ix, dim) in enumerate(zip(ld.indices, ld.buffer.shape)):
+            b = _interval(ix, rng)
+            if b is None or b[0] < 0 or not isinstance(dim, N.Const):
+                bad.add(ld.buffer)
+            else:
+                ext[d] = max(ext[d], b[1] + 1)
+    grow: dict[N.Buffer, N.Buffer] = {}
+    new_items = list(items)
+    smem = sum(_nbytes(b) for b in chain)
+    for k, c in enumerate(items[:first]):
+        parts = copy_nest(c) if isinstance(c, N.For) else None
+        if parts is None or parts[2].buffer in bad or parts[2].buffer not in need:
+            continue
+        loops, guard, st = parts
+        old = [int(d.value) for d in st.buffer.shape]  # type: ignore[attr-defined]
+        ext = need[st.buffer]
+        order = _copy_dims(loops, st)
+        if order is None or ext == old or st.buffer in grow:
+            continue
+        buf = dataclasses.replace(st.buffer, shape=tuple(N.const(e) for e in ext))
+        if smem + (_nbytes(buf) - _nbytes(st.buffer)) > GROW_SMEM_MAX:
+            continue
+        smem += _nbytes(buf) - _nbytes(st.buffer)
+        clip = [*(N.conjuncts(guard) if guard is not None else []),
+                *(v < o for v, o, e in zip(order, old, ext) if e > o)]
+        fill = dataclasses.replace(st, name=f"{st.name}_fill", value=N.const(0, st.buffer.dtype))
+        body: N.Stmt = N.If(N.conjunction(clip), st, fill)
+        by_var = {v: e for v, e in zip(order, ext)}
+        for lp in reversed(loops):
+            body = dataclasses.replace(lp, hi=N.const(by_var[lp.var]), body=body)
+        grow[st.buffer] = buf
+        new_items[k] = body
+    if not grow:
+        return f
+    body = N.Seq(tuple(new_items))
+    for b in reversed(chain):
+        body = N.Allocate(b, body)
+    return dataclasses.replace(f, body=replace_buffers(body, grow))
+
+
+def _nbytes(b: N.Buffer) -> int:
+    return math.prod(int(getattr(d, "value", 0)) for d in b.shape) * np_dtype(b.dtype).itemsize
+
+
+def _tile_loads(s: N.Stmt, ranges: Ranges, tiles: set[N.Buffer]) -> list[tuple[N.Load, Ranges]]:
+    """The loads of `tiles` in `s` (indices in the loops around them), each with the loop ranges there."""
+    if isinstance(s, N.Store):
+        sub = subst_coords(s)
+        return [(N.Load(x.buffer, tuple(substitute(i, sub) for i in x.indices)), ranges)
+                for x in walk(s.value) if isinstance(x, N.Load) and x.buffer in tiles]
+    if isinstance(s, N.For):
+        return _tile_loads(s.body, _ranged(s, ranges), tiles)
+    kids = ((s.then, s.orelse) if isinstance(s, N.If) else s.body if isinstance(s, N.Seq)
+            else (s.body,) if isinstance(s, N.Allocate) else ())
+    return [x for c in kids if c is not None for x in _tile_loads(c, ranges, tiles)]
 
 
 def _copy_dims(loops: list[N.For], st: N.Store) -> list[N.Var] | None:
