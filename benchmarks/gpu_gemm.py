@@ -187,7 +187,8 @@ def split_sweep(n: int, m: int, p: int, itemsize: int) -> list[dict[str, Any]]:
 
 def shape_entries(shapes: list[tuple[int, int, int]], reps: int = 20, dtype: str = "float32",
                   skinny_sweep: bool = False, show: Any = None, split: bool = False,
-                  configs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+                  configs: list[dict[str, Any]] | None = None,
+                  only: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
     """relu(A @ B + bias) through the default path (`build([C], args, target="cuda")`, auto_schedule's plan), at
     fixed and at symbolic (te.var) sizes, against cuBLAS (PyTorch eager, TF32 off) in the same run. Each row:
     ms, ratio to cuBLAS, % of the DRAM floor (bytes of A, B, bias, C / 4.25 TB/s), error vs float64."""
@@ -231,6 +232,7 @@ def shape_entries(shapes: list[tuple[int, int, int]], reps: int = 20, dtype: str
         # the tensors at symbolic sizes (call-time variants keyed by the sizes' classes, rescheduled per variant)
         variants: list[tuple[str, Any, Any]] = [("fixed", (n, m, p), None), ("symbolic", sym, None),
                                                 ("symbolic build()", sym, None)]
+        variants = [v for v in variants if only is None or v[0] in only]
         if skinny_sweep and n <= 64:  # on the first skinny shape only
             variants += [(f"fixed gemm={cfg}", (n, m, p), cfg) for cfg in SKINNY_SWEEP]
             skinny_sweep = False
@@ -386,6 +388,8 @@ def main() -> None:
                     help="also time SKINNY_SWEEP's tiles on the first shape of <= 64 rows")
     ap.add_argument("--split-sweep", action="store_true",
                     help="also time the planner's skinny tiles with split-K off and at 2..32 chunks (skinny shapes)")
+    ap.add_argument("--variants", default=None,
+                    help="with --shapes: only these of 'fixed', 'symbolic', 'symbolic build()' (comma-separated)")
     ap.add_argument("--configs", default="[]",
                     help='gemm= configurations (JSON list) timed at fixed sizes on every shape of --shapes')
     ap.add_argument("--mma", nargs="*", default=None,
@@ -410,7 +414,8 @@ def main() -> None:
     if a.shapes:
         print(HEADER, flush=True)
         rows = shape_entries([_parse_shape(t) for t in a.shapes], a.reps, a.dtype, a.skinny_sweep, show_row,
-                             a.split_sweep, json.loads(a.configs))
+                             a.split_sweep, json.loads(a.configs),
+                             tuple(a.variants.split(",")) if a.variants else None)
         _write_json(a.json, rows)
         return
     tiles: dict[str, Any] = dict(block=tuple(a.block), thread_tile=tuple(a.thread_tile), k_tile=a.k_tile)
