@@ -64,7 +64,6 @@ from .rows import RowParams
 from .primitives import find_loop
 from .primitives.cache import reduction_parts
 from .primitives.extents import max_trip
-from .gemm_mapping import find as _find
 from .gemm_mapping import map_gemm
 from .schedule import Schedule
 
@@ -509,7 +508,7 @@ def _phases(s: Schedule, block: Var) -> list[For]:
         elif isinstance(body, For):
             out.append(body)
 
-    go(_find(s, block).body)
+    go(find_loop(s.program, block).body)
     return out
 
 
@@ -589,7 +588,7 @@ def _map_recurrence_cpu(s: Schedule, loops: list[Any], par: list[Any], ser: list
         s.reorder(*par[:-1], bo, *ser, bi)
         s.vectorize(bi)
         par = par[:-1] + [bo]
-    wide = [h for h in par if not _at_most_one(simplify(_find(s, h.var).hi - _find(s, h.var).lo))]
+    wide = [h for h in par if not _at_most_one(simplify((f := find_loop(s.program, h.var)).hi - f.lo))]
     if wide:
         s.parallel(wide[0])
 
@@ -641,7 +640,7 @@ def _map_cpu(s: Schedule, g: FusionGroup) -> None:
         if len(loops) < 2 or len(loops) != len(t.shape):
             continue  # 1-D (the loop is parallel) or a reduction phase (its innermost loop accumulates)
         inner = loops[-1]
-        f = _find(s, inner.var)
+        f = find_loop(s.program, inner.var)
         if f.kind == "serial" and not any(isinstance(n, For) for n in walk(f.body)):
             try:
                 s.vectorize(inner)

@@ -7,13 +7,14 @@ import math
 from typing import Any
 
 from loopir.affine import multiple_of, same_value, simplify
-from loopir.errors import ArgumentError, NotFoundError
-from loopir.nodes import Const, Expr, For, Load, Store, Var
+from loopir.errors import ArgumentError
+from loopir.nodes import Const, Expr, Load, Store
 from loopir.visit import free_vars, substitute, walk
 
 from .cost import H200
 from .errors import InexactCheckError, ScheduleError
 from .fusion import Decision, FusionGroup
+from .primitives import find_loop
 from .primitives.tensorize import HALF, half_load
 from .primitives.wgmma import BLOCK_COLS
 from .recipes import MMA_TILES, SIMT_KEYS, matmul_stage, schedule_gemm, schedule_gemm_cuda, simt_default
@@ -22,7 +23,7 @@ from .recipes.gemm_mma import mma_applicable, mma_dtype, mma_tiles, schedule_gem
 from .recipes.gemm_wgmma import schedule_gemm_wgmma, tile_cols
 from .schedule import Schedule
 
-__all__ = ["map_gemm", "find"]
+__all__ = ["map_gemm"]
 
 
 def map_gemm(s: Schedule, g: FusionGroup, target: str) -> None:
@@ -60,7 +61,7 @@ def map_gemm(s: Schedule, g: FusionGroup, target: str) -> None:
                               f"{block}"))
     elif tensor_cores:
         dt = mma_dtype(s.program, mm)
-        dims = [_costed(simplify(f.hi - f.lo), s) for f in (find(s, h.var) for h in s.loops(mm)[:-1])]
+        dims = [_costed(simplify(f.hi - f.lo), s) for f in (find_loop(s.program, h.var) for h in s.loops(mm)[:-1])]
         grid = (math.prod(dims[:-2]) if None not in dims[:-2] else None, *dims[-2:])  # type: ignore[arg-type]
         tiles = _fit_tiles(mma_tiles(dt, prm.get("mma"), grid, getattr(getattr(s, "plan", None), "device",
                                                                        H200).sm_count), dims[-2:])
@@ -108,7 +109,7 @@ def _tensor_cores(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> bool:
     loops = s.loops(mm.name)
     if len(loops) != len(mm.shape) + 1:
         return False
-    dims = [simplify(f.hi - f.lo) for f in (find(s, h.var) for h in loops[-3:])]
+    dims = [simplify(f.hi - f.lo) for f in (find_loop(s.program, h.var) for h in loops[-3:])]
     # a K that is not a known multiple of 8 leaves A's rows off 16-byte boundaries, and its element-wise copies
     # made the tensor-core kernel slower than the SIMT one (H200, float16 1001 x 1003 x 999 at symbolic sizes:
     # 0.71 ms vs 0.48 ms)
@@ -149,7 +150,7 @@ def _wgmma_block(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> tuple[tupl
     collapse = nb > 0 and _rows_collapse(s, g, upd, nb)
     if nb > 1 and not collapse:
         return None
-    fors = [find(s, h.var) for h in loops]
+    fors = [find_loop(s.program, h.var) for h in loops]
     row_ext = [simplify(f.hi - f.lo) for f in fors[:nb + 1]]
     rows = row_ext[-1]
     if collapse:  # all batches' rows (the inner extents are constants; a symbolic B leaves them symbolic)
@@ -186,12 +187,12 @@ def _rows_collapse(s: Schedule, g: FusionGroup, upd: Store, nb: int) -> bool:
     (loopir.affine.row_major) and no element pays a division or a modulo (a guard or a value using t, a table
     read at [t, c], would)."""
     loops = s.loops(upd.name)[:nb + 1]
-    fors = [find(s, h.var) for h in loops]
+    fors = [find_loop(s.program, h.var) for h in loops]
     ext = [simplify(f.hi - f.lo) for f in fors]
     if any(not _zero(f.lo) for f in fors) or not all(isinstance(e, Const) for e in ext[1:]):
         return False
     names = [t.name for t in g.stages[1:]]
-    nests = [fors[0]] + [find(s, s.loops(n)[0].var) for n in names if s.loops(n)]
+    nests = [fors[0]] + [find_loop(s.program, s.loops(n)[0].var) for n in names if s.loops(n)]
     stores = [n for nest in nests for n in walk(nest) if isinstance(n, Store)]
     return bool(stores) and all(_leading_rows(st, nb + 1, ext) for st in stores)
 
@@ -217,18 +218,7 @@ def _leading_rows(st: Store, n: int, ext: list[Expr]) -> bool:
         sum(1 for x in walk(st.value) if x is v) == len(loads) for v in lead)
 
 
-# ----------------------------------------------------------------------------- CUDA
-
-
-
 def _zero(e: Expr) -> bool:
     e = simplify(e)
     return isinstance(e, Const) and e.value == 0
-
-
-def find(s: Schedule, var: Var) -> For:
-    for n in walk(s.program.body):
-        if isinstance(n, For) and n.var is var:
-            return n
-    raise NotFoundError(f"loop {var.name!r} is not in the schedule")
 
