@@ -69,6 +69,28 @@ def test_space_follows_the_plan():
         assert options(sp.default, sp.default) == ({}, {})  # the default configuration is the untuned build
 
 
+def test_space_of_a_skinny_gemm_tunes_split_k_and_moves_its_tiles_together():
+    wl = workloads.matmul_bias_relu(n=16, m=4096, p=4096)
+    sp = space_for(list(wl.outputs), "cuda")
+    assert {k.name for k in sp.knobs} == {"gemm.block", "gemm.thread_tile", "gemm.k_tile", "gemm.split_k"}
+    assert sp.default["gemm.split_k"] == 512 and sp.default["gemm.block"] == (16, 128)
+    assert sp.check(sp.default) is None and options(sp.default, sp.default) == ({}, {})
+    # one tile changed: the planner's other skinny choices go with it (alone they would fall back to (64, 128), ...)
+    sched = options({**sp.default, "gemm.k_tile": 16}, sp.default)[0]
+    assert sched == {"gemm": {"block": (16, 128), "thread_tile": (4, 4), "k_tile": 16, "split_k": 512}}
+    for chunk, launches in ((0, 1), (1024, 2)):
+        sched = options({**sp.default, "gemm.split_k": chunk}, sp.default)[0]
+        assert sched["gemm"]["split_k"] == (chunk or None)
+        s = auto_schedule(list(wl.outputs), target="cuda", **sched)
+        g = s.plan.groups[0]
+        assert g.gemm["block"] == (16, 128) and g.cost.launches == launches
+        assert (f"split k by {chunk}; rfactor(matmul" in s.plan.explain()) == bool(chunk)
+    assert "not a multiple of k_tile 64" in sp.check({**sp.default, "gemm.split_k": 608, "gemm.k_tile": 64})
+    # a square GEMM has no split to tune
+    assert "gemm.split_k" not in {k.name for k in space_for(list(workloads.matmul_bias_relu(256, 256, 256).outputs),
+                                                            "cuda").knobs}
+
+
 def test_space_of_attention_and_of_a_block():
     # the attention chain alone is mapped by fixed rules (schedule_attention): nothing to vary; inside a block the
     # chain is one online kernel of the plan, so its scores matmul brings no GEMM knobs of its own

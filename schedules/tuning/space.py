@@ -16,7 +16,8 @@ Which knobs exist depends on the fusion plan the rules make at the tuned sizes:
 | cuda GEMM, half inputs   | gemm.mma.block, gemm.mma.warp, gemm.mma.k_tile (tensor cores, mma.sync: |
 |                          | chosen when not at their defaults), gemm.wgmma.block (2-d matmuls)     |
 | cuda GEMM, float32       | gemm.block, gemm.thread_tile, gemm.k_tile (the SIMT recipe's tiles; the |
-|                          | default, measured first, runs tensor cores: mma.m16n8k16.tf32x3)       |
+|                          | default, measured first, runs tensor cores: mma.m16n8k16.tf32x3);     |
+|                          | gemm.split_k for a skinny plan split into chunks (0: no split)         |
 | cpu GEMM                 | gemm.cpu_tile                                                          |
 | cpu (every workload)     | build.threads (the module's worker threads)                            |
 | several stages, no GEMM  | fuse (one kernel per stage when False)                                 |
@@ -50,6 +51,7 @@ __all__ = ["space_for", "options", "check"]
 MAX_ACC = 128  # accumulators per thread beyond which the register file spills
 
 _POW2_THREADS = (64, 128, 256, 512, 1024)
+SIMT_KNOBS = ("gemm.block", "gemm.thread_tile", "gemm.k_tile", "gemm.split_k")
 
 
 def _item(t: Tensor) -> int:
@@ -102,6 +104,8 @@ def space_for(outputs: Tensor | list[Tensor], target: str = "cuda", sizes: dict[
                                    (16, 64)), p["block"])
                 add("gemm.thread_tile", ((2, 1), (4, 1), (4, 2), (4, 4), (4, 8), (8, 4), (8, 8)), p["thread_tile"])
                 add("gemm.k_tile", (8, 16, 32, 64, 128), p["k_tile"])
+                if (g.gemm or {}).get("split_k"):  # a skinny plan in chunks: the chunk length too (0: no split)
+                    add("gemm.split_k", (0, 256, 512, 1024, 2048), int(g.gemm["split_k"]))  # type: ignore[index]
         elif target == "cuda" and g.mapping == "flat":
             add("threads", _POW2_THREADS, THREADS)
             add("per_thread", (1, 2, 4, 8), 2)
@@ -148,8 +152,11 @@ def options(config: Config, default: Config | None = None) -> tuple[dict[str, An
     left out (the rules decide them), so the default configuration is exactly the untuned build."""
     sched: dict[str, Any] = {}
     build: dict[str, Any] = {}
+    # the SIMT recipe's knobs go together once one differs: given alone, a tile would replace the planner's choice
+    # of all of them (a skinny plan's tiles and split-K) by the recipe's defaults for the others
+    simt = default is not None and any(k in config and config[k] != default.get(k) for k in SIMT_KNOBS)
     for name, v in config.items():
-        if default is not None and default.get(name) == v:
+        if default is not None and default.get(name) == v and not (simt and name in SIMT_KNOBS):
             continue
         head, _, rest = name.partition(".")
         if head == "build":
@@ -163,7 +170,7 @@ def options(config: Config, default: Config | None = None) -> tuple[dict[str, An
                 gemm.setdefault(kind, {})[key] = v
                 gemm["tensor_cores"] = True
             else:
-                gemm[rest] = v
+                gemm[rest] = (v or None) if rest == "split_k" else v
         else:
             sched[name] = v
     return sched, build
@@ -195,6 +202,8 @@ def check(config: Config, itemsize: int = 4, device: Device = H200) -> str | Non
             return f"{threads} threads per block (a whole number of warps, at most {most})"
         if acc > MAX_ACC:
             return f"thread tile {t}: {acc} accumulators per thread (registers hold {MAX_ACC})"
+        if config.get("gemm.split_k") and config["gemm.split_k"] % kt:
+            return f"split_k {config['gemm.split_k']} is not a multiple of k_tile {kt}"
         if 2 * smem > device.smem_per_block:
             return (f"two stages of shared tiles need {2 * smem} bytes (the SIMT recipe's static limit: "
                     f"{device.smem_per_block // 1024} KiB)")
