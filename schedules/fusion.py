@@ -747,10 +747,13 @@ class _Planner:
             depth = depth if len(mm.shape) == 2 else None
             # tensor cores for a half skinny GEMM where nobody chose the tensor-core path (a batched one: wgmma)
             tc = len(mm.shape) == 2 and all(prm.get(k) in (None, MMA_TILES) for k in ("tensor_cores", "wgmma", "mma"))
-            sk = skinny_params(rows, itemsize, self.dev.smem_per_block, cols, depth, self.dev.sm_count,
-                               self.dev.smem_per_block_optin, tensor_cores=tc) if simt_default(prm) else None
+            asked = prm.get("split_k")  # a chunk length (0: no split) the caller chose, kept over the planner's
+            sk = skinny_params(rows, itemsize, self.dev.smem_per_block, cols, depth if asked is None else None,
+                               self.dev.sm_count, self.dev.smem_per_block_optin,
+                               tensor_cores=tc) if simt_default(prm) else None
             if sk is not None:
                 prm.update(sk[0])
+                prm["split_k"] = asked if asked is not None else prm.get("split_k")
                 g.log.append(Decision("note", (mm.name,), None, sk[1] + (
                     f" (rows costed at {rows}: `sizes`)" if isinstance(mm.shape[-2], Var) else "")))
             threads, smem, acc = gemm_resources(prm, itemsize)

@@ -126,15 +126,16 @@ def _tensor_cores(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> bool:
 def _wgmma_block(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> tuple[tuple[int, int], bool] | None:
     """The tile of Hopper's warpgroup recipe when it applies to a matmul `_tensor_cores` took, and whether its batch
     loops are first collapsed into its rows (`_rows_collapse`); else None: not turned off (gemm wgmma=False), no
-    mma.sync tiles chosen by the caller, a plain (i, j, k) matmul or a linear layer (batch loops around it that the
-    weight, the operand read along j, does not read: X[b, t, k] @ W[k, j]; a true batched matmul keeps mma.sync),
+    mma.sync tiles nor split_k chosen by the caller, a plain (i, j, k) matmul or a linear layer (batch loops around
+    it that the weight, the operand read along j, does not read: X[b, t, k] @ W[k, j]; a true batched matmul keeps
+    mma.sync),
     rows of A and B of a length that is a known multiple of 8 (16-byte cp.async chunks), and rows and columns at
     least 64 where known. Batch loops that are not collapsed stay apart, one loop (the recipe's blockIdx.z); more
     than one that cannot be collapsed: None. The tile: 128 x 256 (measured fastest, H200), fewer rows or columns
     where the matrix has fewer (the rows of a collapsed nest: all batches')."""
     wg = prm.get("wgmma")
-    if wg is False or (wg is None and prm.get("mma") not in (None, MMA_TILES)):
-        return None
+    if wg is False or (wg is None and prm.get("mma") not in (None, MMA_TILES)) or prm.get("split_k"):
+        return None  # (split-K: the mma.sync recipe takes it, the warpgroup one does not)
     mm = g.stages[0]
     loops = s.loops(mm.name)
     nb = len(loops) - 3

@@ -279,3 +279,34 @@ def test_default_path_skinny_gemms_of_odd_rows_match_in_any_thread_order(rows, d
     s = auto_schedule(list(wl.outputs), target="cuda")
     assert "split-K" in s.plan.explain()
     _interp(lower_cuda(s.program, "cuda"), rows, 40, 1100, dtype, seed=rows)
+
+
+# ----------------------------------------------------------------------------- gemm={"split_k": ...}
+
+
+def test_gemm_split_k_option_turns_the_split_off_or_sets_the_chunk_and_keeps_the_skinny_tiles():
+    wl = w.matmul_bias_relu(n=16, m=4096, p=4096)
+    for asked, launches in ((None, 2), (0, 1), (1024, 2)):
+        s = auto_schedule(list(wl.outputs), target="cuda", gemm=None if asked is None else {"split_k": asked})
+        g = s.plan.groups[0]
+        assert g.gemm["block"] == (16, 128) and g.cost.launches == launches  # the planner's skinny tiles either way
+        assert ("matmul_rf" in str(s.program)) == (launches == 2)
+        if asked:
+            assert f"split k by {asked};" in s.plan.explain()
+
+
+def test_gemm_split_k_on_a_square_half_gemm_takes_mma_sync_not_the_warpgroup_recipe():
+    wl = w.matmul_bias_relu(n=256, m=256, p=1024, dtype="float16")
+    assert "wgmma" in auto_schedule(list(wl.outputs), target="cuda").plan.explain()
+    s = auto_schedule(list(wl.outputs), target="cuda", gemm={"split_k": 512})
+    text = s.plan.explain()
+    assert "mma.sync m16n8k16" in text and "split k by 512;" in text and "wgmma" not in text
+
+
+@pytest.mark.parametrize("bad", [-1, True, "512", 1.5])
+def test_gemm_split_k_option_refuses_what_is_no_chunk_length(bad):
+    wl = w.matmul_bias_relu(n=16, m=256, p=256)
+    with pytest.raises(ArgumentError, match="gemm split_k must be None .*, 0 \\(no split\\) or a chunk length"):
+        auto_schedule(list(wl.outputs), target="cuda", gemm={"split_k": bad})
+    with pytest.raises(ArgumentError, match="split_k must be a positive multiple of k_tile \\(32\\), got 100"):
+        auto_schedule(list(wl.outputs), target="cuda", gemm={"split_k": 100})

@@ -57,8 +57,8 @@ def test_space_follows_the_plan():
     # a wgmma tile chosen asks for that recipe; an mma.sync tile chosen (wgmma at its default) for mma.sync
     assert options({**gh.default, "gemm.wgmma.block": (128, 128)}, gh.default)[0] == {
         "gemm": {"wgmma": {"block": (128, 128)}, "tensor_cores": True}}
-    assert options({**gh.default, "gemm.mma.k_tile": 64}, gh.default)[0] == {
-        "gemm": {"mma": {"k_tile": 64}, "tensor_cores": True}}
+    assert options({**gh.default, "gemm.mma.k_tile": 64}, gh.default)[0] == {  # the recipe's tiles go together
+        "gemm": {"mma": {"block": (128, 128), "warp": (64, 64), "k_tile": 64}, "tensor_cores": True}}
     gf = space_for(list(workloads.matmul_bias_relu().outputs), "cuda", {"n": 4096, "m": 4096, "p": 4096})
     assert {k.name for k in gf.knobs} == {"gemm.block", "gemm.thread_tile", "gemm.k_tile"}
     cpu = space_for(list(workloads.matmul_bias_relu(64, 64, 64).outputs), "cpu")
@@ -80,12 +80,27 @@ def test_space_of_a_skinny_gemm_tunes_split_k_and_moves_its_tiles_together():
     assert sched == {"gemm": {"block": (16, 128), "thread_tile": (4, 4), "k_tile": 16, "split_k": 512}}
     for chunk, launches in ((0, 1), (1024, 2)):
         sched = options({**sp.default, "gemm.split_k": chunk}, sp.default)[0]
-        assert sched["gemm"]["split_k"] == (chunk or None)
+        assert sched["gemm"]["split_k"] == chunk
         s = auto_schedule(list(wl.outputs), target="cuda", **sched)
         g = s.plan.groups[0]
         assert g.gemm["block"] == (16, 128) and g.cost.launches == launches
         assert (f"split k by {chunk}; rfactor(matmul" in s.plan.explain()) == bool(chunk)
-    assert "not a multiple of k_tile 64" in sp.check({**sp.default, "gemm.split_k": 608, "gemm.k_tile": 64})
+    assert "not a multiple of k_tile 16" in sp.check({**sp.default, "gemm.split_k": 600, "gemm.k_tile": 16})
+    # half inputs of 16 rows: the skinny plan's tensor-core tiles are the default, moved together with the split
+    wh = workloads.matmul_bias_relu(n=16, m=4096, p=4096, dtype="float16")
+    sh = space_for(list(wh.outputs), "cuda")
+    assert sh.default == {"gemm.mma.block": (16, 64), "gemm.mma.warp": (16, 32), "gemm.mma.k_tile": 32,
+                          "gemm.split_k": 512}
+    assert sh.check(sh.default) is None and options(sh.default, sh.default) == ({}, {})
+    sched = options({**sh.default, "gemm.mma.block": (32, 64), "gemm.split_k": 0}, sh.default)[0]
+    assert sched == {"gemm": {"mma": {"block": (32, 64), "warp": (16, 32), "k_tile": 32}, "tensor_cores": True,
+                              "split_k": 0}}
+    s = auto_schedule(list(wh.outputs), target="cuda", **sched)
+    assert s.plan.groups[0].cost.launches == 1 and "tiles {'block': (16, 64)" in s.plan.explain()  # fit to 16 rows
+    sched = options({**sh.default, "gemm.mma.k_tile": 64}, sh.default)[0]
+    s = auto_schedule(list(wh.outputs), target="cuda", **sched)
+    assert s.plan.groups[0].cost.launches == 2 and "'k_tile': 64" in s.plan.explain()
+    assert "not a multiple of k_tile 64" in sh.check({**sh.default, "gemm.mma.k_tile": 64, "gemm.split_k": 608})
     # a square GEMM has no split to tune
     assert "gemm.split_k" not in {k.name for k in space_for(list(workloads.matmul_bias_relu(256, 256, 256).outputs),
                                                             "cuda").knobs}

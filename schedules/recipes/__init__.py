@@ -91,6 +91,10 @@ def gemm_params(target: str, gemm: dict[str, Any] | None = None) -> dict[str, An
     sig = inspect.signature(schedule_gemm_cuda).parameters
     out = {k: given.get(k, sig[k].default) for k in SIMT_KEYS}
     check_tiles(out["block"], out["thread_tile"], out["k_tile"])
+    sk = out["split_k"]
+    if sk is not None and (isinstance(sk, bool) or not isinstance(sk, int) or sk < 0):
+        raise ArgumentError(f"auto_schedule: gemm split_k must be None (the planner decides: skinny GEMMs split), "
+                            f"0 (no split) or a chunk length (a positive multiple of k_tile), got {sk!r}")
     # tensor_cores: None lets auto_schedule decide (half inputs, shapes the recipe suits), True asks for the
     # tensor-core recipe wherever it applies, False keeps the SIMT recipe; mma: that recipe's tiles
     tc = given.get("tensor_cores")
@@ -118,6 +122,7 @@ def gemm_params(target: str, gemm: dict[str, Any] | None = None) -> dict[str, An
 
 
 def simt_default(params: dict[str, Any]) -> bool:
-    """The SIMT recipe's parameters in `params` (from gemm_params) are its defaults: nobody chose tiles."""
+    """The SIMT recipe's tile parameters in `params` (from gemm_params) are its defaults: nobody chose tiles (a
+    chosen split_k is no tile: the planner still picks the tiles of a skinny GEMM, and keeps that split_k)."""
     default = gemm_params("cuda")
-    return all(params.get(k) == default[k] for k in SIMT_KEYS)
+    return all(params.get(k) == default[k] for k in SIMT_KEYS if k != "split_k")

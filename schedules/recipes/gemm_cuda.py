@@ -51,15 +51,15 @@ def schedule_gemm_cuda(s: Any, stage: str | Any = None, epilogue: Any = "auto", 
     its reads of a shared row are contiguous (128-bit shared loads); True: rows ty + 16*ii, columns
     tx + 16*jj (conflict-free scalar shared loads, coalesced stores). `unroll_k=False` leaves
     the k_tile loop to the compiler (fewer registers; slower as measured on an H200).
-    `split_k=F` (a multiple of k_tile): split-K, for GEMMs with too few tiles of C to fill the GPU (skinny M);
-    see `gemm.split_k_gemm`.
+    `split_k=F` (a multiple of k_tile; 0 or None: none): split-K, for GEMMs with too few tiles of C to fill the
+    GPU (skinny M); see `gemm.split_k_gemm`.
     Returns a GemmPlan (`.explain()`); `s` is modified in place. ValueError on bad tile sizes.
     """
     block = tuple(block) if isinstance(block, (list, tuple)) else block  # type: ignore[assignment]
     thread_tile = tuple(thread_tile) if isinstance(thread_tile, (list, tuple)) else thread_tile  # type: ignore[assignment]
     check_tiles(block, thread_tile, k_tile)  # type: ignore[arg-type]
     upd, eps = resolve_stage(s.program, stage, epilogue, "schedule_gemm_cuda")
-    if split_k is not None:
+    if split_k:  # 0 / None: no split
         tiles = dict(block=block, thread_tile=thread_tile, k_tile=k_tile, shared=shared, strided=strided,
                      unroll_k=unroll_k)
         return split_k_gemm(s, upd, eps, split_k, k_tile, lambda part: schedule_gemm_cuda(s, part, [], **tiles),

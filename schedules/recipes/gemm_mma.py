@@ -140,7 +140,7 @@ def schedule_gemm_mma(s: Any, stage: str | Any = None, epilogue: Any = "auto", b
     block, warp = tuple(block), tuple(warp)  # type: ignore[assignment]
     check_mma_tiles(block, warp, k_tile)  # type: ignore[arg-type]
     upd, eps = resolve_stage(s.program, stage, epilogue, "schedule_gemm_mma")
-    if split_k is not None:  # split-K (gemm.split_k_gemm): each chunk of the reduction this recipe, on blockIdx.z
+    if split_k:  # split-K (gemm.split_k_gemm): each chunk of the reduction this recipe, on blockIdx.z (0: none)
         return split_k_gemm(s, upd, eps, split_k, k_tile, lambda part: schedule_gemm_mma(
             s, part, [], block=block, warp=warp, k_tile=k_tile), "schedule_gemm_mma")
     plan = GemmPlan(upd.name, list(eps), "cuda (tensor cores)")

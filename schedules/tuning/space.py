@@ -14,7 +14,8 @@ Which knobs exist depends on the fusion plan the rules make at the tuned sizes:
 | cuda row / warp / split  | threads, rows.wide_threads, rows.warp_lanes, rows.split_threads,       |
 |                          | rows.register_row_max (register rows, or the row in shared memory)     |
 | cuda GEMM, half inputs   | gemm.mma.block, gemm.mma.warp, gemm.mma.k_tile (tensor cores, mma.sync: |
-|                          | chosen when not at their defaults), gemm.wgmma.block (2-d matmuls)     |
+|                          | chosen when not at their defaults), gemm.wgmma.block (2-d matmuls);    |
+|                          | gemm.split_k for a skinny plan split into chunks (0: no split)         |
 | cuda GEMM, float32       | gemm.block, gemm.thread_tile, gemm.k_tile (the SIMT recipe's tiles; the |
 |                          | default, measured first, runs tensor cores: mma.m16n8k16.tf32x3);     |
 |                          | gemm.split_k for a skinny plan split into chunks (0: no split)         |
@@ -51,7 +52,9 @@ __all__ = ["space_for", "options", "check"]
 MAX_ACC = 128  # accumulators per thread beyond which the register file spills
 
 _POW2_THREADS = (64, 128, 256, 512, 1024)
-SIMT_KNOBS = ("gemm.block", "gemm.thread_tile", "gemm.k_tile", "gemm.split_k")
+# the knobs of one recipe (the SIMT tiles, the tensor-core tiles), each with split-K
+GEMM_KNOBS = (("gemm.block", "gemm.thread_tile", "gemm.k_tile", "gemm.split_k"),
+              ("gemm.mma.block", "gemm.mma.warp", "gemm.mma.k_tile", "gemm.split_k"))
 
 
 def _item(t: Tensor) -> int:
@@ -90,13 +93,19 @@ def space_for(outputs: Tensor | list[Tensor], target: str = "cuda", sizes: dict[
                 add("gemm.cpu_tile", tuple(sorted({(r, c) for r in (2, 4, 6, 8) for c in (t1 // 2, t1, 2 * t1)},
                                                  key=_order)), tile)
             elif itemsize == 2 and mma_applicable(lower(outs), g.stages[0].name) is None:
-                add("gemm.mma.block", ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128)),
-                    MMA_TILES["block"])
-                add("gemm.mma.warp", ((32, 32), (32, 64), (64, 32), (64, 64), (32, 128), (128, 32)),
-                    MMA_TILES["warp"])
-                add("gemm.mma.k_tile", (16, 32, 64), MMA_TILES["k_tile"])
-                if len(g.stages[0].shape) == 2:  # a plain matmul: Hopper's warpgroup recipe and its tile
+                gm = g.gemm or {}
+                # a skinny plan on tensor cores (16 to 64 rows): its own tiles, blocks no taller than the rows
+                skinny = bool(gm.get("tensor_cores")) and gm.get("mma") not in (None, MMA_TILES)
+                tiles = gm["mma"] if skinny else MMA_TILES
+                add("gemm.mma.block", (((16, 64), (32, 64), (16, 128), (32, 128)) if skinny else ())
+                    + ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128)), tiles["block"])
+                add("gemm.mma.warp", (((16, 32), (16, 64)) if skinny else ())
+                    + ((32, 32), (32, 64), (64, 32), (64, 64), (32, 128), (128, 32)), tiles["warp"])
+                add("gemm.mma.k_tile", (16, 32, 64), tiles["k_tile"])
+                if len(g.stages[0].shape) == 2 and not skinny:  # a plain matmul: Hopper's warpgroup recipe, its tile
                     add("gemm.wgmma.block", ((128, 128), (128, 192), (128, 256), (64, 256)), WGMMA_TILES["block"])
+                if gm.get("split_k"):
+                    add("gemm.split_k", (0, 256, 512, 1024, 2048), int(gm["split_k"]))
             else:
                 p = gemm_params("cuda", g.gemm and {k: v for k, v in g.gemm.items() if k in ("block", "thread_tile",
                                                                                              "k_tile")})
@@ -152,11 +161,12 @@ def options(config: Config, default: Config | None = None) -> tuple[dict[str, An
     left out (the rules decide them), so the default configuration is exactly the untuned build."""
     sched: dict[str, Any] = {}
     build: dict[str, Any] = {}
-    # the SIMT recipe's knobs go together once one differs: given alone, a tile would replace the planner's choice
-    # of all of them (a skinny plan's tiles and split-K) by the recipe's defaults for the others
-    simt = default is not None and any(k in config and config[k] != default.get(k) for k in SIMT_KNOBS)
+    # a recipe's knobs go together once one differs: given alone, a tile would replace the planner's choice of all
+    # of them (a skinny plan's tiles and split-K) by the recipe's defaults for the others
+    together = {k for group in GEMM_KNOBS if default is not None
+                and any(g in config and config[g] != default.get(g) for g in group) for k in group}
     for name, v in config.items():
-        if default is not None and default.get(name) == v and not (simt and name in SIMT_KNOBS):
+        if default is not None and default.get(name) == v and name not in together:
             continue
         head, _, rest = name.partition(".")
         if head == "build":
@@ -170,7 +180,7 @@ def options(config: Config, default: Config | None = None) -> tuple[dict[str, An
                 gemm.setdefault(kind, {})[key] = v
                 gemm["tensor_cores"] = True
             else:
-                gemm[rest] = (v or None) if rest == "split_k" else v
+                gemm[rest] = v
         else:
             sched[name] = v
     return sched, build
@@ -202,11 +212,12 @@ def check(config: Config, itemsize: int = 4, device: Device = H200) -> str | Non
             return f"{threads} threads per block (a whole number of warps, at most {most})"
         if acc > MAX_ACC:
             return f"thread tile {t}: {acc} accumulators per thread (registers hold {MAX_ACC})"
-        if config.get("gemm.split_k") and config["gemm.split_k"] % kt:
-            return f"split_k {config['gemm.split_k']} is not a multiple of k_tile {kt}"
         if 2 * smem > device.smem_per_block:
             return (f"two stages of shared tiles need {2 * smem} bytes (the SIMT recipe's static limit: "
                     f"{device.smem_per_block // 1024} KiB)")
+    chunk, kt = config.get("gemm.split_k"), config.get("gemm.k_tile", config.get("gemm.mma.k_tile"))
+    if chunk and kt and chunk % kt:
+        return f"split_k {chunk} is not a multiple of k_tile {kt}"
     if "gemm.cpu_tile" in config:
         t0, t1 = config["gemm.cpu_tile"]
         if t0 * t1 > 512:
