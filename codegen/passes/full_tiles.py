@@ -20,7 +20,8 @@ a thread whose 8 x 8 tile straddles the matrix edge computes every element of it
 scratch), from shared tiles whose stale out-of-range entries it can read in bounds, and only the
 elements in range are ever stored. The element-only guard of the init and update statements (row < n,
 column < m; not k < p, which protects live elements from stale products) is dropped when every other
-statement reading the scratch reads an element only under a guard that implies it for that element.
+statement reading the scratch reads an element only under a guard that implies it for that element. A tile
+of one element (index [0, 0]) drops its thread's guard (column < m) the same way.
 The edge tiles then run the same FMA nest as whole ones (with per-element guards an edge block ran
 ~8x slower, and at 1000^3, one wave of blocks, the whole kernel waited for it: 1.0 ms vs 0.16 ms at
 1024^3), keeping only the k test per k step (and not that where `codegen.passes.pad` zero-filled the tiles).
@@ -374,7 +375,7 @@ def _drop_dead_guards(buf: N.Buffer, body: N.Stmt, ranges: dict[N.Var, tuple[int
         # an element index per loop of the tile (a constant one too: the leading batch index of a batched or
         # split-K GEMM's register tile, 0 in every element)
         own = [v for v in idx if not isinstance(v, N.Const)]
-        if not own or not all(isinstance(v, N.Var) and v in rng for v in own) or len(set(own)) != len(own):
+        if not all(isinstance(v, N.Var) and v in rng for v in own) or len(set(own)) != len(own):
             continue
         lds = [x for x in walk(value) if isinstance(x, N.Load)]
         # extra instances must stay in bounds and read only scratch: their own element, shared / local tiles
@@ -382,14 +383,18 @@ def _drop_dead_guards(buf: N.Buffer, body: N.Stmt, ranges: dict[N.Var, tuple[int
                 x.buffer.scope == "global" or (x.buffer is buf and x.indices != idx) or not _in_box(x, rng)
                 for x in lds):
             continue
+        # loops of one iteration that the index does not name are constants (a 1 x 1 tile's element loops: [0, 0])
+        one = {v: N.const(lo) for v, (lo, hi) in rng.items() if lo == hi and v not in own}
         for t in guards:
-            tv = {x for x in walk(t) if isinstance(x, N.Var)}
-            # element-only: no loop of the writer's own nest other than its element index (k stays)
+            tc = substitute(t, one) if one else t
+            tv = {x for x in walk(tc) if isinstance(x, N.Var)}
+            # no loop of the writer's own nest other than its element index (k stays); a term of the element, or of
+            # the thread for a one-element tile (that element is the thread's whole tile, dead past the edge)
             if any(v in bound and v not in idx for v in tv):
                 continue
-            if not any(v in idx for v in tv):
+            if own and not any(v in idx for v in tv):
                 continue
-            if all(_reader_implies(t, idx, lds_r, g_r, r_r) for _, lds_r, g_r, r_r in readers):
+            if all(_reader_implies(tc, idx, lds_r, g_r, r_r) for _, lds_r, g_r, r_r in readers):
                 drop.add((id(st), t))
     if not drop:
         return body
