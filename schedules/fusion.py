@@ -34,6 +34,7 @@ everything the kernel keeps in shared memory fits the block's budget (symbolic r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -50,7 +51,10 @@ from . import rows as R
 from .fusion_plan import THREADS, Decision, FusionGroup, FusionPlan, RowCache
 from .primitives.tensorize import half_load
 from .primitives.flash import MAX_DEPTH as FLASH_MAX_DEPTH, TF32_MAX_DEPTH
-from .recipes import MMA_TILES, gemm_params, gemm_resources, is_matmul_tensor, simt_default, skinny_params
+from .recipes import (
+    MMA_TILES, SKINNY_ROWS, gemm_params, gemm_resources, is_matmul_tensor, shared_weight_rows, simt_default,
+    skinny_params,
+)
 
 ROW_MIN_EXTENT = 1024  # a reduction at least this long gets a block per row (else a thread per row)
 
@@ -738,6 +742,13 @@ class _Planner:
             itemsize = max(np_dtype(n.buffer.dtype).itemsize for n in walk(mm.op.body.body) if isinstance(n, Load))
             # the recipe's default tiles (none chosen by the caller) and few rows: the skinny tiles
             rows, cols = (C.size_value(d, self.ev) for d in mm.shape[-2:])
+            # a linear layer (batch axes the weight does not read: X[b, t, k] @ W[k, j]) has all batches' rows
+            # against one weight: more than SKINNY_ROWS of them is no skinny GEMM, whatever T is (64 x 32 rows of
+            # a float16 MLP had taken the SIMT skinny tiles instead of tensor cores)
+            dims = shared_weight_rows(mm)
+            if dims and all(v.name in self.given for d in dims for v in free_vars(d)):  # sizes known
+                total = math.prod(C.size_value(d, self.ev) for d in dims)
+                rows = total if total > SKINNY_ROWS else rows  # (few in all: skinny tiles of one batch's rows)
             # split-K for a plain 2-d matmul (rows given: a class bound at call time): columns and reduction
             # length at the plan's sizes, or DEFAULT_SIZE where a size is not given (not a default per variable:
             # 16*m16 at m16 = 4096 would plan 65,536 columns)

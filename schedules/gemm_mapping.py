@@ -120,6 +120,12 @@ def _tensor_cores(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> bool:
     tiles = mma_tiles(mma_dtype(s.program, mm.name), prm.get("mma"))
     if isinstance(dims[2], Const) and int(dims[2].value) < tiles["k_tile"]:
         return False
+    nb = len(loops) - 3
+    upd, _ = resolve_stage(s.program, mm.name, [], "auto_schedule")
+    if nb and _linear_layer(upd, nb):  # all batches' rows meet one weight (wgmma collapses them into its rows)
+        ext = [_costed(simplify(f.hi - f.lo), s) for f in (find_loop(s.program, h.var) for h in loops[:nb + 1])]
+        if None not in ext:  # (at sizes the plan was not given, the rows of one batch decide, as before)
+            dims[0] = Const(math.prod(ext), "int64")  # type: ignore[arg-type]
     return all(not isinstance(d, Const) or int(d.value) >= t for d, t in zip(dims, tiles["block"]))
 
 
@@ -144,9 +150,7 @@ def _wgmma_block(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> tuple[tupl
     if nb < 0 or not all(isinstance(x, Load) and x.buffer.dtype in HALF and multiple_of(x.buffer.shape[-1], 8)
                          for x in ops):
         return None  # (float32 operands: mma.sync tf32x3; wgmma's TF32 takes K-major B only)
-    lead = set(upd.iters[:nb])
-    weight = [x for x in ops if upd.iters[nb] not in free_vars(x)]  # type: ignore[arg-type]
-    if nb and (len(weight) != 1 or lead & free_vars(weight[0])):
+    if nb and not _linear_layer(upd, nb):
         return None  # a weight read at b: a batched matmul (each batch its own B), mma.sync on blockIdx.z
     collapse = nb > 0 and _rows_collapse(s, g, upd, nb)
     if nb > 1 and not collapse:
@@ -168,6 +172,14 @@ def _wgmma_block(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> tuple[tupl
     if c == 256 and all(x is not None for x in known):
         c = tile_cols(*known, r)  # type: ignore[arg-type]
     return ((r, c), collapse) if r and c else None
+
+
+def _linear_layer(upd: Store, nb: int) -> bool:
+    """The matmul update under `nb` batch loops reads its weight (the operand that does not read the row iterator)
+    at no batch iterator: X[b, t, k] @ W[k, j], all batches' rows against one W."""
+    ops = [half_load(x) for x in (upd.value.b.a, upd.value.b.b)]  # type: ignore[attr-defined]
+    weight = [x for x in ops if x is not None and upd.iters[nb] not in free_vars(x)]
+    return len(weight) == 1 and not set(upd.iters[:nb]) & free_vars(weight[0])
 
 
 def _costed(e: Expr, s: Schedule) -> int | None:

@@ -11,7 +11,7 @@ import pytest
 from codegen import build
 from codegen.passes import lower as lower_cuda
 from codegen.specialize import SKINNY_CLASSES, skinny_class
-from loopir import interp, te
+from loopir import blocks, interp, te
 from loopir import workloads as w
 from loopir.errors import ArgumentError, ArgumentTypeError
 from loopir.nodes import Store
@@ -312,3 +312,43 @@ def test_gemm_split_k_option_refuses_what_is_no_chunk_length(bad):
         auto_schedule(list(wl.outputs), target="cuda", gemm={"split_k": bad})
     with pytest.raises(ArgumentError, match="split_k must be a positive multiple of k_tile \\(32\\), got 100"):
         auto_schedule(list(wl.outputs), target="cuda", gemm={"split_k": 100})
+
+
+# ----------------------------------------------------------------------------- linear layers: all batches' rows
+
+
+def _linear(b, t, c, n, dtype):
+    x = te.placeholder((b, t, c), name="x", dtype=dtype)
+    wt = te.placeholder((c, n), name="w", dtype=dtype)
+    k = te.reduce_axis(c, "k")
+    y = te.compute((b, t, n), lambda i, j, o: te.sum(x[i, j, k] * wt[k, o], axis=k), name="y")
+    return x, wt, y
+
+
+def test_a_linear_layer_of_many_rows_in_short_batches_is_no_skinny_gemm():
+    """64 x 32 rows of a float16 MLP against one weight: tensor cores (the warpgroup recipe, batches collapsed into
+    its rows), not the skinny SIMT tiles its 32 rows per batch had taken; a decode step (1 x 1 rows) stays skinny, and
+    so does a truly batched matmul (each batch its own right operand) of 16 rows per batch."""
+    text = auto_schedule(list(blocks.mlp(B=64, T=32, C=256, dtype="float16").outputs), target="cuda").plan.explain()
+    assert "skinny GEMM" not in text and "wgmma" in text and "collapse the batch loops" in text
+    assert "skinny GEMM" in auto_schedule(list(blocks.mlp(B=1, T=1, C=256, dtype="float16").outputs),
+                                          target="cuda").plan.explain()
+    a = te.placeholder((64, 16, 256), name="a", dtype="float16")
+    b = te.placeholder((64, 256, 512), name="b", dtype="float16")
+    k = te.reduce_axis(256, "k")
+    c = te.compute((64, 16, 512), lambda z, i, j: te.sum(a[z, i, k] * b[z, k, j], axis=k), name="c")
+    assert "skinny GEMM" in auto_schedule([c], target="cuda").plan.explain()
+
+
+def test_a_float32_linear_layer_of_many_rows_takes_tensor_cores_and_matches_in_any_thread_order():
+    x, wt, y = _linear(4, 32, 32, 128, "float32")  # 128 rows against one weight, 32 a batch
+    s = auto_schedule([y], target="cuda")
+    assert "skinny GEMM" not in s.plan.explain() and "mma.sync m16n8k8 tf32" in s.plan.explain()
+    low = lower_cuda(s.program, "cuda")
+    rng = np.random.default_rng(5)
+    xa, wa = rng.standard_normal((4, 32, 32)).astype("float32"), rng.standard_normal((32, 128)).astype("float32")
+    ref = xa.astype(np.float64) @ wa.astype(np.float64)
+    for order in ("reversed", "forward"):
+        out = np.full((4, 32, 128), np.nan, np.float32)
+        interp.run(low, xa, wa, out, gpu_order=order)
+        assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-5, order

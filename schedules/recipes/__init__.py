@@ -25,6 +25,7 @@ from .gemm import (
     matmul_stage,
     pos_int,
     resolve_stage,
+    shared_weight_rows,
 )
 from .gemm_cpu import default_cpu_tile, schedule_gemm_cpu
 from .gemm_cuda import SKINNY_ROWS, gemm_resources, schedule_gemm_cuda, skinny_params
@@ -34,7 +35,8 @@ from .gemm_wgmma import WGMMA_TILES, check_wgmma_tiles
 __all__ = [
     "GEMM_KEYS", "GemmPlan", "check_tiles", "default_cpu_tile", "elementwise_consumers", "gemm_params",
     "gemm_resources", "is_matmul_tensor", "matmul_operands", "matmul_stage", "resolve_stage", "schedule_gemm",
-    "schedule_gemm_cpu", "schedule_gemm_cuda", "SKINNY_ROWS", "skinny_params", "SIMT_KEYS", "simt_default",
+    "schedule_gemm_cpu", "schedule_gemm_cuda", "SKINNY_ROWS", "shared_weight_rows", "skinny_params", "SIMT_KEYS",
+    "simt_default",
     "MMA_TILES", "WGMMA_TILES",
 ]
 

@@ -15,11 +15,11 @@ from typing import Any
 from loopir.errors import ArgumentError, LoopirError, NotFoundError, ResourceLimitError
 from loopir.nodes import Binary, Buffer, Load, Program, Store
 from loopir.te import ComputeOp, Reduce
-from loopir.visit import statements, walk
+from loopir.visit import free_vars, statements, walk
 
 __all__ = [
     "GemmPlan", "check_tiles", "collapse_batch", "elementwise_consumers", "is_matmul_tensor", "matmul_operands",
-    "matmul_stage", "pos_int", "resolve_stage", "split_k_gemm",
+    "matmul_stage", "pos_int", "resolve_stage", "shared_weight_rows", "split_k_gemm",
 ]
 
 
@@ -157,6 +157,17 @@ def is_matmul_tensor(t: Any) -> bool:
     body = op.body.body
     return (len(t.shape) >= 2 and len(op.reduce_axis) == 1 and isinstance(body, Binary) and body.op == "mul"
             and _loads(body.a) and _loads(body.b))
+
+
+def shared_weight_rows(t: Any) -> tuple[Any, ...] | None:
+    """The row extents (batch axes and rows) of a matmul tensor `t` whose weight, the operand read along its
+    column axis, reads no batch axis (a linear layer, X[b, t, k] @ W[k, j]: all batches' rows meet one W); None
+    for a plain or a truly batched matmul."""
+    if not is_matmul_tensor(t) or len(t.shape) < 3:
+        return None
+    j, batch = t.op.axis[-1], set(t.op.axis[:-2])
+    weight = [ld for ld in _walk(t.op.body.body) if isinstance(ld, Load) and j in free_vars(ld)]
+    return None if not weight or any(batch & free_vars(ld) for ld in weight) else tuple(t.shape[:-1])
 
 
 def collapse_batch(s: Any, stage: str, who: str) -> Any | None:
