@@ -173,7 +173,7 @@ def test_gpu_skinny_gemms_fixed_and_symbolic(dtype):
     m, p = 200, 1104
     sym = w.matmul_bias_relu(n=te.var("n"), m=te.var("m"), p=te.var("p"), dtype=dtype)
     mod = build(list(sym.outputs), list(sym.inputs) + list(sym.outputs), target="cuda")
-    for n in (1, 3, 16, 20, 64, 65):
+    for n in (1, 3, 7, 16, 20, 33, 64, 65):
         fixed = w.matmul_bias_relu(n=n, m=m, p=p, dtype=dtype)
         fmod = build(list(fixed.outputs), list(fixed.inputs) + list(fixed.outputs), target="cuda")
         args, ref = _data(n, m, p, dtype, seed=n)
@@ -352,3 +352,17 @@ def test_a_float32_linear_layer_of_many_rows_takes_tensor_cores_and_matches_in_a
         out = np.full((4, 32, 128), np.nan, np.float32)
         interp.run(low, xa, wa, out, gpu_order=order)
         assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-5, order
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_gpu_linear_layer_of_short_batches_on_tensor_cores(dtype):
+    """64 batches of 32 rows against one weight (tensor cores, the batches collapsed into the rows) on fresh data."""
+    x, wt, y = _linear(64, 32, 256, 512, dtype)
+    mod = build([y], [x, wt, y], target="cuda")
+    rng = np.random.default_rng(21)
+    xa, wa = rng.standard_normal((64, 32, 256)).astype(dtype), rng.standard_normal((256, 512)).astype(dtype)
+    out = np.full((64, 32, 512), np.nan, dtype)
+    mod(xa, wa, out)
+    ref = xa.astype(np.float64) @ wa.astype(np.float64)
+    assert np.abs(out.astype(np.float64) - ref).max() / np.abs(ref).max() < (2e-2 if dtype == "float16" else 1e-5)
