@@ -99,7 +99,8 @@ def _tensor_cores(s: Schedule, g: FusionGroup, prm: dict[str, Any]) -> bool:
     caller (gemm tensor_cores=False: never), the reduction a known multiple of 8 (`16*p16` after call-time
     specialization; a last k tile past K is zero-padded by the CUDA pipeline, codegen.passes.pad); unless asked
     for (tensor_cores=True), rows and columns at least one block tile where known (skinny shapes keep the SIMT
-    skinny tiles; symbolic ones are taken: edge tiles are guarded) and the reduction at least one k tile long."""
+    skinny tiles; symbolic ones are taken: edge tiles are guarded; a linear layer's rows are all its batches' at
+    the plan's sizes) and the reduction at least one k tile long."""
     mm = g.stages[0]
     forced = prm.get("tensor_cores")
     if forced is False or (not forced and prm and not simt_default(prm)):
