@@ -273,10 +273,10 @@ def test_a_hand_scheduled_tile_grows_to_the_block_but_not_past_the_static_shared
     _interp(low, 3, 40, 64, seed=13)
 
 
-@pytest.mark.parametrize(("rows", "dtype"), [(3, "float32"), (7, "float32"), (13, "float32"), (20, "float16")])
+@pytest.mark.parametrize(("rows", "dtype"), [(3, "float32"), (7, "float32")])
 def test_default_path_skinny_gemms_of_odd_rows_match_in_any_thread_order(rows, dtype):
     """auto_schedule's skinny plan at fixed odd row counts (tiles grown past the matrix, split into 2 chunks of a
-    1100-long reduction with a ragged last k tile; half inputs of 20 rows on tensor cores, two row blocks)."""
+    1100-long reduction with a ragged last k tile; the tensor-core split of 20 rows: test_tensor_core_split_k_...)."""
     wl = w.matmul_bias_relu(n=rows, m=40, p=1100, dtype=dtype)
     s = auto_schedule(list(wl.outputs), target="cuda")
     assert "split-K" in s.plan.explain()
