@@ -34,26 +34,25 @@ everything the kernel keeps in shared memory fits the block's budget (symbolic r
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from collections.abc import Collection, Sequence
 from typing import Any
 
 from loopir.dtypes import HALVES, np_dtype
-from loopir.errors import ArgumentError, ArgumentTypeError, ResourceLimitError
+from loopir.errors import ArgumentError, ArgumentTypeError
 from loopir.affine import simplify
 from loopir.nodes import Const, Expr, Load, Var
 from loopir.te import ComputeOp, Reduce, Tensor, TupleReduce, tensor_of
-from loopir.visit import free_vars, substitute, walk
+from loopir.visit import substitute, walk
 
 from . import cost as C
 from . import rows as R
 from .fusion_plan import THREADS, Decision, FusionGroup, FusionPlan, RowCache
+from .gemm_plan import plan_gemm, split_partials
 from .primitives.tensorize import half_load
 from .primitives.flash import MAX_DEPTH as FLASH_MAX_DEPTH, TF32_MAX_DEPTH
 from .recipes import (
-    MMA_TILES, SKINNY_ROWS, gemm_params, gemm_resources, is_matmul_tensor, shared_weight_rows, simt_default,
-    skinny_params,
+    gemm_params, is_matmul_tensor,
 )
 
 ROW_MIN_EXTENT = 1024  # a reduction at least this long gets a block per row (else a thread per row)
@@ -675,7 +674,7 @@ class _Planner:
             g.inlined.sort(key=lambda t: pos[id(t)])
             g.mapping = self._mapping(g)
             if g.mapping == "gemm":
-                self._plan_gemm(g)
+                plan_gemm(g, self.gemm, self.target, self.dev, self.ev, self.given)
             if self.target == "cuda" and g.mapping == "row":  # warp rows are re-read from L1
                 self._plan_row_cache(g)
             g.cost = self._group_cost(g)
@@ -723,85 +722,6 @@ class _Planner:
             g.log = [Decision("note", ("row strategy",), None, f"{st.name}: {st.why}") if d.stages == ("row strategy",)
                      else d for d in g.log]
 
-    def _plan_gemm(self, g: FusionGroup) -> None:
-        mm, eps = g.stages[0], g.stages[1:]
-        prm = dict(self.gemm or {})
-        g.gemm = prm
-        a, b = (", ".join(n.buffer.name for n in walk(x) if isinstance(n, Load)) for x in (mm.op.body.body.a,
-                                                                                          mm.op.body.body.b))
-        k = mm.op.reduce_axis[0].name
-        batch = "".join(f"{v.name}, " for v in mm.op.axis[:-2])
-        i, j = (v.name for v in mm.op.axis[-2:])
-        what = (f"{mm.name}[{batch}{i}, {j}] = sum over {k} of {a}[..] * {b}[..] is matmul-shaped"
-                + (f" (batched over {batch[:-2]}: blockIdx.z on cuda)" if batch else ""))
-        if self.target == "cpu":
-            t0, t1 = prm["cpu_tile"]
-            how = (f"tiled GEMM recipe for the CPU: {t0}x{t1} register tile (cache_write local), column panels "
-                   "of the right operand on parallel threads, the tile loops unrolled and vectorized")
-        else:
-            itemsize = max(np_dtype(n.buffer.dtype).itemsize for n in walk(mm.op.body.body) if isinstance(n, Load))
-            # the recipe's default tiles (none chosen by the caller) and few rows: the skinny tiles
-            rows, cols = (C.size_value(d, self.ev) for d in mm.shape[-2:])
-            # a linear layer (batch axes the weight does not read: X[b, t, k] @ W[k, j]) has all batches' rows
-            # against one weight: more than SKINNY_ROWS of them is no skinny GEMM, whatever T is (64 x 32 rows of
-            # a float16 MLP had taken the SIMT skinny tiles instead of tensor cores)
-            dims = shared_weight_rows(mm)
-            if dims and all(v.name in self.given for d in dims for v in free_vars(d)):  # sizes known
-                total = math.prod(C.size_value(d, self.ev) for d in dims)
-                rows = total if total > SKINNY_ROWS else rows  # (few in all: skinny tiles of one batch's rows)
-            # split-K for a plain 2-d matmul (rows given: a class bound at call time): columns and reduction
-            # length at the plan's sizes, or DEFAULT_SIZE where a size is not given (not a default per variable:
-            # 16*m16 at m16 = 4096 would plan 65,536 columns)
-            red = mm.op.reduce_dom[0]
-            cols, depth = (C.size_value(e, self.ev) if {v.name for v in free_vars(e)} <= self.given
-                           else C.DEFAULT_SIZE for e in (simplify(mm.shape[-1]), simplify(red[1] - red[0])))
-            depth = depth if len(mm.shape) == 2 else None
-            # tensor cores for a half skinny GEMM where nobody chose the tensor-core path (a batched one: wgmma)
-            tc = len(mm.shape) == 2 and all(prm.get(k) in (None, MMA_TILES) for k in ("tensor_cores", "wgmma", "mma"))
-            asked = prm.get("split_k")  # a chunk length (0: no split) the caller chose, kept over the planner's
-            sk = skinny_params(rows, itemsize, self.dev.smem_per_block, cols, depth if asked is None else None,
-                               self.dev.sm_count, self.dev.smem_per_block_optin,
-                               tensor_cores=tc) if simt_default(prm) else None
-            if sk is not None:
-                prm.update(sk[0])
-                prm["split_k"] = asked if asked is not None else prm.get("split_k")
-                g.log.append(Decision("note", (mm.name,), None, sk[1] + (
-                    f" (rows costed at {rows}: `sizes`)" if isinstance(mm.shape[-2], Var) else "")))
-            threads, smem, acc = gemm_resources(prm, itemsize)
-            (b0, b1), (t0, t1), kt = prm["block"], prm["thread_tile"], prm["k_tile"]
-            limits = [(threads, self.dev.max_threads_per_block, "threads per block"),
-                      (smem, self.dev.smem_per_block, "bytes of shared memory per block"),
-                      (acc + t0 + t1, self.dev.regs_per_thread or 255, "registers per thread")]
-            for need, limit, what_l in limits:
-                # refuse tiles the device cannot hold: need <= limit
-                if limit and need > limit:
-                    raise ResourceLimitError(
-                        f"auto_schedule: gemm tiles of {mm.name} (block {prm['block']}, thread_tile "
-                        f"{prm['thread_tile']}, k_tile {kt}) need {need:,} {what_l}; the device has "
-                        f"{limit:,}")
-            how = (f"tiled GEMM recipe (schedules.gemm_cuda): block {b0}x{b1} on blockIdx.y/x, {threads} threads "
-                   f"each a {t0}x{t1} register tile (cache_write local), k in steps of k_tile {kt}"
-                   + (f", the block's tiles of the operands staged in shared memory ({C.fmt_bytes(smem)} per stage, "
-                      f"of {C.fmt_bytes(self.dev.smem_per_block)})" if prm.get("shared", True) else ""))
-        g.log.append(Decision("note", (mm.name,), None, f"GEMM group: {what}; {how}"))
-        if prm.get("split_k"):
-            g.log.append(Decision("note", (mm.name,), None, (
-                f"split-K: the partials {mm.name}_rf[chunk, i, j] are written and read back once "
-                f"({C.fmt_bytes(2 * self._split_partials(g))}), a second kernel sums them"
-                + (f" and computes the epilogue ({', '.join(t.name for t in eps)})" if eps else ""))))
-        elif eps:
-            g.log.append(Decision("note", tuple(t.name for t in eps), None,
-                                  f"epilogue fused: computed on the register tile before the single store of "
-                                  f"{eps[-1].name}; {mm.name} is never written to memory (saves writing and "
-                                  f"re-reading {C.fmt_bytes(_tensor_bytes(mm, self.ev))})"))
-
-    def _split_partials(self, g: FusionGroup) -> int:
-        """Bytes of a split-K GEMM group's partials (chunks x rows x columns, in the matmul's dtype)."""
-        mm = g.stages[0]
-        red = mm.op.reduce_dom[0]
-        chunks = -(-C.size_value(simplify(red[1] - red[0]), self.ev) // int((g.gemm or {})["split_k"]))
-        return chunks * _tensor_bytes(mm, self.ev)
-
     def _cache_note(self, g: FusionGroup, p: Tensor, ok: bool, why: str) -> None:
         g.log.append(Decision("cache", (p.name,), ok, why))
 
@@ -814,7 +734,7 @@ class _Planner:
                     c.add_read(p.name, _tensor_bytes(p, self.ev))
         kept = {id(t) for t in g.stages[:-1]} if g.mapping == "gemm" else set()  # registers, never written
         if g.mapping == "gemm" and (g.gemm or {}).get("split_k"):  # split-K: partials out and back, a 2nd launch
-            part = self._split_partials(g)
+            part = split_partials(g, self.ev)
             c.add_write(f"{g.stages[0].name}_rf", part)
             c.add_read(f"{g.stages[0].name}_rf", part)
             c.launches += 1
