@@ -51,9 +51,7 @@ from .fusion_plan import THREADS, Decision, FusionGroup, FusionPlan, RowCache
 from .gemm_plan import plan_gemm, split_partials
 from .primitives.tensorize import half_load
 from .primitives.flash import MAX_DEPTH as FLASH_MAX_DEPTH, TF32_MAX_DEPTH
-from .recipes import (
-    gemm_params, is_matmul_tensor,
-)
+from .recipes import gemm_params, is_matmul_tensor
 
 ROW_MIN_EXTENT = 1024  # a reduction at least this long gets a block per row (else a thread per row)
 

@@ -43,7 +43,7 @@ def plan_gemm(g: FusionGroup, gemm: dict[str, Any] | None, target: str, dev: Dev
     else:
         itemsize = max(np_dtype(n.buffer.dtype).itemsize for n in walk(mm.op.body.body) if isinstance(n, Load))
         # the recipe's default tiles (none chosen by the caller) and few rows: the skinny tiles
-        rows, cols = (C.size_value(d, ev) for d in mm.shape[-2:])
+        rows = C.size_value(mm.shape[-2], ev)
         # a linear layer (batch axes the weight does not read: X[b, t, k] @ W[k, j]) has all batches' rows
         # against one weight: more than SKINNY_ROWS of them is no skinny GEMM, whatever T is (64 x 32 rows of
         # a float16 MLP had taken the SIMT skinny tiles instead of tensor cores)
@@ -96,6 +96,7 @@ def plan_gemm(g: FusionGroup, gemm: dict[str, Any] | None, target: str, dev: Dev
                               f"epilogue fused: computed on the register tile before the single store of "
                               f"{eps[-1].name}; {mm.name} is never written to memory (saves writing and "
                               f"re-reading {C.fmt_bytes(C.buffer_bytes(mm.shape, mm.dtype, ev))})"))
+
 
 def split_partials(g: FusionGroup, ev: dict[Any, Any]) -> int:
     """Bytes of a split-K GEMM group's partials (chunks x rows x columns, in the matmul's dtype)."""

@@ -255,7 +255,7 @@ def test_a_tile_of_fewer_rows_than_the_block_grows_and_the_update_runs_unguarded
 
 
 def test_a_hand_scheduled_tile_grows_to_the_block_but_not_past_the_static_shared_memory():
-    from codegen.passes.pad import GROW_SMEM_MAX
+    from codegen.passes.shared import STATIC_SHARED_MAX
 
     wl = w.matmul_bias_relu(n=3, m=40, p=64)
     s = Schedule(list(wl.outputs))
@@ -266,7 +266,7 @@ def test_a_hand_scheduled_tile_grows_to_the_block_but_not_past_the_static_shared
     # a block of 256 rows, k tile 64: the grown A tile (64 KiB) would pass the cap, so it keeps its 3 rows, guarded
     s = Schedule(list(wl.outputs))
     schedule_gemm_cuda(s, "matmul", block=(256, 8), thread_tile=(8, 1), k_tile=64)
-    assert 256 * 64 * 4 > GROW_SMEM_MAX
+    assert 256 * 64 * 4 > STATIC_SHARED_MAX
     low = lower_cuda(s.program, "cuda")
     assert set(_shared_rows(low)) == {3}
     assert not [x for x in walk(low.body) if isinstance(x, Store) and x.name == "A_shared_fill"]

@@ -27,16 +27,15 @@ runs the update of every register tile unguarded, as the same GEMM at symbolic s
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from loopir import nodes as N
-from loopir.dtypes import np_dtype
 from loopir.subst import replace_buffers
-from loopir.visit import subst_coords, substitute, walk
+from loopir.visit import statements, subst_coords, substitute, walk
 
 from .full_tiles import _ge0, _implies, _in_box
 from .launch import copy_nest
+from .shared import STATIC_SHARED_MAX, const_bytes
 from .staging import staged_shape
 
 
@@ -50,8 +49,6 @@ def pad_reductions(program: N.Program) -> N.Program:
 
 
 Ranges = dict[N.Var, tuple[int, int]]
-# a tile grows (`_grow_tiles`) only while the shared tiles of its loop stay within the static shared memory of a block
-GROW_SMEM_MAX = 48 * 1024
 
 
 def _go(s: N.Stmt, ranges: Ranges) -> N.Stmt:
@@ -121,7 +118,7 @@ def _grow_tiles(f: N.For, ranges: Ranges) -> N.For:
     """`f` with each shared tile that its loads after the first barrier index past the tile's constant extent (a
     matrix smaller than the block: a 7-row A tile read at rows 0..7 by a block of 8 rows, the reads of row 7 under
     the guard `row < 7`) grown to the loads' range, the copy's new elements filled with 0, while the loop's tiles stay
-    within GROW_SMEM_MAX bytes (the block's planned tile: a schedule sized its shared memory for it).
+    within STATIC_SHARED_MAX bytes (the block's planned tile: a schedule sized its shared memory for it).
 
     identity on the values every guarded load reads: the copy stores the same elements as before (its new
     instances, c_d >= the old extent, store 0 and read nothing), and a load stays where it was. What it buys: the
@@ -144,7 +141,7 @@ def _grow_tiles(f: N.For, ranges: Ranges) -> N.For:
                 ext[d] = max(ext[d], b[1] + 1)
     grow: dict[N.Buffer, N.Buffer] = {}
     new_items = list(items)
-    smem = sum(_nbytes(b) for b in chain)
+    smem = sum(const_bytes(b) for b in chain if all(isinstance(d, N.Const) for d in b.shape))
     for k, c in enumerate(items[:first]):
         parts = copy_nest(c) if isinstance(c, N.For) else None
         if parts is None or parts[2].buffer in bad or parts[2].buffer not in need:
@@ -156,9 +153,10 @@ def _grow_tiles(f: N.For, ranges: Ranges) -> N.For:
         if order is None or ext == old or st.buffer in grow:
             continue
         buf = dataclasses.replace(st.buffer, shape=tuple(N.const(e) for e in ext))
-        if smem + (_nbytes(buf) - _nbytes(st.buffer)) > GROW_SMEM_MAX:
+        more = const_bytes(buf) - const_bytes(st.buffer)
+        if smem + more > STATIC_SHARED_MAX:
             continue
-        smem += _nbytes(buf) - _nbytes(st.buffer)
+        smem += more
         clip = [*(N.conjuncts(guard) if guard is not None else []),
                 *(v < o for v, o, e in zip(order, old, ext) if e > o)]
         fill = dataclasses.replace(st, name=f"{st.name}_fill", value=N.const(0, st.buffer.dtype))
@@ -176,21 +174,17 @@ def _grow_tiles(f: N.For, ranges: Ranges) -> N.For:
     return dataclasses.replace(f, body=replace_buffers(body, grow))
 
 
-def _nbytes(b: N.Buffer) -> int:
-    return math.prod(int(getattr(d, "value", 0)) for d in b.shape) * np_dtype(b.dtype).itemsize
-
-
 def _tile_loads(s: N.Stmt, ranges: Ranges, tiles: set[N.Buffer]) -> list[tuple[N.Load, Ranges]]:
     """The loads of `tiles` in `s` (indices in the loops around them), each with the loop ranges there."""
-    if isinstance(s, N.Store):
-        sub = subst_coords(s)
-        return [(N.Load(x.buffer, tuple(substitute(i, sub) for i in x.indices)), ranges)
-                for x in walk(s.value) if isinstance(x, N.Load) and x.buffer in tiles]
-    if isinstance(s, N.For):
-        return _tile_loads(s.body, _ranged(s, ranges), tiles)
-    kids = ((s.then, s.orelse) if isinstance(s, N.If) else s.body if isinstance(s, N.Seq)
-            else (s.body,) if isinstance(s, N.Allocate) else ())
-    return [x for c in kids if c is not None for x in _tile_loads(c, ranges, tiles)]
+    out: list[tuple[N.Load, Ranges]] = []
+    for ctx in statements(s):
+        rng = ranges
+        for lp in ctx.loops:
+            rng = _ranged(lp, rng)
+        sub = subst_coords(ctx.store)
+        out += [(N.Load(x.buffer, tuple(substitute(i, sub) for i in x.indices)), rng)
+                for x in walk(ctx.store.value) if isinstance(x, N.Load) and x.buffer in tiles]
+    return out
 
 
 def _copy_dims(loops: list[N.For], st: N.Store) -> list[N.Var] | None:
