@@ -152,8 +152,10 @@ class Specializer:
         self.generic_int32 = generic_int32  # the generic module assumes 32-bit indices (codegen.build)
         self.vars = tuple(vars)
         self.rows = tuple(v for v in rows if v in self.vars) if divisibility else ()
-        # the rows of a matmul's C (not a row length): classed by SKINNY_CLASSES
-        self.skinny = tuple(v for v in skinny if v in self.vars and v not in self.rows) if divisibility else ()
+        # the rows of a matmul's C (not a row length): classed by SKINNY_CLASSES, each size once (two matmuls of
+        # an MLP share their rows T)
+        self.skinny = tuple(v for v in self.vars if any(v is x for x in skinny) and v not in self.rows) \
+            if divisibility else ()
         self.buffers = tuple(buffers)
         self.make = make
         self.int32 = int32

@@ -146,6 +146,15 @@ def test_planner_splits_skinny_gemms_and_costs_the_partials(dtype, rows, tensor)
     assert g.cost.launches == 2 and g.cost.writes["matmul_rf"] == g.cost.reads["matmul_rf"] > 0
 
 
+def test_two_matmuls_of_the_same_rows_key_them_once():
+    blk = blocks.mlp(B=te.var("B"), T=te.var("T"), C=64)
+    sp = build(list(blk.outputs), list(blk.args), target="cuda").specializer
+    sizes = {v: {"B": 2, "T": 5}[v.name] for v in sp.vars}
+    key = sp.key(sizes)
+    assert [n for n, _ in key.rows] == ["T"] and dict(key.rows)["T"] == 8
+    assert sum("T=5: matmul rows <= 8" in line for line in sp.explain(key, sizes)) == 1
+
+
 def test_skinny_classes_key_the_rows_of_a_symbolic_matmul():
     wl = w.matmul_bias_relu(n=te.var("n"), m=te.var("m"), p=te.var("p"))
     mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
