@@ -12,7 +12,10 @@ The model (each point is what the renderer emits; the functions cited are in cod
 - Grid and block (`_KernelGen.analyse`). The extent of an axis is the max over the nest's loops bound to
   it of their extents (hi - lo, or the constant side of a `min`); threadIdx.x is rounded up to a multiple
   of 32 when the kernel has a cross-thread reduction. A launch with an empty dimension is skipped; more
-  than 1024 threads per block is refused (codegen.cuda.runtime).
+  than 1024 threads per block is refused (codegen.cuda.runtime), except in a cluster kernel (the `cluster` pragma
+  c on the blockIdx.x loop): its block is the cluster's c x T threads, up to c x 1024, and a cross-thread
+  reduction combines each block's T threads as below, then the c totals in rank order
+  (`loopir_cluster_allreduce`); its barriers are the cluster's.
 - SPMD. Every thread of every block runs the WHOLE kernel body. A loop bound to an axis is
   `v = lo + <index>`, and the thread runs its body only when `v < hi` (`bound_loop`). A statement outside
   every threadIdx-bound loop is executed by every thread, except a Store at thread depth 0 that reads its
@@ -146,9 +149,10 @@ class _Kernel:
     """One compiled launch: a generator function per thread plus its launch plan and barrier sites."""
 
     __slots__ = ("name", "fn", "source", "size_vars", "grid", "block", "sites", "stmts", "collectives",
-                 "cooperative", "thread0", "from_init")
+                 "cooperative", "thread0", "from_init", "cluster")
 
     def __init__(self) -> None:
+        self.cluster = 0  # > 0: the block is the threads of a cluster of this many blocks (the `cluster` pragma)
         self.sites: list[tuple[str, str, Any]] = []  # (kind "barrier"|"reduce", description, (op, dtype))
         self.collectives: list[str] = []
         self.cooperative: list[str] = []
@@ -232,10 +236,12 @@ class _KernelCompiler(_Compiler):
         one = const(1)
         self.k.grid = tuple(self.launch.get(f"blockIdx.{a}", one) for a in "xyz")
         self.k.block = tuple(self.launch.get(f"threadIdx.{a}", one) for a in "xyz")
+        self.k.cluster = max((int(dict(f.pragmas).get("cluster", 0)) for f in loops
+                              if f.kind == "thread" and f.thread == "blockIdx.x"), default=0)
 
     def _analyse_planned(self, k: Kernel) -> None:
         """The launch and the decisions of a lowered program's Kernel node (codegen.passes.launch)."""
-        self.k.grid, self.k.block = k.grid, k.block
+        self.k.grid, self.k.block, self.k.cluster = k.grid, k.block, k.cluster
         self.launch = {f"{kind}.{a}": e for kind, dims in (("blockIdx", k.grid), ("threadIdx", k.block))
                        for a, e in zip("xyz", dims)}
         self.has_reduction = bool(k.reductions)

@@ -222,7 +222,14 @@ class _Block:
         bx = self.bdim[0]
         for row in range(0, self.T, bx):
             vals = [waiting[t][1] for t in range(row, row + bx)]
-            total = _block_allreduce(vals, fn, ident)
+            if self.k.cluster:  # each block of the cluster, then the blocks' totals in rank order
+                per = bx // self.k.cluster
+                parts = [_block_allreduce(vals[r:r + per], fn, ident) for r in range(0, bx, per)]
+                total = parts[0]
+                for p in parts[1:]:
+                    total = fn(total, p)
+            else:
+                total = _block_allreduce(vals, fn, ident)
             for t in range(row, row + bx):
                 pending[t] = total
 
@@ -247,9 +254,10 @@ def run(program: Program, bufs: list[np.ndarray], env: Mapping[Var, int], gpu_or
         grid, bdim = launch_dims(k, env)
         if min(grid) <= 0 or min(bdim) <= 0:
             return  # an empty launch: the runtime skips it
-        if bdim[0] * bdim[1] * bdim[2] > _MAX_THREADS:
+        most = _MAX_THREADS * max(1, k.cluster)  # a cluster kernel's block is its cluster's threads
+        if bdim[0] * bdim[1] * bdim[2] > most:
             raise ResourceLimitError(
-                f"kernel {k.name!r} needs block {bdim}, more than {_MAX_THREADS} threads: CUDA cannot "
+                f"kernel {k.name!r} needs block {bdim}, more than {most} threads: CUDA cannot "
                 "launch it; split the bound loops differently")
         nb = grid[0] * grid[1] * grid[2]
         blocks = list(range(nb))

@@ -392,6 +392,9 @@ class Kernel(Stmt):
     widened: frozenset[str] = frozenset()
     # temporaries whose every load reads a forwarded all-reduce total (codegen.passes.forwarded): never stored
     forwarded: frozenset[str] = frozenset()
+    # > 0: each block of `grid` runs as a thread-block cluster of this many blocks (the `cluster` pragma), `block` being
+    # the whole cluster's threads: the renderer launches grid (x, cluster, 1) of block (x / cluster, 1, 1)
+    cluster: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -233,9 +233,9 @@ def _type_str(buf: Buffer) -> str:
 def _loop_head(f: For) -> tuple[str, str]:
     """(the `for` line, a comment for it or '')."""
     rng = f"{expr_str(f.lo)}, {expr_str(f.hi)}"
-    if f.kind == "thread":
-        return f"for {_nm(f.var)} in range({rng}):", f"# {f.thread}"
     hints = "  ".join(f"# pragma {k} {v}" for k, v in f.pragmas)
+    if f.kind == "thread":
+        return f"for {_nm(f.var)} in range({rng}):", "  ".join(x for x in (f"# {f.thread}", hints) if x)
     if f.kind == "serial":
         return f"for {_nm(f.var)} in range({rng}):", hints
     scalar = cpu_vector_fallback(f)

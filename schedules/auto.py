@@ -292,14 +292,19 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
         return
     # "row" (and "warp" rows whose loops stay apart): one block per point of the shared loops, threads
     # across each phase below
+    cluster = g.strategy.cluster if g.strategy is not None else 0
+    if cluster:  # a cluster row: its blocks take the grid's y axis, so the rows are one loop on x
+        blocks = _collapse_strict(s, blocks, 1)
     _bind_blocks(s, blocks)
+    if cluster:
+        s.pragma(blocks[-1], "cluster", cluster)
     for c in g.caches:  # rows that several phases read, kept in shared memory (the plan checked the size)
         if all(isinstance(simplify(d), Const) for d in c.tensor.shape[g.depth:]):
             s.cache_read(c.tensor, c.scope, blocks[-1])
         else:  # a row of symbolic length: dynamic shared memory, sized per launch
             s.cache_row(c.tensor, blocks[-1])
     if g.strategy is not None and g.strategy.name == "block":  # very wide rows: more threads per row
-        threads = max(threads, g.strategy.lanes)
+        threads = g.strategy.lanes if cluster else max(threads, g.strategy.lanes)
     registers = g.strategy is not None and g.strategy.registers
     for phase in _phases(s, blocks[-1].var):
         if _is_reduction_loop(phase):

@@ -16,6 +16,15 @@ not given is unknown, and then the safe block-per-row strategy is kept):
   in shared memory when the kernel's whole shared-memory budget allows it (`plan_row_caches`), in dynamic
   shared memory when it is symbolic or above 48 KiB.
 
+* **cluster** — a block row longer than register rows go (REGISTER_ROW_MAX) and up to CLUSTER_ROW_MAX elements,
+  of a constant (or call-time bounded) length, several phases reading it: one row per *thread-block cluster* of
+  C = 2..8 blocks of CLUSTER_THREADS threads (sm_90). The cluster is one virtual block of C x CLUSTER_THREADS
+  threads (threadIdx.x beyond 1024: codegen.passes.launch, the `cluster` pragma on the row loop); each thread keeps
+  its chunks of the row in registers as register rows do, so the row is read from DRAM once, where a block of
+  1024 threads per row re-read it from L2 in every phase; the reductions combine across the cluster through
+  distributed shared memory (`loopir_cluster_allreduce`). Kept only when a row cache is planned (several
+  phases read the row); otherwise the block strategy stays. Off by default (`RowParams.cluster_row_max` 0) until
+  it is timed on a device.
 * **split** — very wide rows (>= `RowParams.split_row_min`) with too few of them to fill the GPU (fewer than
   `split_rows_per_sm` x the SM count): the group is not fused; each reduction is `split` into chunks and
   `rfactor`ed (partials per (row, chunk) block, `split_waves` waves of blocks), a small kernel combines each
@@ -59,6 +68,13 @@ HALF_WARP_ROW_MAX = 1024
 # 8192x8192 91-94% against 74-80%, 10000x3000 85-88% against 67-75%
 REGISTER_ROW_MAX = 16384
 REGISTER_ROW_ELEMENTS = 32
+# longer block rows, up to this, of constant or bounded length: a row per thread-block cluster of 2..8 blocks of
+# CLUSTER_THREADS threads, register rows across the cluster (8 x 512 x 32 elements; beyond, and with few rows, the
+# split). 512 threads of at most 32 row registers each leave room for two blocks per SM (64 registers a thread), so
+# one block's loads overlap the other's reductions and cluster barriers
+CLUSTER_ROW_MAX = 2**17
+CLUSTER_THREADS = 512
+CLUSTER_MAX = 8  # the portable cluster size (sm_90)
 RED_SCRATCH_SLOTS = 32  # the block all-reduce's shared scratch: one slot per warp (codegen.cuda.reduce)
 # a block row of at least WIDE_ROW elements that no cache holds (each phase re-reads it) gets this many threads: half
 # the rows in flight of WIDE_THREADS, so that a phase's re-read finds more of its row in L2. H200, 1024 x 65536
@@ -87,6 +103,10 @@ class RowParams:
     warp_row_max: int = 0  # rows shorter than this get warp rows (0: shorter than the block's threads)
     register_row_max: int = REGISTER_ROW_MAX  # constant rows up to this long: register rows (0: never)
     uncached_threads: int = UNCACHED_THREADS  # wide rows that every phase re-reads from memory: threads per row
+    # cached rows beyond register_row_max up to this: a cluster each (0: never). Off by default until timed on a device:
+    # the session that wrote it had none (CLUSTER_ROW_MAX turns it on: rows={"cluster_row_max": CLUSTER_ROW_MAX})
+    cluster_row_max: int = 0
+    cluster_threads: int = CLUSTER_THREADS  # threads per block of a cluster row
     # a row cache above the static 48 KiB costs occupancy: it is kept only while the model below says the
     # kernel streams faster with it than re-reading the row (from L2 while the rows in flight fit its share)
     cache_max_bytes: int = 227 * 1024  # never cache a kernel's rows beyond this (48 KiB: static caches only)
@@ -115,6 +135,9 @@ class RowParams:
             v = getattr(p, f.name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise ArgumentError(f"row parameter {f.name} must be a number >= 0, got {v!r}")
+        if p.cluster_threads not in (32, 64, 128, 256, 512, 1024):
+            raise ArgumentError(f"row parameter cluster_threads must be a power of two in [32, 1024], got "
+                                f"{p.cluster_threads!r}")
         if p.warp_lanes not in (2, 4, 8, 16, 32):
             raise ArgumentError(f"row parameter warp_lanes must be 2, 4, 8, 16 or 32, got {p.warp_lanes!r}")
         pow2 = (32, 64, 128, 256, 512, 1024)
@@ -128,8 +151,9 @@ class RowParams:
 @dataclass(frozen=True)
 class RowStrategy:
     """How one row group maps to the GPU: `name` "warp", "block" or "split", `lanes` threads per row (per
-    block of the partial kernels for "split"), `rows` rows per block, `chunk` the elements of a row each block
-    of a split row reduces (0 unless "split"), and the numbers that chose it (for explain())."""
+    block of the partial kernels for "split"; of the whole cluster for a cluster row), `rows` rows per block,
+    `chunk` the elements of a row each block of a split row reduces (0 unless "split"), `cluster` the blocks of a
+    cluster row (0: none), and the numbers that chose it (for explain())."""
 
     name: str
     lanes: int
@@ -138,6 +162,7 @@ class RowStrategy:
     chunk: int = 0
     row_len: int = 0  # the row length it was chosen for (at the plan's sizes: a call-time class's upper bound)
     registers: bool = False  # "block": every phase walks the row in 16-byte chunks per thread (register rows)
+    cluster: int = 0  # "block": the row's blocks per thread-block cluster (lanes = cluster x threads per block)
 
 
 def _pow2_ceil(n: int) -> int:
@@ -212,16 +237,45 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
                            f"{-(-row_len // per_row)} elements): a row read by several phases stays in its threads' "
                            f"registers, not in shared memory (rows up to {prm.register_row_max:,} "
                            "elements; measured faster than a shared row)", row_len=row_len, registers=True)
+    if (not symbolic or bounded) and prm.register_row_max < row_len <= prm.cluster_row_max and prm.cluster_threads:
+        # a cluster row: register rows over the C blocks of a thread-block cluster (the module docstring); kept by
+        # the planner only where a row cache is planned (`unclustered` otherwise)
+        tb = prm.cluster_threads
+        c = _pow2_ceil(-(-row_len // (tb * REGISTER_ROW_ELEMENTS)))
+        if 2 <= c <= CLUSTER_MAX:
+            upto = (" (a symbolic length of at most that: chunk loops padded to constant trip counts)"
+                    if symbolic else "")
+            return RowStrategy("block", c * tb, 1, f"{nums}{upto}: longer than register rows in one block "
+                               f"({prm.register_row_max:,} elements): a thread-block cluster of {c} blocks of {tb} "
+                               f"threads per row, each thread taking the row's 16-byte chunks t, t + {c * tb}, ... "
+                               f"(at most {-(-row_len // (c * tb))} elements) in registers, read from memory once; "
+                               "the reductions combine across the cluster's distributed shared memory",
+                               row_len=row_len, registers=True, cluster=c)
+    return _block_rows(nums, row_len, rows, threads, dev, prm)
+
+
+def _block_rows(nums: str, row_len: int, rows: int, threads: int, dev: C.Device, prm: RowParams) -> RowStrategy:
+    """A block per row, more threads for wide rows (the last case of `choose_row_strategy`)."""
     wide = row_len >= prm.wide_row
     per_row = prm.wide_threads if wide and threads < prm.wide_threads else threads
     why = f"{nums}: rows of {threads} elements or more get a block of {per_row} threads each"
     if wide and per_row != threads:
         why += (f" (at least {prm.wide_row:,} elements: more threads per row, since a block's shared row leaves "
                 "room for few blocks per SM)")
-    if row_len >= prm.split_row_min and few:
+    if row_len >= prm.split_row_min and rows < prm.split_rows_per_sm * dev.sm_count:
         why += (f"; only {rows} block{'s' if rows != 1 else ''} for {dev.sm_count} SMs, but the group's shape "
                 "does not allow a split of its rows (a reduction over several loops)")
     return RowStrategy("block", per_row, 1, why, row_len=row_len)
+
+
+def unclustered(st: RowStrategy, rows: int, threads: int, dev: C.Device, prm: RowParams) -> RowStrategy:
+    """`st` when it is no cluster row, else the block row it would be without clusters: a cluster row is kept only
+    where a row cache goes to its threads' registers (with no row to keep it would only add cluster barriers)."""
+    if not st.cluster:
+        return st
+    nums = f"row length {st.row_len:,}, {rows:,} row{'s' if rows != 1 else ''}"
+    st = _block_rows(nums, st.row_len, rows, threads, dev, prm)
+    return dataclasses.replace(st, why=st.why + " (no row that several phases read: no cluster of register rows)")
 
 
 def uncached(st: RowStrategy, reread: bool, prm: RowParams) -> RowStrategy:
@@ -308,7 +362,8 @@ def cache_worth(used: int, saved_reads: int, threads: int, dev: C.Device, prm: R
 
 def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], list[tuple[Tensor, tuple]]],
                     ev: dict, dev: C.Device, given: set[str], params: RowParams | None = None,
-                    threads: int = 128, registers: bool = False) -> list[tuple[Tensor, bool, int, str]]:
+                    threads: int = 128, registers: bool = False,
+                    cluster: int = 0) -> list[tuple[Tensor, bool, int, str]]:
     """The rows a block-per-row kernel of `stages` (sharing `depth` outer loops; `loads(t)`: what t reads,
     producers inlined) keeps in shared memory: an input row read by several phases, while everything the
     kernel keeps there (these rows and the reduction scratch) fits one block's budget. A row of symbolic
@@ -316,7 +371,9 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
     dynamic shared memory sized per launch, and a launch whose row the device cannot hold is refused
     (codegen.cuda.runtime.SharedMemoryError). `registers`: the kernel maps register rows (RowStrategy.registers),
     so a kept row of constant length goes to its threads' registers where the lowering proves each element stays
-    with one thread (codegen.passes.registers). Returns (tensor, kept, bytes, why) per candidate."""
+    with one thread (codegen.passes.registers); `cluster`: the row is spread over that many blocks of a cluster (a
+    block's share, 1/cluster of the row, counts against its budget). Returns (tensor, kept, bytes, why) per
+    candidate."""
     readers: dict[int, tuple[Tensor, set[str]]] = {}
     ids = {id(t) for t in stages}
     for t in stages:
@@ -343,8 +400,9 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
                         "re-read from global memory (L2-resident)"))
         else:
             cands[p.name] = (p, nbytes, users_s)
-    kept, _ = fit_shared([(n, b, b * u.count(",")) for n, (_, b, u) in cands.items()], scratch, budget)
-    used = scratch + sum(cands[n][1] for n in kept)
+    per = max(1, cluster)
+    kept, _ = fit_shared([(n, -(-b // per), b * u.count(",")) for n, (_, b, u) in cands.items()], scratch, budget)
+    used = scratch + sum(-(-cands[n][1] // per) for n in kept)
     dyn = " (dynamic shared memory above the static 48 KiB)" if used > dev.smem_per_block else ""
     if kept and used > dev.smem_per_block:  # dynamic shared memory: worth its occupancy cost?
         ok, model = cache_worth(used, max(cands[n][2].count(",") for n in kept), threads, dev, params or RowParams())
@@ -377,5 +435,6 @@ def plan_row_caches(stages: list[Tensor], depth: int, loads: Callable[[Tensor], 
     return out
 
 
-__all__ = ["RowParams", "RowStrategy", "choose_row_strategy", "uncached", "fit_shared", "reduction_scratch",
+__all__ = ["RowParams", "RowStrategy", "choose_row_strategy", "uncached", "unclustered", "CLUSTER_ROW_MAX",
+           "fit_shared", "reduction_scratch",
            "operands_split", "WIDE_ROW", "SPLIT_ROW_MIN", "plan_row_caches", "cache_worth", "splittable"]

@@ -50,6 +50,18 @@ def _inputs(wl, m: int, n: int, dtype: str, seed: int) -> list[np.ndarray]:
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 
+def check_thread_orders(program, name: str, xs: list[np.ndarray], dtype: str,
+                        orders=("reversed", "forward", 7)) -> None:
+    """`program` (lowered) run in the GPU interpreter on `xs` in each thread order, its output poisoned with NaN
+    first, matches the float64 reference of workload `name` within TOL."""
+    want = _reference(name, xs, dtype)
+    for order in orders:
+        got = blocks.as_dtype(np.full(xs[0].shape, np.nan), dtype)
+        interp.run(program, *xs, got, gpu_order=order)
+        err = np.abs(blocks.as_float64(got, dtype) - want).max() / np.abs(want).max()
+        assert err < TOL[dtype], f"gpu_order={order!r}: {err}"
+
+
 def _call_error(mod, wl, name: str, m: int, n: int, dtype: str, seed: int) -> float:
     """`mod` called on fresh inputs of m x n with a NaN-poisoned output: its largest error relative to float64."""
     xs = _inputs(wl, m, n, dtype, seed=seed)
@@ -102,13 +114,7 @@ def test_register_rows_match_float64_in_any_thread_order(name, n, dtype):
     low = lower_passes(s.program, "cuda")
     regs = [a.buffer for a in walk(low.body) if isinstance(a, N.Allocate) and a.buffer.scope == "local"]
     assert [b.name for b in regs] == ["x_shared_reg"] and regs[0].dtype == "float32"
-    xs = _inputs(wl, m, n, dtype, seed=n)
-    want = _reference(name, xs, dtype)
-    for order in ("reversed", "forward", 7):
-        got = blocks.as_dtype(np.full((m, n), np.nan), dtype)
-        interp.run(low, *xs, got, gpu_order=order)
-        err = np.abs(blocks.as_float64(got, dtype) - want).max() / np.abs(want).max()
-        assert err < TOL[dtype], f"gpu_order={order!r}: {err}"
+    check_thread_orders(low, name, _inputs(wl, m, n, dtype, seed=n), dtype)
 
 
 def test_a_row_whose_phases_map_differently_stays_shared():
@@ -163,12 +169,7 @@ def test_a_symbolic_row_bounded_by_its_call_time_class_lives_in_registers(name, 
     bound = int(key.split("<=")[-1])
     (assumed,) = var.program.assume  # n <= bound, or n16 <= bound / 16 where 16 divides n
     assert str(assumed) in (f"n <= {bound}", f"n8 <= {bound // 8}", f"n16 <= {bound // 16}")
-    want = _reference(name, xs, dtype)
-    for order in ("reversed", "forward", 7):
-        got = blocks.as_dtype(np.full((m, n), np.nan), dtype)
-        interp.run(var.program, *xs, got, gpu_order=order)
-        err = np.abs(blocks.as_float64(got, dtype) - want).max() / np.abs(want).max()
-        assert err < TOL[dtype], f"gpu_order={order!r}: {err}"
+    check_thread_orders(var.program, name, xs, dtype)
     long = _inputs(wl, m, bound + 16, dtype, seed=1)
     with pytest.raises(ArgumentError, match="assumes"):
         var.check((*long, blocks.as_dtype(np.zeros((m, bound + 16)), dtype)))

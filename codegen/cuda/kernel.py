@@ -68,7 +68,7 @@ from .tensor_map import TMAP_TYPE
 from .wgmma import PRELUDE_WGMMA
 from .wgmma_tma import PRELUDE_WGMMA_TMA, render_wgmma
 from .mma import PRELUDE_TF32, render_mma, render_mma_grid
-from .prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
+from .prelude import PRELUDE, PRELUDE_ASYNC, PRELUDE_CLUSTER, PRELUDE_HALF, PRELUDE_REDUCE, PRELUDE_SUBWARP
 from .reduce import _identity, _ReductionEmitter  # noqa: F401
 from .staging import _StagingEmitter
 from .vector import _VEC_SCOPES, _monotone_guard, _VectorEmitter  # noqa: F401
@@ -203,6 +203,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         self.subwarp = kernel.subwarp  # > 0: cross-thread reductions are within segments of this many lanes
         self.block_order: dict[str, str] = {}  # blockIdx axis -> its index in another launch order (analyse)
         self.red_smem: dict[str, str] = {}  # C type -> shared array name
+        self.cluster_slots: dict[str, str] = {}  # C type -> the slots of its cross-cluster reductions (cluster kernels)
         self.forward: list[dict[tuple, str]] = [{}]  # scoped: (buffer id, flat index expr) -> register
         self.vec_lanes: dict[N.Expr, str] = {}  # a lane's loads (and column `f % n`) in a vector emission
         self.red_targets: dict[int, str] = {}
@@ -233,6 +234,10 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
             raise CudaCodegenError(f"the tile marked gemm.wgmma changed shape before rendering: {e}") from None
         if tile is not None and tile[2] is not None:  # a persistent grid walks the tiles (codegen.cuda.wgmma)
             return LaunchPlan((tile[2].grid, N.const(1), N.const(1)), k.block)
+        if k.cluster:  # the cluster's blocks on the grid's y axis, each a share of the block's threads
+            c = N.const(k.cluster)
+            per_block = N.const(int(k.block[0].value) // k.cluster)  # type: ignore[attr-defined]
+            return LaunchPlan((k.grid[0], c, N.const(1)), (per_block, N.const(1), N.const(1)))
         return LaunchPlan(k.grid, k.block)
 
     def _size_vars(self) -> set[N.Var]:
@@ -264,7 +269,7 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         elif isinstance(s, N.Allocate):
             self.allocate(s, last)
         elif isinstance(s, N.Barrier):
-            self.line("__syncthreads();")
+            self.line("loopir_cluster_sync();" if self.kern.cluster else "__syncthreads();")
         elif isinstance(s, N.Store):
             target = self.red_targets.get(id(s))
             if target is None and s.name in self.kern.single_thread:
@@ -288,6 +293,12 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
 
     def allocate(self, s: N.Allocate, last: bool) -> None:
         b = s.buffer
+        if self.kern.cluster and b.scope == "shared":
+            raise CudaCodegenError(
+                f"shared buffer {b.name!r} in a cluster kernel (pragma cluster {self.kern.cluster}): each block of the "
+                "cluster would hold its own copy, while its statements share it across the cluster's threads; keep "
+                "it in registers (each element read by the thread that wrote it: codegen.passes.registers) or "
+                "drop the cluster")
         size = N.const(1)
         for d in b.shape:
             size = N.binary("mul", size, d)
@@ -463,19 +474,31 @@ class _KernelGen(_ExprEmitter, _ReductionEmitter, _StagingEmitter, _VectorEmitte
         body = self.lines[body_start:]
         bounds = ""
         nthreads = [e for e in plan.block]
+        if self.kern.cluster:  # the cluster's threads: every use of the thread index is the cluster-wide one
+            whole = str(self.kern.block[0])  # the cluster's threads along x
+            body = [ln.replace("threadIdx.x", "loopir_tx").replace("blockDim.x", whole) for ln in body]
+            body.append("  loopir_cluster_sync();  // no block leaves while a peer may read its reduction slots")
+            bounds = f"__cluster_dims__(1, {self.kern.cluster}, 1) "
         min_blocks = self.kern.min_blocks or (LAUNCH_MIN_BLOCKS if self.uses_async else None)
         if min_blocks and all(_is_const(e) for e in nthreads):
-            bounds = f"__launch_bounds__({math.prod(int(e.value) for e in nthreads)}, {min_blocks}) "  # type: ignore[attr-defined]
+            bounds += f"__launch_bounds__({math.prod(int(e.value) for e in nthreads)}, {min_blocks}) "  # type: ignore[attr-defined]
         elif all(_is_const(e) for e in nthreads) and math.prod(int(e.value) for e in nthreads) > 256:  # type: ignore[attr-defined]
             # more than 256 threads: without the bound NVRTC may give a thread more registers than a block of this
             # size can have (65,536 per block), and the launch fails; with it, it keeps them within (spilling if
             # it must). Up to 256 threads every register count NVRTC uses (<= 255) fits.
-            bounds = f"__launch_bounds__({math.prod(int(e.value) for e in nthreads)}) "  # type: ignore[attr-defined]
+            bounds += f"__launch_bounds__({math.prod(int(e.value) for e in nthreads)}) "  # type: ignore[attr-defined]
         head = [f'extern "C" __global__ void {bounds}{self.kname}(' + ", ".join(params) + ") {"]
         stmts = ", ".join(dict.fromkeys(stmt_names(self.nest)))
         launch = (f"  // statements: {stmts}; grid ({', '.join(str(e) for e in plan.grid)}), "
                   f"block ({', '.join(str(e) for e in plan.block)})")
         decl = [f"  __shared__ {ct} {nm}[32];  // cross-thread reduction scratch" for ct, nm in self.red_smem.items()]
+        if self.kern.cluster:
+            decl.append(f"  const int loopir_tx = (int)(blockIdx.y * {plan.block[0]} + threadIdx.x);  "
+                        "// in the cluster")
+            decl += [f"  __shared__ {ct} {nm}[2];  // this block's total of a cross-cluster reduction"
+                     for ct, nm in self.cluster_slots.items()]
+            if self.cluster_slots:
+                decl.append("  int loopir_parity = 0;  // which slot the next cross-cluster reduction uses")
         decl += [f"  const bool {nm} = {cond};  // tested once per thread, not per access" for cond, nm in
                  self.entry_checks.items()]
         dyn_bytes = self.kern.dynamic_shared[-1][1] if self.kern.dynamic_shared else N.const(0)
@@ -516,7 +539,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
     texts: list[str] = []
     kernels: list[Kernel] = []
     fast_exp = half_outputs(program)
-    flags = {"half": False, "reduce": False, "subwarp": False, "async": False, "flash": False,
+    flags = {"half": False, "reduce": False, "subwarp": False, "cluster": False, "async": False, "flash": False,
              "tf32": False, "wgmma": False, "wgmma_tma": False}
 
     def kernel(kn: N.Kernel, host_vars: tuple[N.Var, ...]) -> int:
@@ -532,6 +555,7 @@ def generate_cuda(program: N.Program) -> CudaSource:
         flags["half"] |= gen.uses_half
         flags["reduce"] |= gen.uses_reduce
         flags["subwarp"] |= gen.uses_subwarp
+        flags["cluster"] |= bool(kn.cluster)
         flags["async"] |= gen.uses_async
         flags["flash"] |= gen.uses_flash
         flags["tf32"] |= gen.uses_tf32
@@ -570,6 +594,8 @@ def generate_cuda(program: N.Program) -> CudaSource:
         parts.append(PRELUDE_REDUCE)
     if flags["subwarp"]:
         parts.append(PRELUDE_SUBWARP)
+    if flags["cluster"]:
+        parts.append(PRELUDE_CLUSTER)
     if flags["async"]:
         parts.append(PRELUDE_ASYNC)
     if flags["flash"]:

@@ -156,3 +156,32 @@ __device__ __forceinline__ T loopir_subwarp_allreduce(T v, Op op) {
   return v;
 }
 """
+
+PRELUDE_CLUSTER = r"""// Thread-block clusters (sm_90, the `cluster` pragma): the C blocks of a cluster (blockIdx.y: its
+// rank) are one block of C x blockDim.x threads, thread loopir_tx = blockIdx.y * blockDim.x + threadIdx.x.
+__device__ __forceinline__ void loopir_cluster_sync() {  // every thread of every block of the cluster; orders memory
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+template <class T>
+__device__ __forceinline__ T loopir_cluster_load(const T* p, unsigned rank) {  // p in block `rank`'s shared memory
+  unsigned long long g;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(g) : "l"((unsigned long long)p), "r"(rank));
+  return *reinterpret_cast<const volatile T*>(g);
+}
+// All-reduce over the cluster's threads: each block's total (loopir_block_allreduce) goes to its slot, a cluster
+// barrier, then every thread combines the C slots in rank order, the same order in every block, so every block gets
+// the same total. The slots alternate between consecutive all-reduces (`parity`): a block writes a slot again only
+// after the next all-reduce's barrier, which every peer reaches after reading it. The kernel ends with a cluster
+// barrier, so no block leaves while a peer may still read its slots.
+template <int C, class T, class Op>
+__device__ __forceinline__ T loopir_cluster_allreduce(T v, Op op, T identity, T* smem, T* slots, int& parity) {
+  v = loopir_block_allreduce(v, op, identity, smem);
+  if (threadIdx.x == 0) slots[parity] = v;
+  loopir_cluster_sync();
+  T total = loopir_cluster_load(&slots[parity], 0);
+  #pragma unroll
+  for (int r = 1; r < C; ++r) total = op(total, loopir_cluster_load(&slots[parity], r));
+  parity ^= 1;
+  return total;
+}
+"""

@@ -180,6 +180,11 @@ class _ReductionEmitter:
                 self.uses_subwarp = True
                 self.line(f"{acc} = loopir_subwarp_allreduce<{self.subwarp}>({acc}, loopir_op_{op}());  "
                           f"// {st.name}: across the {self.subwarp} threads of its row")
+            elif self.kern.cluster:
+                slots = self.cluster_slots.setdefault(ct, self.names.fresh(f"loopir_slots_{ct.replace(' ', '_')}"))
+                self.line(f"{acc} = loopir_cluster_allreduce<{self.kern.cluster}>({acc}, loopir_op_{op}(), "
+                          f"({ct}){_identity(op, st.buffer.dtype)}, {smem}, {slots}, loopir_parity);  "
+                          f"// {st.name}: across the cluster's threads")
             else:
                 self.line(f"{acc} = loopir_block_allreduce({acc}, loopir_op_{op}(), "
                           f"({ct}){_identity(op, st.buffer.dtype)}, {smem});  // {st.name}: across threads")

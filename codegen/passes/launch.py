@@ -16,7 +16,9 @@ Decided here, once, and only printed by the renderer (codegen.cuda):
   rows of W lanes reduce by shuffles within a warp instead (no shared memory, no block synchronisation);
 - `cooperative`: the "parallel" nests inside thread loops that fill a shared buffer with values free of
   the thread, reached by every thread: the block's threads share their iterations;
-- `single_thread`: read-modify-writes outside every thread loop, which thread 0 alone applies.
+- `single_thread`: read-modify-writes outside every thread loop, which thread 0 alone applies;
+- `cluster`: the `cluster` pragma of the loop bound to blockIdx.x (`cluster_size`): the block is a cluster's
+  threads (threadIdx.x up to cluster x 1024), launched as that many blocks of a thread-block cluster.
 Refused here (CudaCodegenError): an unknown axis, an axis bound twice on one path, a nest with loops but
 none bound, a launch extent with no maximum, a reduction whose trip count depends on the thread.
 """
@@ -101,13 +103,36 @@ def _plan(program: N.Program, nest: N.Stmt, host_vars: frozenset[N.Var], int32_s
         if tile[2] is not None:  # TMA: a producer warpgroup too (the renderer's launch walks the tiles persistently)
             block = (N.const(TMA_THREADS), one, one)
     _check_reductions(nest, reductions)
+    cluster = cluster_size(bound, launch, subwarp)
     globals_sizes = {v for n in walk(nest) if isinstance(n, (N.Load, N.Store)) and n.buffer.scope == "global"
                      for d in n.buffer.shape for v in free_vars(d)}
     index = "int32" if (int32_sizes or not (sizes | globals_sizes)) and fits_int32(nest, int32_sizes) else "int64"
     coop = _cooperative(nest, guarded)
     single = _single_thread(nest)
     return N.Kernel("", nest, grid, block, index, guarded, reductions, coop, frozenset(), single,  # type: ignore[arg-type]
-                    subwarp)
+                    subwarp, cluster=cluster)
+
+
+def cluster_size(bound: list[N.For], launch: dict[str, N.Expr], subwarp: int = 0) -> int:
+    """The `cluster` pragma of the kernel's blockIdx.x loops (0: none), checked against the launch: the block's
+    threads are those of the whole cluster, a constant x extent of whole warps per block (cluster x 32 divides
+    it, at most cluster x 1024), no other block or thread axis (the cluster's blocks take the grid's y axis)."""
+    sizes = {dict(f.pragmas).get("cluster") for f in bound if f.thread == "blockIdx.x"} - {None}
+    if not sizes:
+        return 0
+    if len(sizes) > 1:
+        raise CudaCodegenError(f"the kernel's loops bound to blockIdx.x ask for different cluster sizes "
+                               f"{sorted(sizes)}; a kernel has one")
+    c = int(sizes.pop())  # type: ignore[arg-type]
+    other = sorted(a for a in launch if a not in ("blockIdx.x", "threadIdx.x"))
+    if other:
+        raise CudaCodegenError(f"a cluster kernel (pragma cluster {c}) binds {', '.join(other)}; its blocks run on the "
+                               "grid's y axis, so it may bind blockIdx.x and threadIdx.x only")
+    x = launch.get("threadIdx.x", N.const(1))
+    if not isinstance(x, N.Const) or int(x.value) % (32 * c) or int(x.value) > 1024 * c or subwarp:
+        raise CudaCodegenError(f"a cluster kernel (pragma cluster {c}) needs a constant threadIdx.x extent that is "
+                               f"whole warps in each of its {c} blocks, at most {1024 * c} threads; got {x}")
+    return c
 
 
 def _flash_shape(f: N.For) -> FlashShape:

@@ -71,7 +71,9 @@ class _Kernels(Transformer):
         # 32 row registers per thread: leave room for half an SM's threads (T = 128: 64 registers). H200, float16
         # softmax: NVCC gave rows of 4096 elements 92 registers (4 blocks per SM, 81% of the DRAM floor) and 64
         # with the bound (89%); rows of 2048 and 3000 (16 and 24 registers of row) ran 3-7% faster unbounded
-        min_blocks = max(k.min_blocks, THREADS_PER_SM // 2 // threads) if used >= MAX_SLOTS else k.min_blocks
+        # (a cluster kernel's blocks: its threads over the cluster's blocks)
+        per_block = threads // max(1, k.cluster)
+        min_blocks = max(k.min_blocks, THREADS_PER_SM // 2 // per_block) if used >= MAX_SLOTS else k.min_blocks
         return dataclasses.replace(k, body=body, widened=frozenset(widened), register_rows=frozenset(promoted),
                                    min_blocks=min_blocks)
 

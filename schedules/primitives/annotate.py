@@ -22,7 +22,10 @@ __all__ = ["unroll", "vectorize", "parallel", "bind", "vthread", "pragma", "PRAG
 PRAGMAS = {
     "unroll": "an unroll count n >= 1 (1: keep the loop rolled)",
     "unroll_explicit": "none: the loop is unrolled in the generated code, as s.unroll",
+    "cluster": "a cluster size c in 2..8 on a loop bound to blockIdx.x (CUDA, sm_90): each of its blocks runs as a "
+               "thread-block cluster of c blocks, which together hold its threadIdx.x range (up to c x 1024 threads)",
 }
+CLUSTER_MAX = 8  # the portable thread-block cluster size (sm_90)
 
 
 @dataclass(frozen=True)
@@ -304,6 +307,11 @@ def pragma(program: Program, loop: Var, name: str, value: int | None = None) -> 
     * "unroll", n: unroll by n — `#pragma unroll n` (CUDA), `llvm.loop.unroll.count` n (CPU); n == 1 keeps
       the loop rolled (`#pragma unroll 1`, `llvm.loop.unroll.disable`). The loop must be serial.
     * "unroll_explicit": unroll it fully in the generated code, as `s.unroll(loop)` (a constant extent).
+    * "cluster", c (2 <= c <= 8): on the loop bound to blockIdx.x, run each of its blocks as a thread-block cluster of
+      c blocks (sm_90). The block's threadIdx.x range, up to c x 1024 threads, is spread over the c blocks, and its
+      cross-thread reductions and barriers span the cluster. The instances and their order do not change: the kernel
+      is the same block of c x T threads. The lowering refuses a cluster kernel that keeps a shared buffer (each
+      block would hold its own copy) or binds blockIdx.y / z (the cluster's blocks are its y axis).
 
     Later steps keep them: reorder and tile move a loop with its pragmas, split gives them to the inner loop,
     collapse and skew to the loop they make, fuse (of two sibling loops) keeps the first loop's::
@@ -314,16 +322,26 @@ def pragma(program: Program, loop: Var, name: str, value: int | None = None) -> 
         known = "; ".join(f"{k!r} ({v})" for k, v in PRAGMAS.items())
         raise ArgumentError(f"pragma: unknown pragma {name!r}; known: {known}")
     f = find_loop(program, loop)
-    if name == "unroll_explicit":
+    if name == "cluster":
+        if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= CLUSTER_MAX:
+            raise ArgumentError(f"pragma 'cluster' on loop {loop.name!r} needs a cluster size in 2..{CLUSTER_MAX}, "
+                                f"got {value!r}")
+        if f.thread != "blockIdx.x":
+            how = f.thread if f.kind == "thread" else f.kind
+            raise ArgumentError(f"pragma 'cluster': loop {loop.name!r} is {how}; a cluster size applies to the loop "
+                                "bound to blockIdx.x (bind it first)")
+    elif name == "unroll_explicit":
         if value is not None and value is not True:
             raise ArgumentError(f"pragma 'unroll_explicit' takes no value, got {value!r}")
         return _annotate(program, loop, "unroll", None, "pragma unroll_explicit")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ArgumentTypeError(f"pragma 'unroll' on loop {loop.name!r} needs an integer count, got {value!r}")
-    if value < 1:
-        raise ArgumentError(f"pragma 'unroll' on loop {loop.name!r}: the count must be >= 1, got {value}")
-    if f.kind != "serial":
-        how = f.thread if f.kind == "thread" else f.kind
-        raise ArgumentError(f"pragma 'unroll': loop {loop.name!r} is {how}; an unroll count applies to a serial loop")
+    else:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ArgumentTypeError(f"pragma 'unroll' on loop {loop.name!r} needs an integer count, got {value!r}")
+        if value < 1:
+            raise ArgumentError(f"pragma 'unroll' on loop {loop.name!r}: the count must be >= 1, got {value}")
+        if f.kind != "serial":
+            how = f.thread if f.kind == "thread" else f.kind
+            raise ArgumentError(f"pragma 'unroll': loop {loop.name!r} is {how}; an unroll count applies to a serial "
+                                "loop")
     rest = tuple(p for p in f.pragmas if p[0] != name)
     return replace_loop(program, loop, dataclasses.replace(f, pragmas=(*rest, (name, value))))

@@ -12,7 +12,8 @@ Which knobs exist depends on the fusion plan the rules make at the tuned sizes:
 |--------------------------|------------------------------------------------------------------------|
 | cuda flat (elementwise)  | threads, per_thread                                                    |
 | cuda row / warp / split  | threads, rows.wide_threads, rows.warp_lanes, rows.split_threads,       |
-|                          | rows.register_row_max (register rows, or the row in shared memory)     |
+|                          | rows.register_row_max (register rows, or the row in shared memory),    |
+|                          | rows.cluster_row_max (a cluster per row), rows.uncached_threads         |
 | cuda GEMM, half inputs   | gemm.mma.block, gemm.mma.warp, gemm.mma.k_tile (tensor cores, mma.sync: |
 |                          | chosen when not at their defaults), gemm.wgmma.block (2-d matmuls);    |
 |                          | gemm.split_k for a skinny plan split into chunks (0: no split)         |
@@ -44,7 +45,7 @@ from ..cost import H200, Device
 from ..fusion import THREADS, plan_fusion
 from ..recipes import MMA_TILES, WGMMA_TILES, gemm_params, gemm_resources
 from ..recipes.gemm_mma import mma_applicable
-from ..rows import REGISTER_ROW_MAX, RowParams
+from ..rows import CLUSTER_ROW_MAX, REGISTER_ROW_MAX, RowParams
 from .record import Config, Knob, Space
 
 __all__ = ["space_for", "options", "check"]
@@ -126,6 +127,14 @@ def space_for(outputs: Tensor | list[Tensor], target: str = "cuda", sizes: dict[
             if g.mapping == "row" and g.strategy is not None and g.strategy.registers:
                 # register rows (measured faster on the H200's 4096- and 8192-element half rows) or the shared row
                 add("rows.register_row_max", (REGISTER_ROW_MAX, 0), rows.register_row_max)
+            if g.mapping == "row" and (rows.cluster_row_max or _changes(
+                    outs, sizes, plan, {"cluster_row_max": CLUSTER_ROW_MAX}, online)):
+                # a row beyond one block's register rows: a cluster of register rows (read once) or a block per row
+                add("rows.cluster_row_max", (0, CLUSTER_ROW_MAX), rows.cluster_row_max)
+            if g.mapping == "row" and g.strategy is not None and not g.strategy.cluster and _changes(
+                    outs, sizes, plan, {"uncached_threads": 512 if rows.uncached_threads != 512 else 1024}, online):
+                # a wide row every phase re-reads: its threads per row (half the rows in flight at 1024)
+                add("rows.uncached_threads", (512, 1024), rows.uncached_threads)
             if g.mapping == "split":
                 add("rows.split_threads", (128, 256, 512, 1024), rows.split_threads)
             # rows a block each today that would take warp rows below a higher threshold: the threshold and the
