@@ -38,7 +38,7 @@ from loopir.te_extern import stage_call
 from loopir.visit import buffers_of, deep_recursion, free_vars, walk, walk_stmts
 from schedules import Schedule
 from schedules.auto import auto_schedule
-from schedules.recipes import is_matmul_tensor
+from schedules.recipes import is_matmul_tensor, shared_weight_rows
 
 from . import build_cache
 from .build_cache import BuildKey
@@ -451,6 +451,9 @@ def _specialize_te(mod: Module, outs: list[Any], args: Sequence[Any] | None, tar
     # a matmul's rows of symbolic count: a skinny one (few rows) is planned apart (skinny tiles, split-K)
     skinny = [t.shape[-2] for t in stages_of(outs) if target == "cuda" and is_matmul_tensor(t)
               and isinstance(t.shape[-2], Var)]
+    # a linear layer's batch sizes (all batches' rows meet one weight): few rows in all, one skinny GEMM
+    batch_rows = [(d, tuple(dims)) for t in stages_of(outs) if target == "cuda"
+                  for dims in [shared_weight_rows(t)] if dims for d in dims[:-1] if isinstance(d, Var)]
     # the int32 test covers every stage a variant could keep in memory (its schedule may inline fewer)
     bufs = [*{id(t.buffer): t.buffer for t in stages_of(outs)}.values(), *mod.program.temps]
     passed = passed_sizes()  # sizes the call passes as arguments: a variant is lowered later, outside build
@@ -479,7 +482,7 @@ def _specialize_te(mod: Module, outs: list[Any], args: Sequence[Any] | None, tar
 
     mod.specializer = Specializer(mod, svars, [v for v in svars if v in rows], bufs,
                                   _cached_make(make, ck, target, opts, extra), int32=target == "cuda",
-                                  generic_int32=generic_int32, skinny=skinny)
+                                  generic_int32=generic_int32, skinny=skinny, batch_rows=batch_rows)
 
 
 def _specialize_program(mod: Module, program: Program, target: str, opts: dict[str, Any],

@@ -29,6 +29,7 @@ Schedule) is not rescheduled: the key's sizes are substituted in its scheduled p
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -147,7 +148,7 @@ class Specializer:
 
     def __init__(self, generic: Any, vars: Sequence[Var], rows: Sequence[Var], buffers: Sequence[Buffer],
                  make: Make, int32: bool, divisibility: bool = True, generic_int32: bool = False,
-                 skinny: Sequence[Var] = ()) -> None:
+                 skinny: Sequence[Var] = (), batch_rows: Sequence[tuple[Var, tuple[Any, ...]]] = ()) -> None:
         self.generic = generic
         self.generic_int32 = generic_int32  # the generic module assumes 32-bit indices (codegen.build)
         self.vars = tuple(vars)
@@ -156,6 +157,13 @@ class Specializer:
         # an MLP share their rows T)
         self.skinny = tuple(v for v in self.vars if any(v is x for x in skinny) and v not in self.rows) \
             if divisibility else ()
+        # a linear layer's batch sizes (X[b, t, k] @ W[k, j]), each with the layer's row extents: classed by
+        # SKINNY_CLASSES while all batches' rows are few (a decode step's B x 1: one skinny GEMM over them), else 0
+        batch: dict[Var, tuple[Any, ...]] = {}
+        for v, d in batch_rows if divisibility else ():
+            if v in self.vars and v not in self.rows and v not in self.skinny:
+                batch.setdefault(v, tuple(d))  # each size once (the layers of an MLP share B)
+        self.batch_rows = tuple(batch.items())
         self.buffers = tuple(buffers)
         self.make = make
         self.int32 = int32
@@ -173,6 +181,7 @@ class Specializer:
         i32 = self.int32 and _shapes_fit_int32(self._shapes, sizes)
         rows = tuple((v.name, row_class(int(sizes[v])) if v in sizes else 0) for v in self.rows)
         rows += tuple((v.name, skinny_class(int(sizes[v])) if v in sizes else 0) for v in self.skinny)
+        rows += tuple((v.name, _batch_class(v, dims, sizes)) for v, dims in self.batch_rows)
         return Key(names, div, i32, rows)
 
     def select(self, sizes: dict[Var, int]) -> tuple[Any, Key]:
@@ -210,6 +219,12 @@ class Specializer:
                          "  64-bit indices")
         for name, b in key.rows:
             v = next(x for x in self.vars if x.name == name)
+            if any(v is x for x, _ in self.batch_rows):
+                lines.append(f"  {name}={sizes.get(v)}: a linear layer's batches, {b} at most, all their rows few "
+                             f"-> one skinny GEMM over them, planned at {name}={b}, which the variant assumes (checked "
+                             "at each call)" if b else f"  {name}={sizes.get(v)}: a linear layer's batches, with more "
+                             f"than {SKINNY_CLASSES[-1]} rows in all (or unknown) -> planned for any count")
+                continue
             if v in self.skinny:
                 lines.append(f"  {name}={sizes.get(v)}: matmul rows <= {b} -> planned as a skinny GEMM at {name}={b}, "
                              "which the variant assumes (checked at each call)" if b else
@@ -232,6 +247,18 @@ class Specializer:
     @property
     def specializations(self) -> list[str]:
         return [str(k) for k in self.variants]
+
+
+def _batch_class(v: Var, dims: tuple[Any, ...], sizes: dict[Var, int]) -> int:
+    """The class of a linear layer's batch size `v`: its SKINNY_CLASSES bound while the layer's rows (the product of
+    `dims` at these sizes) are at most the last class, else 0 (a size not bound: 0)."""
+    if v not in sizes:
+        return 0
+    try:
+        total = math.prod(int(eval_expr(d, sizes)) for d in dims)
+    except (KeyError, ValueError, TypeError):
+        return 0
+    return skinny_class(int(sizes[v])) if total <= SKINNY_CLASSES[-1] else 0
 
 
 def substitution(key: Key, vars: Sequence[Var]) -> tuple[dict[Var, Any], dict[Var, int]]:

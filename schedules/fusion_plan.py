@@ -60,6 +60,10 @@ class FusionGroup:
     cost: C.KernelCost = field(default_factory=C.KernelCost)
     gemm: dict[str, Any] | None = None  # "gemm" mapping: the recipe's tile parameters
     gemm_plan: Any = None  # the GemmPlan auto_schedule applied (its steps are part of explain())
+    # a skinny linear layer planned over all its batches' rows (X[b, t, k] @ W[k, j], B x T <= SKINNY_ROWS): the
+    # mapping collapses the batch loops into the row loop first (one 2-d GEMM: split-K, W streamed once)
+    collapse_rows: bool = False
+    gemm_batched: dict[str, Any] | None = None  # collapse_rows: the parameters of a GEMM per batch (the fallback)
     strategy: R.RowStrategy | None = None  # cuda row groups: warp or block per row (schedules.rows)
 
     @property

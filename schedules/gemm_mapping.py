@@ -33,6 +33,26 @@ def map_gemm(s: Schedule, g: FusionGroup, target: str) -> None:
         raise ArgumentError(f"auto_schedule: the plan maps {mm!r} as a GEMM but its lowered update statement is not "
                             "matmul-shaped")
     prm = dict(g.gemm or {})
+    if g.collapse_rows:  # the plan's skinny linear layer: its batches' rows as one 2-d GEMM, if every step holds
+        try:
+            with s.attempt():
+                if not _collapse_rows(s, g, mm):
+                    raise ArgumentError(f"the batch loops of {mm!r} do not fold into its rows")
+                _apply_recipe(s, g, mm, eps, prm, target)
+            g.log.append(Decision("note", (mm,), None, "skinny linear layer: the batch loops collapsed into the "
+                                  "rows (one 2-d row-major A over all batches, addresses folded)"))
+            return
+        except (ScheduleError, InexactCheckError, ArgumentError) as e:  # a GEMM per batch, no split
+            why = str(e).splitlines()[0]
+            g.log.append(Decision("note", (mm,), None, "skinny linear layer: its batches' rows not collapsed "
+                                  f"({why[:100] + '...' if len(why) > 100 else why}); a GEMM per batch on "
+                                  "blockIdx.z, no split"))
+            prm = dict(g.gemm_batched or prm, split_k=None)
+    _apply_recipe(s, g, mm, eps, prm, target)
+
+
+def _apply_recipe(s: Schedule, g: FusionGroup, mm: str, eps: list[str], prm: dict[str, Any], target: str) -> None:
+    """The recipe the group's parameters and the matmul's shape pick, applied (`map_gemm`)."""
     tensor_cores = target == "cuda" and _tensor_cores(s, g, prm)
     wg = _wgmma_block(s, g, prm) if tensor_cores else None
     if wg is not None:
@@ -77,6 +97,21 @@ def map_gemm(s: Schedule, g: FusionGroup, target: str) -> None:
         g.gemm_plan = schedule_gemm_cuda(s, mm, epilogue=eps, **{k: prm[k] for k in SIMT_KEYS if k in prm})
     else:
         g.gemm_plan = schedule_gemm(s, mm, epilogue=eps, target="cpu", cpu_tile=prm.get("cpu_tile"))
+
+
+def _collapse_rows(s: Schedule, g: FusionGroup, mm: str) -> bool:
+    """The batch loops of a skinny linear layer (`FusionGroup.collapse_rows`) collapsed into its row loop (checked
+    steps), so that the recipes see one 2-d GEMM over all batches' rows; False when its accesses do not fold
+    (`_rows_collapse`)."""
+    loops = s.loops(mm)
+    nb = len(loops) - 3
+    upd, _ = resolve_stage(s.program, mm, [], "auto_schedule")
+    if nb < 1 or not _rows_collapse(s, g, upd, nb):
+        return False
+    row = loops[0]
+    for h in loops[1:nb + 1]:
+        row = s.collapse(row, h)
+    return True
 
 
 def _fit_tiles(tiles: dict[str, Any], dims: list[Any]) -> dict[str, Any]:

@@ -50,25 +50,42 @@ def plan_gemm(g: FusionGroup, gemm: dict[str, Any] | None, target: str, dev: Dev
         dims = shared_weight_rows(mm)
         if dims and all(v.name in given for d in dims for v in free_vars(d)):  # sizes known
             total = math.prod(C.size_value(d, ev) for d in dims)
-            rows = total if total > SKINNY_ROWS else rows  # (few in all: skinny tiles of one batch's rows)
+            # few in all (a decode step's B x 1 rows): one skinny GEMM over every batch's rows, the batch loops
+            # collapsed into the row loop by the mapping, so that W is streamed once and split-K applies. The rows
+            # of one batch (the inner extents) a constant power of two: the collapse is quasi-affine, and a
+            # thread's tile (a power of two of rows) never straddles two batches unless it holds whole ones (its
+            # register tile then has one affine footprint). Else skinny tiles of one batch's rows, as before
+            inner = [simplify(d) for d in dims[1:]]
+            per = math.prod(int(d.value) for d in inner) if all(not free_vars(d) for d in inner) else 0
+            g.collapse_rows = total <= SKINNY_ROWS and per > 0 and per & (per - 1) == 0
+            one_batch, rows = rows, total if total > SKINNY_ROWS or g.collapse_rows else rows
         # split-K for a plain 2-d matmul (rows given: a class bound at call time): columns and reduction
         # length at the plan's sizes, or DEFAULT_SIZE where a size is not given (not a default per variable:
         # 16*m16 at m16 = 4096 would plan 65,536 columns)
         red = mm.op.reduce_dom[0]
         cols, depth = (C.size_value(e, ev) if {v.name for v in free_vars(e)} <= given
                        else C.DEFAULT_SIZE for e in (simplify(mm.shape[-1]), simplify(red[1] - red[0])))
-        depth = depth if len(mm.shape) == 2 else None
-        # tensor cores for a half skinny GEMM where nobody chose the tensor-core path (a batched one: wgmma)
+        depth = depth if len(mm.shape) == 2 or g.collapse_rows else None  # one 2-d GEMM once mapped
+        # tensor cores for a half skinny GEMM where nobody chose the tensor-core path (a batched one: wgmma; a
+        # collapsed one keeps the SIMT tiles: the mma recipe's operand tiles are 2-d, A's here [b, t, k])
         tc = len(mm.shape) == 2 and all(prm.get(k) in (None, MMA_TILES) for k in ("tensor_cores", "wgmma", "mma"))
         asked = prm.get("split_k")  # a chunk length (0: no split) the caller chose, kept over the planner's
         sk = skinny_params(rows, itemsize, dev.smem_per_block, cols, depth if asked is None else None,
                            dev.sm_count, dev.smem_per_block_optin,
                            tensor_cores=tc) if simt_default(prm) else None
+        g.collapse_rows = g.collapse_rows and sk is not None
+        if g.collapse_rows:  # the tiles of one batch's rows, for a mapping whose collapse is refused
+            one = skinny_params(one_batch, itemsize, dev.smem_per_block, cols, None, dev.sm_count,
+                                dev.smem_per_block_optin)
+            g.gemm_batched = {**prm, **(one[0] if one is not None else {}), "split_k": asked}
         if sk is not None:
             prm.update(sk[0])
             prm["split_k"] = asked if asked is not None else prm.get("split_k")
             g.log.append(Decision("note", (mm.name,), None, sk[1] + (
-                f" (rows costed at {rows}: `sizes`)" if isinstance(mm.shape[-2], Var) else "")))
+                f" (rows costed at {rows}: `sizes`)" if isinstance(mm.shape[-2], Var) else "") + (
+                f"; a linear layer: all {rows} rows of its batches "
+                f"({' x '.join(str(C.size_value(d, ev)) for d in dims or ())}) against one weight, the batch loops "
+                "collapsed into the rows" if g.collapse_rows else "")))
         threads, smem, acc = gemm_resources(prm, itemsize)
         (b0, b1), (t0, t1), kt = prm["block"], prm["thread_tile"], prm["k_tile"]
         limits = [(threads, dev.max_threads_per_block, "threads per block"),

@@ -140,6 +140,30 @@ class Schedule:
     def original(self) -> Program:
         return self._original
 
+    @contextlib.contextmanager
+    def attempt(self) -> Iterator[Schedule]:
+        """Steps that stand or fall together: when the block raises, the schedule is as it was before the block
+        (program, dependences, trace, legality state) and the exception propagates. Recipes try a mapping so
+        and take another when a step of it is refused::
+
+            try:
+                with s.attempt():
+                    s.collapse(b, t)
+                    schedule_gemm_cuda(s, "y", split_k=512)
+            except LoopirError:
+                schedule_gemm_cuda(s, "y")
+        """
+        saved = (self._program, self._original, self._deps, len(self.trace), dict(self._reductions), self._checked,
+                 dict(self._reassociated))
+        try:
+            yield self
+        except BaseException:
+            (self._program, self._original, self._deps, n, reductions, self._checked, reassociated) = saved
+            del self.trace[n:]
+            self._reductions, self._reassociated = reductions, reassociated
+            self._nests.clear()
+            raise
+
     @property
     def deps(self) -> poly.Deps:
         """The dependences of the original program (computed once)."""

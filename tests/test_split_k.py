@@ -17,6 +17,7 @@ from loopir.errors import ArgumentError, ArgumentTypeError
 from loopir.nodes import Store
 from loopir.visit import walk
 from schedules import Schedule, auto_schedule
+from schedules.errors import ScheduleError
 from schedules.recipes import schedule_gemm_cuda
 from schedules.recipes.gemm_mma import schedule_gemm_mma
 
@@ -151,8 +152,10 @@ def test_two_matmuls_of_the_same_rows_key_them_once():
     sp = build(list(blk.outputs), list(blk.args), target="cuda").specializer
     sizes = {v: {"B": 2, "T": 5}[v.name] for v in sp.vars}
     key = sp.key(sizes)
-    assert [n for n, _ in key.rows] == ["T"] and dict(key.rows)["T"] == 8
+    # T once (both matmuls' rows); B once, a linear layer's batches (2 x 5 rows in all: few, class 2)
+    assert [n for n, _ in key.rows] == ["T", "B"] and dict(key.rows) == {"T": 8, "B": 4}
     assert sum("T=5: matmul rows <= 8" in line for line in sp.explain(key, sizes)) == 1
+    assert sum("B=2: a linear layer's batches, 4 at most" in line for line in sp.explain(key, sizes)) == 1
 
 
 def test_skinny_classes_key_the_rows_of_a_symbolic_matmul():
@@ -375,3 +378,118 @@ def test_gpu_linear_layer_of_short_batches_on_tensor_cores(dtype):
     mod(xa, wa, out)
     ref = xa.astype(np.float64) @ wa.astype(np.float64)
     assert np.abs(out.astype(np.float64) - ref).max() / np.abs(ref).max() < (2e-2 if dtype == "float16" else 1e-5)
+
+
+@pytest.mark.parametrize("b, t, dtype", [(8, 1, "float32"), (4, 4, "float16"), (3, 2, "float32"), (3, 1, "bfloat16")])
+def test_a_decode_steps_linear_layer_streams_its_weight_once_with_split_k(b, t, dtype):
+    """B x T <= 64 rows against one weight (a decode step's B x 1): one skinny GEMM over all batches' rows, the batch
+    loops collapsed into the row loop, split-K, instead of a GEMM per batch that read the whole weight each (B x T
+    rows not a multiple of the block's 8 or 16 included; one batch's rows a power of two). The lowered program with a
+    bias + ReLU epilogue matches
+    float64 in reversed and forward thread order."""
+    c, n = 2048, 320
+    x, wt, y = _linear(b, t, c, n, dtype)
+    bias = te.placeholder((n,), name="bias", dtype=dtype)
+    z = te.compute((b, t, n), lambda i, j, o: te.maximum(y[i, j, o] + bias[o], 0.0), name="z")
+    s = auto_schedule([z], target="cuda")
+    text = s.plan.explain()
+    assert f"a linear layer: all {b * t} rows of its batches ({b} x {t}) against one weight" in text
+    assert "the batch loops collapsed into the rows" in text and "rfactor(y, k_o, factor_axis=0)" in text
+    assert "blockIdx.z (batched GEMM)" not in text.split("rfactor")[0]  # no GEMM per batch before the split
+    low = lower_cuda(s.program, "cuda")
+    rng = np.random.default_rng(b * 10 + t)
+    xa, wa, ba = (blocks.as_dtype(rng.standard_normal(sh), dtype) for sh in ((b, t, c), (c, n), (n,)))
+    x64, w64, b64 = (blocks.as_float64(a, dtype) for a in (xa, wa, ba))
+    ref = np.maximum(x64 @ w64 + b64, 0.0)
+    for order in ("reversed", "forward"):
+        out = blocks.as_dtype(np.full((b, t, n), np.nan), dtype)
+        interp.run(low, xa, wa, ba, out, gpu_order=order)
+        err = np.abs(blocks.as_float64(out, dtype) - ref).max() / np.abs(ref).max()
+        assert err < {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype], order
+
+
+def test_linear_layers_that_do_not_collapse_keep_a_gemm_per_batch():
+    """A symbolic T (the collapsed index would divide by it: not quasi-affine), a T that is no power of two (a
+    thread's tile of rows could straddle two batches) and a truly batched matmul (each batch its own weight) keep the
+    batch loop on blockIdx.z, with no split."""
+    x, wt, y = _linear(5, 3, 2048, 320, "float32")
+    text = auto_schedule([y], target="cuda").plan.explain()
+    assert "collapsed into the rows" not in text and "rfactor" not in text and "skinny GEMM (3 rows" in text
+    tv = te.var("T")
+    x, wt, y = _linear(4, tv, 2048, 320, "float32")
+    text = auto_schedule([y], target="cuda", sizes={"T": 2}).plan.explain()
+    assert "collapsed into the rows" not in text and "rfactor" not in text
+    a = te.placeholder((8, 1, 2048), name="a", dtype="float32")
+    bb = te.placeholder((8, 2048, 320), name="b", dtype="float32")
+    k = te.reduce_axis(2048, "k")
+    cc = te.compute((8, 1, 320), lambda z, i, j: te.sum(a[z, i, k] * bb[z, k, j], axis=k), name="c")
+    text = auto_schedule([cc], target="cuda").plan.explain()
+    assert "collapsed into the rows" not in text and "blockIdx.z (batched GEMM)" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("b, t", [(8, 1), (3, 5)])
+def test_gpu_decode_linear_layer_with_split_k(dtype, b, t):
+    x, wt, y = _linear(b, t, 4096, 1000, dtype)
+    mod = build([y], [x, wt, y], target="cuda")
+    assert len(mod.kernels) == 2  # the partials and the combine
+    rng = np.random.default_rng(b + t)
+    xa, wa = rng.standard_normal((b, t, 4096)).astype(dtype), rng.standard_normal((4096, 1000)).astype(dtype)
+    out = np.full((b, t, 1000), np.nan, dtype)
+    mod(xa, wa, out)
+    ref = xa.astype(np.float64) @ wa.astype(np.float64)
+    assert np.abs(out.astype(np.float64) - ref).max() / np.abs(ref).max() < (2e-2 if dtype == "float16" else 1e-5)
+
+
+def test_a_decode_step_at_symbolic_sizes_takes_a_collapsed_variant():
+    """`te.var` B and T: a call with few rows in all (B x 1) keys B by its skinny class, and its variant collapses
+    the batches' rows of both linear layers and splits K (each GEMM two kernels, no batch loop on blockIdx.z);
+    it matches float64 in any thread order. A call with many rows keeps B unclassed."""
+    blk = blocks.mlp(B=te.var("B"), T=te.var("T"), C=1024)
+    mod = build(list(blk.outputs), list(blk.args), target="cuda")
+    xs = blocks.inputs(blk, {"B": 6, "T": 1}, rng=3)
+    want = blk.reference(*xs)[0]
+    got = np.full(want.shape, np.nan, np.float32)
+    var = mod._select(mod.check((*xs, got)))
+    assert mod.specializations == ["B* T=1 int32 T<=4 B<=8"]
+    assert "B=6: a linear layer's batches, 8 at most" in mod.explain()
+    heads = [ln for ln in var.source.splitlines() if "// statements" in ln]
+    # the row kernel, then per layer the partials (split-K: only for the collapsed rows) and the combine
+    assert len(heads) == 5 and sum("_rf_init" in h for h in heads) == 2
+    for order in ("reversed", 3):
+        got = np.full(want.shape, np.nan, np.float32)
+        interp.run(var.program, *xs, got, gpu_order=order)
+        assert np.abs(got - want).max() / np.abs(want).max() < 1e-4, order
+    key = mod.specializer.key({v: {"B": 4, "T": 128}[v.name] for v in mod.specializer.vars})
+    assert dict(key.rows) == {"T": 0, "B": 0}
+
+
+def test_a_linear_layer_whose_rows_do_not_fold_falls_back_to_a_gemm_per_batch():
+    """gpt2's projection reads the heads merged back ([b, t, h * d] from [b, h, t, d]): its batch loops do not fold
+    into its rows, so the planned collapse is refused as a whole (Schedule.attempt) and the layer is a GEMM per
+    batch with the skinny tiles of one batch's rows, no split; the block still matches float64."""
+    blk = blocks.gpt2(B=4, T=1, C=64, H=4)
+    s = auto_schedule(list(blk.outputs), target="cuda")
+    text = s.plan.explain()
+    assert "mm_q: skinny linear layer: the batch loops collapsed into the rows" in text
+    assert "mm_proj: skinny linear layer: its batches' rows not collapsed" in text and "no split" in text
+    xs = blocks.inputs(blk, {}, rng=4)
+    want = blk.reference(*xs)[0]
+    got = np.full(want.shape, np.nan, np.float32)
+    interp.run(lower_cuda(s.program, "cuda"), *xs, got, gpu_order="reversed")
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+
+
+def test_attempt_restores_the_schedule_when_a_step_is_refused():
+    wl = w.matmul_bias_relu(n=8, m=64, p=64)
+    s = Schedule(list(wl.outputs))
+    before, steps = s.program, len(s.trace)
+    i, j, k = s.loops("matmul")[:3]
+    with pytest.raises(ScheduleError, match="is illegal"):
+        with s.attempt():
+            s.split(i, 4)  # a legal step, then one the dependences refuse: the reduction loop on threads
+            s.bind(k, "threadIdx.x")
+    assert s.program is before and len(s.trace) == steps
+    s.split(i, 2)  # the schedule goes on from where it was
+    assert len(s.trace) == steps + 1
