@@ -387,7 +387,7 @@ def test_a_decode_steps_linear_layer_streams_its_weight_once_with_split_k(b, t, 
     rows not a multiple of the block's 8 or 16 included; one batch's rows a power of two). The lowered program with a
     bias + ReLU epilogue matches
     float64 in reversed and forward thread order."""
-    c, n = 2048, 320
+    c, n = 1024, 160
     x, wt, y = _linear(b, t, c, n, dtype)
     bias = te.placeholder((n,), name="bias", dtype=dtype)
     z = te.compute((b, t, n), lambda i, j, o: te.maximum(y[i, j, o] + bias[o], 0.0), name="z")
@@ -446,7 +446,7 @@ def test_a_decode_step_at_symbolic_sizes_takes_a_collapsed_variant():
     """`te.var` B and T: a call with few rows in all (B x 1) keys B by its skinny class, and its variant collapses
     the batches' rows of both linear layers and splits K (each GEMM two kernels, no batch loop on blockIdx.z);
     it matches float64 in any thread order. A call with many rows keeps B unclassed."""
-    blk = blocks.mlp(B=te.var("B"), T=te.var("T"), C=1024)
+    blk = blocks.mlp(B=te.var("B"), T=te.var("T"), C=256)
     mod = build(list(blk.outputs), list(blk.args), target="cuda")
     xs = blocks.inputs(blk, {"B": 6, "T": 1}, rng=3)
     want = blk.reference(*xs)[0]
@@ -455,8 +455,9 @@ def test_a_decode_step_at_symbolic_sizes_takes_a_collapsed_variant():
     assert mod.specializations == ["B* T=1 int32 T<=4 B<=8"]
     assert "B=6: a linear layer's batches, 8 at most" in mod.explain()
     heads = [ln for ln in var.source.splitlines() if "// statements" in ln]
-    # the row kernel, then per layer the partials (split-K: only for the collapsed rows) and the combine
-    assert len(heads) == 5 and sum("_rf_init" in h for h in heads) == 2
+    # the row kernel, mm_fc (K = 256: too short to split) and mm_fc2 as partials (split-K: only for the collapsed
+    # rows) and their combine
+    assert len(heads) == 4 and sum("_rf_init" in h for h in heads) == 1
     for order in ("reversed", 3):
         got = np.full(want.shape, np.nan, np.float32)
         interp.run(var.program, *xs, got, gpu_order=order)
@@ -493,3 +494,25 @@ def test_attempt_restores_the_schedule_when_a_step_is_refused():
     assert s.program is before and len(s.trace) == steps
     s.split(i, 2)  # the schedule goes on from where it was
     assert len(s.trace) == steps + 1
+
+
+def test_a_variants_combine_runs_its_chunks_unrolled_to_the_assumed_bound():
+    """At symbolic sizes the chunk count of split-K's combine is symbolic; the call's variant assumes p <= 4096 (its
+    class), so the combine's chunk loop is padded to that bound's 8 chunks (guarded), unrolled as at fixed sizes,
+    and the variant still matches float64 at a p inside the class with a ragged last chunk."""
+    wl = w.matmul_bias_relu(n=te.var("n"), m=te.var("m"), p=te.var("p"))
+    mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
+    n, m, p = 16, 160, 1104
+    rng = np.random.default_rng(9)
+    a, b, bias = (rng.standard_normal(sh).astype(np.float32) for sh in ((n, p), (p, m), (m,)))
+    out = np.full((n, m), np.nan, np.float32)
+    var = mod._select(mod.check((a, b, bias, out)))
+    combine = var.source[var.source.index("C_matmul_init("):]
+    assert mod.specializations == ["n%16 p%16 m%16 int32 p<=4096 n<=16"]
+    # p <= 4096: 8 chunks of 512 at most (here 3, the last of 80), each under its guard
+    assert "for (int k_o = 0; k_o < 8; ++k_o) {" in combine and "if ((k_o < loopir_floordiv(" in combine
+    ref = np.maximum(a.astype(np.float64) @ b.astype(np.float64) + bias, 0.0)
+    for order in ("reversed", "forward"):
+        got = np.full((n, m), np.nan, np.float32)
+        interp.run(var.program, a, b, bias, got, gpu_order=order)
+        assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5, order
