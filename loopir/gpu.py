@@ -7,6 +7,8 @@ Pure functions of the IR, here so that `codegen.passes` (gpu_model, launch), the
 - `reduction_stores(f)` and `is_reduction_loop(f)`: the cross-thread reductions of a threadIdx.x loop;
 - `reduction_parts(st)`: `C[idx] = C[idx] op e` as (op, e);
 - `upper_extent(ext, allowed)`: an upper bound of a loop extent over allowed variables (launch sizes);
+- `cluster_pragmas(loops)`: the thread-block cluster sizes the loops bound to blockIdx.x ask for (the `cluster`
+  pragma; `CLUSTER_MAX` the portable largest);
 - `BLOCK_PASS`: the loop kind of a nest that the whole block runs once (its loops are the reference semantics,
   executed as if by thread 0; the CUDA renderer prints one block-wide kernel body: codegen/cuda/flash.py).
 """
@@ -16,7 +18,8 @@ from __future__ import annotations
 from .nodes import Binary, Const, Expr, For, Load, Stmt, Store, Var
 from .visit import free_vars, loops_of, subst_coords, substitute, walk
 
-__all__ = ["REDUCE_OPS", "BLOCK_PASS", "BLOCK_PASSES", "is_fill", "is_block_loop", "is_reduction_loop",
+__all__ = ["REDUCE_OPS", "BLOCK_PASS", "BLOCK_PASSES", "CLUSTER_MAX", "cluster_pragmas", "is_fill",
+           "is_block_loop", "is_reduction_loop",
            "is_thread_loop", "reduction_parts", "reduction_stores", "upper_extent"]
 
 REDUCE_OPS = ("add", "mul", "max", "min")
@@ -24,6 +27,15 @@ BLOCK_PASS = "attention.m16n8k16"  # tensorize's FlashAttention intrinsic (sched
 # every intrinsic of that kind: the same pass on warpgroup tensor cores and on float32 data (TF32), a block's GEMM
 # tile on warpgroup tensor cores (schedules/primitives/flash.py, wgmma.py)
 BLOCK_PASSES = (BLOCK_PASS, "attention.wgmma", "attention.tf32x3", "gemm.wgmma")
+
+
+CLUSTER_MAX = 8  # the portable thread-block cluster size (sm_90): the `cluster` pragma's largest
+
+
+def cluster_pragmas(loops: list[For]) -> set[int]:
+    """The cluster sizes that the `loops` bound to blockIdx.x ask for (their `cluster` pragma; empty: none)."""
+    return {int(v) for f in loops if f.kind == "thread" and f.thread == "blockIdx.x"
+            for k, v in f.pragmas if k == "cluster"}
 
 
 def is_thread_loop(f: For) -> bool:

@@ -70,7 +70,8 @@ import numpy as np
 
 from .errors import ArgumentError, ArgumentTypeError
 from .affine import polynomial
-from .gpu import BLOCK_PASSES, REDUCE_OPS, is_fill, is_reduction_loop, reduction_parts, reduction_stores, upper_extent
+from .gpu import (BLOCK_PASSES, REDUCE_OPS, cluster_pragmas, is_fill, is_reduction_loop, reduction_parts,
+                  reduction_stores, upper_extent)
 from .dtypes import HALVES, is_float
 from .interp_compile import _Compiler, _ident
 from .te_extern import extern_nest
@@ -236,8 +237,7 @@ class _KernelCompiler(_Compiler):
         one = const(1)
         self.k.grid = tuple(self.launch.get(f"blockIdx.{a}", one) for a in "xyz")
         self.k.block = tuple(self.launch.get(f"threadIdx.{a}", one) for a in "xyz")
-        self.k.cluster = max((int(dict(f.pragmas).get("cluster", 0)) for f in loops
-                              if f.kind == "thread" and f.thread == "blockIdx.x"), default=0)
+        self.k.cluster = max(cluster_pragmas(loops), default=0)
 
     def _analyse_planned(self, k: Kernel) -> None:
         """The launch and the decisions of a lowered program's Kernel node (codegen.passes.launch)."""

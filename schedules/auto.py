@@ -63,7 +63,7 @@ from .fusion import THREADS, Decision, FusionGroup, FusionPlan, plan_fusion
 from .rows import RowParams
 from .primitives import find_loop
 from .primitives.cache import reduction_parts
-from .primitives.extents import max_trip
+from .primitives.extents import padded_trip
 from .gemm_mapping import map_gemm
 from .schedule import Schedule
 
@@ -358,11 +358,8 @@ def _pad_to_bound(s: Schedule, loop: Any) -> None:
     """`pad_loop(loop, K)` where its trip count is symbolic and the program's `assume`d sizes bound it by K <=
     PAD_MAX: a register row's chunk loops of a symbolic row length get constant trip counts, so that the
     row stays in registers (codegen.passes.registers unrolls them)."""
-    f = find_loop(s.program, loop.var)
-    if not s.program.assume or isinstance(simplify(f.hi - f.lo), Const):
-        return
-    k = max_trip(s.program, loop.var)
-    if k is not None and 1 <= k <= PAD_MAX:
+    k = padded_trip(s.program, loop.var, PAD_MAX)
+    if k is not None:
         s.pad_loop(loop, k)
 
 

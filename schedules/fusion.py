@@ -714,12 +714,11 @@ class _Planner:
                 g.caches.append(RowCache(p, "shared", nbytes))
             dropped = dropped or not ok
             self._cache_note(g, p, ok, why)
-        if g.strategy.cluster and not g.caches:  # no row to keep in the cluster's registers: a block per row
-            g.strategy = R.unclustered(g.strategy, C.elements(g.stages[0].shape[:g.depth], self.ev), THREADS,
-                                       self.dev, self.row_params)
-            g.log = [Decision("note", ("row strategy",), None, f"block: {g.strategy.why}")
-                     if d.stages == ("row strategy",) else d for d in g.log]
-        st = R.uncached(g.strategy, dropped and not g.caches, self.row_params)
+        st = g.strategy
+        if st.cluster and not g.caches:  # no row to keep in the cluster's registers: a block per row
+            st = R.unclustered(st, C.elements(g.stages[0].shape[:g.depth], self.ev), THREADS, self.dev,
+                               self.row_params)
+        st = R.uncached(st, dropped and not g.caches, self.row_params)
         if st is not g.strategy:  # the row strategy's note says the threads it now has
             g.strategy = st
             g.log = [Decision("note", ("row strategy",), None, f"{st.name}: {st.why}") if d.stages == ("row strategy",)

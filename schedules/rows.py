@@ -39,6 +39,7 @@ import dataclasses
 from dataclasses import dataclass, fields
 
 from loopir.errors import ArgumentError, ArgumentTypeError
+from loopir.gpu import CLUSTER_MAX
 from loopir.nodes import Binary, Load, Var
 from loopir.te import ComputeOp, Reduce, Tensor
 from loopir.visit import walk
@@ -74,7 +75,6 @@ REGISTER_ROW_ELEMENTS = 32
 # one block's loads overlap the other's reductions and cluster barriers
 CLUSTER_ROW_MAX = 2**17
 CLUSTER_THREADS = 512
-CLUSTER_MAX = 8  # the portable cluster size (sm_90)
 RED_SCRATCH_SLOTS = 32  # the block all-reduce's shared scratch: one slot per warp (codegen.cuda.reduce)
 # a block row of at least WIDE_ROW elements that no cache holds (each phase re-reads it) gets this many threads: half
 # the rows in flight of WIDE_THREADS, so that a phase's re-read finds more of its row in L2. H200, 1024 x 65536
@@ -135,16 +135,14 @@ class RowParams:
             v = getattr(p, f.name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise ArgumentError(f"row parameter {f.name} must be a number >= 0, got {v!r}")
-        if p.cluster_threads not in (32, 64, 128, 256, 512, 1024):
-            raise ArgumentError(f"row parameter cluster_threads must be a power of two in [32, 1024], got "
-                                f"{p.cluster_threads!r}")
         if p.warp_lanes not in (2, 4, 8, 16, 32):
             raise ArgumentError(f"row parameter warp_lanes must be 2, 4, 8, 16 or 32, got {p.warp_lanes!r}")
         pow2 = (32, 64, 128, 256, 512, 1024)
-        if p.split_threads not in pow2 or p.wide_threads not in pow2 or p.uncached_threads not in pow2:
-            raise ArgumentError(f"row parameters: split_threads, wide_threads and uncached_threads must be a power of "
-                                f"two in [32, 1024], got {p.split_threads!r}, {p.wide_threads!r} and "
-                                f"{p.uncached_threads!r}")
+        counts = ("split_threads", "wide_threads", "uncached_threads", "cluster_threads")
+        bad = [f"{n} {getattr(p, n)!r}" for n in counts if getattr(p, n) not in pow2]
+        if bad:
+            raise ArgumentError(f"row parameters: {', '.join(counts)} must be a power of two in [32, 1024], got "
+                                f"{', '.join(bad)}")
         return p
 
 

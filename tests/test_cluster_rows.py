@@ -150,6 +150,15 @@ def test_the_cluster_pragma_is_checked():
     assert "__cluster_dims__(1, 2, 1) __launch_bounds__(512)" in src
 
 
+def test_row_parameters_refuse_a_cluster_block_that_is_no_power_of_two():
+    from schedules.rows import RowParams
+
+    for bad in (100, 2048, 16):
+        with pytest.raises(ArgumentError, match=f"must be a power of two in \\[32, 1024\\], got cluster_threads {bad}"):
+            RowParams.of({"cluster_threads": bad})
+    assert RowParams.of({"cluster_threads": 256}).cluster_threads == 256
+
+
 def test_the_lowering_refuses_cluster_kernels_it_cannot_render():
     x = te.placeholder((8, 1000), "float32", name="x")
     y = te.compute((8, 1000), lambda i, j: x[i, j] * 2, name="y")

@@ -35,7 +35,7 @@ from loopir import nodes as N
 from loopir.errors import CudaCodegenError, UnboundLoopError
 from loopir.isl_conv import NonAffine, aff, aff_to_expr, cond, pw_to_expr
 from loopir.isl_conv import _Names as _IslNames
-from loopir.gpu import is_fill, is_reduction_loop, is_thread_loop, upper_extent
+from loopir.gpu import cluster_pragmas, is_fill, is_reduction_loop, is_thread_loop, upper_extent
 from loopir.te_extern import extern_nest
 from schedules.primitives.flash import FLASH_KINDS, FlashMismatch, FlashShape, flash_parts
 from schedules.primitives.wgmma import TMA_THREADS, WGMMA, WgmmaMismatch, kernel_tile
@@ -117,13 +117,13 @@ def cluster_size(bound: list[N.For], launch: dict[str, N.Expr], subwarp: int = 0
     """The `cluster` pragma of the kernel's blockIdx.x loops (0: none), checked against the launch: the block's
     threads are those of the whole cluster, a constant x extent of whole warps per block (cluster x 32 divides
     it, at most cluster x 1024), no other block or thread axis (the cluster's blocks take the grid's y axis)."""
-    sizes = {dict(f.pragmas).get("cluster") for f in bound if f.thread == "blockIdx.x"} - {None}
+    sizes = cluster_pragmas(bound)
     if not sizes:
         return 0
     if len(sizes) > 1:
         raise CudaCodegenError(f"the kernel's loops bound to blockIdx.x ask for different cluster sizes "
                                f"{sorted(sizes)}; a kernel has one")
-    c = int(sizes.pop())  # type: ignore[arg-type]
+    c = sizes.pop()
     other = sorted(a for a in launch if a not in ("blockIdx.x", "threadIdx.x"))
     if other:
         raise CudaCodegenError(f"a cluster kernel (pragma cluster {c}) binds {', '.join(other)}; its blocks run on the "

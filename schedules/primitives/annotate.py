@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from loopir import poly
 from loopir.errors import ArgumentError, ArgumentTypeError
+from loopir.gpu import CLUSTER_MAX
 from loopir.affine import simplify
 from loopir.nodes import GPU_AXES, Binary, Const, For, Load, Program, Var, binary
 from loopir.visit import free_vars, substitute, walk
@@ -25,7 +26,6 @@ PRAGMAS = {
     "cluster": "a cluster size c in 2..8 on a loop bound to blockIdx.x (CUDA, sm_90): each of its blocks runs as a "
                "thread-block cluster of c blocks, which together hold its threadIdx.x range (up to c x 1024 threads)",
 }
-CLUSTER_MAX = 8  # the portable thread-block cluster size (sm_90)
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,14 @@ from loopir.affine import simplify
 from loopir.args import eval_expr
 from loopir.errors import ArgumentError, ArgumentTypeError, NotFoundError
 from loopir.isl_conv import NonAffine, _conj, _Names, aff, cond, loop_constraints
-from loopir.nodes import Compare, Expr, For, If, Program, Var, binary, const
+from loopir.nodes import Compare, Const, Expr, For, If, Program, Var, binary, const
 from loopir.printer import expr_str
 from loopir.visit import StmtContext, free_vars, statements
 
 from . import CheckContext, find_loop, find_loop_path, primitive, replace_loop
 from ..errors import ScheduleError, nest_str
 
-__all__ = ["assume", "pad_loop", "max_trip", "size_domain"]
+__all__ = ["assume", "pad_loop", "max_trip", "padded_trip", "size_domain"]
 
 
 def _size_var(program: Program, size: Any, what: str) -> Var:
@@ -194,6 +194,16 @@ def pad_loop(program: Program, loop: Var, extent: int) -> Program:
     if any(_instance_past(program, sc, f, hi, f.hi) is not False for sc in _inside(program, loop)):
         body = If(Compare("lt", f.var, f.hi), body)
     return replace_loop(program, loop, dataclasses.replace(f, hi=hi, body=body))
+
+
+def padded_trip(program: Program, loop: Var, most: int) -> int | None:
+    """The constant extent `pad_loop` can give `loop`: its trip count is symbolic and the program's assumed sizes
+    bound it by at most `most` iterations (`max_trip`); None otherwise (a constant trip count, no bound, or more)."""
+    f = find_loop(program, loop)
+    if not program.assume or isinstance(simplify(binary("sub", f.hi, f.lo)), Const):
+        return None
+    k = max_trip(program, loop)
+    return k if k is not None and 1 <= k <= most else None
 
 
 def max_trip(program: Program, loop: Var) -> int | None:

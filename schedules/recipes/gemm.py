@@ -13,13 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 from loopir.errors import ArgumentError, LoopirError, NotFoundError, ResourceLimitError
-from loopir.affine import simplify
-from loopir.nodes import Binary, Buffer, Const, Load, Program, Store
+from loopir.nodes import Binary, Buffer, Load, Program, Store
 from loopir.te import ComputeOp, Reduce
 from loopir.visit import free_vars, statements, walk
 
-from ..primitives import find_loop
-from ..primitives.extents import max_trip
+from ..primitives.extents import padded_trip
 
 __all__ = [
     "GemmPlan", "check_tiles", "collapse_batch", "elementwise_consumers", "is_matmul_tensor", "matmul_operands",
@@ -231,13 +229,12 @@ def split_k_gemm(s: Any, upd: Store, eps: list[str], chunk: Any, k_tile: int, re
     plan.steps.append(f"the combine: i on blockIdx.y, j by {COMBINE_THREADS} on blockIdx.x / threadIdx.x, "
                       f"cache_write({upd.buffer.name}, 'local', epilogue={eps}): each thread sums its column's "
                       "partials in chunk order in a register, then the epilogue")
+    # a symbolic chunk count that the program's assumed sizes bound (a call-time variant: p <= 4096): padded to that
+    # constant, so that the chunks' loads are unrolled and in flight together as at fixed sizes (a rolled loop of
+    # dependent adds waits for each load in turn)
     chunks = s.loops(name)[-1]
-    if not isinstance(simplify(find_loop(s.program, chunks.var).hi), Const):
-        # a symbolic chunk count that the program's assumed sizes bound (a call-time variant: p <= 4096): padded to
-        # that constant, so that the chunks' loads are unrolled and in flight together as at fixed sizes (a rolled
-        # loop of dependent adds waits for each load in turn)
-        most = max_trip(s.program, chunks.var)
-        if most is not None and 1 <= most <= COMBINE_PAD_MAX:
-            s.pad_loop(chunks, most)
-            plan.steps.append(f"pad_loop({chunks.var.name}, {most}): the chunk loop at its assumed bound, unrolled")
+    most = padded_trip(s.program, chunks.var, COMBINE_PAD_MAX)
+    if most is not None:
+        s.pad_loop(chunks, most)
+        plan.steps.append(f"pad_loop({chunks.var.name}, {most}): the chunk loop at its assumed bound, unrolled")
     return plan
