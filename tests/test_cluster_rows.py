@@ -150,6 +150,24 @@ def test_the_cluster_pragma_is_checked():
     assert "__cluster_dims__(1, 2, 1) __launch_bounds__(512)" in src
 
 
+def test_a_kernel_asking_for_two_cluster_sizes_is_refused():
+    """Two nests under one serial loop (one kernel) whose blockIdx.x loops ask for clusters of 2 and of 4."""
+    import dataclasses
+
+    from codegen.passes.launch import plan_kernels
+
+    x = te.placeholder((8, 64), "float32", name="x")
+    y = te.compute((8, 64), lambda i, j: x[i, j] * 2, name="y")
+    z = te.compute((8, 64), lambda i, j: y[i, j] + 1, name="z")
+    s = Schedule([z])
+    for stage, c in (("y", 2), ("z", 4)):
+        i, j = s.loops(stage)
+        s.bind(i, "blockIdx.x").bind(j, "threadIdx.x").pragma(i, "cluster", c)
+    one = N.For(N.Var("t"), N.const(0), N.const(1), s.program.body)
+    with pytest.raises(CudaCodegenError, match=r"loops bound to blockIdx.x ask for different cluster sizes \[2, 4\]"):
+        plan_kernels(dataclasses.replace(s.program, body=one))
+
+
 def test_row_parameters_refuse_a_cluster_block_that_is_no_power_of_two():
     from schedules.rows import RowParams
 
