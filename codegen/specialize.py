@@ -43,13 +43,17 @@ from loopir.visit import free_vars
 
 from .passes.launch import padded_reach
 
-# upper bounds of the row-length classes; above the last: unbounded. 127: rows shorter than a block of 128
-# threads, which the planner maps as warp rows (schedules/rows.py). 2**12 apart from 2**13: a class is planned at
-# its bound, and rows planned at 8192 get more threads, which a row of 2048 or 4096 leaves with one 16-byte load
-# per thread and a quarter of the blocks per SM (H200, symbolic 16384 x 2048: 0.46-0.65x the time with 128 threads
-# than with 512). A class's bound is also assumed (every call of its variant meets it), so rows up to
-# rows.REGISTER_ROW_MAX (2**14) are register rows, their chunk loops padded to the bound's trip counts
-ROW_CLASSES = (127, 2**10, 2**12, 2**13, 2**14, 2**16)
+# upper bounds of the row-length classes; above the last: unbounded. A class is planned at its bound, which the
+# variant also assumes (every call of it meets it, checked), so its chunk loops get the bound's constant trip counts
+# (register rows up to rows.REGISTER_ROW_MAX, warp rows). The classes are powers of two and three times powers of
+# two (768, 1536, 3072, ...: hidden sizes and MLP widths), so that a row is planned at most 1.5x its length: at 2x
+# (the classes 2**10 < n <= 2**12 before) a row of 3000 half-precision elements took 32 registers of row per thread
+# where its fixed-size kernel took 24 (ptxas 59-64 registers against 44-48, __launch_bounds__(128, 8)), and the
+# kernel 1.11-1.15x the fixed size's time (H200, 4096 x 3000 float16 softmax / layer norm), and a row of 64 was
+# planned as one of 127 without 16-byte loads (1.7x). 127: rows shorter than a block of 128 threads, which the
+# planner maps as warp rows (schedules/rows.py)
+ROW_CLASSES = (16, 32, 64, 127, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 32768,
+               2**16)
 # upper bounds of the classes of a matmul's rows (the rows of C) at symbolic sizes: up to schedules.recipes.SKINNY_ROWS
 # the planner maps a skinny GEMM (tiles that cover every row, split-K), planned at the class's bound; above the last:
 # the square tiles

@@ -441,7 +441,7 @@ def _map_warp_rows(s: Schedule, g: FusionGroup, row: Any) -> None:
                 # H200, softmax 65536 x 768 float16: SM 79%, DRAM 56%)
                 _bind_chunks(s, phase.var, vl, st.lanes)
             else:
-                _bind_reduction(s, phase.var, st.lanes)
+                _bind_reduction(s, phase.var, st.lanes, pad=True)
             continue
         var = phase.var
         n = simplify(phase.hi - phase.lo)
@@ -455,6 +455,7 @@ def _map_warp_rows(s: Schedule, g: FusionGroup, row: Any) -> None:
             var, lane = s.split(var, vl)
             s.vectorize(lane)
         jo, ti = s.split(var, st.lanes)
+        _pad_to_bound(s, jo)  # a row of an assumed bound: its constant trip count, as at fixed sizes
         _unroll_symbolic(s, jo, SYMBOLIC_SPATIAL_UNROLL)
         s.bind(ti, "threadIdx.x")
 

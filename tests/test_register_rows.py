@@ -145,9 +145,9 @@ def test_rows_beyond_the_register_budget_and_symbolic_rows_stay_shared():
     assert MAX_SLOTS >= 32
 
 
-@pytest.mark.parametrize("name, dtype, n, key", [("softmax", "float16", 3000, "n%8 int32 n<=4096"),
+@pytest.mark.parametrize("name, dtype, n, key", [("softmax", "float16", 3000, "n%8 int32 n<=3072"),
                                                  ("layernorm", "float32", 1000, "n%8 int32 n<=1024"),
-                                                 ("rmsnorm", "bfloat16", 5008, "n%16 int32 n<=8192"),
+                                                 ("rmsnorm", "bfloat16", 5008, "n%16 int32 n<=6144"),
                                                  ("softmax", "float32", 16384, "n%16 int32 n<=16384")])
 def test_a_symbolic_row_bounded_by_its_call_time_class_lives_in_registers(name, dtype, n, key):
     """A module built with `te.var` sizes: the call's variant assumes its row class's bound (n <= 4096, ...), pads
@@ -173,6 +173,29 @@ def test_a_symbolic_row_bounded_by_its_call_time_class_lives_in_registers(name, 
     long = _inputs(wl, m, bound + 16, dtype, seed=1)
     with pytest.raises(ArgumentError, match="assumes"):
         var.check((*long, blocks.as_dtype(np.zeros((m, bound + 16)), dtype)))
+
+
+@pytest.mark.parametrize("name, dtype, n, key", [("softmax", "float16", 40, "n%8 int32 n<=64"),
+                                                 ("rmsnorm", "float32", 100, "n%4 int32 n<=127"),
+                                                 ("layernorm", "bfloat16", 600, "n%8 int32 n<=768")])
+def test_a_symbolic_warp_row_takes_the_constant_loops_of_its_class_bound(name, dtype, n, key):
+    """Warp rows (a row per 2..32 lanes) of a `te.var` length: the call's variant assumes its class's bound and pads
+    each lane's loops to that bound's constant trip counts, as the fixed-size kernel of the bound has them (no loop
+    bound computed from n, each element guarded instead); its lowered program matches float64 in every thread
+    order at a length inside the class that the lanes do not tile."""
+    from loopir import te
+
+    wl = getattr(w, name)(m=te.var("m"), n=te.var("n"), dtype=dtype)
+    mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
+    m = 5
+    xs = _inputs(wl, m, n, dtype, seed=n)
+    var = mod._select(mod.check((*xs, blocks.as_dtype(np.full((m, n), np.nan), dtype))))
+    assert mod.specializations == [f"m* {key}"]
+    assert "loopir_subwarp_allreduce<" in var.source, "warp rows expected"
+    loops = [line for line in var.source.splitlines() if line.lstrip().startswith("for (")]
+    assert loops and all("loopir_floordiv" not in line and "n4" not in line and "n8" not in line
+                         for line in loops), loops
+    check_thread_orders(var.program, name, xs, dtype)
 
 
 @pytest.mark.gpu

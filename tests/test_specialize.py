@@ -58,10 +58,13 @@ def _index_dtypes(mod) -> set[str]:
 def test_div_and_row_classes():
     assert [div_class(v) for v in (1, 16, 4096, 20, 12, 24, 3000, 7, 0, 2)] == \
         ["1", "%16", "%16", "%4", "%4", "%8", "%8", "*", "*", "*"]
-    assert row_class(1) == row_class(127) == ROW_CLASSES[0] and row_class(128) == row_class(1024) == 2**10
-    assert row_class(1025) == row_class(4096) == 2**12 and row_class(4097) == 2**13
-    assert row_class(8193) == row_class(16384) == 2**14
+    assert row_class(1) == row_class(16) == ROW_CLASSES[0] and row_class(65) == row_class(127) == 127
+    assert row_class(128) == 256 and row_class(700) == row_class(768) == 768 and row_class(769) == 2**10
+    assert row_class(2500) == row_class(3072) == 3072 and row_class(3073) == 2**12 and row_class(4097) == 6144
+    assert row_class(12289) == row_class(16384) == 2**14
     assert row_class(50257) == 2**16 and row_class(2**16 + 1) == 0
+    # a row is planned at most 1.5x its length from 256 to 16384 elements (the register rows' range)
+    assert all(row_class(n) <= 1.5 * n for n in range(256, 2**14 + 1))
 
 
 def test_key_int32_and_rows_without_allocating():
@@ -137,7 +140,7 @@ def test_cpu_tiny_and_wide_rows():
     mod = build(list(w.outputs), list(w.args), target="cpu")
     for sizes in ({"m": 1, "n": 1}, {"m": 5, "n": 2}, {"m": 2, "n": 3000}, {"m": 2, "n": 5000}, {"m": 1, "n": 70001}):
         _call_cpu(mod, w, sizes)
-    assert any("n<=4096" in k for k in mod.specializations) and any("n<=8192" in k for k in mod.specializations)
+    assert any("n<=3072" in k for k in mod.specializations) and any("n<=6144" in k for k in mod.specializations)
 
 
 def test_variant_program_is_specialized():
@@ -226,18 +229,20 @@ def test_cuda_layernorm_variant_interp():
 
 
 def test_cuda_row_classes_around_4096_plan_their_own_blocks_interp():
-    # rows of 1025..4096 are planned at 4096 (128 threads), 4097..8192 at 8192 (256 threads: register rows of at
-    # most 32 elements per thread, the class's bound assumed); each variant's lowered program matches numpy in the
-    # adversarial interpreter at a length inside its class
+    # rows of 2049..3072 are planned at 3072 (128 threads), 3073..4096 at 4096 (128), 4097..6144 at 6144 (256
+    # threads): register rows of at most 24, 32 and 24 elements per thread, the class's bound assumed; each variant's
+    # lowered program matches numpy in the adversarial interpreter at a length inside its class
     w = workloads.layernorm()
     mod = build(list(w.outputs), list(w.args), target="cuda")
     small = _call_cuda_interp(mod, w, {"m": 2, "n": 3008})
+    mid = _call_cuda_interp(mod, w, {"m": 2, "n": 3088})
     big = _call_cuda_interp(mod, w, {"m": 2, "n": 4112})
-    assert sorted(mod.specializations) == ["m* n%16 int32 n<=4096", "m* n%16 int32 n<=8192"]
-    threads = {v: math.prod(int(str(e)) for e in v.gen.kernels[0].launch.block) for v in (small, big)}
-    assert threads == {small: 128, big: 256}
-    assert all("float x_shared_reg[32];" in v.source and "__shared__ float x_shared" not in v.source
-               for v in (small, big))
+    assert sorted(mod.specializations) == ["m* n%16 int32 n<=3072", "m* n%16 int32 n<=4096",
+                                           "m* n%16 int32 n<=6144"]
+    threads = {v: math.prod(int(str(e)) for e in v.gen.kernels[0].launch.block) for v in (small, mid, big)}
+    assert threads == {small: 128, mid: 128, big: 256}
+    assert [v.source.count(f"float x_shared_reg[{k}];") for v, k in ((small, 24), (mid, 32), (big, 24))] == [1, 1, 1]
+    assert all("__shared__ float x_shared" not in v.source for v in (small, mid, big))
 
 
 def test_cuda_divisible_variant_drops_vector_size_check():

@@ -497,8 +497,8 @@ def test_attempt_restores_the_schedule_when_a_step_is_refused():
 
 
 def test_a_variants_combine_runs_its_chunks_unrolled_to_the_assumed_bound():
-    """At symbolic sizes the chunk count of split-K's combine is symbolic; the call's variant assumes p <= 4096 (its
-    class), so the combine's chunk loop is padded to that bound's 8 chunks (guarded), unrolled as at fixed sizes,
+    """At symbolic sizes the chunk count of split-K's combine is symbolic; the call's variant assumes p <= 1536 (its
+    class), so the combine's chunk loop is padded to that bound's 3 chunks (guarded), unrolled as at fixed sizes,
     and the variant still matches float64 at a p inside the class with a ragged last chunk."""
     wl = w.matmul_bias_relu(n=te.var("n"), m=te.var("m"), p=te.var("p"))
     mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
@@ -508,9 +508,9 @@ def test_a_variants_combine_runs_its_chunks_unrolled_to_the_assumed_bound():
     out = np.full((n, m), np.nan, np.float32)
     var = mod._select(mod.check((a, b, bias, out)))
     combine = var.source[var.source.index("C_matmul_init("):]
-    assert mod.specializations == ["n%16 p%16 m%16 int32 p<=4096 n<=16"]
-    # p <= 4096: 8 chunks of 512 at most (here 3, the last of 80), each under its guard
-    assert "for (int k_o = 0; k_o < 8; ++k_o) {" in combine and "if ((k_o < loopir_floordiv(" in combine
+    assert mod.specializations == ["n%16 p%16 m%16 int32 p<=1536 n<=16"]
+    # p <= 1536: 3 chunks of 512 at most (here 3, the last of 80), each under its guard
+    assert "for (int k_o = 0; k_o < 3; ++k_o) {" in combine and "if ((k_o < loopir_floordiv(" in combine
     ref = np.maximum(a.astype(np.float64) @ b.astype(np.float64) + bias, 0.0)
     for order in ("reversed", "forward"):
         got = np.full((n, m), np.nan, np.float32)

@@ -426,9 +426,9 @@ def test_call_time_variants_take_their_row_class_options(tmp_path):
         mod(x, y)
         np.testing.assert_allclose(y, softmax_reference(x)[0], rtol=1e-5, atol=1e-6)
     notes = {str(k): [x for x in v.notes if x.startswith("tuned:")] for k, v in mod.specializer.variants.items()}
-    short = [v for k, v in notes.items() if "n<=127" in k]
-    long_ = [v for k, v in notes.items() if "n<=4096" in k]
-    assert short and "trial 0 of run hand" in short[0][0] and "n <= 127" in short[0][0]
+    short = [v for k, v in notes.items() if "n<=64" in k]
+    long_ = [v for k, v in notes.items() if "n<=2048" in k]
+    assert short and "trial 0 of run hand" in short[0][0] and "n <= 64" in short[0][0]
     assert long_ and "trial 1 of run hand" in long_[0][0]
 
 
