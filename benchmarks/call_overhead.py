@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
 import itertools
 import os
 import pstats
@@ -79,8 +80,17 @@ class StubDriver(types.SimpleNamespace):
         self.cuLaunchKernel = self._launch if record else (lambda *a: ok)
 
     def _launch(self, fn, gx, gy, gz, bx, by, bz, smem, stream, args, extra):  # noqa: ANN001
-        self.launches.append((fn, (gx, gy, gz), (bx, by, bz), smem, stream, tuple(args[0]), tuple(args[1])))
+        self.launches.append((fn, (gx, gy, gz), (bx, by, bz), smem, stream, launch_values(args)))
         return (0,)
+
+
+def launch_values(args: Any) -> tuple[int, ...]:
+    """The parameter values of a launch as integers, from either form the runtime passes: (values, types) tuples,
+    or an array of the addresses of 8-byte slots (a recorded plan's `ParamBlock`; a 4-byte int reads as its slot's
+    64 bits, the upper half zero)."""
+    if isinstance(args, tuple):
+        return tuple(int(v.value if hasattr(v, "value") else v) for v in args[0])
+    return tuple(ctypes.c_uint64.from_address(p).value for p in args)
 
 
 def install_stub(drv: StubDriver) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from codegen import build
 from codegen.cuda import runtime as rt
+from codegen.cuda.params import ParamBlock
 from loopir import ir, te
 from loopir.bounds import BoundsError
 from loopir.errors import ArgumentError, ArgumentTypeError
@@ -428,3 +429,20 @@ def test_cuda_dynamic_shared_memory_on_the_fast_path(stub):
     assert asked == []  # the opt-in and the limits are asked once per (device, kernel)
     big = (FakeDeviceArray((2, 70000)), FakeDeviceArray((2, 70000)))
     _both_paths_refuse(mod, lambda: a, lambda: big, rt.SharedMemoryError)
+
+
+def test_a_plans_parameter_block_holds_each_parameter_as_the_driver_reads_it():
+    """A recorded launch's parameters packed once (`ParamBlock`): slot j at the address params[j] holds parameter j
+    in its C type's bytes (a pointer, a 32-bit and a 64-bit size, a negative 32-bit value); rewriting a pointer's
+    slot changes that parameter alone."""
+    import ctypes
+
+    block = ParamBlock((0x7F00_0000_1000, 3000, -5, 2**40 + 3),
+                           (ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong))
+    p = list(block.params)
+    assert [ctypes.c_void_p.from_address(p[0]).value, ctypes.c_int.from_address(p[1]).value,
+            ctypes.c_int.from_address(p[2]).value, ctypes.c_longlong.from_address(p[3]).value] == \
+        [0x7F00_0000_1000, 3000, -5, 2**40 + 3]
+    block.slots[0] = 0x7F00_0000_2000
+    assert ctypes.c_void_p.from_address(p[0]).value == 0x7F00_0000_2000
+    assert ctypes.c_int.from_address(p[1]).value == 3000 and ctypes.c_longlong.from_address(p[3]).value == 2**40 + 3

@@ -37,6 +37,7 @@ from loopir.nodes import Buffer, Var
 from .kernel import CudaSource, HostIf, HostLoop, HostStep, Kernel, Launch
 from ..module import Module, known_sizes
 from .nvrtc import compile_cubin
+from .params import ParamBlock
 from .tensor_map import MapSpecs, free_scratch, launch_with_maps, map_extents, map_value
 
 
@@ -332,14 +333,15 @@ class _Plan:
     """Everything a call with one signature decided, so the next such call only reads pointers and launches:
     the variant that runs, its device, the upload buffers of the numpy arguments, and each launch with its
     function, grid/block, dynamic shared bytes and argument values (device arguments' pointers filled per
-    call at `dyn`: (position in the values, argument index))."""
+    call at `dyn`: (position in the values, argument index)), packed once into a `ParamBlock` (None for a
+    launch with tensor maps)."""
 
     module: CudaModule
     last_call: tuple[Any, dict[Var, int]] | None
     dev: Device
     host: tuple[tuple[int, int, int, bool], ...]  # (argument index, device buffer, nbytes, written)
     launches: tuple[tuple[Any, tuple[int, ...], int, tuple[Any, ...], tuple[tuple[int, int], ...],
-                          tuple[Any, ...], str], ...]
+                          tuple[Any, ...], str, ParamBlock | None], ...]
     streams: dict[int | None, Any] = field(default_factory=dict)
 
 
@@ -373,7 +375,8 @@ def _make_plan(p: _Prepared, last_call: tuple[Any, dict[Var, int]] | None) -> _P
     launches = []
     for k, fn, dims, smem, values, types in p.record:
         dyn = tuple((j, index[ka.buffer]) for j, ka in enumerate(k.args) if ka.buffer in index)
-        launches.append((fn, dims, smem, values, dyn, types, f"cuLaunchKernel({k.name})"))
+        block = None if isinstance(types, MapSpecs) else ParamBlock(values, types)
+        launches.append((fn, dims, smem, values, dyn, types, f"cuLaunchKernel({k.name})", block))
     host = tuple((i, p.ptrs[b], a.host.nbytes, b in mod.written)
                  for i, (a, b) in enumerate(zip(p.args, mod.program.args)) if a.host is not None)
     return _Plan(mod, last_call, p.dev, host, tuple(launches))
@@ -727,17 +730,15 @@ class CudaModule(Module):
             if nbytes:
                 check(cu.cuMemcpyHtoDAsync(dptr, ptrs[i].ctypes.data, nbytes, stream), "cuMemcpyHtoDAsync")
         launch = cu.cuLaunchKernel
-        for fn, dims, smem, values, dyn, types, what in plan.launches:
-            if isinstance(types, MapSpecs):  # tensor maps: remade from this call's pointers
+        for fn, dims, smem, values, dyn, types, what, block in plan.launches:
+            if block is None:  # tensor maps: remade from this call's pointers
                 _relaunch_with_maps(cu, fn, dims, smem, stream, values, types, ((j, int(ptrs[i])) for j, i in dyn),
                                     what)
                 continue
-            if dyn:
-                vals = list(values)
-                for j, i in dyn:
-                    vals[j] = ptrs[i]
-                values = tuple(vals)
-            ret = launch(fn, *dims, smem, stream, (values, types), 0)
+            slots = block.slots
+            for j, i in dyn:
+                slots[j] = ptrs[i]
+            ret = launch(fn, *dims, smem, stream, block.params, 0)
             if ret[0] != ok:
                 check(ret, what)
         if plan.host:
