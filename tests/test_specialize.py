@@ -228,6 +228,32 @@ def test_cuda_layernorm_variant_interp():
     assert len(mod.specializations) == 3
 
 
+def test_cpu_rows_at_each_side_of_every_class_bound():
+    # one symbolic module called at each class's bound and one past it (the next class's smallest row): every
+    # variant, planned at its bound and assuming it, matches numpy on fresh data in NaN-poisoned outputs
+    for w in (workloads.softmax(), workloads.layernorm()):
+        mod = build(list(w.outputs), list(w.args), target="cpu")
+        for b in ROW_CLASSES:
+            for n in (b, b + 1):
+                _call_cpu(mod, w, {"m": 3, "n": n})
+        bounds = {int(k.split("n<=")[1]) for k in mod.specializations if "n<=" in k}
+        assert bounds == set(ROW_CLASSES), sorted(bounds)
+
+
+def test_cuda_rows_at_each_side_of_a_class_bound_interp():
+    # a row at a class's bound and one past it take two variants (warp rows at 64 / 65 and 768 / 769 float16, block
+    # register rows at 3072 / 3073 float32), each right in reversed thread order
+    for w, pairs in ((workloads.rmsnorm(dtype="float16"), ((64, 65), (768, 769))),
+                     (workloads.softmax(), ((3072, 3073),))):
+        mod = build(list(w.outputs), list(w.args), target="cuda")
+        for lo, hi in pairs:
+            a = _call_cuda_interp(mod, w, {"m": 2, "n": lo})
+            b = _call_cuda_interp(mod, w, {"m": 2, "n": hi})
+            assert a is not b
+        bounds = sorted(int(k.split("n<=")[1]) for k in mod.specializations)
+        assert bounds == sorted({row_class(n) for pair in pairs for n in pair}), bounds
+
+
 def test_cuda_row_classes_around_4096_plan_their_own_blocks_interp():
     # rows of 2049..3072 are planned at 3072 (128 threads), 3073..4096 at 4096 (128), 4097..6144 at 6144 (256
     # threads): register rows of at most 24, 32 and 24 elements per thread, the class's bound assumed; each variant's
