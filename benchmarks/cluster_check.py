@@ -1,5 +1,5 @@
 """Cluster rows (rows longer than one block's register rows, run on a thread-block cluster) through the default
-path with them turned on (`RowParams.cluster_row_max`, off by default until timed), for compute-sanitizer (memcheck /
+path with them named (`RowParams.cluster_row_max`, on by default), for compute-sanitizer (memcheck /
 racecheck): softmax, layer norm and RMSNorm at a few row lengths (clusters of 2, 4 and 8 blocks; lengths the
 cluster's threads do not tile), float32 and float16, each output poisoned with NaN and checked against float64.
 Prints one line per case and `cluster_check: N ok, M bad`.

@@ -51,9 +51,9 @@ from .passes.launch import padded_reach
 # where its fixed-size kernel took 24 (ptxas 59-64 registers against 44-48, __launch_bounds__(128, 8)), and the
 # kernel 1.11-1.15x the fixed size's time (H200, 4096 x 3000 float16 softmax / layer norm), and a row of 64 was
 # planned as one of 127 without 16-byte loads (1.7x). 127: rows shorter than a block of 128 threads, which the
-# planner maps as warp rows (schedules/rows.py)
-ROW_CLASSES = (16, 32, 64, 127, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 32768,
-               2**16)
+# planner maps as warp rows (schedules/rows.py); 128 apart (a head dimension), planned as itself
+ROW_CLASSES = (16, 32, 64, 96, 127, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288,
+               16384, 32768, 2**16)
 # upper bounds of the classes of a matmul's rows (the rows of C) at symbolic sizes: up to schedules.recipes.SKINNY_ROWS
 # the planner maps a skinny GEMM (tiles that cover every row, split-K), planned at the class's bound; above the last:
 # the square tiles

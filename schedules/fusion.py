@@ -40,7 +40,7 @@ from typing import Any
 
 from loopir.dtypes import HALVES, np_dtype
 from loopir.errors import ArgumentError, ArgumentTypeError
-from loopir.affine import simplify
+from loopir.affine import multiple_of, simplify
 from loopir.nodes import Const, Expr, Load, Var
 from loopir.te import ComputeOp, Reduce, Tensor, TupleReduce, tensor_of
 from loopir.visit import substitute, walk
@@ -697,10 +697,13 @@ class _Planner:
             inner = [_domain(t)[g.depth:] for t in g.stages]
             row_len = max(C.elements(d, self.ev) for d in inner)
             sym = sorted({n.name for d in inner for e in d for n in walk(e) if isinstance(n, Var)})
+            itemsize = np_dtype(g.stages[-1].dtype).itemsize
+            vl = 16 // itemsize if itemsize in (2, 4) else 0  # elements of a 16-byte access
+            whole = vl and all(d and multiple_of(simplify(d[-1]), vl) for d in inner)  # rows of whole vectors
             g.strategy = R.choose_row_strategy(row_len, rows, sym, all(v in self.given for v in sym), THREADS,
                                                self.dev, self.row_params, R.splittable(g.stages, g.depth),
-                                               np_dtype(g.stages[-1].dtype).itemsize,
-                                               bounded=bool(sym) and all(v in self.bounded for v in sym))
+                                               itemsize, bounded=bool(sym) and all(v in self.bounded for v in sym),
+                                               vector=vl if whole else 0)
             g.log.append(Decision("note", ("row strategy",), None, f"{g.strategy.name}: {g.strategy.why}"))
             return {"warp": "warp", "split": "split"}.get(g.strategy.name, "row")
         return "thread"

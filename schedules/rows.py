@@ -23,8 +23,8 @@ not given is unknown, and then the safe block-per-row strategy is kept):
   its chunks of the row in registers as register rows do, so the row is read from DRAM once, where a block of
   1024 threads per row re-read it from L2 in every phase; the reductions combine across the cluster through
   distributed shared memory (`loopir_cluster_allreduce`). Kept only when a row cache is planned (several
-  phases read the row); otherwise the block strategy stays. Off by default (`RowParams.cluster_row_max` 0) until
-  it is timed on a device.
+  phases read the row); otherwise the block strategy stays. Not for 16-bit rows that are not whole 16-byte
+  vectors (their 2-byte loads: below). On by default since 2026-12-08 (H100, benchmarks/rows_half.py).
 * **split** — very wide rows (>= `RowParams.split_row_min`) with too few of them to fill the GPU (fewer than
   `split_rows_per_sm` x the SM count): the group is not fused; each reduction is `split` into chunks and
   `rfactor`ed (partials per (row, chunk) block, `split_waves` waves of blocks), a small kernel combines each
@@ -72,7 +72,12 @@ REGISTER_ROW_ELEMENTS = 32
 # longer block rows, up to this, of constant or bounded length: a row per thread-block cluster of 2..8 blocks of
 # CLUSTER_THREADS threads, register rows across the cluster (8 x 512 x 32 elements; beyond, and with few rows, the
 # split). 512 threads of at most 32 row registers each leave room for two blocks per SM (64 registers a thread), so
-# one block's loads overlap the other's reductions and cluster barriers
+# one block's loads overlap the other's reductions and cluster barriers. H100, one run against a block of 1024
+# threads per row (benchmarks/rows_half.py, 2026-12-08): float32 1024 x 65536 softmax 0.360 -> 0.220 ms, layer
+# norm 0.279 -> 0.220, RMSNorm 0.258 -> 0.203; 1024 x 50257 softmax 0.330 -> 0.176; float16 1024 x 65536 0.148 ->
+# 0.137 (softmax), 0.132 -> 0.119 (RMSNorm), layer norm even; 32 rows within -10% .. +37%. A float16 row of 50257
+# (2-byte loads, not whole vectors) gained 9-12% for softmax and layer norm but lost 31% for RMSNorm (0.206 ->
+# 0.269 ms): 16-bit rows that are not whole 16-byte vectors keep the block row
 CLUSTER_ROW_MAX = 2**17
 CLUSTER_THREADS = 512
 RED_SCRATCH_SLOTS = 32  # the block all-reduce's shared scratch: one slot per warp (codegen.cuda.reduce)
@@ -103,9 +108,8 @@ class RowParams:
     warp_row_max: int = 0  # rows shorter than this get warp rows (0: shorter than the block's threads)
     register_row_max: int = REGISTER_ROW_MAX  # constant rows up to this long: register rows (0: never)
     uncached_threads: int = UNCACHED_THREADS  # wide rows that every phase re-reads from memory: threads per row
-    # cached rows beyond register_row_max up to this: a cluster each (0: never). Off by default until timed on a device:
-    # the session that wrote it had none (CLUSTER_ROW_MAX turns it on: rows={"cluster_row_max": CLUSTER_ROW_MAX})
-    cluster_row_max: int = 0
+    # cached rows beyond register_row_max up to this: a cluster each (0: never; CLUSTER_ROW_MAX above)
+    cluster_row_max: int = CLUSTER_ROW_MAX
     cluster_threads: int = CLUSTER_THREADS  # threads per block of a cluster row
     # a row cache above the static 48 KiB costs occupancy: it is kept only while the model below says the
     # kernel streams faster with it than re-reading the row (from L2 while the rows in flight fit its share)
@@ -179,12 +183,13 @@ def _pow2_floor(n: int) -> int:
 
 def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: bool, threads: int,
                         dev: C.Device, params: RowParams | None = None, splittable: bool = True,
-                        itemsize: int = 4, bounded: bool = False) -> RowStrategy:
+                        itemsize: int = 4, bounded: bool = False, vector: int = 0) -> RowStrategy:
     """The strategy of a row group with rows of `row_len` elements (at the plan's sizes) and `rows` rows.
     `symbolic`: the row length's sizes that are symbolic; `given`: whether the plan was given their values;
     `params`: the thresholds (RowParams); `splittable`: whether the group's shape allows a split (one
     reduction loop per reduction stage); `itemsize`: the bytes of the group's output elements; `bounded`: every
-    call's row length is at most `row_len` (its symbolic sizes are assumed at most their given values)."""
+    call's row length is at most `row_len` (its symbolic sizes are assumed at most their given values); `vector`:
+    the elements of a 16-byte access when every row is whole such vectors (0: not known to be)."""
     prm = params or RowParams()
     nums = f"row length {row_len:,}, {rows:,} row{'s' if rows != 1 else ''}"
     if symbolic and not given:
@@ -193,7 +198,7 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
                            "which holds up at every length", row_len=row_len)
     if itemsize <= 2 and not prm.warp_row_max and row_len <= HALF_WARP_ROW_MAX:
         lanes = 32 if prm.warp_lanes == MAX_LANES else prm.warp_lanes
-        lanes = min(lanes, max(2, _pow2_floor(max(1, row_len // 2))))
+        lanes = _vector_lanes(min(lanes, max(2, _pow2_floor(max(1, row_len // 2)))), row_len, vector)
         return RowStrategy("warp", lanes, threads // lanes,
                            f"{nums}: 16-bit rows of up to {HALF_WARP_ROW_MAX} elements get {lanes} lanes each "
                            f"({threads // lanes} rows per block; shuffle reductions within a row; measured faster "
@@ -202,7 +207,7 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
         # measured on the H200 (benchmarks/rows_gpu.py): a warp-per-row kernel re-reads its row from L1/L2 in
         # each phase and lost to a block per row with the row in shared memory at 768 and 1000 elements
         # (1.96x / 2.76x torch.compile); it is kept for rows shorter than a block, which would idle threads
-        lanes = min(prm.warp_lanes, max(2, _pow2_floor(max(1, row_len // 2))))
+        lanes = _vector_lanes(min(prm.warp_lanes, max(2, _pow2_floor(max(1, row_len // 2)))), row_len, vector)
         per_block = threads // lanes
         return RowStrategy("warp", lanes, per_block,
                            f"{nums}: rows shorter than {prm.warp_row_max or threads} elements get {lanes} lanes each "
@@ -235,7 +240,8 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
                            f"{-(-row_len // per_row)} elements): a row read by several phases stays in its threads' "
                            f"registers, not in shared memory (rows up to {prm.register_row_max:,} "
                            "elements; measured faster than a shared row)", row_len=row_len, registers=True)
-    if (not symbolic or bounded) and prm.register_row_max < row_len <= prm.cluster_row_max and prm.cluster_threads:
+    if (not symbolic or bounded) and prm.register_row_max < row_len <= prm.cluster_row_max and prm.cluster_threads \
+            and (itemsize >= 4 or vector):
         # a cluster row: register rows over the C blocks of a thread-block cluster (the module docstring); kept by
         # the planner only where a row cache is planned (`unclustered` otherwise)
         tb = prm.cluster_threads
@@ -250,6 +256,16 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
                                "the reductions combine across the cluster's distributed shared memory",
                                row_len=row_len, registers=True, cluster=c)
     return _block_rows(nums, row_len, rows, threads, dev, prm)
+
+
+def _vector_lanes(lanes: int, row_len: int, vector: int) -> int:
+    """`lanes` per warp row, fewer where a row of whole 16-byte vectors (`vector` elements each) would leave some
+    lane without one: then every lane's accesses are 128-bit (auto._map_warp_rows vectorizes a phase only when the
+    lanes' vectors fit in the row), where 32 lanes gave a float16 row of 64 elements two 2-byte loads per lane and
+    phase (H200: 65536 x 64 float16 softmax 13.5 us, 29% of the DRAM floor; float32 at 16 lanes of float4, 63%)."""
+    if vector and row_len >= 2 * vector:
+        return min(lanes, _pow2_floor(row_len // vector))
+    return lanes
 
 
 def _block_rows(nums: str, row_len: int, rows: int, threads: int, dev: C.Device, prm: RowParams) -> RowStrategy:

@@ -24,7 +24,7 @@ from schedules.rows import CLUSTER_ROW_MAX
 
 from test_register_rows import TOL, _inputs, _reference, check_thread_orders
 
-# cluster rows are off by default until timed on a device: these turn them on
+# cluster rows are on by default (rows of 16-bit elements only when whole 16-byte vectors); these name them
 CLUSTERS = {"rows": {"cluster_row_max": CLUSTER_ROW_MAX}}
 # small clusters, so that the interpreter runs them quickly: rows beyond 256 elements on blocks of 32 threads
 SMALL = {"register_row_max": 256, "cluster_threads": 32, "cluster_row_max": CLUSTER_ROW_MAX}
@@ -61,8 +61,9 @@ def test_a_row_beyond_one_blocks_registers_takes_a_cluster(name, n, dtype, c, pe
     assert "loopir_block_allreduce(" not in src and src.rstrip().endswith("loopir_cluster_sync();  // no block "
                                                                           "leaves while a peer may read its "
                                                                           "reduction slots\n}")
-    # the default (until timed on a device): the block row, re-read from memory
-    assert "__cluster_dims__" not in _source(wl)
+    # the default: the same cluster kernel; turned off, the block row re-read from memory in each phase
+    assert _source(wl) == src
+    assert "__cluster_dims__" not in _source(wl, {"rows": {"cluster_row_max": 0}})
 
 
 def test_a_wide_row_that_one_phase_reads_keeps_a_block_per_row():
@@ -82,11 +83,12 @@ def test_rows_of_a_symbolic_length_keep_no_cluster_unless_bounded():
 
 
 @pytest.mark.parametrize("name, n, dtype", [("softmax", 1500, "float32"), ("layernorm", 3000, "float16"),
-                                            ("rmsnorm", 5000, "float32"), ("softmax", 1111, "bfloat16")])
+                                            ("rmsnorm", 5000, "float32"), ("softmax", 1111, "float32"),
+                                            ("softmax", 1112, "bfloat16")])
 def test_cluster_rows_match_float64_in_any_thread_order(name, n, dtype):
     """Lengths the cluster's threads do not tile (1500 = 375 chunks over 64 threads; 1111 not a multiple of the
-    16-byte chunk), clusters of 2, 4 and 8 blocks: the lowered program, its kernel a cluster, in reversed, forward
-    and shuffled order."""
+    16-byte chunk, 1112 = 139 chunks of 8 halves), clusters of 2, 4 and 8 blocks: the lowered program, its kernel a
+    cluster, in reversed, forward and shuffled order."""
     m = 3
     wl = getattr(w, name)(m=m, n=n, dtype=dtype)
     s = auto_schedule(list(wl.outputs), "cuda", rows=SMALL)
@@ -203,8 +205,9 @@ def test_the_lowering_refuses_cluster_kernels_it_cannot_render():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["softmax", "layernorm", "rmsnorm"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("m, n", [(5, 20000), (3, 50257), (2, 65536), (2, 131072)])
+@pytest.mark.parametrize("m, n", [(5, 20000), (3, 50257), (2, 65536), (300, 131072)])
 def test_cluster_rows_on_the_gpu(name, dtype, m, n):
+    # (rows of 2**17 elements are split over blocks when fewer than 2 per SM: 300 of them keep a cluster each)
     wl = getattr(w, name)(m=m, n=n, dtype=dtype)
     mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda", schedule=CLUSTERS)
     assert "__cluster_dims__" in mod.source
@@ -219,7 +222,7 @@ def test_a_symbolic_row_in_a_bounded_class_takes_a_cluster_variant():
     """`te.var` sizes: the call's variant assumes its row class (n <= 3072), plans a cluster row at that bound (the
     chunk loops padded to constant trip counts) and matches float64 in any thread order at a length inside it."""
     mv, nv = te.var("m"), te.var("n")
-    for name, n, dtype in (("softmax", 3000, "float32"), ("layernorm", 2900, "float16")):
+    for name, n, dtype in (("softmax", 3000, "float32"), ("layernorm", 2904, "float16")):
         wl = getattr(w, name)(m=mv, n=nv, dtype=dtype)
         mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda", schedule={"rows": SMALL})
         m = 3
@@ -238,12 +241,24 @@ def test_the_tuning_space_offers_clusters_for_rows_beyond_register_rows():
 
     sp = space_for(list(w.softmax(m=1024, n=65536, dtype="float32").outputs), "cuda")
     names = [k.name for k in sp.knobs]
-    assert "rows.cluster_row_max" in names and "rows.uncached_threads" in names
-    cfg = {**sp.default, "rows.cluster_row_max": CLUSTER_ROW_MAX}
+    assert "rows.cluster_row_max" in names and sp.default["rows.cluster_row_max"] == CLUSTER_ROW_MAX  # on by default
+    cfg = {**sp.default, "rows.cluster_row_max": 0}
     sched, _ = options(cfg, sp.default)
-    assert sched == {"rows": {"cluster_row_max": CLUSTER_ROW_MAX}}
+    assert sched == {"rows": {"cluster_row_max": 0}}
     wl = w.softmax(m=1024, n=65536, dtype="float32")
-    assert "__cluster_dims__(1, 4, 1)" in build(list(wl.outputs), list(wl.inputs) + list(wl.outputs),
-                                                target="cuda", schedule=sched).source
+    args = list(wl.inputs) + list(wl.outputs)
+    assert "__cluster_dims__(1, 4, 1)" in build(list(wl.outputs), args, target="cuda").source
+    assert "__cluster_dims__" not in build(list(wl.outputs), args, target="cuda", schedule=sched).source
     short = space_for(list(w.softmax(m=1024, n=4096, dtype="float32").outputs), "cuda")  # register rows already
     assert "rows.cluster_row_max" not in [k.name for k in short.knobs]
+
+
+def test_a_16_bit_row_of_partial_vectors_keeps_the_block_row():
+    """By default a float32 row of 50257 elements takes a cluster; a float16 row of that length (2-byte loads: not
+    whole 16-byte vectors) keeps a block per row (an RMSNorm of it ran 31% slower on a cluster, H100), as does a
+    float16 row that is whole vectors when clusters are turned off."""
+    for dtype, n, cluster in (("float32", 50257, True), ("float16", 50257, False), ("float16", 50256, True)):
+        wl = w.rmsnorm(m=1024, n=n, dtype=dtype)
+        assert ("__cluster_dims__" in _source(wl)) is cluster, (dtype, n)
+        text = auto_schedule(list(wl.outputs), "cuda").explain()
+        assert ("thread-block cluster" in text) is cluster

@@ -25,13 +25,13 @@ def test_every_kernel_has_its_registers_and_shared_memory():
 
 
 def test_wide_blocks_carry_a_launch_bound_so_their_registers_fit():
-    # 512 threads per row (rows of 8192 and more, longer than register rows): __launch_bounds__(512) keeps NVRTC at
-    # <= 128 registers
+    # 512 threads per row (rows of 8192 and more, longer than register rows, as block rows: clusters turned off):
+    # __launch_bounds__(512) keeps NVRTC at <= 128 registers
     x = te.placeholder((1024, 32768), name="x")
     k = te.reduce_axis(32768, "k")
     s = te.compute((1024,), lambda i: te.sum(x[i, k] * x[i, k], axis=k), name="s")
     y = te.compute((1024, 32768), lambda i, j: x[i, j] / s[i], name="y")
-    mod = build([y], [x, y], target="cuda")
+    mod = build([y], [x, y], target="cuda", schedule={"rows": {"cluster_row_max": 0}})
     threads = {k.name: int(k.launch.block[0].value) * int(k.launch.block[1].value) * int(k.launch.block[2].value)
                for k in mod.gen.kernels}
     wide = [n for n, t in threads.items() if t > 256]

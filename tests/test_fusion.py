@@ -147,8 +147,10 @@ def test_cheap_recompute_is_inlined():
 def test_row_cache_refused_when_symbolic_or_too_big_and_accepted_when_it_fits():
     sym = plan_fusion(list(workloads.softmax().outputs), target="cuda")
     assert "do not cache x" in sym.explain() and "symbolic" in sym.explain()
-    big = plan_fusion(list(workloads.softmax(n=65536).outputs), target="cuda")
+    # a row of 256 KB: over any block's shared memory (a thread-block cluster's registers hold it by default)
+    big = plan_fusion(list(workloads.softmax(n=65536).outputs), target="cuda", rows={"cluster_row_max": 0})
     assert not big.groups[0].caches and "exceeds" in big.explain()
+    assert plan_fusion(list(workloads.softmax(n=65536).outputs), target="cuda").groups[0].strategy.cluster == 4
     small = plan_fusion(list(workloads.softmax(n=1024).outputs), target="cuda")
     (c,) = small.groups[0].caches
     assert c.tensor.name == "x" and c.scope == "shared" and c.nbytes == 4096

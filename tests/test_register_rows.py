@@ -134,7 +134,8 @@ def test_a_row_whose_phases_map_differently_stays_shared():
 
 
 def test_rows_beyond_the_register_budget_and_symbolic_rows_stay_shared():
-    long = _kernel_text(w.rmsnorm(m=1024, n=32768, dtype="float16"))  # beyond REGISTER_ROW_MAX: a shared row
+    # beyond REGISTER_ROW_MAX: one block's registers cannot hold it (by default a cluster's do: test_cluster_rows)
+    long = _kernel_text(w.rmsnorm(m=1024, n=32768, dtype="float16"), {"rows": {"cluster_row_max": 0}})
     assert "x_shared_reg" not in long
     from loopir import te
 
@@ -288,3 +289,19 @@ def test_gpu_symbolic_register_rows_match_float64_across_shapes(name, dtype):
         err = _call_error(mod, wl, name, 67, n, dtype, seed=n)
         assert err < TOL[dtype], (n, err)
     assert any("x_shared_reg" in v.source for v in mod.specializer.variants.values())
+
+
+@pytest.mark.parametrize("name, dtype, m, n, lanes", [("softmax", "float16", 37, 64, 8),
+                                                      ("rmsnorm", "float16", 37, 48, 4),
+                                                      ("layernorm", "bfloat16", 21, 128, 16),
+                                                      ("softmax", "float32", 19, 32, 8)])
+def test_short_rows_of_whole_vectors_give_each_lane_a_16_byte_access(name, dtype, m, n, lanes):
+    """Warp rows shorter than 32 lanes' 16-byte vectors (a float16 row of 64: 8 vectors): as many lanes as the row
+    has vectors (a power of two), each lane's accesses 128-bit, more rows per block; the row count not a multiple of
+    the block's rows. The lowered program matches float64 in every thread order, outputs NaN-poisoned."""
+    wl = getattr(w, name)(m=m, n=n, dtype=dtype)
+    mod = build(list(wl.outputs), list(wl.inputs) + list(wl.outputs), target="cuda")
+    (k,) = mod.gen.kernels
+    assert [int(str(e)) for e in k.launch.block] == [lanes, 128 // lanes, 1]
+    assert "LOOPIR_LD4(" in mod.source and f"loopir_subwarp_allreduce<{lanes}>" in mod.source
+    check_thread_orders(mod.program, name, _inputs(wl, m, n, dtype, seed=m * n), dtype)

@@ -169,7 +169,8 @@ def test_symbolic_sizes_are_correct_at_every_size_whatever_sizes_the_plan_assume
 
 def test_a_single_vocabulary_sized_row_matches_numpy():
     ins, y, ref = softmax(1, 50257)
-    s = auto_schedule([y], "cuda", rows={"split_rows_per_sm": 0})  # a block per row (the split: test_wide_rows)
+    # a block per row (the split: test_wide_rows; a cluster per row, the default: test_cluster_rows)
+    s = auto_schedule([y], "cuda", rows={"split_rows_per_sm": 0, "cluster_row_max": 0})
     # 201 KB: no cache holds the row, so each phase re-reads it with 1024 threads (RowParams.uncached_threads)
     assert _strategy(s) == "block" and "so 1024 threads per row" in s.plan.explain()
     mod = build(s, [*ins, y], target="cuda")
@@ -208,15 +209,18 @@ def test_symbolic_warp_rows_move_whole_vectors_guarded_per_vector(wl):
         _check_interp(s, ins, ref, m, n, seed=n)
 
 
-@pytest.mark.parametrize("n16, vector", [(48, True), (4, False)])
-def test_symbolic_half_warp_rows_vectorize_only_rows_that_give_every_lane_a_vector(n16, vector):
-    # float16 warp rows of 32 lanes x 8 halves: a row planned at 768 gets guarded 16-byte vectors, one planned at
-    # 64 keeps scalars (a vector per lane would leave three lanes in four idle)
-    w = workloads.softmax_mixed(te.var("m"), te.var("n16") * 16, "float16")
-    s = auto_schedule(list(w.outputs), "cuda", sizes={"n16": n16, "m": 65536})
+@pytest.mark.parametrize("unit, count, vector, lanes", [(16, 48, True, 32), (16, 4, True, 8), (4, 16, False, 32)])
+def test_symbolic_half_warp_rows_vectorize_only_rows_that_give_every_lane_a_vector(unit, count, vector, lanes):
+    # float16 warp rows: a row of whole 16-byte vectors planned at 768 gets 32 lanes of guarded vectors, one planned
+    # at 64 gets 8 lanes, a vector each (32 lanes would leave three in four without one: scalars); a row known only
+    # to be whole 4-element units keeps 32 lanes of scalars
+    v = te.var(f"n{unit}")
+    w = workloads.softmax_mixed(te.var("m"), v * unit, "float16")
+    s = auto_schedule(list(w.outputs), "cuda", sizes={v.name: count, "m": 65536})
     assert _strategy(s) == "warp"
-    src = build(s, list(w.inputs) + list(w.outputs), target="cuda").source
-    assert ("128-bit vector loads/stores over j_i" in src) is vector
+    mod = build(s, list(w.inputs) + list(w.outputs), target="cuda")
+    assert ("128-bit vector loads/stores over j_i" in mod.source) is vector
+    assert int(str(mod.gen.kernels[0].launch.block[0])) == lanes
 
 
 def test_warp_rows_use_shuffles_only():
@@ -266,7 +270,7 @@ def test_rows_below_48_kib_stay_static():
 
 def test_the_planner_drops_a_row_cache_over_the_budget_and_says_so():
     ins, y, ref = softmax(4, 40000)  # 160 KB: over half the 227 KiB opt-in (two blocks per SM)
-    plan = plan_fusion([y], "cuda", device=H200, rows={"split_rows_per_sm": 0})
+    plan = plan_fusion([y], "cuda", device=H200, rows={"split_rows_per_sm": 0, "cluster_row_max": 0})
     assert not plan.groups[0].caches
     assert ("shared memory with it (160.1 KB) exceeds the 116.2 KB per block (shared-memory budget) — re-read "
             "from global memory") in plan.explain()
@@ -500,7 +504,8 @@ def test_wide_uncached_rows_get_more_threads_and_the_parameter_says_how_many():
     mx = te.compute((x.shape[0],), lambda i: te.max(te.cast("float32", x[i, k]), axis=k), name="mx")
     y = te.compute(x.shape, lambda i, j: te.cast("float16", te.cast("float32", x[i, j]) - mx[i]), name="y")
 
-    def threads(rows=None) -> str:
+    def threads(rows=None) -> str:  # the block row (not the default cluster)
+        rows = {"cluster_row_max": 0, **(rows or {})}
         mod = build(auto_schedule([y], "cuda", sizes={"m": 4096}, rows=rows), [x, y], target="cuda")
         return str(mod.gen.kernels[0].launch.block[0])
 

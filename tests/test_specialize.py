@@ -58,13 +58,14 @@ def _index_dtypes(mod) -> set[str]:
 def test_div_and_row_classes():
     assert [div_class(v) for v in (1, 16, 4096, 20, 12, 24, 3000, 7, 0, 2)] == \
         ["1", "%16", "%16", "%4", "%4", "%8", "%8", "*", "*", "*"]
-    assert row_class(1) == row_class(16) == ROW_CLASSES[0] and row_class(65) == row_class(127) == 127
-    assert row_class(128) == 256 and row_class(700) == row_class(768) == 768 and row_class(769) == 2**10
+    assert row_class(1) == row_class(16) == ROW_CLASSES[0] and row_class(65) == 96 and row_class(127) == 127
+    assert row_class(128) == 128 and row_class(129) == 192 and row_class(700) == row_class(768) == 768
+    assert row_class(769) == 2**10
     assert row_class(2500) == row_class(3072) == 3072 and row_class(3073) == 2**12 and row_class(4097) == 6144
     assert row_class(12289) == row_class(16384) == 2**14
     assert row_class(50257) == 2**16 and row_class(2**16 + 1) == 0
-    # a row is planned at most 1.5x its length from 256 to 16384 elements (the register rows' range)
-    assert all(row_class(n) <= 1.5 * n for n in range(256, 2**14 + 1))
+    # a row is planned at most 1.5x its length from 64 to 16384 elements (to the register rows' end)
+    assert all(row_class(n) <= 1.5 * n for n in range(64, 2**14 + 1))
 
 
 def test_key_int32_and_rows_without_allocating():

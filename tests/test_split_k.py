@@ -433,7 +433,8 @@ def test_linear_layers_that_do_not_collapse_keep_a_gemm_per_batch():
 def test_gpu_decode_linear_layer_with_split_k(dtype, b, t):
     x, wt, y = _linear(b, t, 4096, 1000, dtype)
     mod = build([y], [x, wt, y], target="cuda")
-    assert len(mod.kernels) == 2  # the partials and the combine
+    # T a power of two: the batches' rows collapsed, split-K (the partials and the combine); T = 5: a GEMM per batch
+    assert len(mod.kernels) == (2 if t & (t - 1) == 0 else 1)
     rng = np.random.default_rng(b + t)
     xa, wa = rng.standard_normal((b, t, 4096)).astype(dtype), rng.standard_normal((4096, 1000)).astype(dtype)
     out = np.full((b, t, 1000), np.nan, dtype)

@@ -127,8 +127,9 @@ def space_for(outputs: Tensor | list[Tensor], target: str = "cuda", sizes: dict[
             if g.mapping == "row" and g.strategy is not None and g.strategy.registers:
                 # register rows (measured faster on the H200's 4096- and 8192-element half rows) or the shared row
                 add("rows.register_row_max", (REGISTER_ROW_MAX, 0), rows.register_row_max)
-            if g.mapping == "row" and (rows.cluster_row_max or _changes(
-                    outs, sizes, plan, {"cluster_row_max": CLUSTER_ROW_MAX}, online)):
+            if g.mapping == "row" and _changes(outs, sizes, plan,
+                                               {"cluster_row_max": 0 if rows.cluster_row_max else CLUSTER_ROW_MAX},
+                                               online):
                 # a row beyond one block's register rows: a cluster of register rows (read once) or a block per row
                 add("rows.cluster_row_max", (0, CLUSTER_ROW_MAX), rows.cluster_row_max)
             if g.mapping == "row" and g.strategy is not None and not g.strategy.cluster and _changes(
