@@ -39,6 +39,7 @@ from loopir.visit import buffers_of, deep_recursion, free_vars, walk, walk_stmts
 from schedules import Schedule
 from schedules.auto import auto_schedule
 from schedules.recipes import is_matmul_tensor, shared_weight_rows
+from schedules.rows import RowParams
 
 from . import build_cache
 from .build_cache import BuildKey
@@ -233,6 +234,8 @@ def _build(obj: Any, args: Sequence[Any] | None, target: str, sizes: dict[Any, i
         if hit is not None:
             sched, topts, tuned_note = hit
             opts = {**topts, **opts}  # the caller's own build options win
+    if outs is not None and target == "cuda":
+        sched = _arch_defaults(sched, _arch(opts))
     if outs is None:
         if sizes is not None:
             raise ArgumentError(f"build: sizes= pins sizes before scheduling, so it needs te tensors; a "
@@ -394,6 +397,26 @@ def _speculate(outs: list[Any], args: Sequence[Any] | None, opts: dict[str, Any]
 
 def _arch(opts: dict[str, Any]) -> str:
     return normalize_arch(opts.get("arch") or default_arch())
+
+
+def _arch_defaults(sched: dict[str, Any] | None, arch: str) -> dict[str, Any] | None:
+    """The schedule options with the defaults an architecture cannot run turned off, where the caller did not
+    name them: thread-block clusters (rows.cluster_row_max) and the warpgroup GEMM (gemm.wgmma: mma.sync instead)
+    need sm_90."""
+    digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
+    if not digits or int(digits) >= 90:
+        return sched
+    out = dict(sched or {})
+    rows = out.get("rows")
+    if isinstance(rows, RowParams):
+        named = rows.cluster_row_max != RowParams().cluster_row_max
+        out["rows"] = rows if named else dataclasses.replace(rows, cluster_row_max=0)
+    elif rows is None or isinstance(rows, dict):
+        out["rows"] = {"cluster_row_max": 0, **(rows or {})}
+    gemm = out.get("gemm")
+    if gemm is None or isinstance(gemm, dict):
+        out["gemm"] = {"wgmma": False, **(gemm or {})}
+    return out
 
 
 def _options(opts: dict[str, Any]) -> tuple[str, ...]:

@@ -262,3 +262,29 @@ def test_a_16_bit_row_of_partial_vectors_keeps_the_block_row():
         assert ("__cluster_dims__" in _source(wl)) is cluster, (dtype, n)
         text = auto_schedule(list(wl.outputs), "cuda").explain()
         assert ("thread-block cluster" in text) is cluster
+
+
+def test_an_architecture_before_sm_90_builds_block_rows_unless_clusters_are_named():
+    """Thread-block clusters need sm_90: a build for sm_80 turns the default off (the kernel compiles, no cluster),
+    at fixed and at symbolic sizes; a schedule that names cluster_row_max keeps it. So for the warpgroup GEMM."""
+    wl = w.softmax(m=1024, n=65536, dtype="float32")
+    args = list(wl.inputs) + list(wl.outputs)
+    mod = build(list(wl.outputs), args, target="cuda", arch="sm_80")
+    assert "__cluster_dims__" not in mod.source and mod.cubin[:4] == b"\x7fELF"
+    assert "__cluster_dims__" in build(list(wl.outputs), args, target="cuda", arch="sm_90").source
+    named = build(list(wl.outputs), args, target="cuda", arch="sm_80", schedule={"rows": {"cluster_row_max": 0}})
+    assert "__cluster_dims__" not in named.source
+    from codegen.build import _arch_defaults
+
+    assert _arch_defaults({"rows": {"cluster_row_max": CLUSTER_ROW_MAX}}, "sm_80")["rows"]["cluster_row_max"] == \
+        CLUSTER_ROW_MAX  # named: the caller's
+    assert _arch_defaults(None, "sm_90a") is None
+    assert _arch_defaults(None, "sm_86") == {"rows": {"cluster_row_max": 0}, "gemm": {"wgmma": False}}
+    half = w.matmul_bias_relu(256, 256, 256, dtype="float16")  # the warpgroup GEMM (sm_90a) is a default too
+    gm = build(list(half.outputs), list(half.inputs) + list(half.outputs), target="cuda", arch="sm_80")
+    assert "wgmma" not in gm.source and "mma.sync" in gm.source and gm.cubin[:4] == b"\x7fELF"
+    sym = w.softmax(m=te.var("m"), n=te.var("n"), dtype="float32")
+    smod = build(list(sym.outputs), list(sym.inputs) + list(sym.outputs), target="cuda", arch="sm_80")
+    xs = _inputs(sym, 2, 20000, "float32", seed=3)
+    var = smod._select(smod.check((*xs, np.full((2, 20000), np.nan, np.float32))))
+    assert "__cluster_dims__" not in var.source and var.cubin[:4] == b"\x7fELF"
