@@ -198,7 +198,7 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
                            "which holds up at every length", row_len=row_len)
     if itemsize <= 2 and not prm.warp_row_max and row_len <= HALF_WARP_ROW_MAX:
         lanes = 32 if prm.warp_lanes == MAX_LANES else prm.warp_lanes
-        lanes = _vector_lanes(min(lanes, max(2, _pow2_floor(max(1, row_len // 2)))), row_len, vector)
+        lanes = _warp_lanes(lanes, row_len, vector)
         return RowStrategy("warp", lanes, threads // lanes,
                            f"{nums}: 16-bit rows of up to {HALF_WARP_ROW_MAX} elements get {lanes} lanes each "
                            f"({threads // lanes} rows per block; shuffle reductions within a row; measured faster "
@@ -207,7 +207,7 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
         # measured on the H200 (benchmarks/rows_gpu.py): a warp-per-row kernel re-reads its row from L1/L2 in
         # each phase and lost to a block per row with the row in shared memory at 768 and 1000 elements
         # (1.96x / 2.76x torch.compile); it is kept for rows shorter than a block, which would idle threads
-        lanes = _vector_lanes(min(prm.warp_lanes, max(2, _pow2_floor(max(1, row_len // 2)))), row_len, vector)
+        lanes = _warp_lanes(prm.warp_lanes, row_len, vector)
         per_block = threads // lanes
         return RowStrategy("warp", lanes, per_block,
                            f"{nums}: rows shorter than {prm.warp_row_max or threads} elements get {lanes} lanes each "
@@ -258,13 +258,15 @@ def choose_row_strategy(row_len: int, rows: int, symbolic: list[str], given: boo
     return _block_rows(nums, row_len, rows, threads, dev, prm)
 
 
-def _vector_lanes(lanes: int, row_len: int, vector: int) -> int:
-    """`lanes` per warp row, fewer where a row of whole 16-byte vectors (`vector` elements each) would leave some
-    lane without one: then every lane's accesses are 128-bit (auto._map_warp_rows vectorizes a phase only when the
-    lanes' vectors fit in the row), where 32 lanes gave a float16 row of 64 elements two 2-byte loads per lane and
-    phase (H200: 65536 x 64 float16 softmax 13.5 us, 29% of the DRAM floor; float32 at 16 lanes of float4, 63%)."""
+def _warp_lanes(most: int, row_len: int, vector: int) -> int:
+    """Lanes per warp row: at most `most`, a power of two from 2 to half the row, and, for a row of whole 16-byte
+    vectors (`vector` elements each), no more than the row has vectors, so that every lane's accesses are 128-bit
+    (auto._map_warp_rows vectorizes a phase only when the lanes' vectors fit in the row), where 32 lanes gave a
+    float16 row of 64 elements two 2-byte loads per lane and phase (H200: 65536 x 64 float16 softmax 13.5 us, 29%
+    of the DRAM floor; float32 at 16 lanes of float4, 63%)."""
+    lanes = min(most, max(2, _pow2_floor(max(1, row_len // 2))))
     if vector and row_len >= 2 * vector:
-        return min(lanes, _pow2_floor(row_len // vector))
+        lanes = min(lanes, _pow2_floor(row_len // vector))
     return lanes
 
 
