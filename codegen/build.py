@@ -401,8 +401,8 @@ def _arch(opts: dict[str, Any]) -> str:
 
 def _arch_defaults(sched: dict[str, Any] | None, arch: str) -> dict[str, Any] | None:
     """The schedule options with the defaults an architecture cannot run turned off, where the caller did not
-    name them: thread-block clusters (rows.cluster_row_max) and the warpgroup GEMM (gemm.wgmma: mma.sync instead)
-    need sm_90."""
+    name them: thread-block clusters (rows.cluster_row_max), the warpgroup GEMM (gemm.wgmma: mma.sync instead)
+    and the warpgroup attention pass (online.wgmma: attention.m16n8k16 instead) need sm_90."""
     digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
     if not digits or int(digits) >= 90:
         return sched
@@ -416,6 +416,9 @@ def _arch_defaults(sched: dict[str, Any] | None, arch: str) -> dict[str, Any] | 
     gemm = out.get("gemm")
     if gemm is None or isinstance(gemm, dict):
         out["gemm"] = {"wgmma": False, **(gemm or {})}
+    online = out.get("online", True)
+    if online is True or isinstance(online, dict):  # False: no rewrite; AttentionParams: named by the caller
+        out["online"] = {"wgmma": False, **(online if isinstance(online, dict) else {})}
     return out
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from loopir.errors import LoopirError
+from loopir.errors import ArgumentError, LoopirError
 from loopir.lower import lower
 from loopir.nodes import Buffer, Const, For, Load, Program, Seq, Stmt
 from loopir.te import Tensor
@@ -40,7 +40,8 @@ from .primitives.loops import split as split_loop
 from .primitives.online import OnlineRewrite, find_softmax_max, online_softmax
 from .schedule import Schedule
 
-__all__ = ["AttentionPlan", "schedule_attention", "attention_rewrites", "apply_online", "map_online",
+__all__ = ["AttentionPlan", "AttentionParams", "attention_params", "schedule_attention", "attention_rewrites",
+           "apply_online", "map_online",
            "online_stages", "on_tensor_cores", "ROWS_PER_BLOCK", "KEY_TILE"]
 
 ROWS_PER_BLOCK = 64  # query rows per block (one per thread)
@@ -53,6 +54,43 @@ WGMMA_ATTENTION = True
 # offer a float32 pass to the TF32 kernel with three products per product (attention.tf32x3: float32-class accuracy;
 # off: the SIMT mapping)
 TF32_ATTENTION = True
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionParams:
+    """Which tensor-core kernels the online pass is offered (`auto_schedule(online={...})`; None: the module's
+    default above, read when the schedule is made). `build(..., arch="sm_8x")` turns `wgmma` off (sm_90a only)."""
+
+    wgmma: bool | None = None  # attention.wgmma (half data, sm_90a)
+    tensor_cores: bool | None = None  # any tensor-core kernel at all (off: the SIMT mapping)
+    tf32: bool | None = None  # attention.tf32x3 for float32 data
+
+    def offers(self) -> tuple[bool, bool, bool]:
+        """(tensor cores, wgmma, tf32x3) with the module defaults filled in."""
+        pick = lambda v, d: d if v is None else v  # noqa: E731
+        return pick(self.tensor_cores, TENSOR_CORES), pick(self.wgmma, WGMMA_ATTENTION), pick(self.tf32, TF32_ATTENTION)
+
+
+def attention_params(online: Any) -> AttentionParams:
+    """`auto_schedule`'s `online` option as AttentionParams: True (the defaults), an AttentionParams, or a dict of
+    its fields; ArgumentError naming an unknown key or a value that is not a bool."""
+    if online is True:
+        return AttentionParams()
+    if isinstance(online, AttentionParams):
+        return online
+    if not isinstance(online, dict):
+        raise ArgumentError(f"auto_schedule: online must be a bool or a dict of {sorted(_PARAM_KEYS)}, "
+                            f"got {type(online).__name__}")
+    bad = sorted(set(online) - _PARAM_KEYS)
+    if bad:
+        raise ArgumentError(f"auto_schedule: online has no option {bad[0]!r} (options: {sorted(_PARAM_KEYS)})")
+    for k, v in online.items():
+        if v is not None and not isinstance(v, bool):
+            raise ArgumentError(f"auto_schedule: online[{k!r}] must be a bool, got {v!r}")
+    return AttentionParams(**online)
+
+
+_PARAM_KEYS = frozenset(AttentionParams.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
@@ -126,7 +164,7 @@ class AttentionPlan:
 
 
 def schedule_attention(outputs: list[Tensor], target: str, rows: int = ROWS_PER_BLOCK, key_tile: int = KEY_TILE,
-                       check: bool = True) -> Schedule | None:
+                       check: bool = True, params: AttentionParams = AttentionParams()) -> Schedule | None:
     """The online-softmax schedule of `outputs`, or None when no row maximum fits the rewrite or when the
     program computes more than the attention chain (`auto_schedule` then plans the other stages and maps
     the chain with `apply_online`)."""
@@ -137,7 +175,7 @@ def schedule_attention(outputs: list[Tensor], target: str, rows: int = ROWS_PER_
         return None
     s = Schedule(outputs, check=check)
     rewrites = apply_online(s, found)
-    notes = map_online(s, rewrites, target, rows, key_tile, every_nest=True)
+    notes = map_online(s, rewrites, target, rows, key_tile, every_nest=True, params=params)
     s.plan = AttentionPlan(tuple(rewrites), target, rows, key_tile, tuple(notes),  # type: ignore[attr-defined]
                            on_tensor_cores(s.program), pass_epilogue(s.program))
     return s
@@ -209,12 +247,13 @@ def apply_online(s: Schedule, rewrites: list[OnlineRewrite]) -> list[OnlineRewri
 
 
 def map_online(s: Schedule, rewrites: list[OnlineRewrite], target: str, rows: int = ROWS_PER_BLOCK,
-               key_tile: int = KEY_TILE, every_nest: bool = False) -> list[str]:
+               key_tile: int = KEY_TILE, every_nest: bool = False,
+               params: AttentionParams = AttentionParams()) -> list[str]:
     """Map the nests of the online passes of `rewrites` for `target` (`every_nest`: every nest of the program,
     the passes first, then the divisions reading them); the notes say which optional steps were refused."""
     mine = ({st.store.buffer.name for st in statements(s.program)} if every_nest
             else {b for r in rewrites for b in (r.max_stage, *r.rolling, *r.sums, *r.state)})
-    notes = _map(s, target, rows, mine, tensor_cores=len(rewrites) == 1)
+    notes = _map(s, target, rows, mine, params if len(rewrites) == 1 else None)
     if target == "cuda" and len(rewrites) == 1 and on_tensor_cores(s.program) is None:
         notes += _registers_and_tiles(s, rewrites[0], key_tile)
     return notes
@@ -238,10 +277,12 @@ def _nest_writes(nest: Stmt) -> set[str]:
     return {st.store.buffer.name for st in statements(nest)}
 
 
-def _map(s: Schedule, target: str, rows: int, mine: set[str], tensor_cores: bool = False) -> list[str]:
+def _map(s: Schedule, target: str, rows: int, mine: set[str], params: AttentionParams | None) -> list[str]:
     """The nests writing a buffer of `mine` (the passes, their divisions): rows on blocks and threads (with
-    `tensor_cores`, the pass's block of rows is first offered to tensorize "attention.m16n8k16")."""
+    `params` offering tensor cores, the pass's block of rows is first offered to tensorize)."""
     notes: list[str] = []
+    tensor_cores = params is not None and params.offers()[0]
+    params = params or AttentionParams()
     first = True
     for k in range(len(_top(s.program))):
         if k >= len(_top(s.program)):  # the division was fused into the pass: one nest less
@@ -259,10 +300,10 @@ def _map(s: Schedule, target: str, rows: int, mine: set[str], tensor_cores: bool
         # when it is not the pass's epilogue) is elementwise: a block per row, its innermost loop across the threads
         # (consecutive threads, consecutive elements)
         if is_pass or len(loops) == 1:
-            if is_pass and tensor_cores and TENSOR_CORES and _division_into_pass(s, k, mine, notes):
+            if is_pass and tensor_cores and _division_into_pass(s, k, mine, notes, params):
                 loops = _rows(s, _top(s.program)[k])
             *batch, q = loops[-3:]
-            flash = _flash_rows(s, q, notes) if is_pass and tensor_cores and TENSOR_CORES else None
+            flash = _flash_rows(s, q, notes, params) if is_pass and tensor_cores else None
             bo, ti = s.split(q, flash[1] if flash else rows)
             s.bind(bo, "blockIdx.x")
             if flash is not None:
@@ -288,7 +329,7 @@ def _map(s: Schedule, target: str, rows: int, mine: set[str], tensor_cores: bool
     return notes
 
 
-def _division_into_pass(s: Schedule, k: int, mine: set[str], notes: list[str]) -> bool:
+def _division_into_pass(s: Schedule, k: int, mine: set[str], notes: list[str], params: AttentionParams) -> bool:
     """Fuse the nest after the pass (the division Y = O / sm) into the pass's row loops, when the fused pass is what
     tensorize accepts (tried on the program alone first): the division becomes the kernel's epilogue, on the
     registers, and O and sm are never stored. Each fuse is a checked step."""
@@ -304,7 +345,7 @@ def _division_into_pass(s: Schedule, k: int, mine: set[str], notes: list[str]) -
             program, _ = fuse_loops(program, s._resolve(a, "fuse"), s._resolve(b, "fuse"))
     except LoopirError:
         return False
-    if _flash_rows(s, rows[-1], [], program) is None:
+    if _flash_rows(s, rows[-1], [], params, program) is None:
         return False
     for a, b in zip(rows, div):
         if _try(s, notes, "the division as the pass's epilogue", "fuse", a, b) is None:
@@ -312,14 +353,16 @@ def _division_into_pass(s: Schedule, k: int, mine: set[str], notes: list[str]) -
     return True
 
 
-def _flash_rows(s: Schedule, q: Any, notes: list[str], program: Program | None = None) -> tuple[str, int] | None:
+def _flash_rows(s: Schedule, q: Any, notes: list[str], params: AttentionParams,
+                program: Program | None = None) -> tuple[str, int] | None:
     """The tensor-core intrinsic and the rows per block with which the pass, its query loop `q` split by them, is
     what tensorize accepts (attention.wgmma first, then attention.m16n8k16, then attention.tf32x3; tried on the
     program alone, `program` or the schedule's: the schedule is unchanged), or None; the note says why not, for
     half data and float32 data."""
     whys, half, single = [], False, False
-    tries = [(FLASH_WGMMA, 128)] if WGMMA_ATTENTION else []
-    tf32 = [(FLASH_TF32, 64)] if TF32_ATTENTION else []
+    _, wgmma, tf32x3 = params.offers()
+    tries = [(FLASH_WGMMA, 128)] if wgmma else []
+    tf32 = [(FLASH_TF32, 64)] if tf32x3 else []
     base = program or s.program
     for intrinsic, rows in tries + [(FLASH, r) for r in ROW_CHOICES] + tf32:
         split, (_, inner) = split_loop(base, s._resolve(q, "split"), rows)

@@ -55,8 +55,8 @@ from loopir.te_scan import is_recurrence, statement_names
 from loopir.visit import deep_recursion, free_vars, substitute, walk
 
 from .attention import (
-    KEY_TILE, ROWS_PER_BLOCK, AttentionPlan, apply_online, attention_rewrites, map_online, on_tensor_cores,
-    online_stages, schedule_attention,
+    KEY_TILE, ROWS_PER_BLOCK, AttentionParams, AttentionPlan, apply_online, attention_params, attention_rewrites,
+    map_online, on_tensor_cores, online_stages, schedule_attention,
 )
 from .errors import InexactCheckError, ScheduleError
 from .fusion import THREADS, Decision, FusionGroup, FusionPlan, plan_fusion
@@ -82,7 +82,7 @@ def auto_schedule(
     check: bool = True,
     per_thread: int = PER_THREAD,
     gemm: dict[str, Any] | bool | None = None,
-    online: bool = True,
+    online: bool | dict[str, Any] | AttentionParams = True,
     rows: RowParams | dict | None = None,
     bounds: dict[Any, int] | None = None,
 ) -> Schedule:
@@ -95,7 +95,9 @@ def auto_schedule(
     "thread_tile", "k_tile", "shared", "strided", "unroll_k"; cpu: "cpu_tile"; the recipe's defaults
     for those not given); False: no GEMM mapping. ValueError naming an unknown key or a tile size
     the device cannot hold. `online`: a softmax(.) V chain gets the online-softmax rewrite
-    (`schedules.attention`); False keeps the chain materialized as the fusion plan maps it.
+    (`schedules.attention`); False keeps the chain materialized as the fusion plan maps it; a dict of
+    `AttentionParams` fields ("wgmma", "tensor_cores", "tf32": bools) rewrites it and picks the tensor-core
+    kernels its pass is offered.
     `rows`: the row strategies' thresholds (`schedules.rows.RowParams` or a dict of its fields:
     wide_row, wide_threads, split_row_min, split_rows_per_sm, split_waves, split_threads).
     `bounds` ({size Var or name: int}): upper bounds of symbolic sizes that every call meets (call-time
@@ -117,8 +119,9 @@ def auto_schedule(
     if recurrences and plan is None:
         fuse = False  # a scan / update stage is several nests: each stage its own kernel (no inlining into one)
     rewrites = []
-    if online and fuse and plan is None:  # softmax(.) V chains: the online-softmax rewrite (schedules/attention.py)
-        s_online = schedule_attention(outs, target, check=check)
+    params = attention_params(online) if online is not False else AttentionParams()
+    if online is not False and fuse and plan is None:  # softmax(.) V chains: the online rewrite (attention.py)
+        s_online = schedule_attention(outs, target, check=check, params=params)
         if s_online is not None:  # the program is the attention chain alone
             return s_online
         with deep_recursion():  # a chain among other stages: its pass is one kernel of the plan
@@ -154,7 +157,7 @@ def auto_schedule(
         else:
             _map_cpu(s, g)
     if done:
-        notes = map_online(s, done, target)
+        notes = map_online(s, done, target, params=params)
         g = next(g for g in plan.groups if g.mapping == "online")
         g.log += [Decision("note", tuple(r.max_stage for r in done), None, line) for line in
                   AttentionPlan(tuple(done), target, ROWS_PER_BLOCK, KEY_TILE, tuple(notes),

@@ -698,7 +698,8 @@ class _Planner:
             row_len = max(C.elements(d, self.ev) for d in inner)
             sym = sorted({n.name for d in inner for e in d for n in walk(e) if isinstance(n, Var)})
             itemsize = np_dtype(g.stages[-1].dtype).itemsize
-            vl = 16 // itemsize if itemsize in (2, 4) else 0  # elements of a 16-byte access
+            # elements of a 16-byte access: the row mapping loads float rows so (auto._load_lanes), others by element
+            vl = 16 // itemsize if g.stages[-1].dtype in ("float32", "float16", "bfloat16") else 0
             whole = vl and all(d and multiple_of(simplify(d[-1]), vl) for d in inner)  # rows of whole vectors
             g.strategy = R.choose_row_strategy(row_len, rows, sym, all(v in self.given for v in sym), THREADS,
                                                self.dev, self.row_params, R.splittable(g.stages, g.depth),

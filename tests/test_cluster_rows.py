@@ -279,7 +279,9 @@ def test_an_architecture_before_sm_90_builds_block_rows_unless_clusters_are_name
     assert _arch_defaults({"rows": {"cluster_row_max": CLUSTER_ROW_MAX}}, "sm_80")["rows"]["cluster_row_max"] == \
         CLUSTER_ROW_MAX  # named: the caller's
     assert _arch_defaults(None, "sm_90a") is None
-    assert _arch_defaults(None, "sm_86") == {"rows": {"cluster_row_max": 0}, "gemm": {"wgmma": False}}
+    assert _arch_defaults(None, "sm_86") == {"rows": {"cluster_row_max": 0}, "gemm": {"wgmma": False},
+                                             "online": {"wgmma": False}}
+    assert _arch_defaults({"online": False}, "sm_80")["online"] is False  # named: no rewrite at all
     half = w.matmul_bias_relu(256, 256, 256, dtype="float16")  # the warpgroup GEMM (sm_90a) is a default too
     gm = build(list(half.outputs), list(half.inputs) + list(half.outputs), target="cuda", arch="sm_80")
     assert "wgmma" not in gm.source and "mma.sync" in gm.source and gm.cubin[:4] == b"\x7fELF"

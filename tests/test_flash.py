@@ -260,6 +260,25 @@ def test_the_mma_sync_kernel_stays_available_for_head_dimension_64(monkeypatch):
     assert f.kind == FLASH
 
 
+def test_the_online_option_picks_the_tensor_core_kernels_and_refuses_what_it_does_not_know():
+    """`online={...}` (AttentionParams) offers the pass to the kernels named; a build for sm_80 takes mma.sync
+    (the warpgroup kernel is sm_90a only) and compiles; unknown keys and non-bools are refused by name."""
+    args, y = _naive("float16", d=64)
+    for online, kind in (({"wgmma": False}, FLASH), ({}, FLASH_WGMMA), (True, FLASH_WGMMA)):
+        (f,) = _flash_loops(auto_schedule([y], "cuda", online=online).program)
+        assert f.kind == kind, online
+    assert not _flash_loops(auto_schedule([y], "cuda", online={"tensor_cores": False}).program)
+    mod = build([y], [*args, y], target="cuda", arch="sm_80")
+    assert "wgmma" not in mod.source and "mma.sync.aligned.m16n8k16" in mod.source and mod.cubin[:4] == b"\x7fELF"
+    assert "wgmma.mma_async" in build([y], [*args, y], target="cuda", arch="sm_90a").source
+    named = build([y], [*args, y], target="cuda", arch="sm_80", schedule={"online": False})
+    assert "mma.sync" not in named.source  # the caller's False: no rewrite, no tensor cores
+    for bad, match in (({"wgmma": 1}, r"online\['wgmma'\] must be a bool"), ({"mma": True}, "no option 'mma'"),
+                       ("yes", "online must be a bool or a dict")):
+        with pytest.raises(LoopirError, match=match):
+            auto_schedule([y], "cuda", online=bad)
+
+
 @pytest.mark.parametrize("d, tf32", [(64, False), (128, True)])
 def test_float32_attention_keeps_the_simt_pass_off_the_tf32_kernel(d, tf32, monkeypatch):
     """With the TF32 kernel turned off, or a head dimension above the 64 it holds: the SIMT pass, and the plan

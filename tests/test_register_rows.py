@@ -13,7 +13,7 @@ import pytest
 from codegen import build
 from codegen.passes import lower as lower_passes
 from codegen.passes.registers import MAX_SLOTS, promote_register_rows
-from loopir import blocks, interp
+from loopir import blocks, interp, te
 from loopir.errors import ArgumentError
 from loopir import nodes as N
 from loopir import workloads as w
@@ -305,3 +305,17 @@ def test_short_rows_of_whole_vectors_give_each_lane_a_16_byte_access(name, dtype
     assert [int(str(e)) for e in k.launch.block] == [lanes, 128 // lanes, 1]
     assert "LOOPIR_LD4(" in mod.source and f"loopir_subwarp_allreduce<{lanes}>" in mod.source
     check_thread_orders(mod.program, name, _inputs(wl, m, n, dtype, seed=m * n), dtype)
+
+
+def test_an_integer_row_is_not_planned_as_16_byte_vectors():
+    """The row mapping loads float rows 16 bytes at a time and integer rows by element: a 16-bit integer row of 64
+    keeps a lane per two elements (32 lanes), where a float16 row of 64 takes one lane per 8-element vector."""
+    def lanes(dt: str) -> int:
+        a = te.placeholder((4096, 64), dt, name="A")
+        k = te.reduce_axis(64, name="k")
+        b = te.compute((4096,), lambda i: te.sum(a[i, k], axis=k), name="B")
+        c = te.compute((4096, 64), lambda i, j: a[i, j] - b[i], name="C")
+        (g,) = [g for g in auto_schedule([c], "cuda").plan.groups if g.strategy is not None]
+        return g.strategy.lanes
+
+    assert (lanes("int16"), lanes("float16")) == (32, 8)
