@@ -240,7 +240,7 @@ def plan_fusion(
     return FusionPlan(
         outputs=outs, target=target, fuse=fuse, device=dev, sizes=shown, groups=pl.groups,
         inlined=[t for t in order if id(t) in pl.inlined], log=pl.log, unfused=unfused,
-        stage_order=order, inputs=inputs,
+        stage_order=order, inputs=inputs, row_params=pl.row_params,
     )
 
 

@@ -89,6 +89,7 @@ class FusionPlan:
     unfused: list[C.KernelCost]  # one kernel per stage
     stage_order: list[Tensor] = field(default_factory=list)
     inputs: list[Tensor] = field(default_factory=list)
+    row_params: Any = None  # the row strategies' parameters it was planned with (schedules.rows.RowParams)
 
     # ---- predictions
     @property

@@ -111,6 +111,9 @@ class RowParams:
     # cached rows beyond register_row_max up to this: a cluster each (0: never; CLUSTER_ROW_MAX above)
     cluster_row_max: int = CLUSTER_ROW_MAX
     cluster_threads: int = CLUSTER_THREADS  # threads per block of a cluster row
+    # the narrowest vector access of a row that is not whole 16-byte vectors: 8 (a float16 row of 4k elements, a
+    # float32 row of 2k: 8-byte accesses, 4 halves or 2 floats a load) or 16 (none: element by element)
+    vector_bytes: int = 8
     # a row cache above the static 48 KiB costs occupancy: it is kept only while the model below says the
     # kernel streams faster with it than re-reading the row (from L2 while the rows in flight fit its share)
     cache_max_bytes: int = 227 * 1024  # never cache a kernel's rows beyond this (48 KiB: static caches only)
@@ -139,6 +142,8 @@ class RowParams:
             v = getattr(p, f.name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise ArgumentError(f"row parameter {f.name} must be a number >= 0, got {v!r}")
+        if p.vector_bytes not in (8, 16):
+            raise ArgumentError(f"row parameter vector_bytes must be 8 or 16, got {p.vector_bytes!r}")
         if p.warp_lanes not in (2, 4, 8, 16, 32):
             raise ArgumentError(f"row parameter warp_lanes must be 2, 4, 8, 16 or 32, got {p.warp_lanes!r}")
         pow2 = (32, 64, 128, 256, 512, 1024)

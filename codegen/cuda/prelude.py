@@ -57,19 +57,20 @@ __device__ __forceinline__ long long loopir_min(int a, long long b) { return loo
 #else
 #define LOOPIR_ST4(p, v) (*(p) = (v))
 #endif
-// a 128-bit global access whose alignment a run-time test `ok` decides: the 128-bit instruction, or the same 16 bytes
-// element by element (T: the array's element type), so that the computation around it is rendered once
+// a 128-bit (64-bit) global access whose alignment a run-time test `ok` decides: the vector instruction, or the same
+// bytes element by element (V: the vector type, T: the array's element type), so that the computation around it is
+// rendered once
 template <class V, class T> __device__ __forceinline__ V loopir_ld16(const T* p, bool ok) {
   if (ok) return LOOPIR_LD4(reinterpret_cast<const V*>(p));
   V v;
   #pragma unroll
-  for (unsigned k = 0; k < 16 / sizeof(T); ++k) reinterpret_cast<T*>(&v)[k] = p[k];
+  for (unsigned k = 0; k < sizeof(V) / sizeof(T); ++k) reinterpret_cast<T*>(&v)[k] = p[k];
   return v;
 }
 template <class V, class T> __device__ __forceinline__ void loopir_st16(T* p, V v, bool ok) {
   if (ok) { LOOPIR_ST4(reinterpret_cast<V*>(p), v); return; }
   #pragma unroll
-  for (unsigned k = 0; k < 16 / sizeof(T); ++k) p[k] = reinterpret_cast<const T*>(&v)[k];
+  for (unsigned k = 0; k < sizeof(V) / sizeof(T); ++k) p[k] = reinterpret_cast<const T*>(&v)[k];
 }
 """
 

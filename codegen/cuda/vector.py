@@ -26,7 +26,7 @@ from typing import Any
 
 from loopir import nodes as N
 from loopir.affine import polynomial
-from loopir.dtypes import vector_lanes
+from loopir.dtypes import itemsize, vector_lanes
 from loopir.visit import free_vars, loops_of, subst_coords, substitute, walk
 
 from .expr import _NPTYPE, _SMALL, _is_const, unrounded
@@ -35,6 +35,18 @@ _VEC_SCOPES = ("global", "shared")  # float4 accesses: global memory, and shared
 # a 32-bit word of a 128-bit access of halves: (lane 2k in the low half, lane 2k + 1 in the high half)
 _UNPACK = {"float16": ("loopir_h2f_lo", "loopir_h2f_hi"), "bfloat16": ("loopir_bf2f_lo", "loopir_bf2f_hi")}
 _PACK = {"float16": "loopir_f2h_x2", "bfloat16": "loopir_f2bf_x2"}
+# the vector type of an access of `lanes` elements: 16 bytes, or 8 (half the lanes: a float32 row of an even length,
+# a 16-bit one a multiple of 4, whose rows are 8-byte aligned but not 16: 4 halves per load, not 1)
+_VTYPE = {("float32", 4): "float4", ("float32", 2): "float2", ("float16", 8): "uint4", ("float16", 4): "uint2",
+          ("bfloat16", 8): "uint4", ("bfloat16", 4): "uint2"}
+
+
+def vector_type(dt: str, lanes: int) -> str | None:
+    """The CUDA type of one access of `lanes` elements of `dt` (16 or 8 bytes), None where there is none
+    (small integers: 16 bytes only, `uint4`)."""
+    if dt in _SMALL and lanes == vector_lanes(dt):
+        return "uint4"
+    return _VTYPE.get((dt, lanes))
 
 
 def _monotone_guard(cond: N.Expr, v: N.Var) -> bool:
@@ -90,8 +102,15 @@ class _VectorEmitter:
             if len(halves) != 1:
                 return None
             ldt = halves.pop()
-        elif vector_lanes(dt) != lanes:
+        elif vector_type(dt, lanes) is None:
             return None
+        elif dt == "float32" and lanes == 4:
+            # 4 float32 lanes whose loads along the lane are all of one 16-bit type (a half row of 8-byte chunks
+            # widened into registers or shared memory): 64-bit loads of the halves
+            along = {n.buffer.dtype for st in stores for n in walk(substitute(st.value, subst_coords(st)))
+                     if isinstance(n, N.Load) and f.var in free_vars(n)}
+            if len(along) == 1 and along <= set(_UNPACK):
+                ldt = along.pop()
         v = f.var
         checks: list[str] = []
         last = None
@@ -146,10 +165,11 @@ class _VectorEmitter:
         per_access = bool(self.kern.register_rows) and last is None and all(b.scope != "shared" for b in buffers)
         cond = " && ".join(dict.fromkeys(([last] if last else []) + ([] if per_access else checks)))
         self.vec_ok = " && ".join(dict.fromkeys(checks)) if per_access and checks else None
+        bits = 8 * lanes * itemsize(stores[0].buffer.dtype)
         if cond:
-            self.line(f"if ({cond}) {{  // {names}: 128-bit vector loads/stores over {v.name}")
+            self.line(f"if ({cond}) {{  // {names}: {bits}-bit vector loads/stores over {v.name}")
         else:
-            self.line(f"{{  // {names}: 128-bit vector loads/stores over {v.name}"
+            self.line(f"{{  // {names}: {bits}-bit vector loads/stores over {v.name}"
                       + (f" (each global access tests {self.vec_ok})" if self.vec_ok else ""))
         self.ind += 1
         if stores[0].buffer.scope == "local":
@@ -157,11 +177,11 @@ class _VectorEmitter:
         elif stores[0].buffer.dtype == "float32" and lanes == 8:
             self._vector_emit_widen(v, outs, vec_loads)
         elif stores[0].buffer.dtype == "float32":
-            self._vector_emit(v, outs, vec_loads)
+            self._vector_emit(v, outs, vec_loads, lanes)
         elif stores[0].buffer.dtype in _SMALL:
             self._vector_emit_small(v, outs, vec_loads, stores[0].buffer.dtype)
         else:
-            self._vector_emit_half(v, outs, vec_loads, stores[0].buffer.dtype)
+            self._vector_emit_half(v, outs, vec_loads, stores[0].buffer.dtype, lanes)
         self.vec_ok = None
         if cond:
             self._scalar_fallback(f, lanes)
@@ -219,7 +239,7 @@ class _VectorEmitter:
                     continue
                 at = tuple(substitute(i, sub) for i in n.indices)
                 if not any(v in free_vars(i) for i in at) or n.buffer.scope not in _VEC_SCOPES \
-                        or vector_lanes(n.buffer.dtype) != lanes or n.buffer.dtype not in ("float32", *_UNPACK):
+                        or n.buffer.dtype not in ("float32", *_UNPACK) or vector_type(n.buffer.dtype, lanes) is None:
                     continue
                 if id(n.buffer) in written:
                     return False  # the loads are hoisted above the stores
@@ -229,9 +249,10 @@ class _VectorEmitter:
                     checks += self._pointer_check(n.buffer)
         if not found:
             return False
-        self.line(f"if ({' && '.join(dict.fromkeys(checks)) or 'true'}) {{  // 128-bit loads over {v.name}")
+        bits = 8 * lanes * itemsize(found[0][0].buffer.dtype)
+        self.line(f"if ({' && '.join(dict.fromkeys(checks)) or 'true'}) {{  // {bits}-bit loads over {v.name}")
         self.ind += 1
-        names = self._word_loads(found)
+        names = self._word_loads(found, lanes)
         vn = self.var(v)
         for lane in range(lanes):
             self.line(f"{{  // {v.name} = {lane}")
@@ -245,20 +266,21 @@ class _VectorEmitter:
         self._scalar_fallback(f, lanes)
         return True
 
-    def _vector_emit(self, v: N.Var, outs: list, vec_loads: list) -> None:
-        lane_names = self._word_loads(vec_loads)
+    def _vector_emit(self, v: N.Var, outs: list, vec_loads: list, lanes: int = 4) -> None:
+        lane_names = self._word_loads(vec_loads, lanes)
+        vt = f"float{lanes}"
         for st, base, value in outs:
             out = self.names.fresh(f"{st.name}_v")
-            self.line(f"float4 {out};  // {st.name}")
-            mods = self._lane_mods(v, value, 4, lane_names)
-            for lane, comp in enumerate("xyzw"):
-                self.vec_lanes, lane_value = self._lanes_of(v, lane, value, lane_names, 4)
+            self.line(f"{vt} {out};  // {st.name}")
+            mods = self._lane_mods(v, value, lanes, lane_names)
+            for lane, comp in enumerate("xyzw"[:lanes]):
+                self.vec_lanes, lane_value = self._lanes_of(v, lane, value, lane_names, lanes)
                 self.vec_lanes.update(mods)
                 self.sincos(lane_value)  # sin and cos of one lane's argument share one sincosf
                 self.line(f"{out}.{comp} = {self.expr(lane_value)};")
             self.vec_lanes = {}
             self.pre = {}
-            self._store16(st.buffer, self.expr(base), out, "float4")
+            self._store16(st.buffer, self.expr(base), out, vt)
 
     def _vector_emit_widen(self, v: N.Var, outs: list, vec_loads: list) -> None:
         """8 float32 lanes whose vector loads are 16-bit: one `uint4` per load (each word two lanes), the lanes
@@ -266,7 +288,7 @@ class _VectorEmitter:
         self.uses_half = True
         lane_names = self._word_loads(vec_loads)
         for st, base, value in outs:
-            vals = self._half_lanes(v, st, value, lane_names)
+            vals = self._half_lanes(v, st, value, lane_names, 8)
             for half in (0, 1):
                 at = self.expr(N.binary("add", base, N.const(4 * half)))
                 self._store16(st.buffer, at, f"make_float4({', '.join(vals[4 * half:4 * half + 4])})", "float4")
@@ -274,7 +296,7 @@ class _VectorEmitter:
     def _vector_emit_registers(self, v: N.Var, outs: list, vec_loads: list, lanes: int) -> None:
         """Lanes stored into a thread's register array (codegen.passes.registers): the 128-bit loads as everywhere,
         then one register per lane (registers have no vector type)."""
-        lane_names = self._word_loads(vec_loads)
+        lane_names = self._word_loads(vec_loads, lanes)
         for st, base, value in outs:
             mods = self._lane_mods(v, value, lanes, lane_names)
             for lane in range(lanes):
@@ -287,13 +309,13 @@ class _VectorEmitter:
             self.pre = {}
             self._invalidate(st.buffer)
 
-    def _half_lanes(self, v: N.Var, st: N.Store, value: N.Expr, lane_names: dict) -> list[str]:
-        """The 8 lanes of `value` as float constants (their names), the vector loads' lanes unpacked from the words
-        of their `uint4` (lane 2k the low half of word k)."""
-        vals = [self.names.fresh(f"{st.name}_{lane}") for lane in range(8)]
-        mods = self._lane_mods(v, value, 8, lane_names)
-        for lane in range(8):
-            self.vec_lanes, lane_value = self._lanes_of(v, lane, value, lane_names, 8)
+    def _half_lanes(self, v: N.Var, st: N.Store, value: N.Expr, lane_names: dict, lanes: int) -> list[str]:
+        """The `lanes` (8 or 4) lanes of `value` as float constants (their names), the vector loads' lanes unpacked
+        from the words of their `uint4` / `uint2` (lane 2k the low half of word k)."""
+        vals = [self.names.fresh(f"{st.name}_{lane}") for lane in range(lanes)]
+        mods = self._lane_mods(v, value, lanes, lane_names)
+        for lane in range(lanes):
+            self.vec_lanes, lane_value = self._lanes_of(v, lane, value, lane_names, lanes)
             self.vec_lanes.update(mods)
             self.sincos(lane_value)
             self.line(f"const float {vals[lane]} = {self.expr(lane_value)};")
@@ -321,14 +343,15 @@ class _VectorEmitter:
                     break
         return got, lane_value
 
-    def _word_loads(self, vec_loads: list) -> dict:
-        """One 128-bit load per vector load (a `float4` of float32, else a `uint4` of packed lanes); the loaded
-        words' names by load."""
+    def _word_loads(self, vec_loads: list, lanes: int | None = None) -> dict:
+        """One vector load per load of `vec_loads` (`lanes` elements, its dtype's 16-byte lanes if None: a
+        `float4` / `float2` of float32, else a `uint4` / `uint2` of packed lanes); the loaded words' names by
+        load."""
         lane_names = {}
         for ld, lbase in vec_loads:
             nm = self.names.fresh(f"{ld.buffer.name}_v")
             lane_names[ld] = nm
-            vt = "float4" if ld.buffer.dtype == "float32" else "uint4"
+            vt = vector_type(ld.buffer.dtype, lanes or vector_lanes(ld.buffer.dtype))
             ptr = f"reinterpret_cast<const {vt}*>(&{self.buf(ld.buffer)}[{self.expr(lbase)}])"
             if ld.buffer.scope != "global":
                 self.line(f"const {vt} {nm} = *{ptr};")
@@ -347,27 +370,29 @@ class _VectorEmitter:
         self.uses_half = True
         return f"{_UNPACK[dt][lane % 2]}({word}.{'xyzw'[lane // 2]})"
 
-    def _uint4_copy(self, st: N.Store, at: str, value: N.Expr, lane_names: dict) -> bool:
-        """Store a loaded `uint4` as it is when `value` is one of the loads (a copy); False otherwise."""
+    def _uint4_copy(self, st: N.Store, at: str, value: N.Expr, lane_names: dict, vt: str = "uint4") -> bool:
+        """Store a loaded `uint4` (`vt`) as it is when `value` is one of the loads (a copy); False otherwise."""
         if not (isinstance(value, N.Load) and value in lane_names):
             return False
-        self._store16(st.buffer, at, lane_names[value], "uint4", f"  // {st.name}: a copy")
+        self._store16(st.buffer, at, lane_names[value], vt, f"  // {st.name}: a copy")
         return True
 
-    def _vector_emit_half(self, v: N.Var, outs: list, vec_loads: list, dt: str) -> None:
-        """8 lanes of float16 / bfloat16 per 128-bit access: a `uint4` of 4 words, each word two lanes."""
+    def _vector_emit_half(self, v: N.Var, outs: list, vec_loads: list, dt: str, lanes: int = 8) -> None:
+        """8 lanes of float16 / bfloat16 per 128-bit access (4 per 64-bit one): a `uint4` of 4 words (`uint2` of
+        2), each word two lanes."""
         self.uses_half = True
-        lane_names = self._word_loads(vec_loads)
+        vt = vector_type(dt, lanes)
+        lane_names = self._word_loads(vec_loads, lanes)
         for st, base, value in outs:
             out = self.names.fresh(f"{st.name}_v")
             at = self.expr(base)
-            if self._uint4_copy(st, at, value, lane_names):  # a copy (a cache_read row): the bits as they are
+            if self._uint4_copy(st, at, value, lane_names, vt):  # a copy (a cache_read row): the bits as they are
                 continue
             value = unrounded(value, dt)  # the pack rounds each lane to dt: rounding first as well changes nothing
-            vals = self._half_lanes(v, st, value, lane_names)
-            words = ", ".join(f"{_PACK[dt]}({vals[2 * k]}, {vals[2 * k + 1]})" for k in range(4))
-            self.line(f"const uint4 {out} = make_uint4({words});  // {st.name}")
-            self._store16(st.buffer, at, out, "uint4")
+            vals = self._half_lanes(v, st, value, lane_names, lanes)
+            words = ", ".join(f"{_PACK[dt]}({vals[2 * k]}, {vals[2 * k + 1]})" for k in range(lanes // 2))
+            self.line(f"const {vt} {out} = make_{vt}({words});  // {st.name}")
+            self._store16(st.buffer, at, out, vt)
 
     def _vector_emit_small(self, v: N.Var, outs: list, vec_loads: list, dt: str) -> None:
         """16 lanes of int8 / uint8 (8 of int16 / uint16) per 128-bit access: a `uint4` of 4 little-endian words,
