@@ -14,7 +14,7 @@ from codegen.passes import lower, pipeline
 from codegen.passes.barriers import BarrierError, CrossBlockRaceError, place_barriers
 from codegen.passes.kernels import split_kernels
 from codegen.passes.launch import plan_kernels
-from loopir import interp, ir, te
+from loopir import interp, ir, te, workloads
 from loopir import nodes as N
 from loopir.visit import walk
 from schedules import Schedule, ScheduleError, auto_schedule
@@ -262,6 +262,25 @@ def test_te_softmax_keeps_one_barrier_per_reduction() -> None:
     s2 = auto_schedule([y], target="cuda", fuse=False)  # apart: each total is read by the next kernel, from memory
     low2 = lower(s2.program, "cuda")
     assert not any(n.forwarded for n in walk(low2.body) if isinstance(n, N.Kernel))
+
+
+@pytest.mark.parametrize("name, dtype, m, n", [("layernorm", "float16", 37, 768), ("softmax", "float32", 19, 96)])
+def test_warp_rows_forward_their_totals_too(name: str, dtype: str, m: int, n: int) -> None:
+    """Warp rows (a row per lane group, rows on threadIdx.y): each row's init runs under its row's threadIdx.y loop,
+    by every lane of the reduction across threadIdx.x. The totals travel in registers as in block rows: no store to
+    the temporaries, no barrier; the lowered program matches float64 in reversed, forward and shuffled orders."""
+    from tests.test_register_rows import _inputs, check_thread_orders
+
+    wl = getattr(workloads, name)(m=m, n=n, dtype=dtype)
+    s = auto_schedule(list(wl.outputs), target="cuda")
+    assert any(g.mapping == "warp" for g in s.plan.groups)
+    low = lower(s.program, "cuda")
+    (k,) = [n for n in walk(low.body) if isinstance(n, N.Kernel)]
+    temps = {t.name for t in low.temps}
+    assert k.forwarded == temps and len(temps) == 2 and _barriers(low) == 0
+    src = build(s, list(wl.inputs) + list(wl.outputs), target="cuda").source
+    assert not any(re.search(rf"\b{t}\[[^\]]*\] =", src) for t in temps)
+    check_thread_orders(low, name, _inputs(wl, m, n, dtype, seed=m), dtype)
 
 
 def _flat_writes(shift: int) -> N.Program:

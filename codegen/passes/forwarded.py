@@ -64,7 +64,7 @@ class _Check:
         self.k, self.name, self.ok = k, name, True
 
     def run(self) -> bool:
-        self.stmt(self.k.body, [set()], [{}], 0)
+        self.stmt(self.k.body, [set()], [{}], frozenset())
         return self.ok
 
     def key(self, b: N.Buffer, idx: tuple[N.Expr, ...]) -> N.Expr:
@@ -77,27 +77,28 @@ class _Check:
                 if not any(at in sc for sc in scopes):
                     self.ok = False
 
-    def stmt(self, s: N.Stmt, scopes: list[set], inits: list[dict], depth: int) -> None:
+    def stmt(self, s: N.Stmt, scopes: list[set], inits: list[dict], axes: frozenset[str]) -> None:
+        """`axes`: the thread axes of the loops around `s` (a warp row's init runs under its row's threadIdx.y)."""
         if not self.ok:
             return
         if isinstance(s, N.Seq):
             for c in s.body:
-                self.stmt(c, scopes, inits, depth)
+                self.stmt(c, scopes, inits, axes)
         elif isinstance(s, N.Allocate):
-            self.stmt(s.body, scopes, inits, depth)
+            self.stmt(s.body, scopes, inits, axes)
         elif isinstance(s, N.If):
             self.loads(s.cond, {}, scopes)
             for branch in (s.then, s.orelse):
                 if branch is not None:
-                    self.stmt(branch, [*scopes, set()], [*inits, {}], depth)
+                    self.stmt(branch, [*scopes, set()], [*inits, {}], axes)
         elif isinstance(s, N.For):
             self.loads(s.lo, {}, scopes)
             self.loads(s.hi, {}, scopes)
             if s.var in self.k.reductions:
                 self.reduction(s, scopes, inits)
                 return
-            inner = depth + (s.kind == "thread" and (s.thread or "").startswith("threadIdx"))
-            self.stmt(s.body, [*scopes, set()], [*inits, {}], inner)
+            bound = s.kind == "thread" and (s.thread or "").startswith("threadIdx")
+            self.stmt(s.body, [*scopes, set()], [*inits, {}], axes | {s.thread} if bound else axes)
         elif isinstance(s, N.Store):
             sub = subst_coords(s)
             self.loads(s.value, sub, scopes)
@@ -105,11 +106,11 @@ class _Check:
                 self.loads(i, sub, scopes)
             if s.buffer.name == self.name:
                 at = self.key(s.buffer, tuple(substitute(i, sub) for i in s.indices))
-                if depth or not isinstance(s.value, N.Const):
+                if not isinstance(s.value, N.Const):
                     self.ok = False  # a store the renderer does not forward
                 for sc in scopes:
                     sc.discard(at)
-                inits[-1][at] = True
+                inits[-1][at] = axes
         elif not isinstance(s, N.Barrier):
             self.ok = False
 
@@ -139,7 +140,18 @@ class _Check:
             if st.buffer.name != self.name:
                 continue
             at = self.key(st.buffer, tuple(substitute(i, subst_coords(st)) for i in st.indices))
-            if not inits[-1].get(at):
-                self.ok = False  # the total's start read from memory: the init must be this scope's constant
+            init = inits[-1].get(at)
+            # the total's start read from memory: the init must be this scope's constant, stored by every thread
+            # of the reduction (under no loop over the thread axis the reduction runs across)
+            if init is None or init is False or _axis(f) in init:
+                self.ok = False
             inits[-1][at] = False
             scopes[-1].add(at)
+
+
+def _axis(f: N.For) -> str | None:
+    """The thread axis a cross-thread reduction runs across: its loop's, or that of the thread loop its body is."""
+    for n in walk(f):
+        if isinstance(n, N.For) and n.kind == "thread" and (n.thread or "").startswith("threadIdx"):
+            return n.thread
+    return None
