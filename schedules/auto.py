@@ -311,7 +311,7 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
     registers = g.strategy is not None and g.strategy.registers
     for phase in _phases(s, blocks[-1].var):
         if _is_reduction_loop(phase):
-            vl = _row_lanes(s, _load_lanes(phase), simplify(phase.hi - phase.lo)) if registers or not g.caches else 0
+            vl = _row_lanes(s, _load_lanes(phase), simplify(phase.hi - phase.lo), g) if registers or not g.caches else 0
             if vl and _is_const(phase.lo, 0) and multiple_of(simplify(phase.hi - phase.lo), vl):
                 # register rows: thread t's share is the 16-byte chunks t, t + T, ..., as in the copy and the
                 # epilogue below, so that each cached element has one owner thread (codegen.passes.registers); a
@@ -324,7 +324,7 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
             while isinstance(phase.body, For) and _is_const(phase.hi - phase.lo, 1):
                 phase = phase.body  # e.g. the row copy of cache_read: for c0 in 0..1: for c1 in 0..n
             var = phase.var
-            lanes = _row_lanes(s, _store_lanes(phase.body), phase.hi)
+            lanes = _row_lanes(s, _store_lanes(phase.body), phase.hi, g)
             if _is_const(phase.lo, 0) and multiple_of(phase.hi, lanes) and _single_store(phase.body):
                 # 128-bit accesses along the row (the row copy into shared memory and the epilogue)
                 var, lane = s.split(var, lanes)
@@ -415,13 +415,18 @@ def _load_lanes(phase: For) -> int:
     return vector_lanes(dts.pop()) if len(dts) == 1 and dts <= {"float32", "float16", "bfloat16"} else 0
 
 
-def _row_lanes(s: Schedule, lanes: int, n: Any) -> int:
+def _row_lanes(s: Schedule, lanes: int, n: Any, g: FusionGroup) -> int:
     """The lanes of a vector access along a row of length `n` whose 16-byte access has `lanes` (float32 4,
     float16 / bfloat16 8): those, or half of them (an 8-byte access) where `n` is a multiple of half but not of all
-    of them (a float16 row of 700: 175 loads of 4 halves, not 700 of one) and the plan's `rows.vector_bytes` is 8."""
+    of them (a float16 row of 700: 175 loads of 4 halves, not 700 of one) and the plan's `rows.vector_bytes` is 8;
+    the group's log says so once."""
     params = getattr(getattr(s, "plan", None), "row_params", None)
     if lanes in (4, 8) and not multiple_of(n, lanes) and multiple_of(n, lanes // 2) \
             and (params is None or params.vector_bytes == 8):
+        note = (f"8-byte accesses along the row ({lanes // 2} elements a load or store): its length {n} is not a "
+                f"multiple of a 16-byte vector's {lanes}, its rows are 8-byte aligned (rows.vector_bytes 8)")
+        if not any(d.reason == note for d in g.log):
+            g.log.append(Decision("note", tuple(g.stage_names), None, note))
         return lanes // 2
     return lanes
 
@@ -448,7 +453,7 @@ def _map_warp_rows(s: Schedule, g: FusionGroup, row: Any) -> None:
     for phase in _phases(s, bi.var):
         if _is_reduction_loop(phase):
             n = simplify(phase.hi - phase.lo)
-            vl = _row_lanes(s, _load_lanes(phase), n)
+            vl = _row_lanes(s, _load_lanes(phase), n, g)
             if vl and _is_const(phase.lo, 0) and multiple_of(n, vl) and vl * st.lanes <= st.row_len:
                 # each lane's share in 16-byte chunks: the unrolled chunk is one 128-bit load (the renderer's
                 # vector reads), where 8 scalar 2-byte loads per chunk left the 16-bit rows issue-bound (ncu,
@@ -459,7 +464,7 @@ def _map_warp_rows(s: Schedule, g: FusionGroup, row: Any) -> None:
             continue
         var = phase.var
         n = simplify(phase.hi - phase.lo)
-        vl = _row_lanes(s, _store_lanes(phase.body), n)  # 16 bytes: 4 floats or 8 halves (or 8 bytes)
+        vl = _row_lanes(s, _store_lanes(phase.body), n, g)  # 16 bytes: 4 floats or 8 halves (or 8 bytes)
         tiled = multiple_of(n, vl * st.lanes)
         if _is_const(phase.lo, 0) and _single_store(phase.body) and (
                 tiled or (multiple_of(n, vl) and vl * st.lanes <= st.row_len)):

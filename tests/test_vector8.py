@@ -27,6 +27,7 @@ CASES = [("layernorm", "float16", 37, 700, "warp"), ("softmax", "float16", 64, 2
          ("layernorm", "float32", 64, 3002, "block"), ("rmsnorm", "float32", 8, 20002, "block"),
          ("softmax", "float16", 12, 50252, "block")]
 VTYPE = {"float32": "float2", "float16": "uint2", "bfloat16": "uint2"}
+VLANES = {"float32": 2, "float16": 4, "bfloat16": 4}
 
 
 def _mod(wl, schedule=None):
@@ -41,10 +42,13 @@ def _vector_types(src: str) -> set[str]:
 @pytest.mark.parametrize("name, dtype, m, n, strategy", CASES)
 def test_rows_of_whole_8_byte_vectors_take_8_byte_accesses(name, dtype, m, n, strategy):
     """Each phase's accesses of the row are 8-byte vectors (and no 16-byte ones: the row is not whole 16-byte
-    vectors); with vector_bytes 16 the kernel keeps element accesses. NVRTC compiles both."""
+    vectors), and explain() says so; with vector_bytes 16 the kernel keeps element accesses. NVRTC compiles both."""
     wl = getattr(w, name)(m=m, n=n, dtype=dtype)
-    (g,) = [g for g in auto_schedule(list(wl.outputs), "cuda").plan.groups if g.strategy is not None]
+    s = auto_schedule(list(wl.outputs), "cuda")
+    (g,) = [g for g in s.plan.groups if g.strategy is not None]
     assert g.strategy.name == strategy
+    assert f"8-byte accesses along the row ({VLANES[dtype]} elements a load or store)" in s.plan.explain()
+    assert "8-byte" not in auto_schedule(list(wl.outputs), "cuda", rows={"vector_bytes": 16}).plan.explain()
     mod = _mod(wl)
     assert _vector_types(mod.source) == {VTYPE[dtype]}, _vector_types(mod.source)
     assert mod.cubin[:4] == b"\x7fELF"
