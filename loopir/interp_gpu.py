@@ -123,7 +123,8 @@ class GpuMappingError(ValueError):
 
 def _flat(b: Buffer, idx: tuple[Expr, ...]) -> Expr:
     """The row-major flat index of b[idx], built exactly as the renderer's `flat` (register forwarding
-    matches loads by structural equality of this expression)."""
+    matches loads by structural equality of this expression, of the indices substituted first as the renderer's
+    `forward_key` does: `(i * 1) + t` with t = 0 substituted after flattening is not `i`)."""
     if not idx:
         return const(0)
     e = idx[0]
@@ -332,7 +333,7 @@ class _KernelCompiler(_Compiler):
             del self.init_consts[key]
 
     def load(self, e: Load) -> str:
-        key = (e.buffer, substitute(_flat(e.buffer, e.indices), self.cur_sub))
+        key = (e.buffer, _flat(e.buffer, tuple(substitute(i, self.cur_sub) for i in e.indices)))
         for scope in reversed(self.forward):
             if key in scope:
                 return scope[key]
@@ -461,7 +462,7 @@ class _KernelCompiler(_Compiler):
             self.invalidate(s.buffer)
             if isinstance(s.value, Const) and s.buffer.dtype not in HALVES:
                 # a reduction's init: the cross-thread reduction right after it (same scope) starts from it
-                key = (s.buffer, substitute(_flat(s.buffer, s.indices), self.cur_sub))
+                key = (s.buffer, _flat(s.buffer, tuple(substitute(i, self.cur_sub) for i in s.indices)))
                 self.init_consts[key] = (self.forward[-1], self.expr(s.value))
         self.cur_sub = {}
         self.last_store = s.name

@@ -283,6 +283,31 @@ def test_warp_rows_forward_their_totals_too(name: str, dtype: str, m: int, n: in
     check_thread_orders(low, name, _inputs(wl, m, n, dtype, seed=m), dtype)
 
 
+@pytest.mark.parametrize("T", [1, 3])
+def test_a_forwarded_total_over_a_size_1_axis_is_read_from_its_register(T: int) -> None:
+    """Layer norm over (B, T, C) with T = 1: the statements name the row (i, t = 0), so the flat index of the
+    total's element is `i * 1 + t` with t substituted. The GPU interpreter matched a later load to the total
+    only when its indices were substituted before flattening, as the renderer's forward_key does (it read the
+    never-stored temporary otherwise: wrong in reversed order). Forwarded, no barrier, right in every order."""
+    B, C = 5, 64
+    x = te.placeholder((B, T, C), name="x")
+    k, k2 = te.reduce_axis(C, "k"), te.reduce_axis(C, "k2")
+    mu = te.compute((B, T), lambda b, t: te.sum(x[b, t, k] / 64.0, axis=k), name="mu")
+    var = te.compute((B, T), lambda b, t: te.sum((x[b, t, k2] - mu[b, t]) * (x[b, t, k2] - mu[b, t]) / 64.0,
+                                                 axis=k2), name="var")
+    y = te.compute((B, T, C), lambda b, t, c: (x[b, t, c] - mu[b, t]) * te.rsqrt(var[b, t] + 1e-5), name="y")
+    low = lower(auto_schedule([y], "cuda").program, "cuda")
+    (kern,) = [n for n in walk(low.body) if isinstance(n, N.Kernel)]
+    assert kern.forwarded == {"mu", "var"} and _barriers(low) == 0
+    a = np.random.default_rng(T).standard_normal((B, T, C)).astype(np.float32)
+    m = a.astype(np.float64).mean(-1, keepdims=True)
+    want = (a - m) / np.sqrt(((a - m) ** 2).mean(-1, keepdims=True) + 1e-5)
+    for order in ("reversed", "forward", 3):
+        got = np.full(a.shape, np.nan, np.float32)
+        interp.run(low, a, got, gpu_order=order)
+        assert np.abs(got - want).max() < 1e-5, order
+
+
 def _flat_writes(shift: int) -> N.Program:
     """y[F // n, F % n] = x[..] and y[G // n, G % n] = 2 x[..] with F = 128 b + t and G = F + shift, over a
     collapsed m x n index: indices whose row-major offsets (F, G) are affine where the indices are not."""
