@@ -353,6 +353,8 @@ def pw_bound(pw: isl.PwAff, vars_by_name: dict[str, Var], side: str, what: str =
         pass
     dom = pw.domain()
     op = "min" if side == "lo" else "max"
+    if dom.is_empty():  # no iteration at all (a reduction over k < i at i = 0 only): the empty loop 0..0
+        return const(0), False
 
     def bounds(xs: list[isl.Aff]) -> bool:
         c = _combine(xs, op, dom)

@@ -69,7 +69,14 @@ def minimum(a: ExprLike, b: ExprLike) -> Expr:
 
 
 def where(cond: ExprLike, a: ExprLike, b: ExprLike) -> Expr:
-    """`a` where `cond` holds, else `b` (both evaluated)."""
+    """`a` where `cond` holds, else `b` (only the branch taken is evaluated: a read the condition guards is never
+    made where it does not hold). `cond` is a comparison of expressions; a Python bool is refused, since
+    `i == j` of two loop variables compares the objects (use `i.eq(j)`; `i != j`: `i.ne(j)`)."""
+    if isinstance(cond, (bool, np.bool_)):
+        raise ArgumentTypeError(
+            f"where: the condition is the Python bool {bool(cond)}, not an expression; `==` / `!=` of te "
+            f"expressions compare the objects (a loop variable with itself is always equal): write `i.eq(j)` / "
+            f"`i.ne(j)`, or `<`, `<=`, `>`, `>=`, which build comparisons")
     return nodes.select(cond, a, b)
 
 

@@ -586,14 +586,17 @@ def map_statements(s: Schedule, stmts: list[str], target: str = "cuda", threads:
         if target != "cuda":
             _map_recurrence_cpu(s, loops, par, ser)
             continue
-        if not par:
+        # a free loop of extent 1 (an update over a 1 x 1 box: free only because it has one value) takes no
+        # thread: its statement's element would be "written by every thread" of the split, the guard aside
+        wide = [h for h in par if not _at_most_one(simplify((f := find_loop(s.program, h.var)).hi - f.lo))]
+        if not wide:
             outer, unit = s.split(loops[0], 1)
             s.reorder(unit, outer)
             s.bind(unit, "blockIdx.x")
             continue
-        bo, bi = s.split(par[-1], threads)
+        bo, bi = s.split(wide[-1], threads)
         s.bind(bi, "threadIdx.x")
-        _bind_blocks(s, par[:-1] + [bo])
+        _bind_blocks(s, [h for h in par if h.var is not wide[-1].var] + [bo])
     return s
 
 

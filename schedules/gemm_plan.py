@@ -66,6 +66,8 @@ def plan_gemm(g: FusionGroup, gemm: dict[str, Any] | None, target: str, dev: Dev
         cols, depth = (C.size_value(e, ev) if {v.name for v in free_vars(e)} <= given
                        else C.DEFAULT_SIZE for e in (simplify(mm.shape[-1]), simplify(red[1] - red[0])))
         depth = depth if len(mm.shape) == 2 or g.collapse_rows else None  # one 2-d GEMM once mapped
+        if free_vars(simplify(red[1] - red[0])) & set(mm.op.axis):  # a triangular reduction (trmm: k > i): no split
+            depth = None
         # tensor cores for a half skinny GEMM where nobody chose the tensor-core path (a batched one: wgmma; a
         # collapsed one keeps the SIMT tiles: the mma recipe's operand tiles are 2-d, A's here [b, t, k])
         tc = len(mm.shape) == 2 and all(prm.get(k) in (None, MMA_TILES) for k in ("tensor_cores", "wgmma", "mma"))
