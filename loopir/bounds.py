@@ -242,9 +242,10 @@ class _Model:
         return self.bufnames.setdefault(buf, f"b{len(self.bufnames)}")
 
     def context(self) -> isl.Set:
-        """The size constraints: every affine dimension of every argument is >= 0."""
+        """The size constraints: every affine dimension of every argument is >= 0, and so is every size variable
+        (a `te.var` size: a call refuses a negative one; T of a `T + 1`-row temporary is not -1)."""
         names = _Names(self.params)
-        cons = []
+        cons = [f"({aff(v, names)}) >= 0" for v in self.params.values()]
         for buf in self.program.args:
             for d in buf.shape:
                 try:

@@ -70,13 +70,9 @@ def minimum(a: ExprLike, b: ExprLike) -> Expr:
 
 def where(cond: ExprLike, a: ExprLike, b: ExprLike) -> Expr:
     """`a` where `cond` holds, else `b` (only the branch taken is evaluated: a read the condition guards is never
-    made where it does not hold). `cond` is a comparison of expressions; a Python bool is refused, since
-    `i == j` of two loop variables compares the objects (use `i.eq(j)`; `i != j`: `i.ne(j)`)."""
-    if isinstance(cond, (bool, np.bool_)):
-        raise ArgumentTypeError(
-            f"where: the condition is the Python bool {bool(cond)}, not an expression; `==` / `!=` of te "
-            f"expressions compare the objects (a loop variable with itself is always equal): write `i.eq(j)` / "
-            f"`i.ne(j)`, or `<`, `<=`, `>`, `>=`, which build comparisons")
+    made where it does not hold). `cond` is a comparison of expressions, or a Python bool known when the program
+    is built (`T >= 1` of a fixed size). Beware: `i == j` of two loop variables is Python's comparison of the
+    objects, a bool (False), not a comparison: write `i.eq(j)` (`i.ne(j)` for `!=`)."""
     return nodes.select(cond, a, b)
 
 

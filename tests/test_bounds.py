@@ -459,3 +459,20 @@ def test_out_of_bounds_at_large_sizes_is_still_refused_at_build():
         build(b.finish([x, y]))
     w = ei.value.witness
     assert w.statement == "S" and w.buffer == "x" and w.index[0] >= w.extent[0]  # the access leaves x
+
+
+def test_a_size_variable_is_never_negative_for_the_initialisation_check():
+    """A temporary of T + 1 rows whose last row is read, T a size argument: the check took T = -1 (the shape only
+    says T + 1 >= 0) and refused the build with a witness there; a call refuses a negative size, so T >= 0 (found
+    porting PolyBench's jacobi-1d as a scan). Built, called at T = 3 and T = 0, right."""
+    n, T = te.var("n"), te.var("T")
+    x = te.placeholder((n,), name="x")
+    k = te.reduce_axis(n, "k")
+    y = te.compute((T + 1, n), lambda t, i: te.sum(x[k] * t + x[i], axis=k), name="y")
+    z = te.compute((n,), lambda i: y[T, i], name="z")
+    mod = build([z], [x, T, z])
+    xa = np.random.default_rng(2).standard_normal(5).astype(np.float32)
+    for t in (3, 0):
+        out = np.full(5, np.nan, np.float32)
+        mod(xa, t, out)
+        np.testing.assert_allclose(out, t * xa.sum() + 5 * xa, rtol=1e-5, atol=1e-5)

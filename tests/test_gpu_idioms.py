@@ -641,3 +641,24 @@ def test_opt_conv_example_script_small_cpu(tmp_path):
     assert "MISMATCH" not in out
     assert re.search(r"^cpu: Convolution: [0-9.]+ ms \([0-9.]+ GFLOP/s\), relative error [0-9.e-]+$", out, re.M), out
     assert '__global__ void' in out and "--- cuda-source: built" in out
+
+
+@pytest.mark.parametrize("order", ["forward", "reversed", 4])
+def test_a_shared_cache_at_the_thread_loop_holds_the_blocks_region(order):
+    """cache_read(x, "shared", ii) with ii itself on threadIdx.x: the block has one buffer, so the region is the
+    block's (34 elements for 32 threads of a 3-point stencil), copied cooperatively, not each thread's 3 elements
+    copied by every thread into the same 3 slots (a race: wrong in forward order; found porting PolyBench)."""
+    from schedules import Schedule
+
+    x = te.placeholder((66,), "float32", "x")
+    y = te.compute((64,), lambda i: x[i] + x[i + 1] + x[i + 2], name="y")
+    s = Schedule([y])
+    io, ii = s.split(s.loops(y)[0], 32)
+    s.bind(io, "blockIdx.x").bind(ii, "threadIdx.x")
+    buf = s.cache_read(x, "shared", ii)
+    assert [int(str(d)) for d in getattr(buf, "buffer", buf).shape] == [34]
+    mod = build(s, [x, y], target="cuda")
+    xa = np.random.default_rng(1).standard_normal(66).astype(np.float32)
+    out = np.full(64, np.nan, np.float32)
+    interp.run(mod.program, xa, out, gpu_order=order)
+    np.testing.assert_allclose(out, xa[:-2] + xa[1:-1] + xa[2:], rtol=1e-6)

@@ -308,7 +308,9 @@ def cache_read(program: Program, tensor: Any, scope: str, loop: Var) -> tuple[Pr
     # shared scratch inside thread-bound loops holds the region of the whole BLOCK (the union over
     # those thread loops), filled cooperatively; otherwise the region of one iteration of `loop`
     depth = next(k for k, lp in enumerate(readers[0].loops) if lp is f)
-    projected = [lp for lp in readers[0].loops[:depth] if lp.kind == "thread"
+    # `loop` itself bound to threadIdx counts too: its one iteration is one thread's, and the block has one buffer
+    # (the region of one thread, copied by every thread into the same buffer, raced: tests/test_polybench_stencils)
+    projected = [lp for lp in readers[0].loops[:depth + 1] if lp.kind == "thread"
                  and (lp.thread or "").startswith("threadIdx")] if scope == "shared" else []
     if projected:
         _refuse_writes_in_block(program, buf, projected[0], loop)
