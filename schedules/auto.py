@@ -311,8 +311,9 @@ def _map_cuda(s: Schedule, g: FusionGroup, threads: int, per_thread: int = 1) ->
     registers = g.strategy is not None and g.strategy.registers
     for phase in _phases(s, blocks[-1].var):
         if _is_reduction_loop(phase):
-            vl = _row_lanes(s, _load_lanes(phase), simplify(phase.hi - phase.lo), g) if registers or not g.caches else 0
-            if vl and _is_const(phase.lo, 0) and multiple_of(simplify(phase.hi - phase.lo), vl):
+            n = simplify(phase.hi - phase.lo)
+            vl = _row_lanes(s, _load_lanes(phase), n, g) if registers or not g.caches else 0
+            if vl and _is_const(phase.lo, 0) and multiple_of(n, vl):
                 # register rows: thread t's share is the 16-byte chunks t, t + T, ..., as in the copy and the
                 # epilogue below, so that each cached element has one owner thread (codegen.passes.registers); a
                 # row no cache holds is read in those chunks too, one 128-bit load each (H200, symbolic 1024 x

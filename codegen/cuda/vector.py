@@ -370,8 +370,9 @@ class _VectorEmitter:
         self.uses_half = True
         return f"{_UNPACK[dt][lane % 2]}({word}.{'xyzw'[lane // 2]})"
 
-    def _uint4_copy(self, st: N.Store, at: str, value: N.Expr, lane_names: dict, vt: str = "uint4") -> bool:
-        """Store a loaded `uint4` (`vt`) as it is when `value` is one of the loads (a copy); False otherwise."""
+    def _word_copy(self, st: N.Store, at: str, value: N.Expr, lane_names: dict, vt: str = "uint4") -> bool:
+        """Store a loaded vector of packed words (`vt`: `uint4` / `uint2`) as it is when `value` is one of the loads
+        (a copy); False otherwise."""
         if not (isinstance(value, N.Load) and value in lane_names):
             return False
         self._store16(st.buffer, at, lane_names[value], vt, f"  // {st.name}: a copy")
@@ -386,7 +387,7 @@ class _VectorEmitter:
         for st, base, value in outs:
             out = self.names.fresh(f"{st.name}_v")
             at = self.expr(base)
-            if self._uint4_copy(st, at, value, lane_names, vt):  # a copy (a cache_read row): the bits as they are
+            if self._word_copy(st, at, value, lane_names, vt):  # a copy (a cache_read row): the bits as they are
                 continue
             value = unrounded(value, dt)  # the pack rounds each lane to dt: rounding first as well changes nothing
             vals = self._half_lanes(v, st, value, lane_names, lanes)
@@ -406,7 +407,7 @@ class _VectorEmitter:
         for st, base, value in outs:
             out = self.names.fresh(f"{st.name}_v")
             at = self.expr(base)
-            if self._uint4_copy(st, at, value, lane_names):  # a copy: the bits as they are
+            if self._word_copy(st, at, value, lane_names):  # a copy: the bits as they are
                 continue
             vals = [self.names.fresh(f"{st.name}_{lane}") for lane in range(lanes)]
             for lane in range(lanes):
